@@ -1,0 +1,360 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/*
+ * pcifab: host side of a multi-host PCIe switch fabric (Switchtec PAX class).
+ *
+ * The ioctl ABI of /dev/pcifabN. Every argument struct starts with its own
+ * size, so it can grow: user space sets @size to sizeof() of the struct it
+ * was built with; the kernel reads and writes at most that many bytes, and
+ * rejects (E2BIG) a larger struct whose bytes beyond the kernel's own struct
+ * are not zero. Unknown @flags bits get EINVAL. Structs only ever grow at the
+ * end; fields are never moved or reused. PCIFAB_UAPI_VERSION_MINOR grows with
+ * every addition, PCIFAB_UAPI_VERSION_MAJOR only on an incompatible change.
+ */
+#ifndef _UAPI_LINUX_PCIFAB_H
+#define _UAPI_LINUX_PCIFAB_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define PCIFAB_UAPI_VERSION_MAJOR 1
+#define PCIFAB_UAPI_VERSION_MINOR 3
+
+#define PCIFAB_IOCTL_TYPE 0xFA
+
+/**
+ * struct pcifab_version - PCIFAB_IOCTL_VERSION argument
+ * @size: in: sizeof(struct pcifab_version)
+ * @flags: in: must be 0
+ * @major: out: PCIFAB_UAPI_VERSION_MAJOR of the running module
+ * @minor: out: PCIFAB_UAPI_VERSION_MINOR of the running module
+ */
+struct pcifab_version {
+	__u32 size;
+	__u32 flags;
+	__u32 major;
+	__u32 minor;
+};
+
+/**
+ * struct pcifab_identity - PCIFAB_IOCTL_IDENTITY argument
+ * @size: in: sizeof(struct pcifab_identity)
+ * @flags: in: must be 0
+ * @pci_vendor: out: PCI vendor id of the management endpoint
+ * @pci_device: out: PCI device id of the management endpoint
+ * @device_id: out: switch device id from the system-info block
+ * @device_version: out: switch device version
+ * @fw_version: out: running firmware version
+ * @partition: out: partition (host virtual switch) this host is in
+ * @partition_count: out: number of partitions of the switch
+ * @vendor_id: out: vendor id string, not NUL-terminated
+ * @product_id: out: product id string, not NUL-terminated
+ * @product_revision: out: product revision string, not NUL-terminated
+ * @__reserved0: zero
+ */
+struct pcifab_identity {
+	__u32 size;
+	__u32 flags;
+	__u16 pci_vendor;
+	__u16 pci_device;
+	__u32 device_id;
+	__u32 device_version;
+	__u32 fw_version;
+	__u32 partition;
+	__u32 partition_count;
+	__u8 vendor_id[8];
+	__u8 product_id[24];
+	__u8 product_revision[2];
+	__u16 __reserved0;
+};
+
+/* Largest MRPC input or output. */
+#define PCIFAB_MRPC_MAX_DATA	1024
+/* Longest timeout an MRPC caller may ask for, in milliseconds; 0 means 5000. */
+#define PCIFAB_MRPC_MAX_TIMEOUT_MS 60000
+
+/**
+ * struct pcifab_mrpc - PCIFAB_IOCTL_MRPC argument: run one firmware (MRPC) command
+ * @size: in: sizeof(struct pcifab_mrpc)
+ * @flags: in: must be 0
+ * @cmd: in: MRPC command id
+ * @in_len: in: bytes at @in_ptr, at most PCIFAB_MRPC_MAX_DATA
+ * @out_len: in: bytes of output wanted at @out_ptr, at most PCIFAB_MRPC_MAX_DATA
+ * @timeout_ms: in: how long to wait for the firmware; 0 for the default (5 s)
+ * @in_ptr: in: user address of the command's input
+ * @out_ptr: in: user address for the command's output
+ * @status: out: firmware status: 2 done, 0xff error (see @ret_value)
+ * @ret_value: out: firmware return value (0 on success, else the firmware's error code)
+ *
+ * Commands are classed as fwctl does: read-only commands (echo, die temperature,
+ * topology and database dumps, event reads, pcifab's read extensions) need only an
+ * open file; configuration commands (bind/unbind, port control and configuration,
+ * device management) need CAP_SYS_ADMIN; everything else, unknown ids included, is
+ * debug-write and needs CAP_SYS_RAWIO. Errors: EPERM (class not allowed), EINVAL
+ * (lengths, timeout, flags), EFAULT, ETIMEDOUT (firmware did not finish in time),
+ * EIO (firmware stopped running), EINTR (signal while waiting; the command may
+ * still complete in the switch), ENODEV (endpoint removed). A firmware error is
+ * not an ioctl error: the call succeeds with @status 0xff and @ret_value set.
+ */
+struct pcifab_mrpc {
+	__u32 size;
+	__u32 flags;
+	__u32 cmd;
+	__u32 in_len;
+	__u32 out_len;
+	__u32 timeout_ms;
+	__aligned_u64 in_ptr;
+	__aligned_u64 out_ptr;
+	__u32 status;
+	__u32 ret_value;
+};
+
+/**
+ * struct pcifab_stats - PCIFAB_IOCTL_STATS argument: counters of the endpoint
+ * @size: in: sizeof(struct pcifab_stats)
+ * @flags: in: must be 0
+ * @mrpc_commands: out: MRPC commands started
+ * @mrpc_completions: out: MRPC completion interrupts
+ * @mrpc_timeouts: out: commands the firmware did not finish in time
+ * @mrpc_firmware_dead: out: commands failed because the firmware stopped running
+ * @event_irqs: out: event interrupts handled
+ */
+struct pcifab_stats {
+	__u32 size;
+	__u32 flags;
+	__aligned_u64 mrpc_commands;
+	__aligned_u64 mrpc_completions;
+	__aligned_u64 mrpc_timeouts;
+	__aligned_u64 mrpc_firmware_dead;
+	__aligned_u64 event_irqs;
+};
+
+/* PCIFAB_IOCTL_EVENTS flags: wait until more than @seen events happened. */
+#define PCIFAB_EVENTS_WAIT	(1U << 0)
+
+/**
+ * struct pcifab_events - PCIFAB_IOCTL_EVENTS argument: event counters, optionally waiting
+ * @size: in: sizeof(struct pcifab_events)
+ * @flags: in: 0 or PCIFAB_EVENTS_WAIT
+ * @timeout_ms: in, with PCIFAB_EVENTS_WAIT: longest wait, 0 for no limit
+ * @__reserved0: zero
+ * @seen: in, with PCIFAB_EVENTS_WAIT: the @total the caller has already seen
+ * @total: out: fabric and link events since the driver bound (MRPC completions not counted)
+ * @link: out: link-state events of this host's ports
+ * @gfms: out: fabric-manager events (bindings, devices, database changes)
+ * @irqs: out: event interrupts handled
+ *
+ * Without PCIFAB_EVENTS_WAIT the call returns at once. With it, it returns when @total
+ * exceeds @seen, when @timeout_ms passed (then @total may equal @seen: not an error), or
+ * with EINTR on a signal. poll() on the device reports EPOLLIN | EPOLLPRI when events
+ * arrived that this open file has not read with PCIFAB_IOCTL_EVENTS yet.
+ */
+struct pcifab_events {
+	__u32 size;
+	__u32 flags;
+	__u32 timeout_ms;
+	__u32 __reserved0;
+	__aligned_u64 seen;
+	__aligned_u64 total;
+	__aligned_u64 link;
+	__aligned_u64 gfms;
+	__aligned_u64 irqs;
+};
+
+/* struct pcifab_port.type */
+#define PCIFAB_PORT_UNUSED	0
+#define PCIFAB_PORT_FABRIC	1
+#define PCIFAB_PORT_ENDPOINT	2
+#define PCIFAB_PORT_HOST	3
+
+/**
+ * struct pcifab_port - one physical port of the switch
+ * @phys_port: physical port id
+ * @type: PCIFAB_PORT_*
+ * @link_up: 1 when the link is up
+ * @width: negotiated link width (lanes), 0 when down
+ * @rate: negotiated link rate (PCIe generation), 0 when down
+ * @__reserved: zero
+ */
+struct pcifab_port {
+	__u8 phys_port;
+	__u8 type;
+	__u8 link_up;
+	__u8 width;
+	__u8 rate;
+	__u8 __reserved[3];
+};
+
+/* struct pcifab_function.flags */
+#define PCIFAB_FN_VF		(1U << 0)
+#define PCIFAB_FN_BOUND		(1U << 1)
+#define PCIFAB_FN_LINK_UP	(1U << 2)
+
+/* struct pcifab_function.bound_host and bound_port when not bound */
+#define PCIFAB_UNBOUND		0xff
+
+/**
+ * struct pcifab_function - one endpoint function (PF or VF) of the fabric
+ * @pdfid: the function's fabric id (PDFID), the name every command uses
+ * @pf_pdfid: PDFID of its physical function (its own for a PF)
+ * @vendor: PCI vendor id
+ * @device: PCI device id
+ * @class_code: PCI class code (base << 16 | sub << 8 | prog-if)
+ * @phys_port: physical port of the endpoint
+ * @vf_index: 0 for a PF, n for VF n
+ * @total_vfs: for a PF, its number of VFs
+ * @flags: PCIFAB_FN_*
+ * @bound_host: partition (host) it is bound to, PCIFAB_UNBOUND if none
+ * @bound_port: logical downstream port of that host, PCIFAB_UNBOUND if none
+ * @__reserved0: zero
+ * @__reserved1: zero
+ */
+struct pcifab_function {
+	__u16 pdfid;
+	__u16 pf_pdfid;
+	__u16 vendor;
+	__u16 device;
+	__u32 class_code;
+	__u8 phys_port;
+	__u8 vf_index;
+	__u8 total_vfs;
+	__u8 flags;
+	__u8 bound_host;
+	__u8 bound_port;
+	__u16 __reserved0;
+	__u32 __reserved1;
+};
+
+/**
+ * struct pcifab_inventory - PCIFAB_IOCTL_INVENTORY argument: the whole fabric
+ * @size: in: sizeof(struct pcifab_inventory)
+ * @flags: in: must be 0
+ * @generation: out: the firmware's fabric generation this snapshot belongs to
+ * @partition: out: this host's partition
+ * @host_count: out: number of hosts (partitions)
+ * @nr_ports: in: entries available at @ports_ptr; out: ports in the fabric
+ * @nr_functions: in: entries available at @functions_ptr; out: functions in the fabric
+ * @port_size: in: sizeof(struct pcifab_port) as the caller knows it
+ * @function_size: in: sizeof(struct pcifab_function) as the caller knows it
+ * @ports_ptr: in: user array of @nr_ports entries of @port_size bytes
+ * @functions_ptr: in: user array of @nr_functions entries of @function_size bytes
+ *
+ * The kernel fills min(in, out) entries of each array; when an out count is larger than
+ * the in count, call again with larger arrays. Entry sizes smaller than the first
+ * version's are EINVAL; larger ones get their extra bytes zeroed.
+ */
+struct pcifab_inventory {
+	__u32 size;
+	__u32 flags;
+	__u32 generation;
+	__u16 partition;
+	__u16 host_count;
+	__u32 nr_ports;
+	__u32 nr_functions;
+	__u32 port_size;
+	__u32 function_size;
+	__aligned_u64 ports_ptr;
+	__aligned_u64 functions_ptr;
+};
+
+/* struct pcifab_bind.port: the first free logical port of the host. */
+#define PCIFAB_ANY_PORT		0xff
+/* PCIFAB_IOCTL_BIND flags: return when the firmware bound it, do not wait to enumerate it. */
+#define PCIFAB_BIND_NO_WAIT	(1U << 0)
+/* Longest bind/unbind/move timeout, in milliseconds; 0 means 30000. */
+#define PCIFAB_BIND_MAX_TIMEOUT_MS 120000
+
+/**
+ * struct pcifab_bind - PCIFAB_IOCTL_BIND argument: bind a function to a host
+ * @size: in: sizeof(struct pcifab_bind)
+ * @flags: in: 0 or PCIFAB_BIND_NO_WAIT
+ * @pdfid: in: the function
+ * @host: in: the host (partition) to bind it to
+ * @port: in: logical downstream port of that host, or PCIFAB_ANY_PORT; out: the port used
+ * @timeout_ms: in: bound on the whole operation; 0 for 30 s
+ * @fw_ret: out: the firmware's return code when it refused (see Documentation/mrpc.rst)
+ * @vendor: out: PCI vendor id as this host enumerated it (binding to this host only)
+ * @device: out: PCI device id, likewise
+ * @name: out: PCI name on this host, e.g. "0000:03:00.0", NUL-terminated; empty otherwise
+ *
+ * Binding to this host returns once this host enumerated the function; if it does not
+ * appear within @timeout_ms the binding is undone and the call fails with ETIMEDOUT.
+ * Errors: EPERM (needs CAP_SYS_ADMIN), ENOENT (unknown function), EBUSY (function or port
+ * taken, or a PF/VF conflict), EACCES (the fabric's policy refuses), ENOSPC (no free port or
+ * host limit), EIO (hot-plug failed). On a firmware refusal @fw_ret is written back too.
+ */
+struct pcifab_bind {
+	__u32 size;
+	__u32 flags;
+	__u16 pdfid;
+	__u8 host;
+	__u8 port;
+	__u32 timeout_ms;
+	__u32 fw_ret;
+	__u16 vendor;
+	__u16 device;
+	char name[16];
+};
+
+/**
+ * struct pcifab_unbind - PCIFAB_IOCTL_UNBIND argument: take a function away from its host
+ * @size: in: sizeof(struct pcifab_unbind)
+ * @flags: in: must be 0
+ * @pdfid: in: the function
+ * @host: out: the host it was bound to
+ * @port: out: the logical port it was bound to
+ * @timeout_ms: in: bound on the whole operation; 0 for 30 s
+ * @fw_ret: out: the firmware's return code when it refused
+ * @__reserved0: zero
+ *
+ * If the function is bound to this host, its driver is unbound and the device removed (slot
+ * powered off) before the firmware is asked. ENOENT if it is not bound.
+ */
+struct pcifab_unbind {
+	__u32 size;
+	__u32 flags;
+	__u16 pdfid;
+	__u8 host;
+	__u8 port;
+	__u32 timeout_ms;
+	__u32 fw_ret;
+	__u32 __reserved0;
+};
+
+/**
+ * struct pcifab_move - PCIFAB_IOCTL_MOVE argument: unbind a function and bind it elsewhere
+ * @size, @flags, @pdfid, @host, @port, @timeout_ms, @fw_ret, @vendor, @device, @name: as in
+ *	struct pcifab_bind (@flags must be 0)
+ * @from_host: out: the host it was bound to
+ * @from_port: out: the logical port it was bound to
+ * @__reserved0: zero
+ *
+ * If binding at the destination fails, the function is bound back where it was and the
+ * call fails with the destination's error.
+ */
+struct pcifab_move {
+	__u32 size;
+	__u32 flags;
+	__u16 pdfid;
+	__u8 host;
+	__u8 port;
+	__u32 timeout_ms;
+	__u32 fw_ret;
+	__u16 vendor;
+	__u16 device;
+	char name[16];
+	__u8 from_host;
+	__u8 from_port;
+	__u16 __reserved0;
+};
+
+#define PCIFAB_IOCTL_VERSION	_IO(PCIFAB_IOCTL_TYPE, 0x00)
+#define PCIFAB_IOCTL_IDENTITY	_IO(PCIFAB_IOCTL_TYPE, 0x01)
+#define PCIFAB_IOCTL_MRPC	_IO(PCIFAB_IOCTL_TYPE, 0x02)
+#define PCIFAB_IOCTL_STATS	_IO(PCIFAB_IOCTL_TYPE, 0x03)
+#define PCIFAB_IOCTL_EVENTS	_IO(PCIFAB_IOCTL_TYPE, 0x04)
+#define PCIFAB_IOCTL_INVENTORY	_IO(PCIFAB_IOCTL_TYPE, 0x05)
+#define PCIFAB_IOCTL_BIND	_IO(PCIFAB_IOCTL_TYPE, 0x06)
+#define PCIFAB_IOCTL_UNBIND	_IO(PCIFAB_IOCTL_TYPE, 0x07)
+#define PCIFAB_IOCTL_MOVE	_IO(PCIFAB_IOCTL_TYPE, 0x08)
+
+#endif /* _UAPI_LINUX_PCIFAB_H */

@@ -1,0 +1,578 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! `/dev/pcifabN`: the character device of a management endpoint and its ioctls.
+//!
+//! The device is a misc device registered with the MEP as parent and with the attribute groups
+//! of [`crate::sysfs`], so its files exist before user space hears of the device.
+
+use core::{mem::size_of, ptr};
+
+use kernel::{
+    bindings, container_of,
+    device::Device,
+    fs::File,
+    miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
+    prelude::*,
+    sync::poll::PollTable,
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc,
+    },
+    transmute::{AsBytes, FromBytes},
+    types::{ForeignOwnable, Opaque},
+    uaccess::{UserPtr, UserSlice, UserSliceWriter},
+};
+
+use crate::{compose, mrpc, sysfs, uapi, Mep};
+
+/// Names of the character devices, one per bound management endpoint.
+const NAMES: [&CStr; 8] = [
+    c"pcifab0", c"pcifab1", c"pcifab2", c"pcifab3", c"pcifab4", c"pcifab5", c"pcifab6", c"pcifab7",
+];
+
+/// Bitmap of the entries of [`NAMES`] in use.
+static NAMES_USED: Atomic<u32> = Atomic::new(0);
+
+/// Takes the lowest free name slot.
+fn take_slot() -> Result<usize> {
+    let mut used = NAMES_USED.load(Relaxed);
+    loop {
+        let slot = (!used).trailing_zeros() as usize;
+        if slot >= NAMES.len() {
+            return Err(ENOSPC);
+        }
+        match NAMES_USED.cmpxchg(used, used | (1 << slot), Relaxed) {
+            Ok(_) => return Ok(slot),
+            Err(now) => used = now,
+        }
+    }
+}
+
+/// Returns a slot taken by [`take_slot`].
+fn put_slot(slot: usize) {
+    let mut used = NAMES_USED.load(Relaxed);
+    while let Err(now) = NAMES_USED.cmpxchg(used, used & !(1 << slot), Relaxed) {
+        used = now;
+    }
+}
+
+/// A registered `/dev/pcifabN`.
+///
+/// # Invariants
+///
+/// `misc` holds a `struct miscdevice` registered with `misc_register()` whose `name` is
+/// `NAMES[slot]` and whose `fops` are those of [`OpenFile`]; it stays registered until drop.
+/// `mep` is initialised before `misc` is registered, so every open and every sysfs read sees it.
+#[pin_data(PinnedDrop)]
+pub(crate) struct Registration {
+    mep: Arc<Mep>,
+    slot: usize,
+    #[pin]
+    misc: Opaque<bindings::miscdevice>,
+}
+
+impl Registration {
+    /// Registers the character device of `mep` as a child of `parent`.
+    pub(crate) fn new(parent: &Device, mep: Arc<Mep>) -> impl PinInit<Self, Error> + '_ {
+        pin_init::pin_init_scope(move || {
+            let taken = take_slot()?;
+            let name = NAMES[taken];
+            // `Device` is a transparent wrapper of `struct device`.
+            let parent = ptr::from_ref(parent).cast::<bindings::device>().cast_mut();
+            Ok(try_pin_init!(Self {
+                mep,
+                slot: taken,
+                misc <- Opaque::try_ffi_init(move |raw: *mut bindings::miscdevice| {
+                    let mut misc = MiscDeviceOptions { name }.into_raw::<OpenFile>();
+                    misc.fops = &FOPS.0;
+                    misc.parent = parent;
+                    misc.groups = sysfs::GROUPS.as_ptr();
+                    // SAFETY: `raw` is valid for writes: the initializer owns the slot.
+                    unsafe { raw.write(misc) };
+                    // SAFETY: `raw` holds a fully initialised `miscdevice` that is pinned and
+                    // deregistered in `drop` before its memory goes away.
+                    let ret = unsafe { bindings::misc_register(raw) };
+                    if ret != 0 {
+                        put_slot(taken);
+                    }
+                    kernel::error::to_result(ret)
+                }),
+            }))
+        })
+    }
+
+    /// Returns the endpoint behind a registered misc device.
+    ///
+    /// # Safety
+    ///
+    /// `misc` must point to the `misc` field of a live [`Registration`], and the returned
+    /// reference must not be used after that registration is dropped.
+    unsafe fn from_misc<'a>(misc: *mut bindings::miscdevice) -> &'a Self {
+        // SAFETY: `Opaque<T>` is `repr(transparent)`, and by the safety requirements `misc` is
+        // the `misc` field of a live `Registration`.
+        unsafe { &*container_of!(misc.cast::<Opaque<bindings::miscdevice>>(), Self, misc) }
+    }
+
+    /// Returns the endpoint whose misc device is `dev`.
+    ///
+    /// # Safety
+    ///
+    /// `dev` must be the `this_device` of a registered [`Registration`], and the reference must
+    /// only be used while that device's sysfs callbacks may run (they are drained by
+    /// `misc_deregister()` before the registration is freed).
+    pub(crate) unsafe fn mep_from_device<'a>(dev: *mut bindings::device) -> &'a Mep {
+        // SAFETY: `misc_register()` sets the driver data of `this_device` to the `miscdevice`.
+        let misc = unsafe { bindings::dev_get_drvdata(dev) }.cast::<bindings::miscdevice>();
+        // SAFETY: By the safety requirements, `misc` is the `misc` field of a live
+        // `Registration`.
+        unsafe { &Self::from_misc(misc).mep }
+    }
+}
+
+// SAFETY: The registration is only used through `&self` after construction, and
+// `misc_deregister()` may be called from any thread.
+unsafe impl Send for Registration {}
+// SAFETY: `&Registration` only gives out the `Arc<Mep>`, which is `Sync`; the C side
+// synchronises access to the `miscdevice` itself.
+unsafe impl Sync for Registration {}
+
+#[pinned_drop]
+impl PinnedDrop for Registration {
+    fn drop(self: Pin<&mut Self>) {
+        // SAFETY: By the type invariants `misc` is registered; this deregisters it exactly once,
+        // which also drains running opens and sysfs callbacks.
+        unsafe { bindings::misc_deregister(self.misc.get()) };
+        put_slot(self.slot);
+    }
+}
+
+/// `poll()` bits (`include/uapi/linux/eventpoll.h`; not in the generated bindings).
+const EPOLLIN: u32 = 0x0001;
+const EPOLLPRI: u32 = 0x0002;
+const EPOLLERR: u32 = 0x0008;
+const EPOLLHUP: u32 = 0x0010;
+
+/// File operations of `/dev/pcifabN`: the misc-device ones of [`OpenFile`], plus `poll`,
+/// which the misc-device abstraction does not offer.
+struct Fops(bindings::file_operations);
+
+// SAFETY: The table is immutable and only read by the VFS.
+unsafe impl Sync for Fops {}
+
+static FOPS: Fops = Fops({
+    let misc = MiscDeviceOptions { name: c"pcifab" }.into_raw::<OpenFile>();
+    // SAFETY: `into_raw()` points `fops` at a static, fully initialised `file_operations`.
+    let mut fops = unsafe { *misc.fops };
+    fops.poll = Some(poll);
+    fops
+});
+
+/// `poll()`: readable when events arrived that this file has not read yet; error and hang-up
+/// once the endpoint is gone.
+///
+/// # Safety
+///
+/// Called by the VFS with a valid `file` of `/dev/pcifabN` (whose private data is the
+/// `KBox<OpenFile>` its `open` stored) and a valid poll table.
+unsafe extern "C" fn poll(
+    file: *mut bindings::file,
+    table: *mut bindings::poll_table_struct,
+) -> bindings::__poll_t {
+    // SAFETY: The misc-device `open` stored a `KBox<OpenFile>` in `private_data`; it stays
+    // there until `release`, which cannot run while this call uses the file.
+    let me: &OpenFile = unsafe { <KBox<OpenFile> as ForeignOwnable>::borrow((*file).private_data) };
+    // SAFETY: `file` is valid for the duration of this call.
+    let f = unsafe { File::from_raw_file(file) };
+    // SAFETY: `table` is the poll table the VFS passed for this call.
+    let pt = unsafe { PollTable::from_raw(table) };
+    pt.register_wait(f, me.mep.events.poll_cv());
+    if !me.mep.present() {
+        return EPOLLERR | EPOLLHUP;
+    }
+    if me.mep.events.counts().total != me.seen.load(Relaxed) {
+        EPOLLIN | EPOLLPRI
+    } else {
+        0
+    }
+}
+
+/// State of one open file of `/dev/pcifabN`.
+pub(crate) struct OpenFile {
+    mep: Arc<Mep>,
+    /// Event total this file last read with `PCIFAB_IOCTL_EVENTS`; `poll()` compares it.
+    seen: Atomic<u64>,
+}
+
+#[vtable]
+impl MiscDevice for OpenFile {
+    type Ptr = KBox<Self>;
+
+    fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<KBox<Self>> {
+        // SAFETY: Every `/dev/pcifabN` is the `misc` field of a `Registration`, which
+        // `misc_open()` keeps registered (and therefore alive) during this call.
+        let reg = unsafe { Registration::from_misc(misc.as_raw()) };
+        Ok(KBox::new(
+            Self {
+                mep: reg.mep.clone(),
+                seen: Atomic::new(reg.mep.events.counts().total),
+            },
+            GFP_KERNEL,
+        )?)
+    }
+
+    fn ioctl(me: &Self, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+        match cmd {
+            uapi::PCIFAB_IOCTL_VERSION => me.version(arg),
+            uapi::PCIFAB_IOCTL_IDENTITY => me.identity(arg),
+            uapi::PCIFAB_IOCTL_MRPC => me.mrpc(arg),
+            uapi::PCIFAB_IOCTL_STATS => me.stats(arg),
+            uapi::PCIFAB_IOCTL_EVENTS => me.events(arg),
+            uapi::PCIFAB_IOCTL_INVENTORY => me.inventory(arg),
+            uapi::PCIFAB_IOCTL_BIND => me.bind(arg),
+            uapi::PCIFAB_IOCTL_UNBIND => me.unbind(arg),
+            uapi::PCIFAB_IOCTL_MOVE => me.move_fn(arg),
+            _ => Err(ENOTTY),
+        }
+        .map(|()| 0)
+    }
+}
+
+impl OpenFile {
+    fn version(&self, arg: usize) -> Result {
+        let (mut v, len) = read_arg::<uapi::Version>(arg)?;
+        v.major = uapi::VERSION_MAJOR;
+        v.minor = uapi::VERSION_MINOR;
+        write_arg(arg, &v, len)
+    }
+
+    fn identity(&self, arg: usize) -> Result {
+        let (mut out, len) = read_arg::<uapi::Identity>(arg)?;
+        let id = self.mep.identity()?;
+        (out.pci_vendor, out.pci_device) = self.mep.pci_ids();
+        out.device_id = id.device_id;
+        out.device_version = id.device_version;
+        out.fw_version = id.fw_version;
+        out.partition = id.partition;
+        out.partition_count = id.partition_count;
+        out.vendor_id = id.vendor_id;
+        out.product_id = id.product_id;
+        out.product_revision = id.product_revision;
+        write_arg(arg, &out, len)
+    }
+
+    fn mrpc(&self, arg: usize) -> Result {
+        let (mut m, len) = read_arg::<uapi::Mrpc>(arg)?;
+        let (in_len, out_len) = (m.in_len as usize, m.out_len as usize);
+        if in_len > mrpc::PAYLOAD || out_len > mrpc::PAYLOAD || m.timeout_ms > mrpc::MAX_TIMEOUT_MS
+        {
+            return Err(EINVAL);
+        }
+        if !allowed(mrpc_class(m.cmd)) {
+            return Err(EPERM);
+        }
+        let mut input = KVec::from_elem(0u8, in_len, GFP_KERNEL)?;
+        UserSlice::new(UserPtr::from_addr(m.in_ptr as usize), in_len)
+            .reader()
+            .read_slice(&mut input)?;
+        let mut output = KVec::from_elem(0u8, out_len, GFP_KERNEL)?;
+        // Prove both destinations writable before the command runs, so a bad pointer cannot
+        // leave a configuration command done but unreported.
+        let out_ptr = UserPtr::from_addr(m.out_ptr as usize);
+        UserSlice::new(out_ptr, out_len)
+            .writer()
+            .write_slice(&output)?;
+        write_arg(arg, &m, len)?;
+
+        let reply = self
+            .mep
+            .mrpc
+            .run(&self.mep, m.cmd, &input, &mut output, m.timeout_ms)?;
+        UserSlice::new(out_ptr, out_len)
+            .writer()
+            .write_slice(&output)?;
+        m.status = reply.status;
+        m.ret_value = reply.ret;
+        write_arg(arg, &m, len)
+    }
+
+    fn events(&self, arg: usize) -> Result {
+        let (mut ev, len) = read_arg::<uapi::Events>(arg)?;
+        if ev.reserved0 != 0 {
+            return Err(EINVAL);
+        }
+        let c = if ev.flags & uapi::EVENTS_WAIT != 0 {
+            self.mep.events.wait(ev.seen, ev.timeout_ms)?
+        } else {
+            self.mep.events.counts()
+        };
+        ev.total = c.total;
+        ev.link = c.link;
+        ev.gfms = c.gfms;
+        ev.irqs = c.irqs;
+        write_arg(arg, &ev, len)?;
+        self.seen.store(c.total, Relaxed);
+        Ok(())
+    }
+
+    fn inventory(&self, arg: usize) -> Result {
+        let (mut inv, len) = read_arg::<uapi::Inventory>(arg)?;
+        let (psize, fsize) = (inv.port_size as usize, inv.function_size as usize);
+        if psize < size_of::<uapi::Port>()
+            || fsize < size_of::<uapi::Function>()
+            || psize > MAX_ARG_SIZE
+            || fsize > MAX_ARG_SIZE
+        {
+            return Err(EINVAL);
+        }
+        let (nports, nfns) = (inv.nr_ports as usize, inv.nr_functions as usize);
+        // Bytes the caller gave us; checked before anything is written.
+        let ports_len = nports.checked_mul(psize).ok_or(EINVAL)?;
+        let fns_len = nfns.checked_mul(fsize).ok_or(EINVAL)?;
+
+        let mep = &self.mep;
+        mep.fabric.with_view(mep, |view| -> Result {
+            let mut w =
+                UserSlice::new(UserPtr::from_addr(inv.ports_ptr as usize), ports_len).writer();
+            for p in view.ports.iter().take(nports) {
+                let e = uapi::Port {
+                    phys_port: p.phys,
+                    kind: p.kind,
+                    link_up: p.link_up.into(),
+                    width: p.width,
+                    rate: p.rate,
+                    reserved: [0; 3],
+                };
+                write_entry(&mut w, e.as_bytes(), psize)?;
+            }
+            let mut w =
+                UserSlice::new(UserPtr::from_addr(inv.functions_ptr as usize), fns_len).writer();
+            for f in view.functions.iter().take(nfns) {
+                let e = uapi::Function {
+                    pdfid: f.pdfid,
+                    pf_pdfid: f.pf_pdfid,
+                    vendor: f.vendor,
+                    device: f.device,
+                    class_code: f.class,
+                    phys_port: f.phys_port,
+                    vf_index: f.vf_index,
+                    total_vfs: f.total_vfs,
+                    flags: f.flags,
+                    bound_host: f.bound_host,
+                    bound_port: f.bound_log_port,
+                    reserved0: 0,
+                    reserved1: 0,
+                };
+                write_entry(&mut w, e.as_bytes(), fsize)?;
+            }
+            inv.generation = view.generation;
+            inv.partition = view.partition.into();
+            inv.host_count = view.host_count.into();
+            inv.nr_ports = view.ports.len() as u32;
+            inv.nr_functions = view.functions.len() as u32;
+            Ok(())
+        })??;
+        write_arg(arg, &inv, len)
+    }
+
+    fn bind(&self, arg: usize) -> Result {
+        let (mut b, len) = read_arg::<uapi::Bind>(arg)?;
+        let timeout = bind_timeout(b.timeout_ms)?;
+        if !allowed(MrpcClass::Configuration) {
+            return Err(EPERM);
+        }
+        let port = (b.port != uapi::ANY_PORT).then_some(b.port);
+        let wait = b.flags & uapi::BIND_NO_WAIT == 0;
+        match self.mep.bind(b.pdfid, b.host, port, timeout, wait) {
+            Ok(bound) => {
+                b.port = bound.port;
+                b.fw_ret = 0;
+                if let Some(f) = bound.local {
+                    (b.vendor, b.device, b.name) = (f.vendor, f.device, f.name);
+                }
+                write_arg(arg, &b, len)
+            }
+            Err(f) => {
+                b.fw_ret = f.fw_ret;
+                write_arg(arg, &b, len)?;
+                Err(f.err)
+            }
+        }
+    }
+
+    fn unbind(&self, arg: usize) -> Result {
+        let (mut u, len) = read_arg::<uapi::Unbind>(arg)?;
+        let timeout = bind_timeout(u.timeout_ms)?;
+        if u.reserved0 != 0 {
+            return Err(EINVAL);
+        }
+        if !allowed(MrpcClass::Configuration) {
+            return Err(EPERM);
+        }
+        match self.mep.unbind(u.pdfid, timeout) {
+            Ok((host, port)) => {
+                (u.host, u.port, u.fw_ret) = (host, port, 0);
+                write_arg(arg, &u, len)
+            }
+            Err(f) => {
+                u.fw_ret = f.fw_ret;
+                write_arg(arg, &u, len)?;
+                Err(f.err)
+            }
+        }
+    }
+
+    fn move_fn(&self, arg: usize) -> Result {
+        let (mut m, len) = read_arg::<uapi::Move>(arg)?;
+        let timeout = bind_timeout(m.timeout_ms)?;
+        if m.reserved0 != 0 {
+            return Err(EINVAL);
+        }
+        if !allowed(MrpcClass::Configuration) {
+            return Err(EPERM);
+        }
+        let port = (m.port != uapi::ANY_PORT).then_some(m.port);
+        match self.mep.move_to(m.pdfid, m.host, port, timeout) {
+            Ok((bound, (from_host, from_port))) => {
+                m.port = bound.port;
+                (m.from_host, m.from_port, m.fw_ret) = (from_host, from_port, 0);
+                if let Some(f) = bound.local {
+                    (m.vendor, m.device, m.name) = (f.vendor, f.device, f.name);
+                }
+                write_arg(arg, &m, len)
+            }
+            Err(f) => {
+                m.fw_ret = f.fw_ret;
+                write_arg(arg, &m, len)?;
+                Err(f.err)
+            }
+        }
+    }
+
+    fn stats(&self, arg: usize) -> Result {
+        let (mut out, len) = read_arg::<uapi::Stats>(arg)?;
+        let s = self.mep.mrpc.stats();
+        out.mrpc_commands = s.commands;
+        out.mrpc_completions = s.completions;
+        out.mrpc_timeouts = s.timeouts;
+        out.mrpc_firmware_dead = s.firmware_dead;
+        out.event_irqs = self.mep.events.counts().irqs;
+        write_arg(arg, &out, len)
+    }
+}
+
+/// The bound on a bind, unbind or move: 0 is the default, more than the maximum `EINVAL`.
+fn bind_timeout(ms: u32) -> Result<u32> {
+    match ms {
+        0 => Ok(compose::DEFAULT_TIMEOUT_MS),
+        ms if ms > uapi::BIND_MAX_TIMEOUT_MS => Err(EINVAL),
+        ms => Ok(ms),
+    }
+}
+
+/// Which privilege an MRPC command needs, as fwctl classes its RPCs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum MrpcClass {
+    /// Reads state: open to anyone who can open the device.
+    ReadOnly,
+    /// Changes the fabric's configuration: `CAP_SYS_ADMIN`.
+    Configuration,
+    /// Anything else, unknown commands included: `CAP_SYS_RAWIO`.
+    DebugWrite,
+}
+
+/// Classes an MRPC command id (`Documentation/uapi.rst` lists them).
+pub(crate) fn mrpc_class(cmd: u32) -> MrpcClass {
+    match cmd {
+        // Die temperature, echo, PAX id, topology dump, fabric database dump, GFMS events.
+        0x04 | 0x41 | 0x81 | 0x82 | 0x83 | 0x89 => MrpcClass::ReadOnly,
+        // pcifab's read-only extensions.
+        0xf000..=0xf07f => MrpcClass::ReadOnly,
+        // GFMS bind/unbind, device management, port configuration, port control.
+        0x84 | 0x85 | 0x88 | 0x8d => MrpcClass::Configuration,
+        // pcifab's configuration extensions.
+        0xf080..=0xf0ff => MrpcClass::Configuration,
+        _ => MrpcClass::DebugWrite,
+    }
+}
+
+/// Whether the calling task may run a command of `class`.
+fn allowed(class: MrpcClass) -> bool {
+    let cap = match class {
+        MrpcClass::ReadOnly => return true,
+        MrpcClass::Configuration => bindings::CAP_SYS_ADMIN,
+        MrpcClass::DebugWrite => bindings::CAP_SYS_RAWIO,
+    };
+    // SAFETY: `capable()` only reads the current task's credentials; `cap` is a valid
+    // capability number.
+    unsafe { bindings::capable(cap as i32) }
+}
+
+/// An ioctl argument struct: `size` and `flags` first, as `include/uapi/linux/pcifab.h` says.
+pub(crate) trait SizedArg: FromBytes + AsBytes + Default {
+    /// Size of the first published version of the struct; smaller is `EINVAL`.
+    const MIN_SIZE: usize;
+    /// `flags` bits this version understands.
+    const FLAGS: u32;
+    /// The `flags` field.
+    fn flags(&self) -> u32;
+}
+
+/// Largest argument struct accepted at all; user structs beyond it are `E2BIG`.
+const MAX_ARG_SIZE: usize = 4096;
+
+/// Reads a size-first argument struct from user space.
+///
+/// Returns the struct (bytes the caller did not pass stay zero) and how many bytes to copy back.
+///
+/// # Errors
+///
+/// `EFAULT` for a bad pointer, `EINVAL` for a struct smaller than its first version or with
+/// unknown flags, `E2BIG` for a larger struct whose extra bytes are not zero.
+fn read_arg<T: SizedArg>(arg: usize) -> Result<(T, usize)> {
+    let ptr = UserPtr::from_addr(arg);
+    let size = UserSlice::new(ptr, size_of::<u32>())
+        .reader()
+        .read::<u32>()? as usize;
+    if size < T::MIN_SIZE {
+        return Err(EINVAL);
+    }
+    if size > MAX_ARG_SIZE {
+        return Err(E2BIG);
+    }
+    let len = size.min(size_of::<T>());
+    let mut reader = UserSlice::new(ptr, size).reader();
+    let mut val = T::default();
+    reader.read_slice(&mut val.as_bytes_mut()[..len])?;
+    let mut tail = [0u8; 64];
+    while !reader.is_empty() {
+        let n = reader.len().min(tail.len());
+        reader.read_slice(&mut tail[..n])?;
+        if tail[..n].iter().any(|&b| b != 0) {
+            return Err(E2BIG);
+        }
+    }
+    if val.flags() & !T::FLAGS != 0 {
+        return Err(EINVAL);
+    }
+    Ok((val, len))
+}
+
+/// Writes one array entry of `stride` bytes: the kernel's entry, then zeroes.
+fn write_entry(w: &mut UserSliceWriter, entry: &[u8], stride: usize) -> Result {
+    w.write_slice(entry)?;
+    let zeros = [0u8; 64];
+    let mut pad = stride - entry.len();
+    while pad > 0 {
+        let n = pad.min(zeros.len());
+        w.write_slice(&zeros[..n])?;
+        pad -= n;
+    }
+    Ok(())
+}
+
+/// Copies the first `len` bytes of `val` back to user space.
+fn write_arg<T: SizedArg>(arg: usize, val: &T, len: usize) -> Result {
+    UserSlice::new(UserPtr::from_addr(arg), len)
+        .writer()
+        .write_slice(&val.as_bytes()[..len])
+}

@@ -1,0 +1,241 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! Events: the interrupt handler, counters, and waking pollers and waiters.
+//!
+//! One vector (MSI-X, MSI or a shared INTx), the one `part_cfg.vep_vector_number` names,
+//! carries every event of this partition. The handler looks at the event headers pcifab
+//! enabled: MRPC completion (`part_cfg.mrpc_comp_hdr`), fabric-manager events
+//! (`sw_event.gfms_event_hdr`) and the link state of the partition's upstream and downstream
+//! ports (`pff_csr[n].link_state_hdr`). For each that occurred it writes the header back,
+//! which clears "occurred" and keeps the interrupt enabled, counts it and wakes whoever waits.
+
+use kernel::{
+    bindings,
+    io::{register::Array, Io},
+    irq::{self, IrqReturn},
+    new_poll_condvar, new_spinlock_irq,
+    prelude::*,
+    sync::{poll::PollCondVar, Arc, CondVarTimeoutResult, SpinLockIrq},
+    time::{msecs_to_jiffies, Instant, Monotonic},
+    workqueue::{self, impl_has_work, Work, WorkItem},
+};
+
+use crate::{regs, Bar0, Mep};
+
+/// Event counters since probe.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Counts {
+    /// Interrupts that found at least one event.
+    pub(crate) irqs: u64,
+    /// Events other than MRPC completions (link and fabric-manager events).
+    pub(crate) total: u64,
+    /// Link-state events of this partition's ports.
+    pub(crate) link: u64,
+    /// Fabric-manager (GFMS) events: bindings, devices, the fabric database changed.
+    pub(crate) gfms: u64,
+}
+
+/// Event state of one endpoint.
+#[pin_data]
+pub(crate) struct Events {
+    #[pin]
+    counts: SpinLockIrq<Counts>,
+    /// Woken on every event; `poll()` waits on it too.
+    #[pin]
+    changed: PollCondVar,
+}
+
+impl Events {
+    pub(crate) fn new() -> impl PinInit<Self> {
+        pin_init!(Self {
+            counts <- new_spinlock_irq!(Counts::default()),
+            changed <- new_poll_condvar!(),
+        })
+    }
+
+    pub(crate) fn counts(&self) -> Counts {
+        *self.counts.lock()
+    }
+
+    /// The condition variable `poll()` registers on.
+    pub(crate) fn poll_cv(&self) -> &PollCondVar {
+        &self.changed
+    }
+
+    /// Waits until more than `seen` events happened, for at most `timeout_ms` (0: no limit).
+    ///
+    /// # Errors
+    ///
+    /// `EINTR` if a signal arrived first. A timeout is not an error: the counts say nothing
+    /// new happened.
+    pub(crate) fn wait(&self, seen: u64, timeout_ms: u32) -> Result<Counts> {
+        let start = Instant::<Monotonic>::now();
+        let mut guard = self.counts.lock();
+        while guard.total <= seen {
+            let left = if timeout_ms == 0 {
+                i64::from(u32::MAX)
+            } else {
+                i64::from(timeout_ms) - start.elapsed().as_millis()
+            };
+            if left <= 0 {
+                break;
+            }
+            let jiffies = msecs_to_jiffies(u32::try_from(left).unwrap_or(u32::MAX));
+            if let CondVarTimeoutResult::Signal { .. } =
+                self.changed.wait_interruptible_timeout(&mut guard, jiffies)
+            {
+                return Err(EINTR);
+            }
+        }
+        Ok(*guard)
+    }
+
+    /// Wakes every waiter, e.g. because the device is going away.
+    pub(crate) fn wake_all(&self) {
+        self.changed.notify_all();
+    }
+}
+
+/// What one pass over the event headers found.
+#[derive(Default)]
+struct Found {
+    mrpc: bool,
+    link: u64,
+    gfms: u64,
+}
+
+/// The PFF instances of the partition's ports pcifab watches: upstream first.
+fn local_pffs(bar: &Bar0<'_>, partition: usize) -> Result<[u32; 1 + regs::DSP_PORTS]> {
+    let mut pffs = [u32::MAX; 1 + regs::DSP_PORTS];
+    pffs[0] = bar
+        .read(regs::PART_USP_PFF::try_at(partition).ok_or(EINVAL)?)
+        .pff()
+        .into();
+    for (i, pff) in pffs[1..].iter_mut().enumerate() {
+        let loc = regs::PART_DSP_PFF::try_at(regs::dsp_pff_index(partition, i)).ok_or(EINVAL)?;
+        *pff = bar.read(loc).pff().into();
+    }
+    Ok(pffs)
+}
+
+/// Whether an event header says its event occurred.
+fn occurred(hdr: u32) -> bool {
+    hdr & regs::EVENT_OCCURRED != 0
+}
+
+/// Reads every enabled event header and clears those whose event occurred.
+///
+/// Writing a header back clears "occurred" and keeps its interrupt enabled.
+fn scan(bar: &Bar0<'_>, partition: usize) -> Result<Found> {
+    let mut found = Found::default();
+
+    let mrpc_loc = || regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL);
+    let hdr = bar.read(mrpc_loc()?);
+    if occurred(hdr.bits().into()) {
+        bar.write(mrpc_loc()?, hdr);
+        found.mrpc = true;
+    }
+
+    let hdr = bar.read(regs::SW_GFMS_EVENT_HDR);
+    if occurred(hdr.bits().into()) {
+        bar.write_reg(hdr);
+        found.gfms += 1;
+    }
+
+    for pff in local_pffs(bar, partition)? {
+        let loc = || regs::PFF_LINK_STATE_HDR::try_at(pff as usize);
+        let Some(at) = loc() else {
+            continue;
+        };
+        let hdr = bar.read(at);
+        if occurred(hdr.bits().into()) {
+            if let Some(at) = loc() {
+                bar.write(at, hdr);
+            }
+            found.link += 1;
+        }
+    }
+    Ok(found)
+}
+
+/// Enables (or disables) the interrupts of every event pcifab handles, clearing stale ones.
+pub(crate) fn enable(mep: &Mep, on: bool) -> Result {
+    let bits = regs::EVENT_OCCURRED | if on { regs::EVENT_EN_IRQ } else { 0 };
+    let partition = mep.partition;
+    mep.with_bar(|bar| -> Result {
+        let loc = regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL)?;
+        bar.write(loc, regs::PART_MRPC_COMP_HDR::zeroed().with_bits(bits));
+        bar.write_reg(regs::SW_GFMS_EVENT_HDR::zeroed().with_bits(bits));
+        for pff in local_pffs(bar, partition)? {
+            if let Some(loc) = regs::PFF_LINK_STATE_HDR::try_at(pff as usize) {
+                bar.write(loc, regs::PFF_LINK_STATE_HDR::zeroed().with_bits(bits));
+            }
+        }
+        Ok(())
+    })?
+}
+
+/// The event vector this partition's firmware raises.
+pub(crate) fn vector(mep: &Mep) -> Result<usize> {
+    mep.with_bar(|bar| -> Result<usize> {
+        let loc = regs::PART_VEP_VECTOR::try_at(mep.partition).ok_or(EINVAL)?;
+        Ok(usize::from(u16::from(bar.read(loc).vector())))
+    })?
+}
+
+/// The handler registered on the event vector.
+pub(crate) struct Handler {
+    pub(crate) mep: Arc<Mep>,
+}
+
+impl irq::Handler for Handler {
+    fn handle(&self) -> IrqReturn {
+        let mep = &self.mep;
+        let found = match mep.with_bar(|bar| scan(bar, mep.partition)) {
+            Ok(Ok(found)) => found,
+            _ => return IrqReturn::None,
+        };
+        let other = found.link + found.gfms;
+        if !found.mrpc && other == 0 {
+            return IrqReturn::None;
+        }
+        {
+            let mut c = mep.events.counts.lock();
+            c.irqs += 1;
+            c.link += found.link;
+            c.gfms += found.gfms;
+            c.total += other;
+        }
+        if found.mrpc {
+            mep.mrpc.complete();
+        }
+        if other != 0 {
+            mep.fabric.invalidate();
+            mep.events.changed.notify_all();
+        }
+        if found.gfms != 0 {
+            // Already queued is fine: the running or queued work reads every event.
+            let _ = workqueue::system().enqueue(mep.clone());
+        }
+        IrqReturn::Handled
+    }
+}
+
+impl_has_work! {
+    impl HasWork<Self> for Mep { self.gfms_work }
+}
+
+impl WorkItem for Mep {
+    type Pointer = Arc<Mep>;
+
+    fn run(this: Arc<Mep>) {
+        this.handle_gfms_events();
+    }
+}
+
+/// Waits until the fabric-event work is not running; called on unbind, after which it can
+/// no longer be queued (the interrupt is gone).
+pub(crate) fn flush_work(mep: &Mep) {
+    // SAFETY: `gfms_work` is an initialised work item that lives as long as `mep`.
+    unsafe { bindings::flush_work(Work::raw_get(&mep.gfms_work)) };
+}

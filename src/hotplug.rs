@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! This host's side of binding: finding the function the firmware hot-plugged behind one of
+//! our virtual switch's downstream ports, and removing it gracefully before the firmware
+//! takes it away.
+//!
+//! Topology: the management endpoint is function 1 beside the switch's upstream port
+//! (function 0 of the same slot); logical port `L` of this host is the downstream port at
+//! device `L` on the upstream port's secondary bus; a bound function is device 0 function 0
+//! behind it.
+//!
+//! Graceful removal goes through the downstream port's hot-plug slot, as the slot's sysfs
+//! `power` file does: pciehp unbinds the function's driver, removes the device and turns the
+//! slot's power off, and a switch (QEMU's downstream port included) detaches a function whose
+//! slot is powered off at once, without the attention-button wait of a surprise unplug.
+//!
+//! The kernel crate has no abstraction for walking PCI buses or for hot-plug slots, so this
+//! file uses the C API through [`DevRef`], a counted reference, and keeps every raw access
+//! here.
+
+use core::ptr::NonNull;
+
+use kernel::{bindings, pci, prelude::*};
+
+/// Status of a PCI function found behind a port.
+pub(crate) struct Found {
+    /// `dev_name()` of the function, e.g. `0000:03:00.0`, NUL-padded.
+    pub(crate) name: [u8; 16],
+    pub(crate) vendor: u16,
+    pub(crate) device: u16,
+}
+
+/// A counted reference to a `struct pci_dev`, dropped with `pci_dev_put()`.
+///
+/// # Invariants
+///
+/// `0` points to a `struct pci_dev` on which this object holds one reference.
+struct DevRef(NonNull<bindings::pci_dev>);
+
+impl DevRef {
+    /// Looks up device `devfn` on `bus`, taking a reference.
+    ///
+    /// # Safety
+    ///
+    /// `bus` must be null or point to a live `struct pci_bus`.
+    unsafe fn at(bus: *mut bindings::pci_bus, devfn: u32) -> Option<Self> {
+        if bus.is_null() {
+            return None;
+        }
+        // SAFETY: `bus` is live by the safety requirements; `pci_get_slot()` returns a
+        // referenced device or null.
+        let dev = unsafe { bindings::pci_get_slot(bus, devfn) };
+        // INVARIANT: `pci_get_slot()` took the reference this object owns.
+        NonNull::new(dev).map(Self)
+    }
+
+    fn raw(&self) -> *mut bindings::pci_dev {
+        self.0.as_ptr()
+    }
+
+    /// The bus behind this bridge, or null.
+    fn subordinate(&self) -> *mut bindings::pci_bus {
+        // SAFETY: By the invariants the device is live; `subordinate` is set at enumeration.
+        unsafe { (*self.raw()).subordinate }
+    }
+}
+
+impl Drop for DevRef {
+    fn drop(&mut self) {
+        // SAFETY: By the invariants this object owns one reference.
+        unsafe { bindings::pci_dev_put(self.raw()) };
+    }
+}
+
+/// `PCI_DEVFN(slot, func)`.
+const fn devfn(slot: u32, func: u32) -> u32 {
+    (slot << 3) | func
+}
+
+/// The downstream port of logical port `port` of the switch `mep` belongs to.
+fn downstream_port(mep: &pci::Device, port: u8) -> Option<DevRef> {
+    // `pci::Device` is a transparent wrapper of `struct pci_dev`.
+    let raw = core::ptr::from_ref(mep)
+        .cast::<bindings::pci_dev>()
+        .cast_mut();
+    // SAFETY: `raw` is the bound management endpoint, live while its driver runs; its `bus`
+    // is live as long as the device is.
+    let usp = unsafe { DevRef::at((*raw).bus, devfn(0, 0)) }?;
+    // SAFETY: `usp` holds a reference, so its subordinate bus is live.
+    unsafe { DevRef::at(usp.subordinate(), devfn(u32::from(port), 0)) }
+}
+
+/// The function bound behind logical port `port`, if this host has enumerated one.
+fn function_at(mep: &pci::Device, port: u8) -> Option<DevRef> {
+    let dsp = downstream_port(mep, port)?;
+    // SAFETY: `dsp` holds a reference, so its subordinate bus is live.
+    unsafe { DevRef::at(dsp.subordinate(), devfn(0, 0)) }
+}
+
+/// Describes the function behind logical port `port`, if it is enumerated here.
+pub(crate) fn find(mep: &pci::Device, port: u8) -> Option<Found> {
+    let f = function_at(mep, port)?;
+    let raw = f.raw();
+    let mut name = [0u8; 16];
+    // SAFETY: `f` holds a reference: the device and its name string are live. The name is a
+    // NUL-terminated string set when the device was added.
+    unsafe {
+        let s = (*raw).dev.kobj.name.cast::<u8>();
+        if !s.is_null() {
+            for (i, b) in name.iter_mut().take(15).enumerate() {
+                let c = *s.add(i);
+                if c == 0 {
+                    break;
+                }
+                *b = c;
+            }
+        }
+    }
+    // SAFETY: As above; the ids are plain fields set at enumeration.
+    let (vendor, device) = unsafe { ((*raw).vendor, (*raw).device) };
+    Some(Found {
+        name,
+        vendor,
+        device,
+    })
+}
+
+/// First fields of `struct hotplug_slot_ops` (`include/linux/pci_hotplug.h`).
+#[repr(C)]
+struct HotplugSlotOps {
+    enable_slot: Option<unsafe extern "C" fn(*mut bindings::hotplug_slot) -> i32>,
+    disable_slot: Option<unsafe extern "C" fn(*mut bindings::hotplug_slot) -> i32>,
+}
+
+/// First field of `struct hotplug_slot`, which the generated bindings leave opaque.
+#[repr(C)]
+struct HotplugSlot {
+    ops: *const HotplugSlotOps,
+}
+
+/// How a function left this host.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Removal {
+    /// Nothing was enumerated behind the port.
+    NotPresent,
+    /// The hot-plug slot removed it and powered the slot off.
+    SlotPoweredOff,
+    /// There is no hot-plug slot: the device was removed, the slot stays powered.
+    DeviceRemoved,
+}
+
+/// Removes the function behind logical port `port` from this host: its driver is unbound,
+/// the device removed and the slot powered off, before the firmware is asked to take it.
+pub(crate) fn remove(mep: &pci::Device, port: u8) -> Result<Removal> {
+    let Some(f) = function_at(mep, port) else {
+        return Ok(Removal::NotPresent);
+    };
+    let raw = f.raw();
+    // SAFETY: `f` holds a reference, so `slot` (the `pci_slot` the function sits in, owned
+    // by its bus) is null or live; its `hotplug` is null or pciehp's `hotplug_slot`, whose
+    // first field is its `ops`.
+    let disable = unsafe {
+        let slot = (*raw).slot;
+        let hp = if slot.is_null() {
+            core::ptr::null_mut()
+        } else {
+            (*slot).hotplug
+        };
+        if hp.is_null() || (*hp.cast::<HotplugSlot>()).ops.is_null() {
+            None
+        } else {
+            (*(*hp.cast::<HotplugSlot>()).ops)
+                .disable_slot
+                .map(|f| (f, hp))
+        }
+    };
+    match disable {
+        Some((disable_slot, hp)) => {
+            drop(f);
+            // SAFETY: `hp` is the live `hotplug_slot` of this port (pciehp stays bound to the
+            // downstream port while we run); `disable_slot` is its own operation, which
+            // waits until the slot is off.
+            let ret = unsafe { disable_slot(hp) };
+            kernel::error::to_result(ret)?;
+            Ok(Removal::SlotPoweredOff)
+        }
+        None => {
+            // SAFETY: We hold a reference to the device; the locked variant takes the rescan
+            // lock itself and unbinds the driver before removing the device.
+            unsafe { bindings::pci_stop_and_remove_bus_device_locked(raw) };
+            drop(f);
+            Ok(Removal::DeviceRemoved)
+        }
+    }
+}

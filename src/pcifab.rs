@@ -1,0 +1,332 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! pcifab: host-side driver for the management endpoint (MEP) of a multi-host PCIe switch
+//! fabric (Microchip Switchtec PAX class).
+//!
+//! The MEP is function 1 beside the switch's upstream port. Its BAR0 holds the Switchtec Gen4
+//! global address space ([`regs`]). Each bound MEP gets a character device `/dev/pcifabN`
+//! ([`chardev`]) whose sysfs directory (`/sys/class/misc/pcifabN/`) carries the attributes of
+//! [`sysfs`].
+
+use kernel::{
+    device::Core,
+    io::{register::Array, Io},
+    irq,
+    pci,
+    prelude::*,
+    sync::{aref::ARef, Arc},
+    workqueue::{new_work, Work}, //
+};
+
+mod chardev;
+mod compose;
+mod event;
+mod fabric;
+mod hotplug;
+mod mrpc;
+mod regs;
+mod sysfs;
+mod uapi;
+
+/// The BAR0 mapping, sized so that every fixed register offset is checked at compile time.
+type Bar0<'bound> = pci::Bar<'bound, { regs::GAS_SIZE }>;
+
+/// What the system-information block says about the switch.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Identity {
+    pub(crate) device_id: u32,
+    pub(crate) device_version: u32,
+    pub(crate) fw_version: u32,
+    pub(crate) partition: u32,
+    pub(crate) partition_count: u32,
+    pub(crate) vendor_id: [u8; regs::SYS_VENDOR_ID_LEN],
+    pub(crate) product_id: [u8; regs::SYS_PRODUCT_ID_LEN],
+    pub(crate) product_revision: [u8; regs::SYS_PRODUCT_REV_LEN],
+}
+
+/// State of one management endpoint shared by the driver, open files and sysfs.
+///
+/// Open files hold an [`Arc`] to it and may outlive the binding; the BAR is a [`pci::DevresBar`],
+/// so once the device is unbound every access fails with `ENODEV` instead of touching hardware
+/// that is gone.
+#[pin_data]
+pub(crate) struct Mep {
+    /// The endpoint's PCI device, for finding functions behind our switch's ports.
+    pdev: ARef<pci::Device>,
+    bar: pci::DevresBar<{ regs::GAS_SIZE }>,
+    pci_vendor: u16,
+    pci_device: u16,
+    /// This host's partition, checked against [`regs::MAX_PARTITIONS`] at probe.
+    partition: usize,
+    #[pin]
+    pub(crate) mrpc: mrpc::Mrpc,
+    #[pin]
+    pub(crate) events: event::Events,
+    #[pin]
+    pub(crate) fabric: fabric::Fabric,
+    #[pin]
+    pub(crate) compose: compose::Compose,
+    /// Reads fabric-manager events in process context ([`event`]).
+    #[pin]
+    gfms_work: Work<Mep>,
+}
+
+impl Mep {
+    /// Runs `f` on the mapped BAR0.
+    ///
+    /// # Errors
+    ///
+    /// `ENODEV` once the device has been unbound.
+    pub(crate) fn with_bar<R>(&self, f: impl for<'a> FnOnce(&Bar0<'a>) -> R) -> Result<R> {
+        self.bar.try_access_with(f).ok_or(ENODEV)
+    }
+
+    /// Whether the endpoint is still bound (its BAR still mapped).
+    pub(crate) fn present(&self) -> bool {
+        self.with_bar(|_| ()).is_ok()
+    }
+
+    /// Reads the identity of the switch from the system-information block.
+    pub(crate) fn identity(&self) -> Result<Identity> {
+        self.with_bar(|bar| {
+            let mut id = Identity {
+                device_id: bar.read(regs::SYS_DEVICE_ID).value().into(),
+                device_version: bar.read(regs::SYS_DEVICE_VERSION).value().into(),
+                fw_version: bar.read(regs::SYS_FW_VERSION).value().into(),
+                partition: u32::from(u8::from(bar.read(regs::SYS_PARTITION_ID).partition())),
+                partition_count: u32::from(u8::from(bar.read(regs::NTB_PARTITION_COUNT).count()))
+                    .max(1),
+                ..Identity::default()
+            };
+            read_bytes(bar, regs::SYS_VENDOR_ID, &mut id.vendor_id)?;
+            read_bytes(bar, regs::SYS_PRODUCT_ID, &mut id.product_id)?;
+            read_bytes(bar, regs::SYS_PRODUCT_REV, &mut id.product_revision)?;
+            Ok(id)
+        })?
+    }
+
+    /// Whether the firmware runs: its device id still equals the endpoint's PCI device id.
+    pub(crate) fn firmware_running(&self) -> Result<bool> {
+        let id: u32 = self.with_bar(|bar| bar.read(regs::SYS_DEVICE_ID).value().into())?;
+        Ok(id == u32::from(self.pci_device))
+    }
+
+    /// PCI vendor and device id of the management endpoint.
+    pub(crate) fn pci_ids(&self) -> (u16, u16) {
+        (self.pci_vendor, self.pci_device)
+    }
+}
+
+/// Copies `out.len()` bytes of the system-information block starting at `gas_offset`.
+fn read_bytes(bar: &Bar0<'_>, gas_offset: usize, out: &mut [u8]) -> Result {
+    for (i, byte) in out.iter_mut().enumerate() {
+        let loc =
+            regs::SYS_INFO_BYTE::try_at(regs::sys_info_index(gas_offset) + i).ok_or(EINVAL)?;
+        *byte = bar.read(loc).value().into();
+    }
+    Ok(())
+}
+
+/// Per-binding driver data. Fields drop in declaration order: the character device goes
+/// first (no new users), then the interrupt handler, then the vectors it runs on.
+#[pin_data]
+struct PcifabData<'bound> {
+    #[pin]
+    chardev: chardev::Registration,
+    #[pin]
+    irq: irq::Registration<'bound, event::Handler>,
+    vectors: pci::IrqVectorRegistration<'bound>,
+    /// Dropped last: waits for fabric-event work an interrupt queued before it was freed.
+    mep: FlushOnDrop,
+}
+
+/// Holds the endpoint; on drop waits for its fabric-event work, so none runs after the
+/// driver (or the module) is gone.
+struct FlushOnDrop(Arc<Mep>);
+
+impl core::ops::Deref for FlushOnDrop {
+    type Target = Arc<Mep>;
+    fn deref(&self) -> &Arc<Mep> {
+        &self.0
+    }
+}
+
+impl Drop for FlushOnDrop {
+    fn drop(&mut self) {
+        event::flush_work(&self.0);
+    }
+}
+
+struct PcifabDriver;
+
+/// Gen4 (PFX/PSX/PAX) device ids: the in-tree switchtec driver's 0x40xx..0x45xx range.
+const GEN4_DEVICE_IDS: core::ops::RangeInclusive<u16> = 0x4000..=0x45ff;
+
+// Management endpoints are matched by vendor and exact class (0x058000), as the in-tree
+// switchtec driver does; the generation is checked in probe.
+kernel::pci_device_table!(
+    PCI_TABLE,
+    <PcifabDriver as pci::Driver>::IdInfo,
+    [(
+        pci::DeviceId::from_class_and_vendor(
+            pci::Class::MEMORY_OTHER,
+            pci::ClassMask::Full,
+            pci::Vendor::MICROSEMI,
+        ),
+        ()
+    )]
+);
+
+impl pci::Driver for PcifabDriver {
+    type IdInfo = ();
+    type Data<'bound> = PcifabData<'bound>;
+
+    const ID_TABLE: pci::IdTable<Self::IdInfo> = &PCI_TABLE;
+
+    fn unbind<'bound>(_pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Self::Data<'bound>>) {
+        Self::quiesce(&this);
+    }
+
+    fn probe<'bound>(
+        pdev: &'bound pci::Device<Core<'_>>,
+        _info: Option<&'bound Self::IdInfo>,
+    ) -> impl PinInit<Self::Data<'bound>, Error> + 'bound {
+        pin_init::pin_init_scope(move || {
+            if !GEN4_DEVICE_IDS.contains(&pdev.device_id()) {
+                dev_info!(
+                    pdev,
+                    "device {:#06x} is not a Gen4 switch\n",
+                    pdev.device_id()
+                );
+                return Err(ENODEV);
+            }
+            pdev.enable_device_mem()?;
+            pdev.set_master();
+
+            let bar = pdev
+                .iomap_region_sized::<{ regs::GAS_SIZE }>(0, c"pcifab")
+                .inspect_err(|_| {
+                    dev_err!(
+                        pdev,
+                        "BAR0 is not a {} byte register space\n",
+                        regs::GAS_SIZE
+                    )
+                })?
+                .into_devres()?;
+            let (pci_vendor, pci_device) = (pdev.vendor_id().as_raw(), pdev.device_id());
+            let partition = bar
+                .try_access_with(|bar| u8::from(bar.read(regs::SYS_PARTITION_ID).partition()))
+                .ok_or(ENODEV)?;
+            let partition = usize::from(partition);
+            if partition >= regs::MAX_PARTITIONS {
+                dev_err!(pdev, "partition {} out of range\n", partition);
+                return Err(ENODEV);
+            }
+            let mep = Arc::pin_init(
+                try_pin_init!(Mep {
+                    pdev: pdev.into(),
+                    bar,
+                    pci_vendor,
+                    pci_device,
+                    partition,
+                    mrpc <- mrpc::Mrpc::new(),
+                    events <- event::Events::new(),
+                    fabric <- fabric::Fabric::new(),
+                    compose <- compose::Compose::new(),
+                    gfms_work <- new_work!("pcifab::gfms_work"),
+                }),
+                GFP_KERNEL,
+            )?;
+
+            let id = mep.identity()?;
+            if id.device_id != u32::from(pdev.device_id()) {
+                dev_err!(
+                    pdev,
+                    "firmware not running: device id {:#x}, expected {:#x}\n",
+                    id.device_id,
+                    pdev.device_id()
+                );
+                return Err(ENODEV);
+            }
+            if id.partition >= id.partition_count || id.partition as usize >= regs::MAX_PARTITIONS {
+                dev_err!(
+                    pdev,
+                    "partition {} out of range (count {})\n",
+                    id.partition,
+                    id.partition_count
+                );
+                return Err(ENODEV);
+            }
+            dev_info!(
+                pdev,
+                "switch {:#06x} firmware {:08x}, partition {} of {}\n",
+                id.device_id,
+                id.fw_version,
+                id.partition,
+                id.partition_count
+            );
+
+            let vectors = pdev.alloc_irq_vectors(1, 4, pci::IrqTypes::all())?;
+            let vector = event::vector(&mep)?;
+            if vector >= vectors.len() {
+                dev_err!(
+                    pdev,
+                    "event vector {} beyond the {} allocated\n",
+                    vector,
+                    vectors.len()
+                );
+                return Err(ENODEV);
+            }
+            let handler = event::Handler { mep: mep.clone() };
+            let chardev_mep = mep.clone();
+            Ok(try_pin_init!(&this in PcifabData {
+                vectors,
+                mep: FlushOnDrop(mep),
+                irq <- {
+                    // SAFETY: `vectors` is initialised before this field (initialisers run in
+                    // the order written), lives in the same pinned allocation as `irq`, and is
+                    // dropped after it (fields drop in declaration order), so the reference is
+                    // valid for as long as the registration that borrows it.
+                    let vectors: &'bound pci::IrqVectorRegistration<'bound> =
+                        unsafe { &*core::ptr::addr_of!((*this.as_ptr()).vectors) };
+                    let request = vectors.index(vector)?;
+                    // SAFETY: The registration is pinned in the driver data and dropped with
+                    // it; it is never forgotten.
+                    unsafe {
+                        irq::Registration::new(
+                            request.into(),
+                            irq::Flags::SHARED,
+                            c"pcifab",
+                            Ok::<_, Error>(handler),
+                        )
+                    }
+                },
+                chardev <- {
+                    event::enable(&chardev_mep, true)?;
+                    chardev::Registration::new(pdev.as_ref(), chardev_mep)
+                },
+            }))
+        })
+    }
+}
+
+impl PcifabDriver {
+    /// Stops the event source and fails every waiter before the device goes away.
+    fn quiesce(data: &PcifabData<'_>) {
+        // Fail the running and queued firmware commands first, so a composition operation
+        // waiting on one returns and `shut_down()` does not wait for its timeout.
+        data.mep.mrpc.kill();
+        data.mep.compose.shut_down();
+        let _ = event::enable(&data.mep, false);
+        data.mep.events.wake_all();
+        event::flush_work(&data.mep);
+    }
+}
+
+kernel::module_pci_driver! {
+    type: PcifabDriver,
+    name: "pcifab",
+    authors: ["pcifab developers"],
+    description: "Management endpoint driver for multi-host PCIe switch fabrics",
+    license: "GPL v2",
+}

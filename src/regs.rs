@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! The management endpoint's BAR0 register map: the Switchtec Gen4 global address space.
+//!
+//! Only this file knows offsets. Layout as in `include/linux/switchtec.h`: MRPC at 0x0, system
+//! information at 0x2000, per-partition configuration at 0x4000 (one 0x400 block per
+//! partition), NTB information at 0x10000, PFF CSRs at 0x134000.
+
+use kernel::io::register;
+
+/// Size of the BAR0 mapping the driver requires (the emulated and real parts expose 4 MiB).
+pub(crate) const GAS_SIZE: usize = 0x40_0000;
+
+/// Number of partitions (host virtual switches) a Gen4 part supports.
+pub(crate) const MAX_PARTITIONS: usize = 48;
+
+/// Offset of the Gen4 system-information block.
+const SYS_INFO: usize = 0x2000;
+/// Offset of the Gen4-specific part of the system-information block.
+const SYS_INFO_GEN4: usize = SYS_INFO + 0xc;
+
+/// Vendor id string in the system-information block (8 bytes, not NUL-terminated).
+pub(crate) const SYS_VENDOR_ID: usize = SYS_INFO_GEN4 + 304;
+/// Length of [`SYS_VENDOR_ID`].
+pub(crate) const SYS_VENDOR_ID_LEN: usize = 8;
+/// Product id string (24 bytes).
+pub(crate) const SYS_PRODUCT_ID: usize = SYS_INFO_GEN4 + 312;
+/// Length of [`SYS_PRODUCT_ID`].
+pub(crate) const SYS_PRODUCT_ID_LEN: usize = 24;
+/// Product revision string (2 bytes).
+pub(crate) const SYS_PRODUCT_REV: usize = SYS_INFO_GEN4 + 336;
+/// Length of [`SYS_PRODUCT_REV`].
+pub(crate) const SYS_PRODUCT_REV_LEN: usize = 2;
+
+/// Size of the MRPC input and output buffers.
+pub(crate) const MRPC_PAYLOAD: usize = 1024;
+
+/// MRPC status: the firmware is running the command.
+pub(crate) const MRPC_STATUS_INPROGRESS: u32 = 1;
+/// MRPC status: the command was interrupted (e.g. by a firmware reset).
+pub(crate) const MRPC_STATUS_INTERRUPTED: u32 = 0x100;
+
+/// Event header bit: the event occurred (write 1 to clear).
+pub(crate) const EVENT_OCCURRED: u32 = 1 << 0;
+/// Event header bit: raise the event interrupt when the event occurs.
+pub(crate) const EVENT_EN_IRQ: u32 = 1 << 3;
+
+register! {
+    /// MRPC input buffer, in 32-bit words.
+    pub(crate) MRPC_INPUT(u32)[256] @ 0x0 {
+        31:0 value;
+    }
+
+    /// MRPC output buffer, in 32-bit words.
+    pub(crate) MRPC_OUTPUT(u32)[256] @ 0x400 {
+        31:0 value;
+    }
+
+    /// Writing a command id starts the command whose input is in [`MRPC_INPUT`].
+    pub(crate) MRPC_CMD(u32) @ 0x800 {
+        31:0 value;
+    }
+
+    /// State of the current command.
+    pub(crate) MRPC_STATUS(u32) @ 0x804 {
+        31:0 value;
+    }
+
+    /// Return code of the last command.
+    pub(crate) MRPC_RET_VALUE(u32) @ 0x808 {
+        31:0 value;
+    }
+
+    /// Fabric-manager (GFMS) event header (`sw_event.gfms_event_hdr`).
+    pub(crate) SW_GFMS_EVENT_HDR(u32) @ 0x1968 {
+        31:0 bits;
+    }
+
+    /// PFF instance of this partition's upstream port (`part_cfg.usp_pff_inst_id`).
+    pub(crate) PART_USP_PFF(u32)[48, stride = 0x400] @ 0x4010 {
+        31:0 pff;
+    }
+
+    /// PFF instances of the partition's downstream ports (`part_cfg.dsp_pff_inst_id[47]`),
+    /// indexed by [`dsp_pff_index`].
+    pub(crate) PART_DSP_PFF(u32)[48 * 0x100] @ 0x4018 {
+        31:0 pff;
+    }
+
+    /// Link-state event header of each PFF (`pff_csr[n].link_state_hdr`).
+    pub(crate) PFF_LINK_STATE_HDR(u32)[255, stride = 0x1000] @ 0x134d30 {
+        31:0 bits;
+    }
+
+    /// MSI-X vector of this partition's events (`part_cfg.vep_vector_number`).
+    pub(crate) PART_VEP_VECTOR(u16)[48, stride = 0x400] @ 0x4100 {
+        15:0 vector;
+    }
+
+    /// Which event groups of this partition have occurred (`part_cfg.part_event_summary`).
+    pub(crate) PART_EVENT_SUMMARY(u32)[48, stride = 0x400] @ 0x4114 {
+        31:0 bits;
+    }
+
+    /// MRPC completion event header (`part_cfg.mrpc_comp_hdr`).
+    pub(crate) PART_MRPC_COMP_HDR(u32)[48, stride = 0x400] @ 0x413c {
+        31:0 bits;
+    }
+
+    /// Switch device id (equals the MEP's PCI device id while the firmware runs).
+    pub(crate) SYS_DEVICE_ID(u32) @ 0x2000 {
+        31:0 value;
+    }
+
+    /// Switch device version.
+    pub(crate) SYS_DEVICE_VERSION(u32) @ 0x2004 {
+        31:0 value;
+    }
+
+    /// Running firmware version.
+    pub(crate) SYS_FW_VERSION(u32) @ 0x2008 {
+        31:0 value;
+    }
+
+    /// Partition of the host reading it (Gen4 layout: `sys_info.gen4.partition_id`).
+    pub(crate) SYS_PARTITION_ID(u32) @ 0x2048 {
+        7:0 partition;
+    }
+
+    /// Number of partitions of the switch (`ntb_info.partition_count`).
+    pub(crate) NTB_PARTITION_COUNT(u8) @ 0x10000 {
+        7:0 count;
+    }
+
+    /// Bytes of the system-information strings, read one at a time.
+    pub(crate) SYS_INFO_BYTE(u8)[0x200] @ 0x2000 {
+        7:0 value;
+    }
+}
+
+/// Downstream ports of a partition pcifab watches (the virtual switch's logical ports).
+pub(crate) const DSP_PORTS: usize = 4;
+
+/// Index into [`PART_DSP_PFF`] of downstream port `port` of `partition`.
+pub(crate) const fn dsp_pff_index(partition: usize, port: usize) -> usize {
+    partition * 0x100 + port
+}
+
+/// Absolute offset of `SYS_INFO_BYTE` index for an offset inside the GAS.
+pub(crate) const fn sys_info_index(gas_offset: usize) -> usize {
+    gas_offset - SYS_INFO
+}

@@ -1,0 +1,470 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! The TOML fabric description (see `fabric.toml` for every key).
+
+use serde::Deserialize;
+use std::path::Path;
+
+/// Most partitions a PAX switch has (and so most hosts).
+pub const MAX_HOSTS: usize = 48;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub firmware: Firmware,
+    #[serde(default)]
+    pub hosts: Vec<Host>,
+    #[serde(default)]
+    pub endpoints: Vec<Endpoint>,
+    #[serde(default)]
+    pub bindings: Vec<Binding>,
+    #[serde(default)]
+    pub policy: Policy,
+}
+
+/// Who may bind what (Documentation/mrpc.rst, GFMS_BIND_UNBIND "Policy").
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// The fabric-manager host; None: every host is a manager.
+    pub manager: Option<String>,
+}
+
+/// Default of `hosts[].max_functions`: one per logical port.
+pub const DEFAULT_MAX_FUNCTIONS: u8 = 4;
+/// Default device memory (BAR2) of a PF and of a VF, in MiB.
+pub const DEFAULT_PF_MEM_MIB: u32 = 16;
+pub const DEFAULT_VF_MEM_MIB: u32 = 4;
+/// Largest BAR2 accepted, in MiB.
+pub const MAX_MEM_MIB: u32 = 1024;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Firmware {
+    pub device_id: u16,
+    pub device_version: u32,
+    pub revision: u8,
+    pub fw_version: u32,
+    pub vendor_id: String,
+    pub product_id: String,
+    pub product_revision: String,
+    pub die_temp_centi: u32,
+}
+
+impl Default for Firmware {
+    fn default() -> Self {
+        Firmware {
+            device_id: 0x4228,
+            device_version: 0x0000_4228,
+            revision: 0x01,
+            fw_version: 0x0407_0041,
+            vendor_id: "MICROSEM".into(),
+            product_id: "PAX 28XG4".into(),
+            product_revision: "B0".into(),
+            die_temp_centi: 4500,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Host {
+    pub name: String,
+    /// Physical port id of the host's upstream port; defaults to the index.
+    pub usp_port: Option<u8>,
+    /// Endpoint names a non-manager host may bind to itself; None: all.
+    pub allowed: Option<Vec<String>>,
+    /// Most functions the host may hold.
+    #[serde(default = "default_max_functions")]
+    pub max_functions: u8,
+}
+
+fn default_max_functions() -> u8 {
+    DEFAULT_MAX_FUNCTIONS
+}
+
+/// Highest physical port id plus one.
+pub const MAX_PORTS: u8 = 48;
+/// Most VFs an endpoint may have (function index 1..=31 in its PDFID block).
+pub const MAX_VFS: u8 = 31;
+/// Logical downstream ports per host.
+pub const LOG_PORTS: u8 = 4;
+
+/// An endpoint device: one PF with `vfs` VFs on an endpoint port.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    pub name: String,
+    pub port: u8,
+    pub vendor_id: u16,
+    pub device_id: u16,
+    pub vf_device_id: Option<u16>,
+    pub class: u32,
+    #[serde(default)]
+    pub vfs: u8,
+    #[serde(default = "default_temp")]
+    pub temp_centi: i32,
+    #[serde(default = "default_power")]
+    pub power_mw: u32,
+    #[serde(default = "default_power_limit")]
+    pub power_limit_mw: u32,
+    #[serde(default)]
+    pub utilisation: u8,
+    /// BAR2 (device memory) of the PF, MiB, a power of two.
+    #[serde(default = "default_pf_mem")]
+    pub mem_mib: u32,
+    /// BAR2 of each VF, MiB, a power of two.
+    #[serde(default = "default_vf_mem")]
+    pub vf_mem_mib: u32,
+}
+
+fn default_pf_mem() -> u32 {
+    DEFAULT_PF_MEM_MIB
+}
+fn default_vf_mem() -> u32 {
+    DEFAULT_VF_MEM_MIB
+}
+
+fn default_temp() -> i32 {
+    5500
+}
+fn default_power() -> u32 {
+    75_000
+}
+fn default_power_limit() -> u32 {
+    300_000
+}
+
+/// An initial binding of a function to a host's logical port.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Binding {
+    pub endpoint: String,
+    /// VF number (1-based); absent or 0 means the PF.
+    #[serde(default)]
+    pub vf: u8,
+    pub host: String,
+    pub logical_port: u8,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        Config::parse(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<Config, String> {
+        let cfg: Config = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let fw = &self.firmware;
+        check_str("firmware.vendor_id", &fw.vendor_id, 8)?;
+        check_str("firmware.product_id", &fw.product_id, 24)?;
+        check_str("firmware.product_revision", &fw.product_revision, 2)?;
+        if self.hosts.is_empty() {
+            return Err("no hosts: add at least one [[hosts]] table with a name".into());
+        }
+        if self.hosts.len() > MAX_HOSTS {
+            return Err(format!(
+                "{} hosts given but a PAX switch has at most {MAX_HOSTS} partitions; remove some [[hosts]]",
+                self.hosts.len()
+            ));
+        }
+        for (i, host) in self.hosts.iter().enumerate() {
+            let name = &host.name;
+            let ok = !name.is_empty()
+                && name.len() <= 32
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !ok {
+                return Err(format!(
+                    "hosts[{i}].name '{name}' is not usable in a socket file name; use 1 to 32 characters of A-Z, a-z, 0-9, '-' or '_'"
+                ));
+            }
+            if let Some(j) = self.hosts[..i].iter().position(|h| h.name == *name) {
+                return Err(format!(
+                    "hosts[{i}].name '{name}' is already used by hosts[{j}]; give every host a unique name"
+                ));
+            }
+        }
+        self.validate_fabric()
+    }
+
+    /// Physical port of host `i`.
+    pub fn host_port(&self, i: usize) -> u8 {
+        self.hosts[i].usp_port.unwrap_or(i as u8)
+    }
+
+    fn validate_fabric(&self) -> Result<(), String> {
+        // Every physical port used once: (port, who).
+        let mut used: Vec<(u8, String)> = Vec::new();
+        let mut claim = |port: u8, who: String| -> Result<(), String> {
+            if port >= MAX_PORTS {
+                return Err(format!(
+                    "{who}: port {port} is not a physical port; use 0 to {}",
+                    MAX_PORTS - 1
+                ));
+            }
+            if let Some((_, other)) = used.iter().find(|(p, _)| *p == port) {
+                return Err(format!(
+                    "{who}: port {port} is already used by {other}; give every host and endpoint its own port"
+                ));
+            }
+            used.push((port, who));
+            Ok(())
+        };
+        for i in 0..self.hosts.len() {
+            claim(self.host_port(i), format!("hosts[{i}]"))?;
+        }
+        for (i, ep) in self.endpoints.iter().enumerate() {
+            let who = format!("endpoints[{i}]");
+            let name = &ep.name;
+            let ok = !name.is_empty()
+                && name.len() <= 32
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !ok {
+                return Err(format!(
+                    "{who}.name '{name}' must be 1 to 32 characters of A-Z, a-z, 0-9, '-' or '_'"
+                ));
+            }
+            if let Some(j) = self.endpoints[..i].iter().position(|e| e.name == *name) {
+                return Err(format!(
+                    "{who}.name '{name}' is already used by endpoints[{j}]; give every endpoint a unique name"
+                ));
+            }
+            claim(ep.port, who.clone())?;
+            if ep.vfs > MAX_VFS {
+                return Err(format!(
+                    "{who}.vfs = {} is too many; an endpoint has at most {MAX_VFS} VFs",
+                    ep.vfs
+                ));
+            }
+            if ep.class > 0xff_ffff {
+                return Err(format!(
+                    "{who}.class = {:#x} is not a 24-bit class code (base << 16 | sub << 8 | prog_if)",
+                    ep.class
+                ));
+            }
+            for (key, v) in [("mem_mib", ep.mem_mib), ("vf_mem_mib", ep.vf_mem_mib)] {
+                if !v.is_power_of_two() || v > MAX_MEM_MIB {
+                    return Err(format!(
+                        "{who}.{key} = {v} must be a power of two from 1 to {MAX_MEM_MIB} (MiB)"
+                    ));
+                }
+            }
+            if ep.utilisation > 100 {
+                return Err(format!(
+                    "{who}.utilisation = {} is not a percentage; use 0 to 100",
+                    ep.utilisation
+                ));
+            }
+        }
+        if let Some(m) = &self.policy.manager {
+            if !self.hosts.iter().any(|h| h.name == *m) {
+                return Err(format!(
+                    "policy.manager '{m}' is not the name of a [[hosts]] table"
+                ));
+            }
+        }
+        for (i, h) in self.hosts.iter().enumerate() {
+            for name in h.allowed.iter().flatten() {
+                if !self.endpoints.iter().any(|e| e.name == *name) {
+                    return Err(format!(
+                        "hosts[{i}].allowed names '{name}', which is not the name of an [[endpoints]] table"
+                    ));
+                }
+            }
+        }
+        let mut taken: Vec<(usize, u8, usize)> = Vec::new(); // host, lport, binding
+        let mut bound: Vec<(usize, u8, usize)> = Vec::new(); // endpoint, vf, binding
+        for (i, b) in self.bindings.iter().enumerate() {
+            let who = format!("bindings[{i}]");
+            let e = self
+                .endpoints
+                .iter()
+                .position(|e| e.name == b.endpoint)
+                .ok_or_else(|| {
+                    format!(
+                        "{who}.endpoint '{}' is not the name of an [[endpoints]] table",
+                        b.endpoint
+                    )
+                })?;
+            if b.vf > self.endpoints[e].vfs {
+                return Err(format!(
+                    "{who}.vf = {} but endpoint '{}' has {} VFs; use 0 (the PF) to {}",
+                    b.vf, b.endpoint, self.endpoints[e].vfs, self.endpoints[e].vfs
+                ));
+            }
+            let h = self
+                .hosts
+                .iter()
+                .position(|h| h.name == b.host)
+                .ok_or_else(|| {
+                    format!(
+                        "{who}.host '{}' is not the name of a [[hosts]] table",
+                        b.host
+                    )
+                })?;
+            if b.logical_port >= LOG_PORTS {
+                return Err(format!(
+                    "{who}.logical_port = {} does not exist; a host has logical ports 0 to {}",
+                    b.logical_port,
+                    LOG_PORTS - 1
+                ));
+            }
+            if let Some((_, _, j)) = taken.iter().find(|t| t.0 == h && t.1 == b.logical_port) {
+                return Err(format!(
+                    "{who}: logical port {} of host '{}' is already bound by bindings[{j}]",
+                    b.logical_port, b.host
+                ));
+            }
+            if let Some((_, _, j)) = bound.iter().find(|t| t.0 == e && t.1 == b.vf) {
+                return Err(format!(
+                    "{who}: this function is already bound by bindings[{j}]; a function binds to one logical port"
+                ));
+            }
+            taken.push((h, b.logical_port, i));
+            bound.push((e, b.vf, i));
+        }
+        Ok(())
+    }
+}
+
+fn check_str(key: &str, value: &str, max: usize) -> Result<(), String> {
+    if !value.is_ascii() || value.bytes().any(|b| b.is_ascii_control()) {
+        return Err(format!("{key} = {value:?} must be printable ASCII"));
+    }
+    if value.len() > max {
+        return Err(format!(
+            "{key} = {value:?} is {} characters long; shorten it to at most {max}",
+            value.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        match Config::parse(text) {
+            Ok(_) => panic!("config accepted:\n{text}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn example_file_parses() {
+        let text = include_str!("../fabric.toml");
+        let cfg = Config::parse(text).expect("fabric.toml must parse");
+        assert_eq!(cfg.hosts.len(), 2);
+        assert_eq!(cfg.hosts[0].name, "h0");
+        assert_eq!(cfg.hosts[1].name, "h1");
+        assert_eq!(cfg.firmware, Firmware::default());
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let cfg = Config::parse("[[hosts]]\nname = \"a\"\n").expect("minimal config");
+        assert_eq!(cfg.firmware, Firmware::default());
+        let cfg = Config::parse("[firmware]\ndevice_id = 0x4236\n[[hosts]]\nname = \"a\"\n")
+            .expect("partial firmware");
+        assert_eq!(cfg.firmware.device_id, 0x4236);
+        assert_eq!(cfg.firmware.product_id, "PAX 28XG4");
+    }
+
+    #[test]
+    fn rejects_unknown_keys() {
+        let e = err("[firmware]\ndevice_idd = 1\n[[hosts]]\nname = \"a\"\n");
+        assert!(e.contains("device_idd"), "{e}");
+        let e = err("bogus = 1\n[[hosts]]\nname = \"a\"\n");
+        assert!(e.contains("bogus"), "{e}");
+        let e = err("[[hosts]]\nname = \"a\"\nport = 3\n");
+        assert!(e.contains("port"), "{e}");
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        let e = err("[firmware]\nvendor_id = \"MICROSEMI\"\n[[hosts]]\nname = \"a\"\n");
+        assert!(
+            e.contains("firmware.vendor_id") && e.contains("at most 8"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "[firmware]\nproduct_id = \"{}\"\n[[hosts]]\nname = \"a\"\n",
+            "x".repeat(25)
+        ));
+        assert!(e.contains("firmware.product_id"), "{e}");
+        let e = err("[firmware]\nproduct_revision = \"B0X\"\n[[hosts]]\nname = \"a\"\n");
+        assert!(e.contains("firmware.product_revision"), "{e}");
+        let e = err("[firmware]\ndevice_id = 0x12345\n[[hosts]]\nname = \"a\"\n");
+        assert!(e.contains("device_id"), "{e}");
+        let e = err("[firmware]\nrevision = -1\n[[hosts]]\nname = \"a\"\n");
+        assert!(e.contains("revision"), "{e}");
+    }
+
+    #[test]
+    fn rejects_bad_fabric() {
+        let ep = |extra: &str| {
+            format!(
+                "[[hosts]]\nname = \"h\"\n[[endpoints]]\nname = \"g\"\nport = 16\nvendor_id = 1\n\
+                 device_id = 2\nclass = 0x030200\nvfs = 2\n{extra}"
+            )
+        };
+        assert!(Config::parse(&ep("")).is_ok());
+        for (extra, want) in [
+            ("bogus = 1\n", "bogus"),
+            ("vfs = 40\n", "duplicate"),
+            ("[[endpoints]]\nname = \"g2\"\nport = 16\nvendor_id = 1\ndevice_id = 2\nclass = 1\n", "port 16 is already used by endpoints[0]"),
+            ("[[endpoints]]\nname = \"g\"\nport = 17\nvendor_id = 1\ndevice_id = 2\nclass = 1\n", "endpoints[1].name 'g' is already used"),
+            ("[[endpoints]]\nname = \"x\"\nport = 48\nvendor_id = 1\ndevice_id = 2\nclass = 1\n", "port 48 is not a physical port"),
+            ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\ndevice_id = 2\nclass = 0x1000000\n", "24-bit"),
+            ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\ndevice_id = 2\nclass = 1\nvfs = 32\n", "at most 31 VFs"),
+            ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\ndevice_id = 2\nclass = 1\nutilisation = 101\n", "percentage"),
+            ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\nclass = 1\n", "device_id"),
+            ("[[bindings]]\nendpoint = \"nope\"\nhost = \"h\"\nlogical_port = 0\n", "bindings[0].endpoint 'nope'"),
+            ("[[bindings]]\nendpoint = \"g\"\nhost = \"nope\"\nlogical_port = 0\n", "bindings[0].host 'nope'"),
+            ("[[bindings]]\nendpoint = \"g\"\nvf = 3\nhost = \"h\"\nlogical_port = 0\n", "has 2 VFs"),
+            ("[[bindings]]\nendpoint = \"g\"\nhost = \"h\"\nlogical_port = 4\n", "logical ports 0 to 3"),
+            ("[[bindings]]\nendpoint = \"g\"\nhost = \"h\"\nlogical_port = 1\n[[bindings]]\nendpoint = \"g\"\nvf = 1\nhost = \"h\"\nlogical_port = 1\n", "already bound by bindings[0]"),
+            ("[[bindings]]\nendpoint = \"g\"\nhost = \"h\"\nlogical_port = 1\n[[bindings]]\nendpoint = \"g\"\nhost = \"h\"\nlogical_port = 2\n", "function is already bound"),
+        ] {
+            let e = err(&ep(extra));
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+        let e = err("[[hosts]]\nname = \"a\"\nusp_port = 1\n[[hosts]]\nname = \"b\"\n");
+        assert!(
+            e.contains("hosts[1]: port 1 is already used by hosts[0]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_hosts() {
+        let e = err("[firmware]\n");
+        assert!(e.contains("no hosts"), "{e}");
+        let e = err("[[hosts]]\nname = \"a\"\n[[hosts]]\nname = \"a\"\n");
+        assert!(e.contains("hosts[1].name") && e.contains("unique"), "{e}");
+        let e = err("[[hosts]]\nname = \"a/b\"\n");
+        assert!(e.contains("hosts[0].name"), "{e}");
+        let e = err("[[hosts]]\n");
+        assert!(e.contains("name"), "{e}");
+        let many: String = (0..49)
+            .map(|i| format!("[[hosts]]\nname = \"h{i}\"\n"))
+            .collect();
+        let e = err(&many);
+        assert!(e.contains("49 hosts") && e.contains("48"), "{e}");
+        let max: String = (0..48)
+            .map(|i| format!("[[hosts]]\nname = \"h{i}\"\n"))
+            .collect();
+        assert!(Config::parse(&max).is_ok());
+    }
+}

@@ -1,0 +1,490 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! Control socket for tests: one request per line in, one JSON line out.
+//!
+//! Requests are a verb followed by whitespace-separated arguments, so
+//! requests such as fault injection can be added as new verbs.
+
+use crate::mep::{Fabric, Faults};
+use crate::model::{self, PortKind, Requester};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+pub fn serve(listener: UnixListener, fabric: Arc<Fabric>) {
+    for stream in listener.incoming() {
+        match stream {
+            Ok(s) => {
+                let fabric = Arc::clone(&fabric);
+                std::thread::spawn(move || {
+                    if let Err(e) = session(s, &fabric) {
+                        debug!("control: session ended: {e}");
+                    }
+                });
+            }
+            Err(e) => info!("control: accept failed: {e}"),
+        }
+    }
+}
+
+fn session(stream: UnixStream, fabric: &Fabric) -> std::io::Result<()> {
+    let mut out = stream.try_clone()?;
+    for line in BufReader::new(stream).lines() {
+        let reply = handle(&line?, fabric);
+        out.write_all(reply.as_bytes())?;
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+/// Answer one request line with one line of JSON.
+pub fn handle(line: &str, fabric: &Fabric) -> String {
+    let mut words = line.split_whitespace();
+    match (words.next(), words.next()) {
+        (Some("ping"), None) => "{\"ok\":true}".into(),
+        (Some("state"), None) => state(fabric),
+        (Some(verb @ ("ping" | "state" | "fabric-change" | "invariants")), Some(_)) => {
+            error(&format!("request '{verb}' takes no arguments"))
+        }
+        (Some("fabric-change"), None) => {
+            let generation = fabric.fabric_change();
+            format!("{{\"ok\":true,\"generation\":{generation}}}")
+        }
+        (Some("fault"), arg) => {
+            let args: Vec<&str> = arg.into_iter().chain(words).collect();
+            fault(&args, fabric).unwrap_or_else(|e| error(&e))
+        }
+        (Some("link"), arg) => {
+            let args: Vec<&str> = arg.into_iter().chain(words).collect();
+            link(&args, fabric).unwrap_or_else(|e| error(&e))
+        }
+        (Some("invariants"), None) => {
+            let v: Vec<String> = fabric
+                .model()
+                .invariants()
+                .iter()
+                .map(|s| json_str(s))
+                .collect();
+            format!("{{\"ok\":true,\"violations\":[{}]}}", v.join(","))
+        }
+        (Some("bind"), arg) => {
+            let args: Vec<&str> = arg.into_iter().chain(words).collect();
+            bind(&args, fabric).unwrap_or_else(|e| error(&e))
+        }
+        (Some("unbind"), arg) => {
+            let args: Vec<&str> = arg.into_iter().chain(words).collect();
+            unbind(&args, fabric).unwrap_or_else(|e| error(&e))
+        }
+        (Some("telemetry"), arg) => {
+            let args: Vec<&str> = arg.into_iter().chain(words).collect();
+            telemetry(&args, fabric).unwrap_or_else(|e| error(&e))
+        }
+        _ => error(&format!(
+            "unknown request '{}'; try ping or state",
+            line.trim()
+        )),
+    }
+}
+
+fn parse_num<T: TryFrom<u64>>(s: &str, what: &str) -> Result<T, String> {
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse::<u64>(),
+    }
+    .map_err(|_| format!("{what} '{s}' is not a number"))?;
+    T::try_from(v).map_err(|_| format!("{what} {s} is out of range"))
+}
+
+const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate>, or fault clear [host|all]";
+
+/// The outcome of a control bind/unbind as JSON.
+fn bind_result(what: &str, ret: u32, ms: u128) -> Result<String, String> {
+    if ret == 0 {
+        Ok(format!("{{\"ok\":true,\"ret\":0,\"ms\":{ms}}}"))
+    } else {
+        Ok(format!(
+            "{{\"ok\":false,\"error\":{},\"ret\":{ret},\"ms\":{ms}}}",
+            json_str(&format!(
+                "{what} failed: {} ({ret:#x})",
+                model::ret_name(ret)
+            ))
+        ))
+    }
+}
+
+/// `bind <pdfid> <host> <log_port>`, as the fabric manager.
+fn bind(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [pdfid, host, lport] = args else {
+        return Err("usage: bind <pdfid> <host> <log_port>".into());
+    };
+    let pdfid: u16 = parse_num(pdfid, "pdfid")?;
+    let lport: u8 = parse_num(lport, "logical port")?;
+    let h = fabric
+        .meps
+        .iter()
+        .position(|m| m.name == *host)
+        .ok_or_else(|| format!("no host '{host}'"))?;
+    let start = std::time::Instant::now();
+    let what = format!("bind of {pdfid:#06x} to {host} logical port {lport}");
+    let req = fabric
+        .model()
+        .begin_bind(Requester::Control, h, lport, pdfid);
+    let ret = match req {
+        Ok(req) => fabric.execute(req),
+        Err(ret) => {
+            info!(
+                "{what} requested by control: {} ({ret:#x})",
+                model::ret_name(ret)
+            );
+            ret
+        }
+    };
+    bind_result(&what, ret, start.elapsed().as_millis())
+}
+
+/// `unbind <pdfid>`, as the fabric manager, from wherever it is bound.
+fn unbind(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [pdfid] = args else {
+        return Err("usage: unbind <pdfid>".into());
+    };
+    let pdfid: u16 = parse_num(pdfid, "pdfid")?;
+    let start = std::time::Instant::now();
+    let what = format!("unbind of {pdfid:#06x}");
+    let req = {
+        let mut m = fabric.model();
+        match m.function(pdfid).map(|f| f.binding) {
+            None => Err(model::PCIFAB_ERR_PDFID_UNKNOWN),
+            Some(None) => Err(model::PCIFAB_ERR_NOT_BOUND),
+            Some(Some((h, l))) => m.begin_unbind(Requester::Control, h, l, pdfid),
+        }
+    };
+    let ret = match req {
+        Ok(req) => fabric.execute(req),
+        Err(ret) => {
+            info!(
+                "{what} requested by control: {} ({ret:#x})",
+                model::ret_name(ret)
+            );
+            ret
+        }
+    };
+    bind_result(&what, ret, start.elapsed().as_millis())
+}
+
+/// `fault <host|all> <kind> [args]`, `fault clear [host|all]`.
+fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let select = |who: &str| -> Result<Vec<usize>, String> {
+        if who == "all" {
+            return Ok((0..fabric.meps.len()).collect());
+        }
+        fabric
+            .meps
+            .iter()
+            .position(|m| m.name == who)
+            .map(|i| vec![i])
+            .ok_or_else(|| format!("no host '{who}'; use a host name or all"))
+    };
+    type Apply = Box<dyn Fn(&mut Faults)>;
+    let (targets, apply): (Vec<usize>, Apply) = match args {
+        ["clear"] => (select("all")?, Box::new(|f| *f = Faults::default())),
+        ["clear", who] | [who, "clear"] => (select(who)?, Box::new(|f| *f = Faults::default())),
+        [who, "mrpc-hang"] => (select(who)?, Box::new(|f| f.hang = true)),
+        [who, "mrpc-error", ret] => {
+            let ret: u32 = parse_num(ret, "return code")?;
+            (select(who)?, Box::new(move |f| f.error = Some(ret)))
+        }
+        [who, "drop-irq"] => (select(who)?, Box::new(|f| f.drop_irq = true)),
+        [who, "delay", ms] => {
+            let ms: u64 = parse_num(ms, "delay")?;
+            if ms > 600_000 {
+                return Err(format!("delay {ms} ms is too long; use at most 600000"));
+            }
+            (select(who)?, Box::new(move |f| f.delay_ms = ms))
+        }
+        [who, "bad-length"] => (select(who)?, Box::new(|f| f.bad_length = true)),
+        [who, "firmware-dead"] => (select(who)?, Box::new(|f| f.dead = true)),
+        [who, "no-enumerate"] => (select(who)?, Box::new(|f| f.no_enumerate = true)),
+        _ => return Err(FAULT_USAGE.into()),
+    };
+    for &i in &targets {
+        fabric.meps[i].set_faults(|f| apply(f));
+        info!(
+            "{}: faults now [{}]",
+            fabric.meps[i].name,
+            fabric.meps[i].faults().names().join(", ")
+        );
+    }
+    Ok("{\"ok\":true}".into())
+}
+
+/// `link <phys_port> <up|down>`.
+fn link(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [port, state] = args else {
+        return Err("usage: link <phys_port> <up|down>".into());
+    };
+    let port: u8 = parse_num(port, "port")?;
+    let up = match *state {
+        "up" => true,
+        "down" => false,
+        s => return Err(format!("link state '{s}' is neither up nor down")),
+    };
+    let changed = fabric.set_link(port, up)?;
+    let generation = fabric.model().generation;
+    Ok(format!(
+        "{{\"ok\":true,\"changed\":{changed},\"generation\":{generation}}}"
+    ))
+}
+
+/// `telemetry <pf_pdfid> <temp_centi> <power_mw> <utilisation>`.
+fn telemetry(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [pdfid, temp, power, util] = args else {
+        return Err("usage: telemetry <pf_pdfid> <temp_centi> <power_mw> <utilisation>".into());
+    };
+    let pdfid: u16 = parse_num(pdfid, "pdfid")?;
+    let temp: i32 = temp
+        .parse()
+        .map_err(|_| format!("temperature '{temp}' is not a number"))?;
+    let power: u32 = parse_num(power, "power")?;
+    let util: u8 = parse_num(util, "utilisation")?;
+    if util > 100 {
+        return Err(format!("utilisation {util} is not a percentage"));
+    }
+    let mut m = fabric.model();
+    let e = m
+        .function(pdfid)
+        .filter(|f| f.vf_index == 0)
+        .map(|f| f.endpoint)
+        .ok_or_else(|| format!("no PF with pdfid {pdfid:#06x}"))?;
+    let t = &mut m.endpoints[e].telemetry;
+    t.temp_centi = temp;
+    t.power_mw = power;
+    t.utilisation = util;
+    Ok("{\"ok\":true}".into())
+}
+
+fn error(msg: &str) -> String {
+    format!("{{\"ok\":false,\"error\":{}}}", json_str(msg))
+}
+
+fn state(fabric: &Fabric) -> String {
+    let fw = &fabric.config.firmware;
+    let firmware = format!(
+        "{{\"device_id\":{},\"device_version\":{},\"revision\":{},\"fw_version\":{},\
+         \"vendor_id\":{},\"product_id\":{},\"product_revision\":{},\"die_temp_centi\":{}}}",
+        fw.device_id,
+        fw.device_version,
+        fw.revision,
+        fw.fw_version,
+        json_str(&fw.vendor_id),
+        json_str(&fw.product_id),
+        json_str(&fw.product_revision),
+        fw.die_temp_centi
+    );
+    let hosts: Vec<String> = fabric
+        .meps
+        .iter()
+        .map(|m| {
+            format!(
+                "{{\"name\":{},\"partition\":{},\"connected\":{},\"mrpc_commands\":{},\"irqs_fired\":{}}}",
+                json_str(&m.name),
+                m.partition,
+                m.connected.load(Ordering::Relaxed),
+                m.mrpc_commands.load(Ordering::Relaxed),
+                m.irqs_fired.load(Ordering::Relaxed)
+            )
+        })
+        .collect();
+    let m = fabric.model();
+    let ports: Vec<String> = m
+        .ports
+        .iter()
+        .map(|p| {
+            let (kind, owner) = match p.kind {
+                PortKind::Host(h) => ("host", &m.hosts[h].name),
+                PortKind::Endpoint(e) => ("endpoint", &m.endpoints[e].name),
+            };
+            format!(
+                "{{\"port\":{},\"type\":\"{kind}\",\"name\":{},\"link\":\"{}\"}}",
+                p.id,
+                json_str(owner),
+                if p.link_up { "up" } else { "down" }
+            )
+        })
+        .collect();
+    let functions: Vec<String> = m
+        .functions
+        .iter()
+        .map(|f| {
+            let (host, lport) = match f.binding {
+                Some((h, l)) => (json_str(&m.hosts[h].name), l.to_string()),
+                None => ("null".into(), "null".into()),
+            };
+            format!(
+                "{{\"pdfid\":{},\"pf_pdfid\":{},\"vf\":{},\"port\":{},\"vid\":{},\"did\":{},\"class\":{},\"total_vfs\":{},\"bound\":{},\"host\":{host},\"logical_port\":{lport}}}",
+                f.pdfid,
+                f.pf_pdfid,
+                f.vf_index,
+                f.port,
+                f.vid,
+                f.did,
+                f.class,
+                f.total_vfs,
+                f.binding.is_some()
+            )
+        })
+        .collect();
+    let details: Vec<String> = fabric
+        .meps
+        .iter()
+        .zip(&m.hosts)
+        .map(|(mep, h)| {
+            let faults: Vec<String> = mep.faults().names().iter().map(|n| json_str(n)).collect();
+            let events: Vec<String> = h.events.iter().map(|e| json_str(&e.describe())).collect();
+            format!(
+                "{{\"name\":{},\"port\":{},\"faults\":[{}],\"events_pending\":[{}],\"event_overflow\":{}}}",
+                json_str(&h.name),
+                h.port,
+                faults.join(","),
+                events.join(","),
+                h.overflow
+            )
+        })
+        .collect();
+    let owners: Vec<String> = m
+        .functions
+        .iter()
+        .map(|f| {
+            let (owner, lport) = match f.binding {
+                Some((h, l)) => (json_str(&m.hosts[h].name), l.to_string()),
+                None => ("null".into(), "null".into()),
+            };
+            let dev = fabric.function_dev(f.pdfid);
+            format!(
+                "{{\"pdfid\":{},\"owner\":{owner},\"logical_port\":{lport},\"busy\":{},\"in_qemu\":{},\"connected\":{},\"mem_bytes\":{},\"scrubs\":{}}}",
+                f.pdfid,
+                f.op.is_some(),
+                f.binding.is_some() && !f.phantom,
+                dev.is_some_and(|d| d.connected.load(Ordering::Relaxed)),
+                dev.map_or(0, |d| d.mem_size()),
+                f.scrubs
+            )
+        })
+        .collect();
+    format!(
+        "{{\"ok\":true,\"firmware\":{firmware},\"hosts\":[{}],\"generation\":{},\"ports\":[{}],\"functions\":[{}],\"host_state\":[{}],\"bindings\":[{}]}}",
+        hosts.join(","),
+        m.generation,
+        ports.join(","),
+        functions.join(","),
+        details.join(","),
+        owners.join(",")
+    )
+}
+
+/// A JSON string literal.
+pub fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn fabric() -> Fabric {
+        let cfg =
+            Config::parse("[[hosts]]\nname = \"h0\"\n[[hosts]]\nname = \"h1\"\n").expect("config");
+        Fabric::new(cfg)
+    }
+
+    #[test]
+    fn requests() {
+        let f = fabric();
+        assert_eq!(handle("ping", &f), "{\"ok\":true}");
+        assert_eq!(handle("  ping \r", &f), "{\"ok\":true}");
+        let s = handle("state", &f);
+        assert!(
+            s.starts_with("{\"ok\":true,\"firmware\":{\"device_id\":16936,"),
+            "{s}"
+        );
+        assert!(s.contains("\"product_id\":\"PAX 28XG4\""), "{s}");
+        assert!(
+            s.contains("{\"name\":\"h1\",\"partition\":1,\"connected\":false,\"mrpc_commands\":0,\"irqs_fired\":0}"),
+            "{s}"
+        );
+        assert_eq!(
+            handle("x", &f),
+            "{\"ok\":false,\"error\":\"unknown request 'x'; try ping or state\"}"
+        );
+        assert!(handle("ping 1", &f).contains("takes no arguments"));
+    }
+
+    #[test]
+    fn fault_link_and_change_requests() {
+        let f = fabric();
+        assert_eq!(handle("fault h1 delay 50", &f), "{\"ok\":true}");
+        assert_eq!(handle("fault all drop-irq", &f), "{\"ok\":true}");
+        assert_eq!(handle("fault h0 mrpc-error 0x64006", &f), "{\"ok\":true}");
+        let s = handle("state", &f);
+        assert!(s.contains("\"faults\":[\"drop-irq\",\"delay 50\"]"), "{s}");
+        assert!(s.contains("\"mrpc-error 0x64006\",\"drop-irq\""), "{s}");
+        assert_eq!(handle("fault clear h1", &f), "{\"ok\":true}");
+        assert_eq!(f.meps[1].faults(), Faults::default());
+        assert_eq!(handle("fault clear", &f), "{\"ok\":true}");
+        assert_eq!(f.meps[0].faults(), Faults::default());
+        for bad in [
+            "fault",
+            "fault h9 drop-irq",
+            "fault h0 frob",
+            "fault h0 delay x",
+            "fault h0 delay 9999999",
+            "fault h0 mrpc-error",
+            "link 1",
+            "link 99 up",
+            "link 300 up",
+            "link 0 sideways",
+            "fabric-change now",
+            "telemetry 0x999 1 2 3",
+            "telemetry 0x100 1 2 300",
+        ] {
+            assert!(handle(bad, &f).starts_with("{\"ok\":false,"), "{bad}");
+        }
+        assert_eq!(
+            handle("link 1 down", &f),
+            "{\"ok\":true,\"changed\":true,\"generation\":2}"
+        );
+        assert_eq!(
+            handle("link 1 down", &f),
+            "{\"ok\":true,\"changed\":false,\"generation\":2}"
+        );
+        assert_eq!(
+            handle("fabric-change", &f),
+            "{\"ok\":true,\"generation\":3}"
+        );
+        let s = handle("state", &f);
+        assert!(s.contains("\"generation\":3,\"ports\":[{\"port\":0,\"type\":\"host\",\"name\":\"h0\",\"link\":\"up\"},{\"port\":1,\"type\":\"host\",\"name\":\"h1\",\"link\":\"down\"}]"), "{s}");
+        assert!(
+            s.contains("\"events_pending\":[\"host_link_down port 1\",\"database_changed\"]"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn escaping() {
+        assert_eq!(json_str("a\"b\\c\n\u{1}"), "\"a\\\"b\\\\c\\n\\u0001\"");
+    }
+}

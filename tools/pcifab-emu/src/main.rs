@@ -1,0 +1,261 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! pcifab-emu: stands in for the firmware of a Microchip Switchtec PAX switch.
+//!
+//! Serves one management endpoint (MEP) per host to QEMU's vfio-user-pci
+//! device, plus a control socket for tests. See Documentation/emulator.rst.
+
+#[macro_use]
+mod log;
+mod config;
+mod control;
+mod dma;
+mod function;
+mod gas;
+mod irq;
+mod mep;
+mod model;
+mod mrpc;
+mod pci;
+mod qmp;
+mod vfio_user;
+
+use config::Config;
+use mep::Fabric;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const USAGE: &str = "\
+usage: pcifab-emu --config FILE --run-dir DIR [--qmp HOST=PATH]... [--verbose]
+
+Emulates the management endpoint of a Switchtec PAX switch for each host in
+FILE, each on a vfio-user socket DIR/mep-<host>.sock for QEMU's
+vfio-user-pci device, and answers test requests on DIR/control.sock.
+
+  --config FILE   fabric description (TOML; see fabric.toml)
+  --run-dir DIR   directory for the sockets (created if missing)
+  --qmp HOST=PATH QMP socket of HOST's QEMU, for hot-plugging bound
+                  functions (repeatable)
+  --verbose       also log debug messages
+  --help          show this help
+";
+
+struct Args {
+    config: PathBuf,
+    run_dir: PathBuf,
+    verbose: bool,
+    qmp: Vec<(String, PathBuf)>,
+}
+
+enum Parsed {
+    Run(Args),
+    Help,
+}
+
+fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
+    let (mut config, mut run_dir, mut verbose) = (None, None, false);
+    let mut qmp = Vec::new();
+    while let Some(arg) = argv.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |what: &str| {
+            inline
+                .clone()
+                .or_else(|| argv.next())
+                .ok_or_else(|| format!("{name} needs {what}"))
+        };
+        match name.as_str() {
+            "--config" => config = Some(PathBuf::from(value("a file name")?)),
+            "--run-dir" => run_dir = Some(PathBuf::from(value("a directory")?)),
+            "--qmp" => {
+                let v = value("HOST=PATH")?;
+                let (h, p) = v
+                    .split_once('=')
+                    .filter(|(h, p)| !h.is_empty() && !p.is_empty())
+                    .ok_or_else(|| format!("--qmp '{v}' is not HOST=PATH"))?;
+                qmp.push((h.to_owned(), PathBuf::from(p)));
+            }
+            "--verbose" if inline.is_none() => verbose = true,
+            "--help" | "-h" => return Ok(Parsed::Help),
+            _ => return Err(format!("unknown argument '{arg}'")),
+        }
+    }
+    Ok(Parsed::Run(Args {
+        config: config.ok_or("--config FILE is required")?,
+        run_dir: run_dir.ok_or("--run-dir DIR is required")?,
+        verbose,
+        qmp,
+    }))
+}
+
+fn main() {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Parsed::Run(a)) => a,
+        Ok(Parsed::Help) => {
+            print!("{USAGE}");
+            return;
+        }
+        Err(e) => {
+            eprintln!("pcifab-emu: {e}\n\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(args) {
+        eprintln!("pcifab-emu: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Bind a listening socket, replacing a stale socket file but nothing else.
+fn listen(path: &Path) -> Result<UnixListener, String> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(format!(
+                "{} exists and is not a socket; move it away",
+                path.display()
+            ));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
+    }
+    UnixListener::bind(path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))
+}
+
+fn signal_set() -> libc::sigset_t {
+    // SAFETY: sigset manipulation on a local value.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        set
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    log::set_verbose(args.verbose);
+    let config = Config::load(&args.config)?;
+    std::fs::create_dir_all(&args.run_dir)
+        .map_err(|e| format!("cannot create run dir {}: {e}", args.run_dir.display()))?;
+
+    // Block SIGTERM/SIGINT in every thread; the main thread waits for them.
+    let set = signal_set();
+    // SAFETY: changes this thread's mask before any other thread exists.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(format!("pthread_sigmask failed: error {rc}"));
+    }
+
+    let fabric = Arc::new(Fabric::with(config, args.run_dir.clone(), &args.qmp)?);
+    fabric.start()?;
+    for (i, q) in fabric.qmp.iter().enumerate() {
+        if q.is_none() {
+            info!(
+                "{}: no --qmp given: binds to this host will fail with HOTPLUG_FAILED",
+                fabric.meps[i].name
+            );
+        }
+    }
+    let mut sockets = Vec::new();
+    let mut listeners = Vec::new();
+    for m in &fabric.meps {
+        let path = args.run_dir.join(format!("mep-{}.sock", m.name));
+        listeners.push((listen(&path)?, Arc::clone(m)));
+        sockets.push(path);
+    }
+    let mut fn_listeners = Vec::new();
+    for f in &fabric.functions {
+        let path = fabric.fn_socket(f.pdfid);
+        fn_listeners.push((listen(&path)?, Arc::clone(f)));
+        sockets.push(path);
+    }
+    let control_path = args.run_dir.join("control.sock");
+    let control = listen(&control_path)?;
+    sockets.push(control_path);
+
+    for (listener, m) in listeners {
+        std::thread::Builder::new()
+            .name(format!("mep-{}", m.name))
+            .spawn(move || vfio_user::serve(listener, m))
+            .map_err(|e| format!("cannot start thread: {e}"))?;
+    }
+    for (listener, f) in fn_listeners {
+        std::thread::Builder::new()
+            .name(f.name.clone())
+            .spawn(move || vfio_user::serve(listener, f))
+            .map_err(|e| format!("cannot start thread: {e}"))?;
+    }
+    fabric.attach_initial();
+    let f = Arc::clone(&fabric);
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || control::serve(control, f))
+        .map_err(|e| format!("cannot start thread: {e}"))?;
+
+    for m in &fabric.meps {
+        info!(
+            "{}: partition {} on {}",
+            m.name,
+            m.partition,
+            args.run_dir.join(format!("mep-{}.sock", m.name)).display()
+        );
+    }
+    eprintln!("pcifab-emu: ready");
+
+    let mut sig: libc::c_int = 0;
+    // SAFETY: waits on the signals blocked above.
+    let rc = unsafe { libc::sigwait(&set, &mut sig) };
+    if rc != 0 {
+        return Err(format!("sigwait failed: error {rc}"));
+    }
+    info!("signal {sig} received, shutting down");
+    for path in &sockets {
+        if let Err(e) = std::fs::remove_file(path) {
+            info!("cannot remove {}: {e}", path.display());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(a: &[&str]) -> Result<Parsed, String> {
+        parse_args(a.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn arguments() {
+        let Ok(Parsed::Run(a)) = parse(&["--config", "f.toml", "--run-dir=/r", "--verbose"]) else {
+            panic!("valid arguments rejected");
+        };
+        assert_eq!(a.config, PathBuf::from("f.toml"));
+        assert_eq!(a.run_dir, PathBuf::from("/r"));
+        assert!(a.verbose);
+        assert!(matches!(parse(&["--help"]), Ok(Parsed::Help)));
+        assert!(parse(&["--config"]).is_err_and(|e| e.contains("needs")));
+        assert!(parse(&["--config", "f"]).is_err_and(|e| e.contains("--run-dir")));
+        assert!(parse(&["--bogus"]).is_err_and(|e| e.contains("--bogus")));
+        let Ok(Parsed::Run(a)) = parse(&[
+            "--config=c",
+            "--run-dir=r",
+            "--qmp",
+            "h0=/q0",
+            "--qmp=h1=/q1",
+        ]) else {
+            panic!("--qmp rejected");
+        };
+        assert_eq!(
+            a.qmp,
+            [
+                ("h0".into(), PathBuf::from("/q0")),
+                ("h1".into(), PathBuf::from("/q1"))
+            ]
+        );
+        assert!(parse(&["--qmp", "h0"]).is_err_and(|e| e.contains("HOST=PATH")));
+    }
+}

@@ -1,0 +1,1281 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! The management endpoint: its BAR0 register model (the Gen4 GAS with the
+//! MRPC firmware interface), BAR4 (MSI-X table and PBA), config space and
+//! the interrupts and DMA mappings the client set up.
+
+use crate::config::{Config, Firmware};
+use crate::dma::DmaTable;
+use crate::function::{FnDevice, Memory};
+use crate::gas::*;
+use crate::irq::{self, Irqs};
+use crate::model::{self, Model, Notice, Request, Requester};
+use crate::mrpc::{mrpc_name, Exec, MrpcOutcome};
+use crate::pci::{self, ConfigSpace};
+use crate::qmp::{Qmp, QmpError};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+// vfio_pci region indices.
+pub const REGION_BAR0: u32 = 0;
+pub const REGION_BAR4: u32 = 4;
+pub const REGION_ROM: u32 = 6;
+pub const REGION_CONFIG: u32 = 7;
+pub const REGION_VGA: u32 = 8;
+
+/// Size of a region; 0 for the ones the MEP does not have.
+pub fn region_size(index: u32) -> u64 {
+    match index {
+        REGION_BAR0 => pci::BAR0_SIZE,
+        REGION_BAR4 => pci::BAR4_SIZE,
+        REGION_CONFIG => pci::CONFIG_SIZE as u64,
+        // BAR2 is unused, BAR1/3/5 are upper halves; no ROM, no VGA.
+        REGION_ROM | REGION_VGA => 0,
+        _ => 0,
+    }
+}
+
+pub fn status_name(status: u32) -> &'static str {
+    match status {
+        MRPC_STATUS_INPROGRESS => "INPROGRESS",
+        MRPC_STATUS_DONE => "DONE",
+        MRPC_STATUS_ERROR => "ERROR",
+        _ => "?",
+    }
+}
+
+/// How the host may access a dword of the GAS.
+#[derive(Debug, PartialEq)]
+enum Kind {
+    Input,
+    Cmd,
+    Ram,
+    EventHdr,
+    ReadOnly,
+}
+
+/// Event header write: CLEAR (bit 0) clears occurred and count, the enable
+/// bits are stored, the rest is read-only. `mask` says which bytes were written.
+fn event_hdr_write(old: u32, new: u32, mask: u32) -> u32 {
+    let w = EVENT_WRITABLE & mask;
+    let mut v = (old & !w) | (new & w);
+    if mask & EVENT_CLEAR != 0 && new & EVENT_CLEAR != 0 {
+        v &= !(EVENT_OCCURRED | EVENT_COUNT_MASK);
+    }
+    v
+}
+
+/// The Global Address Space of one MEP.
+pub struct Gas {
+    mem: Vec<u8>,
+    partition: u32,
+    partitions: u32,
+    /// End of the part of the MRPC input buffer written since the last command.
+    input_end: usize,
+}
+
+impl Gas {
+    pub fn new(fw: &Firmware, partition: u32, partitions: u32) -> Gas {
+        let mut g = Gas {
+            mem: vec![0; GAS_SIZE as usize],
+            partition,
+            partitions,
+            input_end: 0,
+        };
+        // MRPC: idle, no DMA MRPC (dma_ver 0).
+        g.put32(MRPC_DMA_VER, 0);
+
+        // sys_info.
+        let si = SYS_INFO;
+        g.put32(si + SI_DEVICE_ID, u32::from(fw.device_id));
+        g.put32(si + SI_DEVICE_VERSION, fw.device_version);
+        g.put32(si + SI_FIRMWARE_VERSION, fw.fw_version);
+        g.put16(si + SI4_GAS_LAYOUT_VER, 1);
+        g.put16(si + SI4_MGMT_CMD_SET_VER, 1);
+        g.put16(si + SI4_FABRIC_CMD_SET_VER, 1);
+        g.put32(si + SI4_PARTITION_ID, partition);
+        g.put16(si + SI4_BL2_RUNNING, GEN4_BL2_0_RUNNING);
+        g.put16(si + SI4_CFG_RUNNING, GEN4_CFG0_RUNNING);
+        g.put16(si + SI4_IMG_RUNNING, GEN4_IMG0_RUNNING);
+        g.put16(si + SI4_KEY_RUNNING, GEN4_KEY0_RUNNING);
+        g.put16(si + SI4_P2P_VENDOR_ID, pci::VENDOR_MICROSEMI);
+        g.put16(si + SI4_P2P_DEVICE_ID, fw.device_id);
+        g.mem[(si + SI4_P2P_REVISION_ID) as usize] = fw.revision;
+        g.put32(si + SI4_P2P_CLASS_ID, pci::CLASS_MEMORY_OTHER);
+        g.put16(si + SI4_SUBSYSTEM_VENDOR_ID, pci::VENDOR_MICROSEMI);
+        g.put16(si + SI4_SUBSYSTEM_ID, fw.device_id);
+        g.put_str(si + SI4_VENDOR_ID, &fw.vendor_id, 8);
+        g.put_str(si + SI4_PRODUCT_ID, &fw.product_id, 24);
+        g.put_str(si + SI4_PRODUCT_REVISION, &fw.product_revision, 2);
+
+        // Partition configuration, for every partition.
+        for p in 0..partitions {
+            let base = PART_CFG + u64::from(p) * PART_CFG_SIZE;
+            let first_pff = p * PFFS_PER_PARTITION;
+            g.put32(base + PC_PORT_CNT, PORTS_PER_PARTITION);
+            g.put32(base + PC_USP_PFF_INST_ID, first_pff);
+            g.put32(base + PC_VEP_PFF_INST_ID, first_pff + 1);
+            for d in 0..PC_DSP_PFF_COUNT as u32 {
+                let id = if d < DSPS_PER_PARTITION {
+                    first_pff + 2 + d
+                } else {
+                    PFF_NONE
+                };
+                g.put32(base + PC_DSP_PFF_INST_ID + 4 * u64::from(d), id);
+            }
+            g.put16(base + PC_VEP_VECTOR_NUMBER, 0);
+            g.put16(base + PC_USP_VECTOR_NUMBER, 0);
+        }
+
+        // NTB info.
+        g.mem[(NTB + NTB_PARTITION_COUNT) as usize] = partitions as u8;
+        g.mem[(NTB + NTB_PARTITION_ID) as usize] = partition as u8;
+
+        // PFF CSRs: USP, VEP, DSPs of each partition, numbered contiguously.
+        for i in 0..partitions * PFFS_PER_PARTITION {
+            let base = PFF_CSR + u64::from(i) * PFF_CSR_SIZE;
+            let class = if i % PFFS_PER_PARTITION == 1 {
+                pci::CLASS_MEMORY_OTHER
+            } else {
+                0x06_0400 // PCI-to-PCI bridge
+            };
+            g.put16(base + PFF_VENDOR_ID, pci::VENDOR_MICROSEMI);
+            g.put16(base + PFF_DEVICE_ID, fw.device_id);
+            g.put32(base + PFF_CLASS, class << 8 | u32::from(fw.revision));
+        }
+        g
+    }
+
+    fn pff_count(&self) -> u64 {
+        u64::from(self.partitions * PFFS_PER_PARTITION)
+    }
+
+    fn put16(&mut self, off: u64, v: u16) {
+        let o = off as usize;
+        self.mem[o..o + 2].copy_from_slice(&v.to_le_bytes());
+    }
+
+    fn put32(&mut self, off: u64, v: u32) {
+        let o = off as usize;
+        self.mem[o..o + 4].copy_from_slice(&v.to_le_bytes());
+    }
+
+    fn put_str(&mut self, off: u64, s: &str, width: usize) {
+        let o = off as usize;
+        let field = &mut self.mem[o..o + width];
+        field.fill(b' ');
+        field[..s.len()].copy_from_slice(s.as_bytes());
+    }
+
+    pub fn get32(&self, off: u64) -> u32 {
+        let o = off as usize;
+        u32::from_le_bytes([
+            self.mem[o],
+            self.mem[o + 1],
+            self.mem[o + 2],
+            self.mem[o + 3],
+        ])
+    }
+
+    fn get16(&self, off: u64) -> u16 {
+        let o = off as usize;
+        u16::from_le_bytes([self.mem[o], self.mem[o + 1]])
+    }
+
+    fn check(off: u64, len: usize) -> Result<(), String> {
+        match off.checked_add(len as u64) {
+            Some(end) if end <= GAS_SIZE => Ok(()),
+            _ => Err(format!(
+                "BAR0 access of {len} bytes at {off:#x} is outside its {GAS_SIZE:#x} bytes"
+            )),
+        }
+    }
+
+    fn kind(&self, off: u64) -> Kind {
+        let in_block = |base: u64, count: u64, size: u64| off >= base && off < base + count * size;
+        let is_hdr = |rel: u64, first: u64, count: u64| {
+            rel >= first
+                && rel < first + count * EVENT_HDR_STRIDE
+                && (rel - first) % EVENT_HDR_STRIDE == 0
+        };
+        if off < MRPC_OUTPUT_DATA {
+            Kind::Input
+        } else if off == MRPC_CMD {
+            Kind::Cmd
+        } else if [MRPC_DMA_EN, MRPC_DMA_ADDR, MRPC_DMA_ADDR + 4].contains(&off)
+            || (TOP_CFG..SW_EVENT).contains(&off)
+        {
+            Kind::Ram
+        } else if (SW_EVENT..SYS_INFO).contains(&off) {
+            let rel = off - SW_EVENT;
+            if is_hdr(rel, SW_EVENT_HDR_FIRST, SW_EVENT_HDR_COUNT) {
+                Kind::EventHdr
+            } else if rel < 8 {
+                Kind::Ram // event_report_ctrl
+            } else {
+                Kind::ReadOnly
+            }
+        } else if in_block(PART_CFG, u64::from(self.partitions), PART_CFG_SIZE) {
+            let rel = (off - PART_CFG) % PART_CFG_SIZE;
+            if PC_EVENT_HDRS.contains(&rel) {
+                Kind::EventHdr
+            } else {
+                Kind::ReadOnly
+            }
+        } else if in_block(PFF_CSR, self.pff_count(), PFF_CSR_SIZE) {
+            let rel = (off - PFF_CSR) % PFF_CSR_SIZE;
+            if is_hdr(rel, PFF_EVENT_HDR_FIRST, PFF_EVENT_HDR_COUNT) {
+                Kind::EventHdr
+            } else {
+                Kind::ReadOnly
+            }
+        } else {
+            Kind::ReadOnly
+        }
+    }
+
+    pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), String> {
+        Self::check(off, buf.len())?;
+        buf.copy_from_slice(&self.mem[off as usize..off as usize + buf.len()]);
+        Ok(())
+    }
+
+    /// Apply a host write. Returns true when it wrote the MRPC command
+    /// register, i.e. the firmware must now run a command.
+    pub fn write(&mut self, off: u64, data: &[u8]) -> Result<bool, String> {
+        Self::check(off, data.len())?;
+        let end = off + data.len() as u64;
+        let mut run_mrpc = false;
+        let mut dw = off & !3;
+        while dw < end {
+            let mut bytes = self.get32(dw).to_le_bytes();
+            let mut mask = 0u32;
+            for (i, byte) in bytes.iter_mut().enumerate() {
+                let a = dw + i as u64;
+                if a >= off && a < end {
+                    *byte = data[(a - off) as usize];
+                    mask |= 0xff << (8 * i);
+                }
+            }
+            let old = self.get32(dw);
+            let new = u32::from_le_bytes(bytes);
+            match self.kind(dw) {
+                Kind::Input => {
+                    self.put32(dw, new);
+                    self.input_end = self.input_end.max(end.min(MRPC_OUTPUT_DATA) as usize);
+                }
+                Kind::Cmd => {
+                    self.put32(dw, new);
+                    run_mrpc = true;
+                }
+                Kind::Ram => self.put32(dw, new),
+                Kind::EventHdr => {
+                    self.put32(dw, event_hdr_write(old, new, mask));
+                    if dw >= PFF_CSR {
+                        self.update_pff_summary((dw - PFF_CSR) / PFF_CSR_SIZE);
+                    } else {
+                        self.update_summaries();
+                    }
+                }
+                Kind::ReadOnly => {
+                    debug!("BAR0 write of {new:#010x} (mask {mask:#010x}) to read-only {dw:#x} ignored")
+                }
+            }
+            dw += 4;
+        }
+        Ok(run_mrpc)
+    }
+
+    /// Recompute every summary register from the event headers' OCCURRED bits.
+    fn update_summaries(&mut self) {
+        let occurred = |g: &Gas, off: u64| g.get32(off) & EVENT_OCCURRED != 0;
+        let mut part_bitmap = 0u64;
+        for p in 0..u64::from(self.partitions) {
+            let base = PART_CFG + p * PART_CFG_SIZE;
+            let mut summary = 0;
+            for (bit, hdr) in PC_EVENT_HDRS.iter().take(4).enumerate() {
+                if occurred(self, base + hdr) {
+                    summary |= 1 << bit;
+                }
+            }
+            self.put32(base + PC_PART_EVENT_SUMMARY, summary);
+            // port_event_bitmap: bit 0 the USP, 1-4 the DSPs.
+            let mut ports = 0;
+            let first = p * u64::from(PFFS_PER_PARTITION);
+            for (bit, pff) in [0, 2, 3, 4, 5].iter().enumerate() {
+                let pbase = PFF_CSR + (first + pff) * PFF_CSR_SIZE;
+                if self.get32(pbase + PFF_EVENT_SUMMARY) != 0 {
+                    ports |= 1 << bit;
+                }
+            }
+            self.put32(base + PC_PORT_EVENT_BITMAP, ports);
+            if summary != 0 || ports != 0 {
+                part_bitmap |= 1 << p;
+            }
+        }
+        let sw = SW_EVENT + SW_PART_EVENT_BITMAP;
+        self.put32(sw, part_bitmap as u32);
+        self.put32(sw + 4, (part_bitmap >> 32) as u32);
+        let mut global = 0;
+        for i in 0..SW_EVENT_HDR_COUNT {
+            if occurred(self, SW_EVENT + SW_EVENT_HDR_FIRST + i * EVENT_HDR_STRIDE) {
+                global |= 1 << i;
+            }
+        }
+        self.put32(SW_EVENT + SW_GLOBAL_SUMMARY, global);
+    }
+
+    /// Recompute the pff_event_summary of PFF `i` (then the rest).
+    fn update_pff_summary(&mut self, i: u64) {
+        let base = PFF_CSR + i * PFF_CSR_SIZE;
+        let mut summary = 0;
+        for h in 0..PFF_EVENT_HDR_COUNT {
+            if self.get32(base + PFF_EVENT_HDR_FIRST + h * EVENT_HDR_STRIDE) & EVENT_OCCURRED != 0 {
+                summary |= 1 << h;
+            }
+        }
+        self.put32(base + PFF_EVENT_SUMMARY, summary);
+        self.update_summaries();
+    }
+
+    /// An event occurred: set OCCURRED, count it. True when its IRQ is enabled.
+    fn bump(&mut self, hdr_off: u64) -> bool {
+        let hdr = self.get32(hdr_off);
+        let count = ((hdr & EVENT_COUNT_MASK) >> EVENT_COUNT_SHIFT)
+            .saturating_add(1)
+            .min(0xff);
+        let hdr = (hdr & !EVENT_COUNT_MASK) | EVENT_OCCURRED | count << EVENT_COUNT_SHIFT;
+        self.put32(hdr_off, hdr);
+        hdr & EVENT_EN_IRQ != 0
+    }
+
+    /// A link state change on PFF `pff`. True when it should interrupt.
+    pub fn raise_link(&mut self, pff: u32) -> bool {
+        if u64::from(pff) >= self.pff_count() {
+            return false;
+        }
+        let irq = self.bump(PFF_CSR + u64::from(pff) * PFF_CSR_SIZE + PFF_LINK_STATE_HDR);
+        self.update_pff_summary(u64::from(pff));
+        irq
+    }
+
+    /// A GFMS event, `pending` events queued. True when it should interrupt.
+    pub fn raise_gfms(&mut self, pending: u32) -> bool {
+        let irq = self.bump(SW_EVENT + SW_GFMS_EVENT_HDR);
+        self.put32(SW_EVENT + SW_GFMS_EVENT_DATA, pending);
+        self.update_summaries();
+        irq
+    }
+
+    /// The MSI-X vector of this MEP's partition events.
+    pub fn vep_vector(&self) -> u16 {
+        self.get16(PART_CFG + u64::from(self.partition) * PART_CFG_SIZE + PC_VEP_VECTOR_NUMBER)
+    }
+
+    /// Firmware picks up a command: status INPROGRESS; returns the command
+    /// and the input written for it.
+    pub fn start_mrpc(&mut self) -> (u32, Vec<u8>) {
+        let cmd = self.get32(MRPC_CMD);
+        let input = self.mem[MRPC_INPUT_DATA as usize..self.input_end].to_vec();
+        self.input_end = 0;
+        self.put32(MRPC_STATUS, MRPC_STATUS_INPROGRESS);
+        (cmd, input)
+    }
+
+    /// Firmware completes a command. Returns the MSI-X vector to signal when
+    /// the partition's MRPC completion event has interrupts enabled.
+    pub fn finish_mrpc(&mut self, outcome: &MrpcOutcome) -> Option<u16> {
+        if outcome.status == MRPC_STATUS_DONE {
+            let out = &mut self.mem
+                [MRPC_OUTPUT_DATA as usize..(MRPC_OUTPUT_DATA + MRPC_PAYLOAD_SIZE) as usize];
+            let n = outcome.output.len().min(out.len());
+            out.fill(0);
+            out[..n].copy_from_slice(&outcome.output[..n]);
+        }
+        self.put32(MRPC_RET_VALUE, outcome.ret);
+        self.put32(MRPC_STATUS, outcome.status);
+
+        let base = PART_CFG + u64::from(self.partition) * PART_CFG_SIZE;
+        if self.get32(base + PC_MRPC_COMP_HDR) & EVENT_EN_IRQ == 0 {
+            return None;
+        }
+        self.bump(base + PC_MRPC_COMP_HDR);
+        self.update_summaries();
+        Some(self.vep_vector())
+    }
+}
+
+struct Inner {
+    cfg: ConfigSpace,
+    gas: Gas,
+    bar4: Vec<u8>,
+    irqs: Irqs,
+    dma: DmaTable,
+    /// Bumped by a device reset so a command started before it cannot
+    /// complete into the fresh registers.
+    epoch: u64,
+}
+
+fn new_bar4() -> Vec<u8> {
+    let mut bar4 = vec![0u8; pci::BAR4_SIZE as usize];
+    // MSI-X table entries start masked (vector control bit 0).
+    for v in 0..usize::from(pci::MSIX_VECTORS) {
+        bar4[pci::MSIX_TABLE_OFFSET as usize + 16 * v + 12] = 1;
+    }
+    bar4
+}
+
+/// Faults injected into one MEP's firmware (control request `fault`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Faults {
+    /// Commands never complete.
+    pub hang: bool,
+    /// Commands fail with this return value.
+    pub error: Option<u32>,
+    /// Interrupts are not raised (registers still update).
+    pub drop_irq: bool,
+    /// Commands complete after this many milliseconds.
+    pub delay_ms: u64,
+    /// Dump and list replies claim more than the output buffer.
+    pub bad_length: bool,
+    /// sys_info.device_id reads 0 and commands never complete.
+    pub dead: bool,
+    /// The next bind to this host adds no device to QEMU but reports DONE.
+    pub no_enumerate: bool,
+}
+
+impl Faults {
+    /// The active faults as JSON strings.
+    pub fn names(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.hang {
+            v.push("mrpc-hang".to_owned());
+        }
+        if let Some(r) = self.error {
+            v.push(format!("mrpc-error {r:#x}"));
+        }
+        if self.drop_irq {
+            v.push("drop-irq".to_owned());
+        }
+        if self.delay_ms > 0 {
+            v.push(format!("delay {}", self.delay_ms));
+        }
+        if self.bad_length {
+            v.push("bad-length".to_owned());
+        }
+        if self.dead {
+            v.push("firmware-dead".to_owned());
+        }
+        if self.no_enumerate {
+            v.push("no-enumerate".to_owned());
+        }
+        v
+    }
+}
+
+/// A command handed to the MEP's worker thread.
+pub struct Job {
+    seq: u64,
+    epoch: u64,
+    cmd: u32,
+    input: Vec<u8>,
+}
+
+/// How long a write of the command register waits for a command without an
+/// injected delay to complete before acknowledging the write anyway.
+const SYNC_WAIT: Duration = Duration::from_secs(2);
+
+/// One host's management endpoint.
+pub struct Mep {
+    pub name: String,
+    pub partition: u32,
+    partitions: u32,
+    fw: Firmware,
+    inner: Mutex<Inner>,
+    pub connected: AtomicBool,
+    pub mrpc_commands: AtomicU64,
+    pub irqs_fired: AtomicU64,
+    pub faults: Mutex<Faults>,
+    jobs: Mutex<Option<Sender<Job>>>,
+    next_seq: AtomicU64,
+    done: Mutex<u64>,
+    done_cv: Condvar,
+}
+
+impl Mep {
+    pub fn new(name: &str, fw: &Firmware, partition: u32, partitions: u32) -> Mep {
+        Mep {
+            name: name.to_owned(),
+            partition,
+            partitions,
+            fw: fw.clone(),
+            inner: Mutex::new(Inner {
+                cfg: ConfigSpace::new(fw),
+                gas: Gas::new(fw, partition, partitions),
+                bar4: new_bar4(),
+                irqs: Irqs::new(),
+                dma: DmaTable::default(),
+                epoch: 0,
+            }),
+            connected: AtomicBool::new(false),
+            mrpc_commands: AtomicU64::new(0),
+            irqs_fired: AtomicU64::new(0),
+            faults: Mutex::new(Faults::default()),
+            jobs: Mutex::new(None),
+            next_seq: AtomicU64::new(0),
+            done: Mutex::new(0),
+            done_cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic elsewhere must not take the device down with it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn faults(&self) -> Faults {
+        self.faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn set_faults(&self, f: impl FnOnce(&mut Faults)) {
+        f(&mut self.faults.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    pub fn region_read(&self, region: u32, off: u64, buf: &mut [u8]) -> Result<(), String> {
+        let inner = self.lock();
+        match region {
+            REGION_BAR0 => {
+                inner.gas.read(off, buf)?;
+                if self.faults().dead {
+                    // A crashed firmware: sys_info.device_id reads 0.
+                    let id = SYS_INFO + SI_DEVICE_ID;
+                    for (i, b) in buf.iter_mut().enumerate() {
+                        if (id..id + 4).contains(&(off + i as u64)) {
+                            *b = 0;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            REGION_CONFIG => inner.cfg.read(to_usize(off)?, buf),
+            REGION_BAR4 => {
+                let o = to_usize(off)?;
+                let src = inner
+                    .bar4
+                    .get(o..o.saturating_add(buf.len()))
+                    .ok_or_else(|| bar4_range(off, buf.len()))?;
+                buf.copy_from_slice(src);
+                Ok(())
+            }
+            _ => Err(format!("region {region} has no space")),
+        }
+    }
+
+    pub fn region_write(&self, region: u32, off: u64, data: &[u8]) -> Result<(), String> {
+        if region == REGION_BAR0 {
+            let job = {
+                let mut inner = self.lock();
+                if !inner.gas.write(off, data)? {
+                    return Ok(());
+                }
+                let (cmd, input) = inner.gas.start_mrpc();
+                Job {
+                    seq: self.next_seq.fetch_add(1, Ordering::Relaxed) + 1,
+                    epoch: inner.epoch,
+                    cmd,
+                    input,
+                }
+            };
+            self.mrpc_commands.fetch_add(1, Ordering::Relaxed);
+            self.submit(job);
+            return Ok(());
+        }
+        let mut inner = self.lock();
+        match region {
+            REGION_CONFIG => inner.cfg.write(to_usize(off)?, data),
+            REGION_BAR4 => {
+                let o = to_usize(off)?;
+                let end = o
+                    .checked_add(data.len())
+                    .filter(|&e| e <= inner.bar4.len())
+                    .ok_or_else(|| bar4_range(off, data.len()))?;
+                let table_end =
+                    pci::MSIX_TABLE_OFFSET as usize + 16 * usize::from(pci::MSIX_VECTORS);
+                if end <= table_end {
+                    inner.bar4[o..end].copy_from_slice(data);
+                } else {
+                    debug!(
+                        "{}: BAR4 write at {off:#x} outside the MSI-X table ignored",
+                        self.name
+                    );
+                }
+                Ok(())
+            }
+            _ => Err(format!("region {region} has no space")),
+        }
+    }
+
+    /// Hand a command to the worker. Without an injected delay or hang,
+    /// wait until it completed, so the host's next access sees the result.
+    fn submit(&self, job: Job) {
+        let seq = job.seq;
+        let sent = {
+            let tx = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            tx.as_ref().is_some_and(|tx| tx.send(job).is_ok())
+        };
+        if !sent {
+            info!("{}: no MRPC worker; command stays INPROGRESS", self.name);
+            return;
+        }
+        let f = self.faults();
+        if f.hang || f.dead || f.delay_ms > 0 {
+            return;
+        }
+        let deadline = Instant::now() + SYNC_WAIT;
+        let mut done = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        while *done < seq {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                info!("{}: MRPC command {seq} still running", self.name);
+                break;
+            }
+            done = match self.done_cv.wait_timeout(done, left) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+    }
+
+    fn mark_done(&self, seq: u64) {
+        let mut done = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        *done = (*done).max(seq);
+        self.done_cv.notify_all();
+    }
+
+    /// The firmware finished a command: registers, completion event, IRQ.
+    fn complete(&self, job: &Job, outcome: &MrpcOutcome, drop_irq: bool) {
+        let mut inner = self.lock();
+        if inner.epoch != job.epoch {
+            info!(
+                "{}: MRPC cmd {:#x} finished after a device reset; result discarded",
+                self.name, job.cmd
+            );
+            return;
+        }
+        let vector = inner.gas.finish_mrpc(outcome);
+        info!(
+            "{}: MRPC cmd {:#x} ({}) input {} bytes -> status {} ret {:#x}",
+            self.name,
+            job.cmd,
+            mrpc_name(job.cmd),
+            job.input.len(),
+            status_name(outcome.status),
+            outcome.ret
+        );
+        if let Some(v) = vector {
+            self.raise(&inner, v, "MRPC completion", drop_irq);
+        }
+    }
+
+    /// Consume a `no-enumerate` fault.
+    pub fn take_no_enumerate(&self) -> bool {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut f.no_enumerate)
+    }
+
+    /// Show fabric changes in this MEP's registers and interrupt.
+    pub fn signal(&self, notices: &[Notice], pending: u32) {
+        let drop_irq = self.faults().drop_irq;
+        let mut inner = self.lock();
+        for n in notices {
+            let mut irq = false;
+            for &pff in &n.pffs {
+                irq |= inner.gas.raise_link(pff);
+            }
+            if n.gfms {
+                irq |= inner.gas.raise_gfms(pending);
+            }
+            if irq {
+                let v = inner.gas.vep_vector();
+                self.raise(&inner, v, "fabric event", drop_irq);
+            }
+        }
+    }
+
+    /// Interrupt the host: the MSI-X vector when MSI-X is set up, else INTx.
+    fn raise(&self, inner: &Inner, vector: u16, why: &str, drop_irq: bool) {
+        if drop_irq {
+            info!(
+                "{}: interrupt for {why} dropped (fault drop-irq)",
+                self.name
+            );
+            return;
+        }
+        let (index, vec) = if inner.irqs.has_any(irq::MSIX) || !inner.irqs.has_any(irq::INTX) {
+            (irq::MSIX, usize::from(vector))
+        } else {
+            (irq::INTX, 0)
+        };
+        match inner.irqs.fire(index, vec) {
+            Ok(()) => {
+                self.irqs_fired.fetch_add(1, Ordering::Relaxed);
+                info!(
+                    "{}: {} vector {vec} fired ({why})",
+                    self.name,
+                    irq::index_name(index)
+                );
+            }
+            Err(e) => info!("{}: interrupt for {why} not delivered: {e}", self.name),
+        }
+    }
+
+    /// Function reset: registers and config space back to power-on values.
+    /// Interrupt and DMA setup belong to the client and stay.
+    pub fn reset(&self) {
+        let mut inner = self.lock();
+        inner.cfg = ConfigSpace::new(&self.fw);
+        inner.gas = Gas::new(&self.fw, self.partition, self.partitions);
+        inner.bar4 = new_bar4();
+        inner.epoch += 1;
+        info!("{}: device reset", self.name);
+    }
+
+    /// The client went away: drop its eventfds and DMA mappings.
+    pub fn disconnect(&self) {
+        let mut inner = self.lock();
+        inner.irqs.clear();
+        inner.dma.clear();
+        self.connected.store(false, Ordering::Relaxed);
+    }
+}
+
+impl crate::vfio_user::Device for Mep {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn region_size(&self, index: u32) -> u64 {
+        region_size(index)
+    }
+    fn region_read(&self, region: u32, off: u64, buf: &mut [u8]) -> Result<(), String> {
+        Mep::region_read(self, region, off, buf)
+    }
+    fn region_write(&self, region: u32, off: u64, data: &[u8]) -> Result<(), String> {
+        Mep::region_write(self, region, off, data)
+    }
+    fn reset(&self) {
+        Mep::reset(self)
+    }
+    fn irqs(&self, f: &mut dyn FnMut(&mut Irqs)) {
+        f(&mut self.lock().irqs)
+    }
+    fn dma(&self, f: &mut dyn FnMut(&mut DmaTable)) {
+        f(&mut self.lock().dma)
+    }
+    fn set_connected(&self, on: bool) {
+        self.connected.store(on, Ordering::Relaxed);
+    }
+    fn disconnect(&self) {
+        Mep::disconnect(self)
+    }
+}
+
+fn to_usize(off: u64) -> Result<usize, String> {
+    usize::try_from(off).map_err(|_| format!("offset {off:#x} too large"))
+}
+
+fn bar4_range(off: u64, len: usize) -> String {
+    format!(
+        "BAR4 access of {len} bytes at {off:#x} is outside its {:#x} bytes",
+        pci::BAR4_SIZE
+    )
+}
+
+/// How long an unbind waits for QEMU's DEVICE_DELETED.
+pub const UNBIND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The whole emulated switch: one MEP per host and the shared fabric model.
+pub struct Fabric {
+    pub config: Config,
+    pub meps: Vec<Arc<Mep>>,
+    model: Arc<Mutex<Model>>,
+    /// Every endpoint function, in pdfid order.
+    pub functions: Vec<Arc<FnDevice>>,
+    /// QMP client of each host (None: no --qmp for it).
+    pub qmp: Vec<Option<Arc<Qmp>>>,
+    /// Where the function sockets are (fn-XXXX.sock).
+    pub run_dir: PathBuf,
+}
+
+impl Fabric {
+    #[cfg(test)]
+    pub fn new(config: Config) -> Fabric {
+        Self::with(config, PathBuf::from("."), &[]).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The fabric, with QMP sockets `(host, path)` and the run directory.
+    pub fn with(
+        config: Config,
+        run_dir: PathBuf,
+        qmp: &[(String, PathBuf)],
+    ) -> Result<Fabric, String> {
+        let n = config.hosts.len() as u32;
+        let meps = config
+            .hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| Arc::new(Mep::new(&h.name, &config.firmware, i as u32, n)))
+            .collect();
+        let model = Arc::new(Mutex::new(Model::new(&config)));
+        let mut functions = Vec::new();
+        for ep in &config.endpoints {
+            let pf = u64::from(ep.mem_mib) << 20;
+            let vf = u64::from(ep.vf_mem_mib) << 20;
+            let total = pf + vf * u64::from(ep.vfs);
+            let mem = Arc::new(Memory::new(&format!("pcifab-{}", ep.name), total as usize)?);
+            for f in 0..=ep.vfs {
+                let ids = crate::pci::FunctionIds {
+                    vid: ep.vendor_id,
+                    did: if f == 0 {
+                        ep.device_id
+                    } else {
+                        ep.vf_device_id.unwrap_or(ep.device_id)
+                    },
+                    class: ep.class,
+                    total_vfs: if f == 0 { ep.vfs } else { 0 },
+                    vf_did: ep.vf_device_id.unwrap_or(ep.device_id),
+                    mem_size: if f == 0 { pf } else { vf },
+                };
+                let off = if f == 0 {
+                    0
+                } else {
+                    pf + vf * u64::from(f - 1)
+                };
+                functions.push(Arc::new(FnDevice::new(
+                    model::pdfid(ep.port, f),
+                    ids,
+                    Arc::clone(&mem),
+                    off,
+                    Arc::clone(&model),
+                )));
+            }
+        }
+        functions.sort_by_key(|f| f.pdfid);
+        let mut qmps = vec![None; config.hosts.len()];
+        for (host, path) in qmp {
+            let i = config
+                .hosts
+                .iter()
+                .position(|h| h.name == *host)
+                .ok_or_else(|| {
+                    format!("--qmp names host '{host}', which is not in the configuration")
+                })?;
+            qmps[i] = Some(Qmp::new(host, path.clone()));
+        }
+        Ok(Fabric {
+            config,
+            meps,
+            model,
+            functions,
+            qmp: qmps,
+            run_dir,
+        })
+    }
+
+    pub fn function_dev(&self, pdfid: u16) -> Option<&Arc<FnDevice>> {
+        self.functions.iter().find(|f| f.pdfid == pdfid)
+    }
+
+    pub fn fn_socket(&self, pdfid: u16) -> PathBuf {
+        self.run_dir.join(format!("fn-{pdfid:04x}.sock"))
+    }
+
+    fn requester_name(&self, r: Requester) -> String {
+        match r {
+            Requester::Host(h) => self.meps.get(h).map_or("?".into(), |m| m.name.clone()),
+            Requester::Control => "control".into(),
+        }
+    }
+
+    /// Carry out a checked bind or unbind (QMP, scrub, model, events).
+    /// Returns 0 or the pcifab return code. Blocks: never call it on a
+    /// vfio-user socket thread.
+    pub fn execute(&self, req: Request) -> u32 {
+        let start = Instant::now();
+        let id = format!("fn-{:04x}", req.pdfid);
+        let host = &self.meps[req.host].name;
+        let qmp = self.qmp.get(req.host).cloned().flatten();
+        let mut phantom = false;
+        let mut why = String::new();
+        let ret = if req.bind {
+            if self.meps[req.host].take_no_enumerate() {
+                phantom = true;
+                why = "fault no-enumerate: no device_add".into();
+                0
+            } else if let Some(q) = qmp {
+                let args = serde_json::json!({
+                    "driver": "vfio-user-pci",
+                    "id": id,
+                    "bus": format!("dsp{}", req.log_port),
+                    "socket": {"type": "unix", "path": self.fn_socket(req.pdfid).to_string_lossy()},
+                });
+                q.forget_deleted(&id);
+                match q.execute("device_add", args) {
+                    Ok(_) => 0,
+                    Err(e) => {
+                        why = format!("device_add: {e}");
+                        model::PCIFAB_ERR_HOTPLUG_FAILED
+                    }
+                }
+            } else {
+                why = format!("no --qmp socket for host {host}");
+                model::PCIFAB_ERR_HOTPLUG_FAILED
+            }
+        } else {
+            let (n, pending, phantom_now) = {
+                let mut m = self.model();
+                let queued = m.unbind_request(&req);
+                let ph = m.function(req.pdfid).is_some_and(|f| f.phantom);
+                (queued, m.pending(), ph)
+            };
+            if n {
+                self.meps[req.host].signal(
+                    &[Notice {
+                        pffs: Vec::new(),
+                        gfms: true,
+                    }],
+                    pending.get(req.host).copied().unwrap_or(0),
+                );
+            }
+            if phantom_now {
+                why = "no device in QEMU (no-enumerate or not added)".into();
+                0
+            } else if let Some(q) = qmp {
+                match q.device_del_wait(&id, UNBIND_TIMEOUT) {
+                    Ok(()) => 0,
+                    Err(QmpError::Timeout) => {
+                        why = "no DEVICE_DELETED in time".into();
+                        model::PCIFAB_ERR_UNBIND_TIMEOUT
+                    }
+                    Err(e) => {
+                        why = format!("device_del: {e}");
+                        model::PCIFAB_ERR_HOTPLUG_FAILED
+                    }
+                }
+            } else {
+                why = format!("no --qmp socket for host {host}");
+                model::PCIFAB_ERR_HOTPLUG_FAILED
+            }
+        };
+        if !req.bind && ret == 0 {
+            if let Some(f) = self.function_dev(req.pdfid) {
+                match f.scrub() {
+                    Ok(()) => {}
+                    Err(e) => info!("{id}: scrub failed: {e}"),
+                }
+            }
+        }
+        let (notice, violations) = {
+            let mut m = self.model();
+            let n = m.finish(&req, ret == 0, phantom);
+            if !req.bind && ret == 0 {
+                if let Some(f) = m.functions.iter_mut().find(|f| f.pdfid == req.pdfid) {
+                    f.scrubs += 1;
+                }
+            }
+            (n, m.invariants())
+        };
+        info!(
+            "{} {:#06x} {} {host} logical port {} requested by {}: {} ({:#x}) in {} ms{}",
+            if req.bind { "bind" } else { "unbind" },
+            req.pdfid,
+            if req.bind { "to" } else { "from" },
+            req.log_port,
+            self.requester_name(req.requester),
+            model::ret_name(ret),
+            ret,
+            start.elapsed().as_millis(),
+            if why.is_empty() {
+                String::new()
+            } else {
+                format!(" ({why})")
+            }
+        );
+        for v in &violations {
+            info!("INVARIANT VIOLATED: {v}");
+        }
+        if let Some(n) = notice {
+            self.notify(&[n]);
+        }
+        ret
+    }
+
+    /// Bring the configuration's initial bindings into QEMU: for every host
+    /// with a QMP socket, device_add its bound functions once its QEMU
+    /// answers (retrying for two minutes).
+    pub fn attach_initial(self: &Arc<Self>) {
+        for (h, q) in self.qmp.iter().enumerate() {
+            let Some(q) = q.clone() else { continue };
+            let bound: Vec<(u16, u8)> = self
+                .model()
+                .functions
+                .iter()
+                .filter_map(|f| f.binding.filter(|b| b.0 == h).map(|b| (f.pdfid, b.1)))
+                .collect();
+            if bound.is_empty() {
+                continue;
+            }
+            let me = Arc::clone(self);
+            let _ = std::thread::Builder::new()
+                .name(format!("attach-{}", q.host))
+                .spawn(move || {
+                    let deadline = Instant::now() + Duration::from_secs(120);
+                    for (pdfid, l) in bound {
+                        let id = format!("fn-{pdfid:04x}");
+                        loop {
+                            let args = serde_json::json!({
+                                "driver": "vfio-user-pci",
+                                "id": id,
+                                "bus": format!("dsp{l}"),
+                                "socket": {"type": "unix", "path": me.fn_socket(pdfid).to_string_lossy()},
+                            });
+                            match q.execute("device_add", args) {
+                                Ok(_) => {
+                                    info!("{}: initial binding {id} added on dsp{l}", q.host);
+                                    let mut m = me.model();
+                                    if let Some(f) = m.functions.iter_mut().find(|f| f.pdfid == pdfid) {
+                                        f.phantom = false;
+                                    }
+                                    break;
+                                }
+                                Err(e) if Instant::now() < deadline => {
+                                    debug!("{}: initial binding {id}: {e}; retrying", q.host);
+                                    std::thread::sleep(Duration::from_millis(500));
+                                }
+                                Err(e) => {
+                                    info!("{}: initial binding {id} not added: {e}", q.host);
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                });
+        }
+    }
+
+    pub fn model(&self) -> MutexGuard<'_, Model> {
+        self.model.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Start one MRPC worker thread per MEP.
+    pub fn start(self: &Arc<Self>) -> Result<(), String> {
+        for (i, m) in self.meps.iter().enumerate() {
+            let (tx, rx) = mpsc::channel();
+            *m.jobs.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+            let fabric = Arc::clone(self);
+            std::thread::Builder::new()
+                .name(format!("mrpc-{}", m.name))
+                .spawn(move || fabric.worker(i, rx))
+                .map_err(|e| format!("cannot start thread: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The firmware of MEP `idx`: executes its commands one at a time.
+    fn worker(&self, idx: usize, rx: Receiver<Job>) {
+        let mep = &self.meps[idx];
+        for job in rx {
+            let f = mep.faults();
+            if f.hang || f.dead {
+                info!(
+                    "{}: MRPC cmd {:#x} ({}) never completes (fault {})",
+                    mep.name,
+                    job.cmd,
+                    mrpc_name(job.cmd),
+                    if f.dead { "firmware-dead" } else { "mrpc-hang" }
+                );
+                continue;
+            }
+            if f.delay_ms > 0 {
+                std::thread::sleep(Duration::from_millis(f.delay_ms));
+            }
+            let (mut outcome, notices, deferred) = match f.error {
+                Some(ret) => (MrpcOutcome::error(ret), Vec::new(), None),
+                None => {
+                    let mut model = self.model();
+                    let mut x = Exec {
+                        model: &mut model,
+                        partition: idx,
+                        bad_length: f.bad_length,
+                        notices: Vec::new(),
+                        deferred: None,
+                    };
+                    let outcome = x.run(job.cmd, &job.input);
+                    (outcome, x.notices, x.deferred)
+                }
+            };
+            if let Some(req) = deferred {
+                // Acknowledge the write of `cmd` now (status INPROGRESS);
+                // the hot-plug may take seconds and needs QEMU's main loop.
+                mep.mark_done(job.seq);
+                let ret = self.execute(req);
+                if ret != 0 {
+                    outcome = MrpcOutcome::error(ret);
+                }
+            }
+            mep.complete(&job, &outcome, f.drop_irq);
+            self.notify(&notices);
+            mep.mark_done(job.seq);
+        }
+    }
+
+    /// Show fabric changes on every MEP.
+    pub fn notify(&self, notices: &[Notice]) {
+        if notices.is_empty() {
+            return;
+        }
+        let pending = self.model().pending();
+        for (i, m) in self.meps.iter().enumerate() {
+            m.signal(notices, pending.get(i).copied().unwrap_or(0));
+        }
+    }
+
+    /// Change a port's link state (control request `link`). Ok(false) when
+    /// it already was in that state.
+    pub fn set_link(&self, port: u8, up: bool) -> Result<bool, String> {
+        let notice = self.model().set_link(port, up)?;
+        match notice {
+            Some(n) => {
+                self.notify(&[n]);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// A fabric database change (control request `fabric-change`).
+    pub fn fabric_change(&self) -> u32 {
+        let (n, generation) = {
+            let mut m = self.model();
+            let n = m.fabric_change();
+            (n, m.generation)
+        };
+        self.notify(&[n]);
+        generation
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gas(partition: u32, partitions: u32) -> Gas {
+        Gas::new(&Firmware::default(), partition, partitions)
+    }
+
+    #[test]
+    fn sys_info_and_partition() {
+        let g = gas(1, 2);
+        assert_eq!(g.get32(SYS_INFO + SI_DEVICE_ID), 0x4228);
+        assert_eq!(g.get32(SYS_INFO + SI_FIRMWARE_VERSION), 0x0407_0041);
+        assert_eq!(g.get32(SYS_INFO + SI4_PARTITION_ID), 1);
+        let mut s = [0u8; 24];
+        g.read(SYS_INFO + SI4_PRODUCT_ID, &mut s).expect("read");
+        assert_eq!(&s, b"PAX 28XG4               ");
+        assert_eq!(g.mem[NTB as usize], 2);
+        assert_eq!(g.mem[NTB as usize + 1], 1);
+    }
+
+    #[test]
+    fn pffs_counted_like_the_driver() {
+        let g = gas(0, 2);
+        let mut n = 0;
+        while g.get16(PFF_CSR + n * PFF_CSR_SIZE) == 0x11f8 {
+            n += 1;
+        }
+        assert_eq!(n, 12);
+        let p1 = PART_CFG + PART_CFG_SIZE;
+        assert_eq!(g.get32(p1 + PC_USP_PFF_INST_ID), 6);
+        assert_eq!(g.get32(p1 + PC_VEP_PFF_INST_ID), 7);
+        assert_eq!(g.get32(p1 + PC_DSP_PFF_INST_ID), 8);
+        assert_eq!(g.get32(p1 + PC_DSP_PFF_INST_ID + 16), PFF_NONE);
+    }
+
+    #[test]
+    fn event_header_semantics() {
+        let mut g = gas(0, 1);
+        let hdr = PART_CFG + PC_MRPC_COMP_HDR;
+        g.write(hdr, &(EVENT_CLEAR | EVENT_EN_IRQ).to_le_bytes())
+            .expect("write");
+        assert_eq!(g.get32(hdr), EVENT_EN_IRQ);
+        let outcome = MrpcOutcome::done(b"x".to_vec());
+        assert_eq!(g.finish_mrpc(&outcome), Some(0));
+        assert_eq!(g.get32(hdr), EVENT_EN_IRQ | EVENT_OCCURRED | 1 << 5);
+        assert_eq!(
+            g.get32(PART_CFG + PC_PART_EVENT_SUMMARY),
+            PART_EVENT_MRPC_CMP
+        );
+        // A byte write to the upper half must not clear.
+        g.write(hdr + 1, &[0]).expect("write");
+        assert_eq!(g.get32(hdr) & EVENT_OCCURRED, EVENT_OCCURRED);
+        // The driver's ISR writes back what it read: clears, keeps IRQ enable.
+        let v = g.get32(hdr);
+        g.write(hdr, &v.to_le_bytes()).expect("write");
+        assert_eq!(g.get32(hdr), EVENT_EN_IRQ);
+        assert_eq!(g.get32(PART_CFG + PC_PART_EVENT_SUMMARY), 0);
+        // Without IRQ enable: nothing to signal.
+        g.write(hdr, &0u32.to_le_bytes()).expect("write");
+        assert_eq!(g.finish_mrpc(&outcome), None);
+    }
+
+    #[test]
+    fn readonly_and_bounds() {
+        let mut g = gas(0, 1);
+        g.write(SYS_INFO, &[0; 8]).expect("write");
+        assert_eq!(g.get32(SYS_INFO), 0x4228);
+        g.write(MRPC_STATUS, &[9; 4]).expect("write");
+        assert_eq!(g.get32(MRPC_STATUS), 0);
+        assert!(g.write(GAS_SIZE - 2, &[0; 4]).is_err());
+        assert!(g.read(GAS_SIZE, &mut [0; 1]).is_err());
+        assert!(g.read(u64::MAX, &mut [0; 8]).is_err());
+        g.write(MRPC_DMA_ADDR, &0x1234_5678_9abc_def0u64.to_le_bytes())
+            .expect("write");
+        let mut b = [0u8; 8];
+        g.read(MRPC_DMA_ADDR, &mut b).expect("read");
+        assert_eq!(u64::from_le_bytes(b), 0x1234_5678_9abc_def0);
+    }
+
+    #[test]
+    fn link_and_gfms_events() {
+        let mut g = gas(0, 2);
+        let hdr = PFF_CSR + 8 * PFF_CSR_SIZE + PFF_LINK_STATE_HDR;
+        g.write(hdr, &(EVENT_CLEAR | EVENT_EN_IRQ).to_le_bytes())
+            .expect("write");
+        assert!(g.raise_link(8));
+        assert!(!g.raise_link(0), "IRQ not enabled on PFF 0");
+        assert!(!g.raise_link(12), "no such PFF");
+        assert_eq!(g.get32(hdr), EVENT_EN_IRQ | EVENT_OCCURRED | 1 << 5);
+        assert_eq!(
+            g.get32(PFF_CSR + 8 * PFF_CSR_SIZE + PFF_EVENT_SUMMARY),
+            PFF_EVENT_LINK_STATE
+        );
+        let p1 = PART_CFG + PART_CFG_SIZE;
+        assert_eq!(g.get32(p1 + PC_PORT_EVENT_BITMAP), 1 << 1, "DSP 0 of h1");
+        assert_eq!(g.get32(PART_CFG + PC_PORT_EVENT_BITMAP), 1, "USP of h0");
+        assert_eq!(g.get32(SW_EVENT + SW_PART_EVENT_BITMAP), 0b11);
+        let v = g.get32(hdr);
+        g.write(hdr, &v.to_le_bytes()).expect("ack");
+        assert_eq!(g.get32(p1 + PC_PORT_EVENT_BITMAP), 0);
+        assert!(!g.raise_gfms(3));
+        assert_eq!(g.get32(SW_EVENT + SW_GFMS_EVENT_DATA), 3);
+        assert_eq!(g.get32(SW_EVENT + SW_GLOBAL_SUMMARY), GLOBAL_EVENT_GFMS);
+        g.write(SW_EVENT + SW_GFMS_EVENT_HDR, &9u32.to_le_bytes())
+            .expect("clear, enable");
+        assert_eq!(g.get32(SW_EVENT + SW_GLOBAL_SUMMARY), 0);
+        assert!(g.raise_gfms(4));
+    }
+}

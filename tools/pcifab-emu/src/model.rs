@@ -1,0 +1,767 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! The fabric behind the MRPC commands: physical ports and their links,
+//! hosts with logical ports, endpoint functions and their bindings, the
+//! generation counter and the per-host GFMS event queues. One model is
+//! shared by every MEP (see Documentation/mrpc.rst, "The fabric model").
+
+use crate::config::{Config, Firmware, LOG_PORTS};
+use crate::gas::{DSPS_PER_PARTITION, PFFS_PER_PARTITION};
+use std::collections::VecDeque;
+
+/// PDFID of function `f` of the endpoint on physical port `port`.
+pub fn pdfid(port: u8, f: u8) -> u16 {
+    0x0100 + 0x20 * u16::from(port) + u16::from(f)
+}
+
+/// Most GFMS events queued per host.
+pub const EVENT_QUEUE_DEPTH: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PortKind {
+    /// Upstream port of the host with this partition index.
+    Host(usize),
+    /// Endpoint port with this endpoint index.
+    Endpoint(usize),
+}
+
+#[derive(Debug, Clone)]
+pub struct Port {
+    pub id: u8,
+    pub kind: PortKind,
+    pub link_up: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Function {
+    pub pdfid: u16,
+    pub pf_pdfid: u16,
+    /// 0 for the PF, i for VF i.
+    pub vf_index: u8,
+    pub port: u8,
+    pub endpoint: usize,
+    pub vid: u16,
+    pub did: u16,
+    pub class: u32,
+    /// For a PF: its number of VFs; 0 for a VF.
+    pub total_vfs: u8,
+    /// (partition, logical port)
+    pub binding: Option<(usize, u8)>,
+    /// A bind (to this partition, logical port) or unbind is in flight.
+    pub op: Option<Op>,
+    /// Bound by a `no-enumerate` fault: no device was added to QEMU.
+    pub phantom: bool,
+    /// Times its device memory was scrubbed.
+    pub scrubs: u64,
+}
+
+/// A bind or unbind in flight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Op {
+    Bind(usize, u8),
+    Unbind,
+}
+
+/// Who asks for a bind or unbind.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Requester {
+    /// The host of this partition (an MRPC command on its MEP).
+    Host(usize),
+    /// The control socket, acting as the fabric manager.
+    Control,
+}
+
+/// A checked bind or unbind, reserved in the model until finished.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Request {
+    pub bind: bool,
+    pub pdfid: u16,
+    pub host: usize,
+    pub log_port: u8,
+    pub requester: Requester,
+}
+
+// pcifab return codes of GFMS_BIND_UNBIND (Documentation/mrpc.rst).
+pub const ERR_PHYC_PORT_NOT_EXIST: u32 = 0x4;
+pub const ERR_PARAM_INVALID: u32 = 0x64006;
+pub const PCIFAB_ERR_PDFID_UNKNOWN: u32 = 0xf0_0001;
+pub const PCIFAB_ERR_FUNCTION_BUSY: u32 = 0xf0_0003;
+pub const PCIFAB_ERR_PORT_BUSY: u32 = 0xf0_0004;
+pub const PCIFAB_ERR_DENIED: u32 = 0xf0_0005;
+pub const PCIFAB_ERR_HOST_LIMIT: u32 = 0xf0_0006;
+pub const PCIFAB_ERR_PF_VF_CONFLICT: u32 = 0xf0_0007;
+pub const PCIFAB_ERR_HOTPLUG_FAILED: u32 = 0xf0_0008;
+pub const PCIFAB_ERR_UNBIND_TIMEOUT: u32 = 0xf0_0009;
+pub const PCIFAB_ERR_NOT_BOUND: u32 = 0xf0_000a;
+
+pub fn ret_name(ret: u32) -> &'static str {
+    match ret {
+        0 => "OK",
+        ERR_PHYC_PORT_NOT_EXIST => "PHYC_PORT_NOT_EXIST",
+        ERR_PARAM_INVALID => "PARAM_INVALID",
+        PCIFAB_ERR_PDFID_UNKNOWN => "PDFID_UNKNOWN",
+        PCIFAB_ERR_FUNCTION_BUSY => "FUNCTION_BUSY",
+        PCIFAB_ERR_PORT_BUSY => "PORT_BUSY",
+        PCIFAB_ERR_DENIED => "DENIED",
+        PCIFAB_ERR_HOST_LIMIT => "HOST_LIMIT",
+        PCIFAB_ERR_PF_VF_CONFLICT => "PF_VF_CONFLICT",
+        PCIFAB_ERR_HOTPLUG_FAILED => "HOTPLUG_FAILED",
+        PCIFAB_ERR_UNBIND_TIMEOUT => "UNBIND_TIMEOUT",
+        PCIFAB_ERR_NOT_BOUND => "NOT_BOUND",
+        _ => "?",
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Telemetry {
+    pub temp_centi: i32,
+    pub power_mw: u32,
+    pub power_limit_mw: u32,
+    pub utilisation: u8,
+}
+
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    pub name: String,
+    pub vfs: u8,
+    pub telemetry: Telemetry,
+}
+
+/// A queued GFMS event (fabric.h's event codes).
+#[derive(Debug, Clone, PartialEq)]
+pub enum GfmsEvent {
+    HostLink {
+        port: u8,
+        up: bool,
+    },
+    Dev {
+        port: u8,
+        functions: u16,
+        add: bool,
+    },
+    DatabaseChanged,
+    /// BIND (6), UNBIND (7) or pcifab's UNBIND_REQUEST (0x80): the host's
+    /// USP port, its logical port, the function.
+    Binding {
+        code: u8,
+        host_port: u8,
+        log_port: u8,
+        pdfid: u16,
+    },
+}
+
+pub const GFMS_HOST_LINK_UP: u8 = 0;
+pub const GFMS_HOST_LINK_DOWN: u8 = 1;
+pub const GFMS_DEV_ADD: u8 = 2;
+pub const GFMS_DEV_DEL: u8 = 3;
+pub const GFMS_BIND: u8 = 6;
+pub const GFMS_UNBIND: u8 = 7;
+pub const GFMS_DATABASE_CHANGED: u8 = 8;
+/// pcifab: the owner is asked to let go of a function (owner's queue only).
+pub const GFMS_UNBIND_REQUEST: u8 = 0x80;
+
+impl GfmsEvent {
+    /// The wire entry: entry_len, event_code, src_sw_id, data.
+    pub fn encode(&self) -> Vec<u8> {
+        let (code, data): (u8, Vec<u8>) = match *self {
+            GfmsEvent::HostLink { port, up } => (
+                if up {
+                    GFMS_HOST_LINK_UP
+                } else {
+                    GFMS_HOST_LINK_DOWN
+                },
+                [u16::from(port).to_le_bytes(), [0, 0]].concat(),
+            ),
+            GfmsEvent::Dev {
+                port,
+                functions,
+                add,
+            } => (
+                if add { GFMS_DEV_ADD } else { GFMS_DEV_DEL },
+                [u16::from(port).to_le_bytes(), functions.to_le_bytes()].concat(),
+            ),
+            GfmsEvent::DatabaseChanged => (GFMS_DATABASE_CHANGED, Vec::new()),
+            GfmsEvent::Binding {
+                code,
+                host_port,
+                log_port,
+                pdfid,
+            } => (
+                code,
+                [
+                    &[0, host_port, log_port, 0][..],
+                    &pdfid.to_le_bytes(),
+                    &[0, 0],
+                ]
+                .concat(),
+            ),
+        };
+        let len = 4 + data.len() as u16;
+        let mut out = len.to_le_bytes().to_vec();
+        out.push(code);
+        out.push(0);
+        out.extend_from_slice(&data);
+        out
+    }
+
+    pub fn describe(&self) -> String {
+        match *self {
+            GfmsEvent::HostLink { port, up } => {
+                format!("host_link_{} port {port}", if up { "up" } else { "down" })
+            }
+            GfmsEvent::Dev {
+                port,
+                functions,
+                add,
+            } => format!(
+                "dev_{} port {port} functions {functions}",
+                if add { "add" } else { "del" }
+            ),
+            GfmsEvent::DatabaseChanged => "database_changed".into(),
+            GfmsEvent::Binding {
+                code,
+                host_port,
+                log_port,
+                pdfid,
+            } => format!(
+                "{} pdfid {pdfid:#06x} host_port {host_port} log_port {log_port}",
+                match code {
+                    GFMS_BIND => "bind",
+                    GFMS_UNBIND => "unbind",
+                    _ => "unbind_request",
+                }
+            ),
+        }
+    }
+}
+
+/// Per-host firmware state: its GFMS event queue and dump snapshots.
+#[derive(Debug, Default)]
+pub struct HostState {
+    pub name: String,
+    pub port: u8,
+    /// Endpoint indices this host may bind to itself (None: all).
+    pub allowed: Option<Vec<usize>>,
+    pub max_functions: u8,
+    /// May bind / unbind anything anywhere.
+    pub manager: bool,
+    pub events: VecDeque<GfmsEvent>,
+    pub overflow: bool,
+    pub topo: Option<Vec<u8>>,
+    pub ep_dump: Option<Vec<u8>>,
+}
+
+/// What the GAS of every MEP must show after a fabric change.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Notice {
+    /// PFF instances whose link_state_hdr fires.
+    pub pffs: Vec<u32>,
+    /// The GFMS event header fires.
+    pub gfms: bool,
+}
+
+pub struct Model {
+    pub fw: Firmware,
+    /// Sorted by id.
+    pub ports: Vec<Port>,
+    pub endpoints: Vec<Endpoint>,
+    /// Sorted by pdfid.
+    pub functions: Vec<Function>,
+    pub hosts: Vec<HostState>,
+    pub generation: u32,
+}
+
+impl Model {
+    pub fn new(cfg: &Config) -> Model {
+        let mut ports = Vec::new();
+        let mut hosts = Vec::new();
+        for (i, h) in cfg.hosts.iter().enumerate() {
+            let port = cfg.host_port(i);
+            ports.push(Port {
+                id: port,
+                kind: PortKind::Host(i),
+                link_up: true,
+            });
+            let allowed = h.allowed.as_ref().map(|names| {
+                names
+                    .iter()
+                    .filter_map(|n| cfg.endpoints.iter().position(|e| e.name == *n))
+                    .collect()
+            });
+            hosts.push(HostState {
+                name: h.name.clone(),
+                port,
+                allowed,
+                max_functions: h.max_functions,
+                manager: cfg.policy.manager.as_ref().is_none_or(|m| *m == h.name),
+                ..HostState::default()
+            });
+        }
+        let mut endpoints = Vec::new();
+        let mut functions = Vec::new();
+        for (e, ep) in cfg.endpoints.iter().enumerate() {
+            ports.push(Port {
+                id: ep.port,
+                kind: PortKind::Endpoint(e),
+                link_up: true,
+            });
+            endpoints.push(Endpoint {
+                name: ep.name.clone(),
+                vfs: ep.vfs,
+                telemetry: Telemetry {
+                    temp_centi: ep.temp_centi,
+                    power_mw: ep.power_mw,
+                    power_limit_mw: ep.power_limit_mw,
+                    utilisation: ep.utilisation,
+                },
+            });
+            for f in 0..=ep.vfs {
+                functions.push(Function {
+                    pdfid: pdfid(ep.port, f),
+                    pf_pdfid: pdfid(ep.port, 0),
+                    vf_index: f,
+                    port: ep.port,
+                    endpoint: e,
+                    vid: ep.vendor_id,
+                    did: if f == 0 {
+                        ep.device_id
+                    } else {
+                        ep.vf_device_id.unwrap_or(ep.device_id)
+                    },
+                    class: ep.class,
+                    total_vfs: if f == 0 { ep.vfs } else { 0 },
+                    binding: None,
+                    op: None,
+                    phantom: false,
+                    scrubs: 0,
+                });
+            }
+        }
+        for b in &cfg.bindings {
+            // Validated by Config: names exist, ports and functions are free.
+            let (Some(ep), Some(host)) = (
+                cfg.endpoints.iter().find(|e| e.name == b.endpoint),
+                cfg.hosts.iter().position(|h| h.name == b.host),
+            ) else {
+                continue;
+            };
+            let id = pdfid(ep.port, b.vf);
+            if let Some(f) = functions.iter_mut().find(|f| f.pdfid == id) {
+                f.binding = Some((host, b.logical_port));
+                // Not in QEMU until attach_initial() added it.
+                f.phantom = true;
+            }
+        }
+        ports.sort_by_key(|p| p.id);
+        functions.sort_by_key(|f| f.pdfid);
+        Model {
+            fw: cfg.firmware.clone(),
+            ports,
+            endpoints,
+            functions,
+            hosts,
+            generation: 1,
+        }
+    }
+
+    pub fn port(&self, id: u8) -> Option<&Port> {
+        self.ports.iter().find(|p| p.id == id)
+    }
+
+    pub fn function(&self, pdfid: u16) -> Option<&Function> {
+        self.functions.iter().find(|f| f.pdfid == pdfid)
+    }
+
+    pub fn endpoint_functions(&self, e: usize) -> impl Iterator<Item = &Function> {
+        self.functions.iter().filter(move |f| f.endpoint == e)
+    }
+
+    pub fn port_map(&self, want: impl Fn(&Port) -> bool) -> u64 {
+        self.ports
+            .iter()
+            .filter(|p| want(p))
+            .fold(0, |m, p| m | 1u64 << p.id)
+    }
+
+    pub fn link_up(&self, port: u8) -> bool {
+        self.port(port).is_some_and(|p| p.link_up)
+    }
+
+    pub fn bound_count(&self) -> usize {
+        self.functions
+            .iter()
+            .filter(|f| f.binding.is_some())
+            .count()
+    }
+
+    /// Queue an event on every host.
+    fn queue(&mut self, ev: GfmsEvent) {
+        for h in &mut self.hosts {
+            if h.events.len() >= EVENT_QUEUE_DEPTH {
+                h.overflow = true;
+            } else {
+                h.events.push_back(ev.clone());
+            }
+        }
+    }
+
+    /// GFMS events queued per host, in partition order.
+    pub fn pending(&self) -> Vec<u32> {
+        self.hosts.iter().map(|h| h.events.len() as u32).collect()
+    }
+
+    /// Set a port's link state. Returns the change to signal, or None when
+    /// the link already was in that state; Err for an unknown port.
+    pub fn set_link(&mut self, port: u8, up: bool) -> Result<Option<Notice>, String> {
+        let p = self
+            .ports
+            .iter_mut()
+            .find(|p| p.id == port)
+            .ok_or_else(|| format!("no physical port {port} in the fabric"))?;
+        if p.link_up == up {
+            return Ok(None);
+        }
+        p.link_up = up;
+        let kind = p.kind;
+        self.generation = self.generation.wrapping_add(1).max(1);
+        let pffs = match kind {
+            PortKind::Host(h) => {
+                self.queue(GfmsEvent::HostLink { port, up });
+                vec![h as u32 * PFFS_PER_PARTITION]
+            }
+            PortKind::Endpoint(e) => {
+                let functions = self.endpoint_functions(e).count() as u16;
+                self.queue(GfmsEvent::Dev {
+                    port,
+                    functions,
+                    add: up,
+                });
+                let mut pffs: Vec<u32> = self
+                    .endpoint_functions(e)
+                    .filter_map(|f| f.binding)
+                    .filter(|&(_, l)| u32::from(l) < DSPS_PER_PARTITION)
+                    .map(|(h, l)| h as u32 * PFFS_PER_PARTITION + 2 + u32::from(l))
+                    .collect();
+                pffs.sort_unstable();
+                pffs.dedup();
+                pffs
+            }
+        };
+        Ok(Some(Notice { pffs, gfms: true }))
+    }
+
+    /// Any other change of the fabric database.
+    pub fn fabric_change(&mut self) -> Notice {
+        self.generation = self.generation.wrapping_add(1).max(1);
+        self.queue(GfmsEvent::DatabaseChanged);
+        Notice {
+            pffs: Vec::new(),
+            gfms: true,
+        }
+    }
+
+    /// Telemetry of one function: (temp, power, utilisation, health flags).
+    pub fn telemetry(&self, f: &Function) -> (i32, u32, u8, u32) {
+        let ep = &self.endpoints[f.endpoint];
+        let t = &ep.telemetry;
+        let power = if f.vf_index == 0 {
+            t.power_mw
+        } else {
+            t.power_mw / (u32::from(ep.vfs) + 1)
+        };
+        let mut health = 0;
+        if !self.link_up(f.port) {
+            health |= 1;
+        }
+        if t.temp_centi >= 8500 {
+            health |= 2;
+        }
+        if t.power_mw > t.power_limit_mw {
+            health |= 4;
+        }
+        (t.temp_centi, power, t.utilisation, health)
+    }
+
+    /// Logical ports per host.
+    pub fn log_ports(&self) -> u8 {
+        LOG_PORTS
+    }
+
+    fn bump_generation(&mut self) {
+        self.generation = self.generation.wrapping_add(1).max(1);
+    }
+
+    /// Queue an event on one host only. True when it was queued.
+    pub fn queue_to(&mut self, host: usize, ev: GfmsEvent) -> bool {
+        let Some(h) = self.hosts.get_mut(host) else {
+            return false;
+        };
+        if h.events.len() >= EVENT_QUEUE_DEPTH {
+            h.overflow = true;
+            false
+        } else {
+            h.events.push_back(ev);
+            true
+        }
+    }
+
+    fn index(&self, pdfid: u16) -> Option<usize> {
+        self.functions.iter().position(|f| f.pdfid == pdfid)
+    }
+
+    /// Functions held by (or being bound to) a host.
+    fn held(&self, host: usize) -> usize {
+        self.functions
+            .iter()
+            .filter(|f| {
+                f.binding.is_some_and(|b| b.0 == host)
+                    || matches!(f.op, Some(Op::Bind(h, _)) if h == host)
+            })
+            .count()
+    }
+
+    /// The host whose USP is physical port `port`.
+    pub fn host_by_port(&self, port: u8) -> Result<usize, u32> {
+        match self.port(port).map(|p| p.kind) {
+            Some(PortKind::Host(h)) => Ok(h),
+            _ => Err(ERR_PHYC_PORT_NOT_EXIST),
+        }
+    }
+
+    /// Check a bind of `pdfid` to (`host`, `log_port`) and reserve it.
+    pub fn begin_bind(
+        &mut self,
+        requester: Requester,
+        host: usize,
+        log_port: u8,
+        pdfid: u16,
+    ) -> Result<Request, u32> {
+        if log_port >= LOG_PORTS || host >= self.hosts.len() {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let i = self.index(pdfid).ok_or(PCIFAB_ERR_PDFID_UNKNOWN)?;
+        if let Requester::Host(r) = requester {
+            let rh = &self.hosts[r];
+            if !rh.manager {
+                let ep = self.functions[i].endpoint;
+                if r != host || rh.allowed.as_ref().is_some_and(|a| !a.contains(&ep)) {
+                    return Err(PCIFAB_ERR_DENIED);
+                }
+            }
+        }
+        let f = &self.functions[i];
+        if f.binding.is_some() || f.op.is_some() {
+            return Err(PCIFAB_ERR_FUNCTION_BUSY);
+        }
+        let port_taken = self
+            .functions
+            .iter()
+            .any(|g| g.binding == Some((host, log_port)) || g.op == Some(Op::Bind(host, log_port)));
+        if port_taken {
+            return Err(PCIFAB_ERR_PORT_BUSY);
+        }
+        let busy = |g: &Function| g.binding.is_some() || g.op.is_some();
+        let conflict = if f.vf_index == 0 {
+            self.functions
+                .iter()
+                .any(|g| g.pf_pdfid == f.pdfid && g.vf_index != 0 && busy(g))
+        } else {
+            self.function(f.pf_pdfid).is_some_and(busy)
+        };
+        if conflict {
+            return Err(PCIFAB_ERR_PF_VF_CONFLICT);
+        }
+        if self.held(host) >= usize::from(self.hosts[host].max_functions) {
+            return Err(PCIFAB_ERR_HOST_LIMIT);
+        }
+        self.functions[i].op = Some(Op::Bind(host, log_port));
+        Ok(Request {
+            bind: true,
+            pdfid,
+            host,
+            log_port,
+            requester,
+        })
+    }
+
+    /// Check an unbind of `pdfid` from (`host`, `log_port`) and reserve it.
+    pub fn begin_unbind(
+        &mut self,
+        requester: Requester,
+        host: usize,
+        log_port: u8,
+        pdfid: u16,
+    ) -> Result<Request, u32> {
+        if log_port >= LOG_PORTS || host >= self.hosts.len() {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let i = self.index(pdfid).ok_or(PCIFAB_ERR_PDFID_UNKNOWN)?;
+        let f = &self.functions[i];
+        if let Requester::Host(r) = requester {
+            if !self.hosts[r].manager && (r != host || f.binding.is_some_and(|b| b.0 != r)) {
+                return Err(PCIFAB_ERR_DENIED);
+            }
+        }
+        if f.op.is_some() {
+            return Err(PCIFAB_ERR_FUNCTION_BUSY);
+        }
+        if f.binding != Some((host, log_port)) {
+            return Err(PCIFAB_ERR_NOT_BOUND);
+        }
+        self.functions[i].op = Some(Op::Unbind);
+        Ok(Request {
+            bind: false,
+            pdfid,
+            host,
+            log_port,
+            requester,
+        })
+    }
+
+    /// The owner is asked to let go (UNBIND_REQUEST on its queue only).
+    pub fn unbind_request(&mut self, req: &Request) -> bool {
+        let host_port = self.hosts[req.host].port;
+        self.queue_to(
+            req.host,
+            GfmsEvent::Binding {
+                code: GFMS_UNBIND_REQUEST,
+                host_port,
+                log_port: req.log_port,
+                pdfid: req.pdfid,
+            },
+        )
+    }
+
+    /// A bind or unbind ended: on success the binding changes, BIND or
+    /// UNBIND is queued on every host and the generation bumped.
+    pub fn finish(&mut self, req: &Request, ok: bool, phantom: bool) -> Option<Notice> {
+        let i = self.index(req.pdfid)?;
+        let f = &mut self.functions[i];
+        f.op = None;
+        if !ok {
+            return None;
+        }
+        if req.bind {
+            f.binding = Some((req.host, req.log_port));
+            f.phantom = phantom;
+        } else {
+            f.binding = None;
+            f.phantom = false;
+        }
+        let host_port = self.hosts[req.host].port;
+        self.bump_generation();
+        self.queue(GfmsEvent::Binding {
+            code: if req.bind { GFMS_BIND } else { GFMS_UNBIND },
+            host_port,
+            log_port: req.log_port,
+            pdfid: req.pdfid,
+        });
+        Some(Notice {
+            pffs: Vec::new(),
+            gfms: true,
+        })
+    }
+
+    /// The invariants of the fabric; empty when they hold.
+    pub fn invariants(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for (a, f) in self.functions.iter().enumerate() {
+            let Some((h, l)) = f.binding else { continue };
+            if h >= self.hosts.len() || l >= LOG_PORTS {
+                v.push(format!(
+                    "function {:#06x} bound to a host/port that does not exist",
+                    f.pdfid
+                ));
+            }
+            for g in &self.functions[a + 1..] {
+                if g.binding == Some((h, l)) {
+                    v.push(format!(
+                        "logical port {l} of host {h} holds {:#06x} and {:#06x}",
+                        f.pdfid, g.pdfid
+                    ));
+                }
+            }
+            if f.vf_index == 0 {
+                for g in self
+                    .functions
+                    .iter()
+                    .filter(|g| g.pf_pdfid == f.pdfid && g.vf_index != 0)
+                {
+                    if g.binding.is_some() {
+                        v.push(format!(
+                            "PF {:#06x} is bound while its VF {:#06x} is bound",
+                            f.pdfid, g.pdfid
+                        ));
+                    }
+                }
+            }
+        }
+        for (h, host) in self.hosts.iter().enumerate() {
+            let n = self
+                .functions
+                .iter()
+                .filter(|f| f.binding.is_some_and(|b| b.0 == h))
+                .count();
+            if n > usize::from(host.max_functions) {
+                v.push(format!(
+                    "host {} holds {n} functions, more than its max_functions {}",
+                    host.name, host.max_functions
+                ));
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CFG: &str = "[[hosts]]\nname = \"a\"\n[[hosts]]\nname = \"b\"\nusp_port = 8\n\
+        [[endpoints]]\nname = \"g\"\nport = 16\nvendor_id = 0x10de\ndevice_id = 0x2330\n\
+        vf_device_id = 0x2331\nclass = 0x030200\nvfs = 2\n\
+        [[bindings]]\nendpoint = \"g\"\nvf = 1\nhost = \"b\"\nlogical_port = 3\n";
+
+    #[test]
+    fn builds_functions_and_bindings() {
+        let m = Model::new(&Config::parse(CFG).expect("config"));
+        let ids: Vec<u16> = m.functions.iter().map(|f| f.pdfid).collect();
+        assert_eq!(ids, [0x0300, 0x0301, 0x0302]);
+        assert_eq!(m.functions[0].did, 0x2330);
+        assert_eq!(m.functions[1].did, 0x2331);
+        assert_eq!(m.functions[0].total_vfs, 2);
+        assert_eq!(m.functions[1].binding, Some((1, 3)));
+        let ports: Vec<u8> = m.ports.iter().map(|p| p.id).collect();
+        assert_eq!(ports, [0, 8, 16]);
+        assert_eq!(m.generation, 1);
+    }
+
+    #[test]
+    fn link_changes() {
+        let mut m = Model::new(&Config::parse(CFG).expect("config"));
+        let n = m.set_link(16, false).expect("port").expect("change");
+        assert_eq!(n.pffs, [6 + 2 + 3]);
+        assert_eq!(m.generation, 2);
+        assert_eq!(m.set_link(16, false), Ok(None));
+        assert_eq!(
+            m.hosts[0].events[0],
+            GfmsEvent::Dev {
+                port: 16,
+                functions: 3,
+                add: false
+            }
+        );
+        let n = m.set_link(8, false).expect("port").expect("change");
+        assert_eq!(n.pffs, [6]);
+        assert!(m.set_link(9, true).is_err());
+        for _ in 0..EVENT_QUEUE_DEPTH {
+            m.fabric_change();
+        }
+        assert!(m.hosts[1].overflow);
+        assert_eq!(m.hosts[1].events.len(), EVENT_QUEUE_DEPTH);
+        assert_eq!(
+            GfmsEvent::HostLink { port: 8, up: true }.encode(),
+            [8, 0, 0, 0, 8, 0, 0, 0]
+        );
+        assert_eq!(GfmsEvent::DatabaseChanged.encode(), [4, 0, 8, 0]);
+    }
+}

@@ -1,0 +1,762 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! The MRPC commands the firmware serves. Layouts and return codes are those
+//! of Documentation/mrpc.rst.
+
+use crate::gas::{MRPC_STATUS_DONE, MRPC_STATUS_ERROR};
+use crate::model::{Model, Notice, PortKind, Request, Requester};
+
+// Commands (switchtec-user's enum mrpc_cmd) and pcifab's extensions.
+pub const MRPC_DIETEMP: u32 = 0x04;
+pub const MRPC_ECHO: u32 = 0x41;
+pub const MRPC_TOPO_INFO_DUMP: u32 = 0x82;
+pub const MRPC_GFMS_DB_DUMP: u32 = 0x83;
+pub const MRPC_GFMS_BIND_UNBIND: u32 = 0x84;
+pub const MRPC_GFMS_EVENT: u32 = 0x89;
+pub const GFMS_BIND: u8 = 1;
+pub const GFMS_UNBIND: u8 = 2;
+
+pub const MRPC_PORT_CONTROL: u32 = 0x8d;
+pub const MRPC_FABRIC_SUMMARY: u32 = 0xf001;
+pub const MRPC_FUNCTION_TELEMETRY: u32 = 0xf002;
+pub const MRPC_FUNCTION_LIST: u32 = 0xf003;
+
+pub const DIETEMP_SET_CLOCK: u32 = 0;
+pub const DIETEMP_SET_MEAS: u32 = 1;
+pub const DIETEMP_GET: u32 = 2;
+pub const DIETEMP_STOP: u32 = 3;
+
+// Firmware return codes (switchtec-user's errors.h) and pcifab's.
+pub const ERR_PHYC_PORT_NOT_EXIST: u32 = 0x4;
+pub const ERR_SUBCMD_INVALID: u32 = 0x64004;
+pub const ERR_CMD_INVALID: u32 = 0x64005;
+pub const ERR_PARAM_INVALID: u32 = 0x64006;
+pub const ERR_MRPC_NO_PREV_DATA: u32 = 0x64012;
+pub const PCIFAB_ERR_PDFID_UNKNOWN: u32 = 0xf0_0001;
+pub const PCIFAB_ERR_RANGE: u32 = 0xf0_0002;
+
+/// Output buffer size.
+pub const PAYLOAD: usize = 1024;
+/// Bytes of TOPO_INFO_DUMP data per DATA_GET.
+pub const TOPO_CHUNK: usize = 1000;
+/// Dwords per EP port GET reply, its 3 header dwords included.
+pub const EP_CHUNK_DW: usize = 0xf0;
+/// The length a `bad-length` fault puts in dump replies, in dwords.
+pub const BAD_LEN_DW: u32 = 512;
+
+pub const EXT_VERSION: u16 = 1;
+pub const LIST_ENTRY_SIZE: usize = 24;
+pub const LIST_HDR_SIZE: usize = 16;
+pub const LIST_MAX_ENTRIES: usize = (PAYLOAD - LIST_HDR_SIZE) / LIST_ENTRY_SIZE;
+
+pub fn mrpc_name(cmd: u32) -> &'static str {
+    match cmd & 0xffff {
+        MRPC_DIETEMP => "DIETEMP",
+        MRPC_ECHO => "ECHO",
+        MRPC_TOPO_INFO_DUMP => "TOPO_INFO_DUMP",
+        MRPC_GFMS_DB_DUMP => "GFMS_DB_DUMP",
+        MRPC_GFMS_EVENT => "GFMS_EVENT",
+        MRPC_GFMS_BIND_UNBIND => "GFMS_BIND_UNBIND",
+        MRPC_PORT_CONTROL => "PORT_CONTROL",
+        MRPC_FABRIC_SUMMARY => "FABRIC_SUMMARY",
+        MRPC_FUNCTION_TELEMETRY => "FUNCTION_TELEMETRY",
+        MRPC_FUNCTION_LIST => "FUNCTION_LIST",
+        _ => "unknown",
+    }
+}
+
+/// What the firmware produced for one MRPC command.
+#[derive(Debug, PartialEq)]
+pub struct MrpcOutcome {
+    pub status: u32,
+    pub ret: u32,
+    pub output: Vec<u8>,
+}
+
+impl MrpcOutcome {
+    pub fn done(output: Vec<u8>) -> Self {
+        MrpcOutcome {
+            status: MRPC_STATUS_DONE,
+            ret: 0,
+            output,
+        }
+    }
+
+    pub fn error(ret: u32) -> Self {
+        MrpcOutcome {
+            status: MRPC_STATUS_ERROR,
+            ret,
+            output: Vec::new(),
+        }
+    }
+}
+
+type Res = Result<Vec<u8>, u32>;
+
+/// Little-endian output builder.
+#[derive(Default)]
+struct Out(Vec<u8>);
+
+impl Out {
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    fn u16(&mut self, v: u16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn zeros(&mut self, n: usize) -> &mut Self {
+        self.0.resize(self.0.len() + n, 0);
+        self
+    }
+}
+
+fn u8_at(input: &[u8], at: usize) -> Result<u8, u32> {
+    input.get(at).copied().ok_or(ERR_PARAM_INVALID)
+}
+
+fn u16_at(input: &[u8], at: usize) -> Result<u16, u32> {
+    match input.get(at..at + 2) {
+        Some(b) => Ok(u16::from_le_bytes([b[0], b[1]])),
+        None => Err(ERR_PARAM_INVALID),
+    }
+}
+
+fn u32_at(input: &[u8], at: usize) -> Result<u32, u32> {
+    match input.get(at..at + 4) {
+        Some(b) => Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        None => Err(ERR_PARAM_INVALID),
+    }
+}
+
+fn put_u16(buf: &mut [u8], at: usize, v: u16) {
+    if let Some(b) = buf.get_mut(at..at + 2) {
+        b.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The firmware executing one command for the host of `partition`.
+pub struct Exec<'a> {
+    pub model: &'a mut Model,
+    pub partition: usize,
+    /// The `bad-length` fault: length words claim more than the buffer.
+    pub bad_length: bool,
+    /// Fabric changes the command made, to be signalled on every MEP.
+    pub notices: Vec<Notice>,
+    /// A checked and reserved bind/unbind the worker must now carry out;
+    /// the command completes when it is done.
+    pub deferred: Option<Request>,
+}
+
+impl Exec<'_> {
+    pub fn run(&mut self, cmd: u32, input: &[u8]) -> MrpcOutcome {
+        let r = match cmd & 0xffff {
+            MRPC_ECHO => Ok(input.to_vec()),
+            MRPC_DIETEMP => self.dietemp(input),
+            MRPC_TOPO_INFO_DUMP => self.topo(input),
+            MRPC_GFMS_DB_DUMP => self.gfms_db(input),
+            MRPC_GFMS_EVENT => self.gfms_event(input),
+            MRPC_PORT_CONTROL => self.port_control(input),
+            MRPC_GFMS_BIND_UNBIND => self.bind_unbind(input),
+            MRPC_FABRIC_SUMMARY => self.summary(input),
+            MRPC_FUNCTION_TELEMETRY => self.telemetry(input),
+            MRPC_FUNCTION_LIST => self.list(input),
+            _ => Err(ERR_CMD_INVALID),
+        };
+        match r {
+            Ok(mut out) => {
+                out.truncate(PAYLOAD);
+                MrpcOutcome::done(out)
+            }
+            Err(ret) => MrpcOutcome::error(ret),
+        }
+    }
+
+    /// GFMS_BIND_UNBIND: check and reserve; the worker does the rest.
+    fn bind_unbind(&mut self, input: &[u8]) -> Res {
+        let sub = u8_at(input, 0)?;
+        if sub != GFMS_BIND && sub != GFMS_UNBIND {
+            return Err(ERR_SUBCMD_INVALID);
+        }
+        if input.len() < 8 {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let (sw, port, log_port) = (input[1], input[2], input[3]);
+        if sw != 0 || log_port >= self.model.log_ports() {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let pdfid = u16_at(input, 4)?;
+        if sub == GFMS_BIND && input[6] != 0 {
+            // One function per logical port.
+            return Err(ERR_PARAM_INVALID);
+        }
+        let host = self.model.host_by_port(port)?;
+        let me = Requester::Host(self.partition);
+        let req = if sub == GFMS_BIND {
+            self.model.begin_bind(me, host, log_port, pdfid)?
+        } else {
+            self.model.begin_unbind(me, host, log_port, pdfid)?
+        };
+        self.deferred = Some(req);
+        Ok(vec![0; 4])
+    }
+
+    fn dietemp(&mut self, input: &[u8]) -> Res {
+        let mut sub = [0u8; 4];
+        let n = input.len().min(4);
+        sub[..n].copy_from_slice(&input[..n]);
+        match u32::from_le_bytes(sub) {
+            DIETEMP_GET => Ok(self.model.fw.die_temp_centi.to_le_bytes().to_vec()),
+            DIETEMP_SET_CLOCK | DIETEMP_SET_MEAS | DIETEMP_STOP => Ok(Vec::new()),
+            _ => Err(ERR_SUBCMD_INVALID),
+        }
+    }
+
+    // ---- TOPO_INFO_DUMP ----
+
+    fn topo_snapshot(&self) -> Vec<u8> {
+        let m = &*self.model;
+        let mut o = Out::default();
+        o.u8(0).zeros(3).zeros(28).zeros(16);
+        o.u64(m.port_map(|_| true));
+        for p in &m.ports {
+            let up = p.link_up;
+            let ty = match p.kind {
+                PortKind::Host(_) => 3,
+                PortKind::Endpoint(_) => 2,
+            };
+            o.u8(p.id).u8(ty).u8(0).u8(p.id).zeros(20);
+            o.u8(16)
+                .u8(if up { 16 } else { 0 })
+                .u8(4)
+                .u8(if up { 4 } else { 0 })
+                .u8(if up { 3 } else { 0 })
+                .u8(0)
+                .zeros(2);
+        }
+        o.0
+    }
+
+    fn topo(&mut self, input: &[u8]) -> Res {
+        let p = self.partition;
+        match u8_at(input, 0)? {
+            1 => {
+                let snap = self.topo_snapshot();
+                self.model.hosts[p].topo = Some(snap);
+                Ok(vec![0; 4])
+            }
+            2 => Ok(match &self.model.hosts[p].topo {
+                None => vec![1, 0, 0, 0],
+                Some(d) => {
+                    let mut o = Out::default();
+                    o.u8(3).u8(0).u16((d.len() / 4) as u16);
+                    o.0
+                }
+            }),
+            3 => {
+                let offset = usize::from(u16_at(input, 2)?);
+                let d = self.model.hosts[p]
+                    .topo
+                    .as_ref()
+                    .ok_or(ERR_MRPC_NO_PREV_DATA)?;
+                if offset % 4 != 0 || offset > d.len() {
+                    return Err(ERR_PARAM_INVALID);
+                }
+                let n = (d.len() - offset).min(TOPO_CHUNK);
+                let len_dw = if self.bad_length {
+                    BAD_LEN_DW as u16
+                } else {
+                    (n / 4) as u16
+                };
+                let mut o = Out::default();
+                o.u8(3).u8(0).u16(len_dw);
+                o.0.extend_from_slice(&d[offset..offset + n]);
+                Ok(o.0)
+            }
+            4 => {
+                self.model.hosts[p]
+                    .topo
+                    .take()
+                    .ok_or(ERR_MRPC_NO_PREV_DATA)?;
+                Ok(vec![0; 4])
+            }
+            _ => Err(ERR_SUBCMD_INVALID),
+        }
+    }
+
+    // ---- GFMS_DB_DUMP ----
+
+    fn section_hdr(&self, o: &mut Out, class: u8, size_bytes: usize) {
+        let dw = if self.bad_length {
+            BAD_LEN_DW
+        } else {
+            (size_bytes / 4) as u32
+        };
+        o.u8(class).u8(0).u16(0).u32(dw).u32(0);
+    }
+
+    fn gfms_db(&mut self, input: &[u8]) -> Res {
+        match u8_at(input, 0)? {
+            2 => Ok(self.pax_general()),
+            3 => self.hvd(usize::from(u8_at(input, 1)?)),
+            5 => self.ep_port(input),
+            _ => Err(ERR_SUBCMD_INVALID),
+        }
+    }
+
+    fn pax_general(&self) -> Vec<u8> {
+        let m = &*self.model;
+        let mut o = Out::default();
+        self.section_hdr(&mut o, 2, 80);
+        let is_host = |p: &crate::model::Port| matches!(p.kind, PortKind::Host(_));
+        let rc = m.port_map(is_host);
+        let ep = m.port_map(|p| !is_host(p));
+        let free = ((1u64 << 48) - 1) & !(rc | ep);
+        o.u8(m.ports.len() as u8)
+            .u8(m.hosts.len() as u8)
+            .u16(m.endpoints.len() as u16)
+            .u16(m.functions.len() as u16)
+            .u16(0)
+            .zeros(12);
+        for v in [
+            0x0001, 0x0fff, 0x0800, 0x082f, 0x0900, 0x09ff, 0x0100, 0x06ff,
+        ] {
+            o.u16(v);
+        }
+        o.u64(rc).u64(ep).u64(0).u64(free);
+        o.0
+    }
+
+    fn hvd(&self, idx: usize) -> Res {
+        let m = &*self.model;
+        let host = m.hosts.get(idx).ok_or(ERR_PARAM_INVALID)?;
+        let lports = m.log_ports();
+        let size = 12 + 8 + usize::from(lports) * 8 * 4;
+        let mut o = Out::default();
+        self.section_hdr(&mut o, 3, size);
+        o.u8(idx as u8)
+            .u8(host.port)
+            .u16(0x0800 + idx as u16)
+            .u16(u16::from(lports))
+            .u16(0);
+        for l in 0..lports {
+            let bound = m
+                .functions
+                .iter()
+                .find(|f| f.binding == Some((idx, l)))
+                .map(|f| f.pdfid);
+            for slot in 0..8 {
+                let b = if slot == 0 { bound } else { None };
+                o.u8(l).u8(u8::from(b.is_some())).u16(b.unwrap_or(0));
+            }
+        }
+        Ok(o.0)
+    }
+
+    fn ep_section(&self, port: u8) -> Res {
+        let m = &*self.model;
+        let p = m.port(port).ok_or(ERR_PHYC_PORT_NOT_EXIST)?;
+        let PortKind::Endpoint(e) = p.kind else {
+            return Err(ERR_PHYC_PORT_NOT_EXIST);
+        };
+        let funcs: Vec<_> = m.endpoint_functions(e).collect();
+        let n = funcs.len();
+        let present = p.link_up;
+        let port_dw = if present { 2 + 2 + 9 * n } else { 2 };
+        let mut o = Out::default();
+        // The section header's size is always the true one here; a
+        // bad-length fault corrupts the START and GET replies instead.
+        o.u8(5).u8(0).u16(0).u32((3 + port_dw) as u32).u32(0);
+        o.u8(if present { 0 } else { 2 })
+            .u8(port)
+            .u16(u16::from(present))
+            .u32(port_dw as u32);
+        if present {
+            o.u16(n as u16).u16(0).u32((2 + 9 * n) as u32);
+            for f in funcs {
+                let (host_pid, log_pid) = match f.binding {
+                    Some((h, l)) => (m.hosts[h].port, l),
+                    None => (0, 0),
+                };
+                o.u16(u16::from(f.vf_index))
+                    .u16(f.pdfid)
+                    .u8(u8::from(f.vf_index == 0 && f.total_vfs > 0))
+                    .u8(f.total_vfs)
+                    .u16(0)
+                    .u8(u8::from(f.binding.is_some()))
+                    .u8(0)
+                    .u8(host_pid)
+                    .u8(log_pid)
+                    .u16(f.vid)
+                    .u16(f.did)
+                    .u16(f.vid)
+                    .u16(f.did)
+                    .u32(f.class & 0xff_ffff)
+                    .zeros(12);
+            }
+        }
+        Ok(o.0)
+    }
+
+    fn ep_port(&mut self, input: &[u8]) -> Res {
+        let p = self.partition;
+        let port = u8_at(input, 1)?;
+        match u32_at(input, 4)? {
+            1 => {
+                let d = self.ep_section(port)?;
+                let dw = if self.bad_length {
+                    BAD_LEN_DW
+                } else {
+                    (d.len() / 4) as u32
+                };
+                self.model.hosts[p].ep_dump = Some(d);
+                let mut o = Out::default();
+                o.u32(dw).u32(1);
+                Ok(o.0)
+            }
+            2 => {
+                let off_dw = u32_at(input, 8)? as usize;
+                let d = self.model.hosts[p]
+                    .ep_dump
+                    .as_ref()
+                    .ok_or(ERR_MRPC_NO_PREV_DATA)?;
+                let total = d.len() / 4;
+                if off_dw > total {
+                    return Err(ERR_PARAM_INVALID);
+                }
+                let n = (total - off_dw).min(EP_CHUNK_DW - 3);
+                let size_dw = if self.bad_length {
+                    BAD_LEN_DW
+                } else {
+                    (3 + n) as u32
+                };
+                let mut o = Out::default();
+                o.u32(off_dw as u32).u32(size_dw).u32(0);
+                o.0.extend_from_slice(&d[off_dw * 4..(off_dw + n) * 4]);
+                Ok(o.0)
+            }
+            3 => {
+                self.model.hosts[p]
+                    .ep_dump
+                    .take()
+                    .ok_or(ERR_MRPC_NO_PREV_DATA)?;
+                Ok(Vec::new())
+            }
+            _ => Err(ERR_SUBCMD_INVALID),
+        }
+    }
+
+    // ---- GFMS_EVENT ----
+
+    fn gfms_event(&mut self, input: &[u8]) -> Res {
+        if input.len() < 4 {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let host = &mut self.model.hosts[self.partition];
+        match input[0] {
+            0 => {
+                host.events.clear();
+                host.overflow = false;
+                Ok(Vec::new())
+            }
+            1 => {
+                let req = usize::from(u16_at(input, 2)?);
+                let mut data = Vec::new();
+                let mut num = 0u16;
+                while usize::from(num) < req {
+                    let Some(ev) = host.events.front() else { break };
+                    let e = ev.encode();
+                    if 4 + data.len() + e.len() > PAYLOAD {
+                        break;
+                    }
+                    data.extend_from_slice(&e);
+                    host.events.pop_front();
+                    num += 1;
+                }
+                let remain =
+                    (host.events.len().min(0x7fff) as u16) | if host.overflow { 0x8000 } else { 0 };
+                host.overflow = false;
+                let mut o = Out::default();
+                o.u16(if self.bad_length { 300 } else { num }).u16(remain);
+                o.0.extend_from_slice(&data);
+                Ok(o.0)
+            }
+            _ => Err(ERR_SUBCMD_INVALID),
+        }
+    }
+
+    // ---- PORT_CONTROL ----
+
+    fn port_control(&mut self, input: &[u8]) -> Res {
+        if input.len() < 4 {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let (ty, port, flag) = (input[0], input[1], input[2]);
+        if ty > 3 {
+            return Err(ERR_SUBCMD_INVALID);
+        }
+        if self.model.port(port).is_none() {
+            return Err(ERR_PHYC_PORT_NOT_EXIST);
+        }
+        if ty == 3 && flag > 1 {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let steps: &[bool] = match ty {
+            0 => &[false],
+            1 => &[true],
+            _ => &[false, true],
+        };
+        for &up in steps {
+            if let Ok(Some(n)) = self.model.set_link(port, up) {
+                self.notices.push(n);
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    // ---- pcifab extensions ----
+
+    /// Check the version/size header of an extension input.
+    fn ext_input(input: &[u8], min: usize) -> Result<(), u32> {
+        let version = u16_at(input, 0)?;
+        let size = usize::from(u16_at(input, 2)?);
+        if version != EXT_VERSION || size < min || input.len() < size {
+            return Err(ERR_PARAM_INVALID);
+        }
+        Ok(())
+    }
+
+    fn summary(&mut self, input: &[u8]) -> Res {
+        Self::ext_input(input, 4)?;
+        let m = &*self.model;
+        let mut o = Out::default();
+        o.u16(EXT_VERSION)
+            .u16(32)
+            .u32(m.generation)
+            .u8(m.hosts.len() as u8)
+            .u8(self.partition as u8)
+            .u8(m.ports.len() as u8)
+            .u8(m.endpoints.len() as u8)
+            .u16(m.functions.len() as u16)
+            .u16(m.bound_count() as u16)
+            .u64(m.port_map(|p| p.link_up))
+            .u32(m.hosts[self.partition].events.len() as u32)
+            .u32(0);
+        Ok(o.0)
+    }
+
+    fn telemetry(&mut self, input: &[u8]) -> Res {
+        Self::ext_input(input, 8)?;
+        let pdfid = u16_at(input, 4)?;
+        let m = &*self.model;
+        let f = m.function(pdfid).ok_or(PCIFAB_ERR_PDFID_UNKNOWN)?;
+        let (temp, power, util, health) = m.telemetry(f);
+        let mut o = Out::default();
+        o.u16(EXT_VERSION)
+            .u16(24)
+            .u16(pdfid)
+            .u16(0)
+            .u32(temp as u32)
+            .u32(power)
+            .u8(util)
+            .zeros(3)
+            .u32(health);
+        Ok(o.0)
+    }
+
+    fn list(&mut self, input: &[u8]) -> Res {
+        Self::ext_input(input, 8)?;
+        let start = usize::from(u16_at(input, 4)?);
+        let max = match usize::from(u16_at(input, 6)?) {
+            0 => LIST_MAX_ENTRIES,
+            n => n.min(LIST_MAX_ENTRIES),
+        };
+        let m = &*self.model;
+        let total = m.functions.len();
+        if start > total {
+            return Err(PCIFAB_ERR_RANGE);
+        }
+        let page = &m.functions[start..(start + max).min(total)];
+        let mut o = Out::default();
+        o.u16(EXT_VERSION)
+            .u16((LIST_HDR_SIZE + LIST_ENTRY_SIZE * page.len()) as u16)
+            .u32(m.generation)
+            .u16(total as u16)
+            .u16(start as u16)
+            .u16(page.len() as u16)
+            .u16(LIST_ENTRY_SIZE as u16);
+        for f in page {
+            let mut flags = 0u8;
+            if f.vf_index != 0 {
+                flags |= 1;
+            }
+            if f.binding.is_some() {
+                flags |= 2;
+            }
+            if m.link_up(f.port) {
+                flags |= 4;
+            }
+            let (host, lport) = match f.binding {
+                Some((h, l)) => (h as u8, l),
+                None => (0xff, 0xff),
+            };
+            o.u16(f.pdfid)
+                .u16(f.pf_pdfid)
+                .u16(f.vid)
+                .u16(f.did)
+                .u32(f.class & 0xff_ffff)
+                .u8(f.port)
+                .u8(f.vf_index)
+                .u8(f.total_vfs)
+                .u8(flags)
+                .u8(u8::from(f.binding.is_some()))
+                .u8(host)
+                .u8(lport)
+                .u8(0)
+                .u32(0);
+        }
+        if self.bad_length {
+            put_u16(&mut o.0, 2, 2048);
+            put_u16(&mut o.0, 12, 84);
+        }
+        Ok(o.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn model() -> Model {
+        let text = include_str!("../fabric.toml");
+        Model::new(&Config::parse(text).expect("fabric.toml"))
+    }
+
+    fn run(m: &mut Model, cmd: u32, input: &[u8]) -> MrpcOutcome {
+        Exec {
+            model: m,
+            partition: 0,
+            bad_length: false,
+            notices: Vec::new(),
+            deferred: None,
+        }
+        .run(cmd, input)
+    }
+
+    #[test]
+    fn basic_commands() {
+        let mut m = model();
+        assert_eq!(run(&mut m, MRPC_ECHO, b"abc").output, b"abc");
+        let t = run(&mut m, MRPC_DIETEMP, &DIETEMP_GET.to_le_bytes());
+        assert_eq!(
+            (t.status, t.output),
+            (MRPC_STATUS_DONE, 4500u32.to_le_bytes().to_vec())
+        );
+        let bad = run(&mut m, MRPC_DIETEMP, &7u32.to_le_bytes());
+        assert_eq!(
+            (bad.status, bad.ret),
+            (MRPC_STATUS_ERROR, ERR_SUBCMD_INVALID)
+        );
+        let unk = run(&mut m, 0x1234, &[]);
+        assert_eq!((unk.status, unk.ret), (MRPC_STATUS_ERROR, ERR_CMD_INVALID));
+        assert_eq!(run(&mut m, 0xf0ff, &[]).ret, ERR_CMD_INVALID);
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let mut m = model();
+        for (cmd, input, ret) in [
+            (MRPC_TOPO_INFO_DUMP, &[][..], ERR_PARAM_INVALID),
+            (MRPC_TOPO_INFO_DUMP, &[9][..], ERR_SUBCMD_INVALID),
+            (
+                MRPC_TOPO_INFO_DUMP,
+                &[3, 0, 0, 0][..],
+                ERR_MRPC_NO_PREV_DATA,
+            ),
+            (MRPC_TOPO_INFO_DUMP, &[4][..], ERR_MRPC_NO_PREV_DATA),
+            (MRPC_GFMS_DB_DUMP, &[0][..], ERR_SUBCMD_INVALID),
+            (MRPC_GFMS_DB_DUMP, &[3][..], ERR_PARAM_INVALID),
+            (MRPC_GFMS_DB_DUMP, &[3, 2][..], ERR_PARAM_INVALID),
+            (
+                MRPC_GFMS_DB_DUMP,
+                &[5, 0, 0, 0, 1, 0, 0, 0][..],
+                ERR_PHYC_PORT_NOT_EXIST,
+            ),
+            (
+                MRPC_GFMS_DB_DUMP,
+                &[5, 16, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0][..],
+                ERR_MRPC_NO_PREV_DATA,
+            ),
+            (
+                MRPC_GFMS_DB_DUMP,
+                &[5, 16, 0, 0, 7, 0, 0, 0][..],
+                ERR_SUBCMD_INVALID,
+            ),
+            (MRPC_GFMS_EVENT, &[1, 0][..], ERR_PARAM_INVALID),
+            (MRPC_GFMS_EVENT, &[2, 0, 0, 0][..], ERR_SUBCMD_INVALID),
+            (MRPC_PORT_CONTROL, &[0, 1, 0][..], ERR_PARAM_INVALID),
+            (MRPC_PORT_CONTROL, &[4, 0, 0, 0][..], ERR_SUBCMD_INVALID),
+            (
+                MRPC_PORT_CONTROL,
+                &[0, 47, 0, 0][..],
+                ERR_PHYC_PORT_NOT_EXIST,
+            ),
+            (MRPC_PORT_CONTROL, &[3, 0, 2, 0][..], ERR_PARAM_INVALID),
+            (MRPC_FABRIC_SUMMARY, &[1, 0][..], ERR_PARAM_INVALID),
+            (MRPC_FABRIC_SUMMARY, &[2, 0, 4, 0][..], ERR_PARAM_INVALID),
+            (MRPC_FABRIC_SUMMARY, &[1, 0, 8, 0][..], ERR_PARAM_INVALID),
+            (MRPC_FUNCTION_LIST, &[1, 0, 4, 0][..], ERR_PARAM_INVALID),
+            (
+                MRPC_FUNCTION_LIST,
+                &[1, 0, 8, 0, 11, 0, 0, 0][..],
+                PCIFAB_ERR_RANGE,
+            ),
+            (
+                MRPC_FUNCTION_TELEMETRY,
+                &[1, 0, 8, 0, 0x99, 0x09, 0, 0][..],
+                PCIFAB_ERR_PDFID_UNKNOWN,
+            ),
+        ] {
+            let r = run(&mut m, cmd, input);
+            assert_eq!(
+                (r.status, r.ret),
+                (MRPC_STATUS_ERROR, ret),
+                "cmd {cmd:#x} input {input:?}"
+            );
+        }
+        // Exactly at the end: an empty page.
+        let r = run(&mut m, MRPC_FUNCTION_LIST, &[1, 0, 8, 0, 10, 0, 0, 0]);
+        assert_eq!(r.status, MRPC_STATUS_DONE);
+        assert_eq!(&r.output[12..14], &[0, 0]);
+    }
+
+    #[test]
+    fn port_control_changes_links() {
+        let mut m = model();
+        let mut x = Exec {
+            model: &mut m,
+            partition: 1,
+            bad_length: false,
+            notices: Vec::new(),
+            deferred: None,
+        };
+        assert_eq!(x.run(MRPC_PORT_CONTROL, &[0, 16, 0, 0]).status, 2);
+        assert_eq!(x.notices.len(), 1);
+        assert_eq!(x.run(MRPC_PORT_CONTROL, &[0, 16, 0, 0]).status, 2);
+        assert_eq!(x.notices.len(), 1, "already down");
+        assert_eq!(x.run(MRPC_PORT_CONTROL, &[1, 16, 0, 0]).status, 2);
+        assert_eq!(x.notices.len(), 2);
+        assert_eq!(x.run(MRPC_PORT_CONTROL, &[2, 16, 0, 0]).status, 2);
+        assert_eq!(x.notices.len(), 4, "retrain: down, up");
+        assert!(m.link_up(16));
+    }
+}

@@ -1,0 +1,539 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! Composing hosts at run time: function servers, GFMS bind/unbind (MRPC
+//! 0x84) over a fake QMP server, policy, invariants, events and scrubbing.
+
+mod client;
+
+use client::*;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_pcifab-emu");
+
+const FABRIC: &str = r#"
+[policy]
+manager = "h0"
+
+[[hosts]]
+name = "h0"
+usp_port = 0
+
+[[hosts]]
+name = "h1"
+usp_port = 8
+allowed = ["gpu1"]
+max_functions = 1
+
+[[hosts]]
+name = "h2"
+usp_port = 9
+
+[[endpoints]]
+name = "gpu0"
+port = 16
+vendor_id = 0x10de
+device_id = 0x2330
+vf_device_id = 0x2331
+class = 0x030200
+vfs = 2
+mem_mib = 2
+vf_mem_mib = 1
+
+[[endpoints]]
+name = "gpu1"
+port = 24
+vendor_id = 0x10de
+device_id = 0x2330
+class = 0x030200
+mem_mib = 1
+"#;
+
+/// A fake QEMU monitor: greeting, qmp_capabilities, device_add (refused on
+/// bus dsp3), device_del (DEVICE_DELETED 100 ms later, except for ids in
+/// `stuck`). Every command line is logged.
+struct FakeQmp {
+    log: Arc<Mutex<Vec<String>>>,
+    stuck: Arc<Mutex<Vec<String>>>,
+    delay_add: Arc<Mutex<Duration>>,
+}
+
+impl FakeQmp {
+    fn start(path: &Path) -> FakeQmp {
+        let listener = UnixListener::bind(path).expect("fake qmp");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stuck = Arc::new(Mutex::new(Vec::<String>::new()));
+        let delay_add = Arc::new(Mutex::new(Duration::ZERO));
+        let (l, s, d) = (log.clone(), stuck.clone(), delay_add.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let (l, s, d) = (l.clone(), s.clone(), d.clone());
+                std::thread::spawn(move || serve_qmp(conn, &l, &s, &d));
+            }
+        });
+        FakeQmp {
+            log,
+            stuck,
+            delay_add,
+        }
+    }
+
+    fn commands(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+fn serve_qmp(
+    conn: UnixStream,
+    log: &Mutex<Vec<String>>,
+    stuck: &Mutex<Vec<String>>,
+    delay: &Mutex<Duration>,
+) {
+    let out = Arc::new(Mutex::new(conn.try_clone().expect("clone")));
+    let send = |s: String| {
+        let _ = out.lock().unwrap().write_all(format!("{s}\r\n").as_bytes());
+    };
+    send(r#"{"QMP": {"version": {"qemu": {"micro": 3, "minor": 1, "major": 11}}, "capabilities": ["oob"]}}"#.into());
+    for line in BufReader::new(conn).lines() {
+        let Ok(line) = line else { return };
+        let v: serde_json::Value = serde_json::from_str(&line).expect("json from the emulator");
+        log.lock().unwrap().push(line.clone());
+        let id = v.get("id").cloned().unwrap_or(serde_json::Value::Null);
+        let exec = v["execute"].as_str().unwrap_or("");
+        let ok = format!(r#"{{"return": {{}}, "id": {id}}}"#);
+        match exec {
+            "qmp_capabilities" => send(r#"{"return": {}}"#.into()),
+            "device_add" => {
+                std::thread::sleep(*delay.lock().unwrap());
+                if v["arguments"]["bus"] == "dsp3" {
+                    send(format!(
+                        r#"{{"error": {{"class": "GenericError", "desc": "Bus 'dsp3' is full"}}, "id": {id}}}"#
+                    ));
+                } else {
+                    send(ok);
+                }
+            }
+            "device_del" => {
+                let dev = v["arguments"]["id"].as_str().unwrap_or("").to_owned();
+                send(ok);
+                if !stuck.lock().unwrap().contains(&dev) {
+                    let out = out.clone();
+                    std::thread::spawn(move || {
+                        std::thread::sleep(Duration::from_millis(100));
+                        let ev = format!(
+                            r#"{{"timestamp": {{"seconds": 1, "microseconds": 2}}, "event": "DEVICE_DELETED", "data": {{"device": "{dev}", "path": "/machine/peripheral/{dev}"}}}}"#
+                        );
+                        let _ = out
+                            .lock()
+                            .unwrap()
+                            .write_all(format!("{ev}\r\n").as_bytes());
+                    });
+                }
+            }
+            _ => send(format!(
+                r#"{{"error": {{"class": "CommandNotFound", "desc": "no"}}, "id": {id}}}"#
+            )),
+        }
+    }
+}
+
+struct Emu {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Emu {
+    fn start(tag: &str) -> (Emu, FakeQmp, FakeQmp) {
+        let dir = std::env::temp_dir().join(format!("pcifab-compose-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("run")).expect("dir");
+        let cfg = dir.join("fabric.toml");
+        std::fs::write(&cfg, FABRIC).expect("config");
+        let q0 = FakeQmp::start(&dir.join("qmp0.sock"));
+        let q1 = FakeQmp::start(&dir.join("qmp1.sock"));
+        let mut child = Command::new(EXE)
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--run-dir")
+            .arg(dir.join("run"))
+            .arg(format!("--qmp=h0={}", dir.join("qmp0.sock").display()))
+            .arg("--qmp")
+            .arg(format!("h1={}", dir.join("qmp1.sock").display()))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[emu] {line}");
+                let _ = tx.send(line);
+            }
+        });
+        loop {
+            let l = rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("emulator ready");
+            if l.contains("pcifab-emu: ready") {
+                break;
+            }
+        }
+        std::thread::spawn(move || while rx.recv().is_ok() {});
+        (Emu { child, dir }, q0, q1)
+    }
+
+    fn sock(&self, name: &str) -> PathBuf {
+        self.dir.join("run").join(name)
+    }
+
+    fn control(&self, req: &str) -> String {
+        let mut s = UnixStream::connect(self.sock("control.sock")).expect("control");
+        s.set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        writeln!(s, "{req}").expect("send");
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).expect("reply");
+        line.trim_end().to_owned()
+    }
+
+    fn state(&self) -> serde_json::Value {
+        serde_json::from_str(&self.control("state")).expect("state json")
+    }
+}
+
+impl Drop for Emu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const MRPC_CMD: u64 = 0x800;
+const MRPC_STATUS: u64 = 0x804;
+const MRPC_RET: u64 = 0x808;
+const MRPC_COMP_HDR: u64 = 0x4000 + 0x13c;
+
+/// Run an MRPC command and wait for it to complete: (status, ret, the
+/// status seen right after the write of cmd).
+fn mrpc(c: &mut Client, cmd: u32, input: &[u8]) -> (u32, u32, u32) {
+    if !input.is_empty() {
+        c.write(BAR0, 0, input);
+    }
+    c.write32(BAR0, MRPC_CMD, cmd);
+    let first = c.read32(BAR0, MRPC_STATUS);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = c.read32(BAR0, MRPC_STATUS);
+        if st != 1 {
+            return (st, c.read32(BAR0, MRPC_RET), first);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "command {cmd:#x} never completed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn bind_in(port: u8, lport: u8, pdfid: u16, next_valid: u8) -> Vec<u8> {
+    let mut v = vec![1, 0, port, lport];
+    v.extend_from_slice(&pdfid.to_le_bytes());
+    v.push(next_valid);
+    v.push(0);
+    v.resize(36, 0);
+    v
+}
+
+fn unbind_in(port: u8, lport: u8, pdfid: u16) -> Vec<u8> {
+    let mut v = vec![2, 0, port, lport];
+    v.extend_from_slice(&pdfid.to_le_bytes());
+    v.extend_from_slice(&[0, 0]);
+    v
+}
+
+/// GFMS events of this host: (code, data).
+fn events(c: &mut Client) -> Vec<(u8, Vec<u8>)> {
+    let (st, _, _) = mrpc(c, 0x89, &[1, 0, 64, 0]);
+    assert_eq!(st, 2);
+    let out = c.read(BAR0, 0x400, 1024);
+    let n = u16::from_le_bytes([out[0], out[1]]) as usize;
+    let mut at = 4;
+    let mut v = Vec::new();
+    for _ in 0..n {
+        let len = u16::from_le_bytes([out[at], out[at + 1]]) as usize;
+        v.push((out[at + 2], out[at + 4..at + len].to_vec()));
+        at += len;
+    }
+    v
+}
+
+#[test]
+fn function_servers_serve_gpu_like_functions() {
+    let (emu, _q0, _q1) = Emu::start("fn");
+    let mut c = Client::connect(&emu.sock("fn-0300.sock"));
+    c.version(0).ok();
+    let cfg = c.read(CONFIG, 0, 4096);
+    let w16 = |o: usize| u16::from_le_bytes([cfg[o], cfg[o + 1]]);
+    let w32 = |o: usize| u32::from_le_bytes(cfg[o..o + 4].try_into().expect("4"));
+    assert_eq!((w16(0), w16(2)), (0x10de, 0x2330));
+    assert_eq!(w32(8) >> 8, 0x030200, "class");
+    assert_eq!((w16(0x2c), w16(0x2e)), (0x10de, 0x2330), "subsystem");
+    assert_eq!(w32(0x10), 0x4, "BAR0 64-bit");
+    assert_eq!(w32(0x18), 0xc, "BAR2 64-bit prefetchable");
+    let mut pos = cfg[0x34] as usize;
+    let mut caps = Vec::new();
+    while pos != 0 {
+        caps.push(cfg[pos]);
+        pos = cfg[pos + 1] as usize;
+    }
+    assert_eq!(caps, [0x01, 0x10], "PM, PCIe (no MSI-X: see emulator.rst)");
+    assert_eq!(w32(0x100) & 0xffff, 0x10, "SR-IOV extended capability");
+    assert_eq!(w16(0x10e), 2, "TotalVFs");
+    assert_eq!(w16(0x11a), 0x2331, "VF device id");
+    // BAR sizing.
+    c.write(CONFIG, 0x18, &[0xff; 8]);
+    let b = u64::from_le_bytes(c.read(CONFIG, 0x18, 8).try_into().expect("8"));
+    assert_eq!(b & !0xf, !(2u64 << 20).wrapping_sub(1) & !0xf, "2 MiB BAR2");
+    let region = |c: &mut Client, i: u32| {
+        let mut p = le_words(&[32, 0, i, 0]);
+        p.extend_from_slice(&[0; 16]);
+        c.request_get_fd(GET_REGION_INFO, &p)
+    };
+    let (r, fd) = region(&mut c, 0);
+    assert_eq!(
+        (r.u32_at(4), r.u64_at(16)),
+        (3, 0x4000),
+        "BAR0 16 KiB, no mmap"
+    );
+    assert!(fd.is_none());
+    let (r, fd) = region(&mut c, 2);
+    assert_eq!(
+        (r.u32_at(4), r.u64_at(16)),
+        (7, 2 << 20),
+        "BAR2 read/write/mmap"
+    );
+    let fd = fd.expect("BAR2 comes with its memfd");
+    // Write through a mapping of the fd, read back with REGION_READ.
+    let off = r.u64_at(24);
+    // SAFETY: maps the region the server offered; unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            off as libc::off_t,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: p maps 4096 bytes.
+    unsafe { std::ptr::copy_nonoverlapping(b"hello gpu".as_ptr(), (p as *mut u8).add(64), 9) };
+    assert_eq!(c.read(2, 64, 9), b"hello gpu");
+    c.write(2, 128, b"via region write");
+    let mut back = [0u8; 16];
+    // SAFETY: p maps 4096 bytes.
+    unsafe { std::ptr::copy_nonoverlapping((p as *const u8).add(128), back.as_mut_ptr(), 16) };
+    assert_eq!(&back, b"via region write");
+    // SAFETY: unmaps what was mapped above.
+    unsafe { libc::munmap(p, 4096) };
+    assert!(c.try_read(2, 2 << 20, 1).errno().is_some(), "past BAR2");
+    // BAR0 registers.
+    assert_eq!(c.read32(BAR0, 0), 0x2330_10de);
+    assert_eq!(c.read32(BAR0, 4), 0x300);
+    assert_eq!(c.read32(BAR0, 8), 2 << 20);
+    assert_eq!(c.read32(BAR0, 0x10), 5500, "temperature");
+    c.write32(BAR0, 0x1f0, 0xfeed);
+    assert_eq!(c.read32(BAR0, 0x1f0), 0xfeed, "scratch");
+    c.write32(BAR0, 0, 0);
+    assert_eq!(c.read32(BAR0, 0), 0x2330_10de, "id read-only");
+
+    // A VF: its own id, 1 MiB, its slice of the endpoint's memfd.
+    let mut v = Client::connect(&emu.sock("fn-0302.sock"));
+    v.version(0).ok();
+    assert_eq!(v.read32(CONFIG, 0), 0x2331_10de);
+    assert_eq!(v.read32(BAR0, 8), 1 << 20);
+    v.write(2, 0, b"vf2");
+    assert_eq!(c.read(2, 0, 3), [0, 0, 0], "VF memory is not the PF's");
+    assert_eq!(v.read(2, 0, 3), b"vf2");
+}
+
+#[test]
+fn bind_unbind_over_qmp() {
+    let (emu, q0, q1) = Emu::start("bind");
+    let mut h0 = Client::connect(&emu.sock("mep-h0.sock"));
+    h0.version(0).ok();
+    let mut h1 = Client::connect(&emu.sock("mep-h1.sock"));
+    h1.version(0).ok();
+    let mut h2 = Client::connect(&emu.sock("mep-h2.sock"));
+    h2.version(0).ok();
+    // h0 wants MRPC completion interrupts.
+    let efd = eventfd();
+    h0.set_irq_eventfds(2, 0, 1, &[efd.as_raw_fd()]).ok();
+    h0.write32(BAR0, MRPC_COMP_HDR, 0x9);
+
+    // Asynchronous: INPROGRESS at once, DONE with an interrupt later.
+    *q0.delay_add.lock().unwrap() = Duration::from_millis(500);
+    while wait_eventfd(&efd, 0).is_some() {}
+    let (st, ret, first) = mrpc(&mut h0, 0x84, &bind_in(0, 0, 0x0300, 0));
+    assert_eq!((first, st, ret), (1, 2, 0), "INPROGRESS, then DONE");
+    assert!(wait_eventfd(&efd, 2000).is_some(), "completion interrupt");
+    *q0.delay_add.lock().unwrap() = Duration::ZERO;
+    let add = q0
+        .commands()
+        .into_iter()
+        .find(|l| l.contains("device_add"))
+        .expect("device_add");
+    let v: serde_json::Value = serde_json::from_str(&add).expect("json");
+    assert_eq!(v["arguments"]["driver"], "vfio-user-pci");
+    assert_eq!(v["arguments"]["id"], "fn-0300");
+    assert_eq!(v["arguments"]["bus"], "dsp0");
+    assert!(v["arguments"]["socket"]["path"]
+        .as_str()
+        .expect("path")
+        .ends_with("run/fn-0300.sock"));
+    // BIND event on every host.
+    let bind_ev = (6u8, vec![0, 0, 0, 0, 0x00, 0x03, 0, 0]);
+    assert_eq!(events(&mut h1), std::slice::from_ref(&bind_ev));
+    assert_eq!(events(&mut h0), [bind_ev]);
+
+    // Errors.
+    let e = |c: &mut Client, input: Vec<u8>| {
+        let (st, ret, _) = mrpc(c, 0x84, &input);
+        assert_eq!(st, 0xff, "{input:?} fails");
+        ret
+    };
+    assert_eq!(
+        e(&mut h0, bind_in(0, 1, 0x0300, 0)),
+        0xf0_0003,
+        "FUNCTION_BUSY"
+    );
+    assert_eq!(e(&mut h0, bind_in(0, 0, 0x0400, 0)), 0xf0_0004, "PORT_BUSY");
+    assert_eq!(
+        e(&mut h0, bind_in(0, 1, 0x0301, 0)),
+        0xf0_0007,
+        "VF while PF bound"
+    );
+    assert_eq!(
+        e(&mut h0, bind_in(0, 1, 0x0999, 0)),
+        0xf0_0001,
+        "PDFID_UNKNOWN"
+    );
+    assert_eq!(
+        e(&mut h0, bind_in(16, 1, 0x0400, 0)),
+        0x4,
+        "not a host port"
+    );
+    assert_eq!(e(&mut h0, bind_in(0, 4, 0x0400, 0)), 0x64006, "log port 4");
+    assert_eq!(
+        e(&mut h0, bind_in(0, 1, 0x0400, 1)),
+        0x64006,
+        "two functions"
+    );
+    assert_eq!(e(&mut h0, vec![1, 0, 0, 1]), 0x64006, "short");
+    assert_eq!(
+        e(&mut h0, vec![3, 0, 0, 0, 0, 0, 0, 0]),
+        0x64004,
+        "sub-command"
+    );
+    assert_eq!(
+        e(&mut h0, bind_in(0, 3, 0x0400, 0)),
+        0xf0_0008,
+        "QEMU refused"
+    );
+    assert_eq!(
+        e(&mut h0, bind_in(9, 0, 0x0400, 0)),
+        0xf0_0008,
+        "h2 has no QMP"
+    );
+    assert_eq!(e(&mut h0, unbind_in(0, 1, 0x0300)), 0xf0_000a, "NOT_BOUND");
+    // Policy: h1 may bind gpu1 to itself only, and hold one function.
+    assert_eq!(
+        e(&mut h1, bind_in(8, 0, 0x0301, 0)),
+        0xf0_0005,
+        "not allowed"
+    );
+    assert_eq!(
+        e(&mut h1, bind_in(0, 1, 0x0400, 0)),
+        0xf0_0005,
+        "not itself"
+    );
+    assert_eq!(
+        e(&mut h1, unbind_in(0, 0, 0x0300)),
+        0xf0_0005,
+        "not its own"
+    );
+    assert_eq!(
+        mrpc(&mut h1, 0x84, &bind_in(8, 2, 0x0400, 0)).0,
+        2,
+        "own, allowed"
+    );
+    assert!(q1.commands().iter().any(|l| l.contains("\"bus\":\"dsp2\"")));
+    // A VF is not bound while its PF is.
+    assert!(emu.control("bind 0x0301 h0 1").contains("PF_VF_CONFLICT"));
+    assert_eq!(emu.control("invariants"), "{\"ok\":true,\"violations\":[]}");
+
+    // Unbind: UNBIND_REQUEST to the owner only, device_del, scrub, UNBIND.
+    events(&mut h0);
+    events(&mut h1);
+    let mut f = Client::connect(&emu.sock("fn-0300.sock"));
+    f.version(0).ok();
+    f.write(2, 4096, b"secret");
+    f.write32(BAR0, 0x100, 7);
+    let (st, ret, first) = mrpc(&mut h0, 0x84, &unbind_in(0, 0, 0x0300));
+    assert_eq!((first, st, ret), (1, 2, 0));
+    assert_eq!(f.read(2, 4096, 6), [0; 6], "scrubbed");
+    assert_eq!(f.read32(BAR0, 0x100), 0, "scratch scrubbed");
+    let un = vec![0, 0, 0, 0, 0x00, 0x03, 0, 0];
+    assert_eq!(events(&mut h0), [(0x80, un.clone()), (7, un.clone())]);
+    assert_eq!(events(&mut h1), [(7, un)]);
+    assert!(q0
+        .commands()
+        .iter()
+        .any(|l| l.contains("device_del") && l.contains("fn-0300")));
+    let s = emu.state();
+    let b = &s["bindings"][0];
+    assert_eq!(
+        (
+            b["pdfid"].as_u64(),
+            b["owner"].is_null(),
+            b["scrubs"].as_u64()
+        ),
+        (Some(0x300), true, Some(1))
+    );
+
+    // h1 already holds its max_functions (1).
+    assert_eq!(
+        emu.control("bind 0x0302 h1 0"),
+        "{\"ok\":false,\"error\":\"bind of 0x0302 to h1 logical port 0 failed: HOST_LIMIT (0xf00006)\",\"ret\":15728646,\"ms\":0}"
+    );
+    // A PF is not bound while one of its VFs is.
+    assert!(emu.control("bind 0x0302 h0 2").starts_with("{\"ok\":true"));
+    assert!(emu.control("bind 0x0300 h0 1").contains("PF_VF_CONFLICT"));
+    assert!(emu.control("unbind 0x0302").starts_with("{\"ok\":true"));
+
+    // Unbind timeout: QEMU never reports the device gone; still owned.
+    q1.stuck.lock().unwrap().push("fn-0400".into());
+    let t = Instant::now();
+    let (st, ret, _) = mrpc(&mut h1, 0x84, &unbind_in(8, 2, 0x0400));
+    assert_eq!((st, ret), (0xff, 0xf0_0009), "UNBIND_TIMEOUT");
+    assert!(t.elapsed() >= Duration::from_secs(10));
+    let s = emu.state();
+    assert_eq!(s["bindings"][3]["owner"], "h1");
+    assert_eq!(s["bindings"][3]["scrubs"], 0);
+
+    // no-enumerate: DONE without a device_add; unbind needs no device_del.
+    let adds = q0.commands().len();
+    assert_eq!(emu.control("fault h0 no-enumerate"), "{\"ok\":true}");
+    assert!(emu.control("bind 0x0301 h0 1").starts_with("{\"ok\":true"));
+    assert_eq!(q0.commands().len(), adds, "no QMP traffic");
+    assert!(emu.control("unbind 0x0301").starts_with("{\"ok\":true"));
+    assert!(emu.control("unbind 0x0301").contains("NOT_BOUND"));
+    assert_eq!(emu.control("invariants"), "{\"ok\":true,\"violations\":[]}");
+}

@@ -1,0 +1,801 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! The running fabric: the emulator, one QEMU per host, the agent channel to
+//! each guest, and the logs in the results folder.
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::{self, sleep};
+use std::time::{Duration, Instant};
+
+use crate::config::Expected;
+use crate::conn::Conn;
+use crate::procs::{self, Children};
+use crate::qmp::Qmp;
+use crate::Opts;
+
+/// From QEMU spawn to the agent's READY line.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// From emulator spawn to `pcifab-emu: ready`.
+pub const EMU_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Extra time the agent gets, beyond a command's own timeout, to answer.
+const REPLY_SLACK: Duration = Duration::from_secs(15);
+/// Default timeout of one guest command.
+pub const CMD_TIMEOUT: Duration = Duration::from_secs(60);
+/// Number of switch downstream ports per host.
+pub const DOWNSTREAM_PORTS: usize = 4;
+/// Name of the emulator in [`Children`].
+const EMU: &str = "pcifab-emu";
+
+/// `commands.log`: every command sent to a guest and what came back.
+pub struct CmdLog {
+    file: Mutex<File>,
+    start: Instant,
+}
+
+impl CmdLog {
+    pub fn create(path: &Path) -> Result<Self, String> {
+        let file =
+            File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        Ok(CmdLog {
+            file: Mutex::new(file),
+            start: Instant::now(),
+        })
+    }
+
+    pub fn write(&self, text: &str) {
+        let t = self.start.elapsed().as_secs_f64();
+        if let Ok(mut f) = self.file.lock() {
+            // A failing log write must not fail the test run.
+            let _ = writeln!(f, "[{t:9.3}] {text}");
+        }
+    }
+}
+
+/// Result of one guest command.
+#[derive(Debug)]
+pub struct Output {
+    /// Exit code; -1 if killed by timeout or a signal.
+    pub code: i64,
+    /// stdout and stderr, merged, as text (invalid UTF-8 replaced).
+    pub out: String,
+    /// The same bytes exactly as the guest wrote them.
+    pub raw: Vec<u8>,
+}
+
+/// Short form of a script for messages.
+pub fn short(script: &str) -> String {
+    let first = script.trim().lines().next().unwrap_or("");
+    let mut s: String = first.chars().take(70).collect();
+    if s.len() < first.len() || script.trim().lines().count() > 1 {
+        s.push_str(" ...");
+    }
+    s
+}
+
+/// One guest, reached through its agent.
+pub struct Host {
+    pub name: String,
+    /// Position in the config = switch partition number.
+    pub index: usize,
+    pub kernel_release: String,
+    pub boot_time: Duration,
+    conn: Option<Conn>,
+    broken: Option<String>,
+    pub qemu_pid: u32,
+    pub qmp_path: PathBuf,
+    pub console: PathBuf,
+    next_id: u64,
+    /// End of the current scenario's time budget.
+    pub deadline: Option<Instant>,
+    log: Arc<CmdLog>,
+}
+
+impl Host {
+    /// Runs `script` with `/bin/sh -c` in the guest.
+    pub fn run_timeout(&mut self, script: &str, timeout: Duration) -> Result<Output, String> {
+        if let Some(why) = &self.broken {
+            return Err(format!(
+                "{}: not usable any more ({why}); see {}",
+                self.name,
+                self.console.display()
+            ));
+        }
+        let now = Instant::now();
+        let mut t = timeout;
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(now);
+            if left.is_zero() {
+                return Err(format!(
+                    "{}: scenario time budget used up before `{}`",
+                    self.name,
+                    short(script)
+                ));
+            }
+            t = t.min(left);
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(format!("{}: no agent connection", self.name));
+        };
+        self.next_id += 1;
+        let id = self.next_id;
+        self.log.write(&format!(
+            "{} #{id} (timeout {} ms) $ {}",
+            self.name,
+            t.as_millis(),
+            script.trim_end().replace('\n', "\n    ")
+        ));
+        let mut req = format!("RUN {id} {} {}\n", t.as_millis(), script.len()).into_bytes();
+        req.extend_from_slice(script.as_bytes());
+        let result = conn.send(&req).and_then(|()| {
+            let deadline = now + t + REPLY_SLACK;
+            let line = conn.read_line(deadline)?;
+            let line = String::from_utf8_lossy(&line).into_owned();
+            let w: Vec<&str> = line.split_ascii_whitespace().collect();
+            match w.as_slice() {
+                ["DONE", rid, code, len] if *rid == id.to_string() => {
+                    let code: i64 = code
+                        .parse()
+                        .map_err(|_| format!("agent sent a bad exit code in {line:?}"))?;
+                    let len: usize = len
+                        .parse()
+                        .map_err(|_| format!("agent sent a bad length in {line:?}"))?;
+                    let out = conn.read_exact(len, deadline)?;
+                    Ok(Output {
+                        code,
+                        out: String::from_utf8_lossy(&out).into_owned(),
+                        raw: out,
+                    })
+                }
+                ["ERR", ..] => Err(format!("agent rejected the request: {line}")),
+                _ => Err(format!(
+                    "protocol out of step: expected `DONE {id} ...`, got {line:?}"
+                )),
+            }
+        });
+        let elapsed = now.elapsed().as_secs_f64();
+        match &result {
+            Ok(o) => self.log.write(&format!(
+                "{} #{id} exit {} in {elapsed:.2} s{}",
+                self.name,
+                o.code,
+                indent(&o.out)
+            )),
+            Err(e) => {
+                self.log.write(&format!(
+                    "{} #{id} FAILED after {elapsed:.2} s: {e}",
+                    self.name
+                ));
+                if e != procs::INTERRUPTED_MSG {
+                    // The stream can no longer be trusted to be in step.
+                    self.broken = Some(e.clone());
+                    self.conn = None;
+                }
+            }
+        }
+        result.map_err(|e| format!("{}: `{}`: {e}", self.name, short(script)))
+    }
+
+    /// A QMP session with this host's QEMU (for device_add, device_del, ...).
+    pub fn qmp(&self) -> Result<Qmp, String> {
+        Qmp::connect(&self.qmp_path, Some(self.qemu_pid), Duration::from_secs(10))
+            .map_err(|e| format!("{}: {e}", self.name))
+    }
+
+    /// Adds a line about this host to commands.log.
+    pub fn log_note(&self, text: &str) {
+        self.log.write(&format!("{}: {text}", self.name));
+    }
+
+    pub fn run(&mut self, script: &str) -> Result<Output, String> {
+        self.run_timeout(script, CMD_TIMEOUT)
+    }
+
+    /// Runs `script` and requires exit code 0; returns its output.
+    pub fn run_ok(&mut self, script: &str) -> Result<String, String> {
+        self.run_ok_timeout(script, CMD_TIMEOUT)
+    }
+
+    pub fn run_ok_timeout(&mut self, script: &str, timeout: Duration) -> Result<String, String> {
+        let o = self.run_timeout(script, timeout)?;
+        if o.code != 0 {
+            return Err(format!(
+                "{}: `{}` exited with {} (expected 0); output: {}",
+                self.name,
+                short(script),
+                o.code,
+                o.out.trim_end()
+            ));
+        }
+        Ok(o.out)
+    }
+}
+
+/// Output beyond this many bytes per command is not copied to commands.log.
+const LOG_OUTPUT_MAX: usize = 64 * 1024;
+
+fn indent(s: &str) -> String {
+    let mut cut = s.len().min(LOG_OUTPUT_MAX);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let more = if cut < s.len() {
+        format!("\n    | [{} more bytes not logged]", s.len() - cut)
+    } else {
+        String::new()
+    };
+    s[..cut]
+        .trim_end()
+        .lines()
+        .map(|l| format!("\n    | {l}"))
+        .collect::<String>()
+        + &more
+}
+
+/// Everything a scenario gets.
+pub struct Fabric {
+    pub hosts: Vec<Host>,
+    pub expected: Expected,
+    /// The run directory: sockets of the emulator, QEMU and agents.
+    pub run_dir: PathBuf,
+}
+
+/// The emulator's control socket, for scenarios.
+#[derive(Clone)]
+pub struct EmuControl {
+    run_dir: PathBuf,
+}
+
+impl EmuControl {
+    /// Sends `request`; returns the reply unless it is not `{"ok":true,...}`.
+    pub fn request(&self, request: &str) -> Result<serde_json::Value, String> {
+        let reply = emu_control(&self.run_dir, request)?;
+        let v: serde_json::Value = serde_json::from_str(&reply).map_err(|e| {
+            format!("emulator control `{request}`: expected one JSON line, got {reply:?} ({e})")
+        })?;
+        if v.get("ok") != Some(&serde_json::Value::Bool(true)) {
+            return Err(format!(
+                "emulator control `{request}`: expected {{\"ok\":true}}, got {reply}"
+            ));
+        }
+        Ok(v)
+    }
+
+    /// The emulator's count of MRPC commands host `name` started.
+    pub fn mrpc_commands(&self, name: &str) -> Result<u64, String> {
+        let v = self.request("state")?;
+        v.get("hosts")
+            .and_then(|h| h.as_array())
+            .and_then(|a| {
+                a.iter()
+                    .find(|h| h.get("name").and_then(|n| n.as_str()) == Some(name))
+            })
+            .and_then(|h| h.get("mrpc_commands"))
+            .and_then(|c| c.as_u64())
+            .ok_or_else(|| format!("emulator state has no mrpc_commands for host {name}: {v}"))
+    }
+}
+
+impl Fabric {
+    pub fn emu(&self) -> EmuControl {
+        EmuControl {
+            run_dir: self.run_dir.clone(),
+        }
+    }
+
+    /// Runs `f` on every host in parallel; errors are collected per host.
+    pub fn each_host<F>(&mut self, f: F) -> Result<(), String>
+    where
+        F: Fn(&mut Host, &Expected) -> Result<(), String> + Sync,
+    {
+        let expected = &self.expected;
+        let f = &f;
+        let errors: Vec<String> = thread::scope(|s| {
+            let handles: Vec<_> = self
+                .hosts
+                .iter_mut()
+                .map(|h| s.spawn(move || f(h, expected)))
+                .collect();
+            handles
+                .into_iter()
+                .filter_map(|h| match h.join() {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e),
+                    Err(_) => Some("scenario code panicked (harness bug)".into()),
+                })
+                .collect()
+        });
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+
+    pub fn set_deadline(&mut self, d: Option<Instant>) {
+        for h in &mut self.hosts {
+            h.deadline = d;
+        }
+    }
+}
+
+/// A fresh temporary directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> Result<Self, String> {
+        let mut tmpl = *b"/tmp/pcifab-XXXXXX\0";
+        // SAFETY: `tmpl` is a writable NUL-terminated template as mkdtemp requires.
+        let p = unsafe { libc::mkdtemp(tmpl.as_mut_ptr().cast()) };
+        if p.is_null() {
+            return Err(format!(
+                "cannot create a run directory under /tmp: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let s = String::from_utf8_lossy(&tmpl[..tmpl.len() - 1]).into_owned();
+        Ok(TempDir(PathBuf::from(s)))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Checks a Unix socket path fits `sun_path`.
+fn sock_path(dir: &Path, name: &str) -> Result<PathBuf, String> {
+    let p = dir.join(name);
+    if p.as_os_str().len() >= 108 {
+        return Err(format!(
+            "socket path {} is {} bytes, Unix sockets allow 107; use a shorter run directory",
+            p.display(),
+            p.as_os_str().len()
+        ));
+    }
+    Ok(p)
+}
+
+/// Starts the emulator and waits for its `ready` line.
+pub fn start_emulator(opts: &Opts, children: &mut Children, run_dir: &Path) -> Result<(), String> {
+    let log_path = opts.results.join("emu.log");
+    let log = File::create(&log_path)
+        .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
+    let log_out = log
+        .try_clone()
+        .map_err(|e| format!("cannot duplicate log handle: {e}"))?;
+    let mut cmd = Command::new(&opts.emu);
+    cmd.arg("--config")
+        .arg(&opts.emu_config)
+        .arg("--run-dir")
+        .arg(run_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log_out))
+        .stderr(Stdio::piped());
+    let mut child_stderr = None;
+    let pid = children.spawn_with(EMU, &mut cmd, |c| child_stderr = c.stderr.take())?;
+    let Some(stderr) = child_stderr else {
+        return Err("emulator stderr was not captured (harness bug)".into());
+    };
+    let (tx, rx) = mpsc::channel();
+    let mut log = log;
+    // Copies stderr into emu.log and reports the ready line; ends at EOF.
+    thread::spawn(move || {
+        let mut r = BufReader::new(stderr);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let _ = log.write_all(&line);
+                    if String::from_utf8_lossy(&line).contains("pcifab-emu: ready") {
+                        let _ = tx.send(());
+                    }
+                }
+            }
+        }
+    });
+    let start = Instant::now();
+    loop {
+        if procs::interrupted() {
+            return Err(procs::INTERRUPTED_MSG.into());
+        }
+        if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
+            break;
+        }
+        if let Some(st) = children.try_status(EMU) {
+            return Err(format!(
+                "the emulator (pid {pid}) exited with {st} before it was ready; see {}{}",
+                log_path.display(),
+                tail(&log_path, 5)
+            ));
+        }
+        if start.elapsed() >= EMU_READY_TIMEOUT {
+            return Err(format!(
+                "the emulator printed no `pcifab-emu: ready` within {} s; see {}{}",
+                EMU_READY_TIMEOUT.as_secs(),
+                log_path.display(),
+                tail(&log_path, 5)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Last `n` lines of a file, as "\n  | line" text for error messages.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(n);
+    lines[from..]
+        .iter()
+        .map(|l| format!("\n  | {l}"))
+        .collect::<String>()
+}
+
+/// One request on the emulator's control socket.
+pub fn emu_control(run_dir: &Path, request: &str) -> Result<String, String> {
+    let path = run_dir.join("control.sock");
+    let mut s = UnixStream::connect(&path)
+        .map_err(|e| format!("cannot connect to {}: {e}", path.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| format!("control socket: {e}"))?;
+    s.write_all(format!("{request}\n").as_bytes())
+        .map_err(|e| format!("control socket write: {e}"))?;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                if out.ends_with(b"\n") {
+                    break;
+                }
+            }
+            Err(e) => return Err(format!("control socket: no full reply to `{request}`: {e}")),
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).trim_end().to_string())
+}
+
+/// Escapes a value for QEMU's comma-separated option syntax.
+fn qopt(p: &Path) -> String {
+    p.display().to_string().replace(',', ",,")
+}
+
+/// The QEMU binary of the trixie tree, run through that tree's loader.
+fn qemu_command(root: &Path) -> Result<Command, String> {
+    let qemu = root.join("usr/bin/qemu-system-x86_64");
+    if !qemu.exists() {
+        return Err(format!(
+            "{} not found: --qemu-root must be the Debian trixie tree made by \
+             tools/scripts/deps.sh",
+            qemu.display()
+        ));
+    }
+    let loader = [
+        "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+        "lib64/ld-linux-x86-64.so.2",
+        "usr/lib64/ld-linux-x86-64.so.2",
+    ]
+    .iter()
+    .map(|p| root.join(p))
+    .find(|p| p.exists())
+    .ok_or_else(|| format!("no ld-linux-x86-64.so.2 in {}", root.display()))?;
+    let mut cmd = Command::new(loader);
+    cmd.arg("--library-path")
+        .arg(root.join("usr/lib/x86_64-linux-gnu"))
+        .arg(qemu)
+        .arg("-L")
+        .arg(root.join("usr/share/qemu"))
+        .arg("-L")
+        .arg(root.join("usr/share/seabios"));
+    Ok(cmd)
+}
+
+/// QEMU arguments for host `name` (after the binary and -L options).
+pub fn qemu_args(
+    opts: &Opts,
+    name: &str,
+    initrd: &Path,
+    run_dir: &Path,
+) -> Result<Vec<OsString>, String> {
+    let mep = sock_path(run_dir, &format!("mep-{name}.sock"))?;
+    let agent = sock_path(run_dir, &format!("agent-{name}.sock"))?;
+    let qmp = sock_path(run_dir, &format!("qmp-{name}.sock"))?;
+    let console = opts.results.join(format!("{name}.console"));
+    let mut a: Vec<String> = vec![
+        "-M".into(),
+        "q35".into(),
+        "-global".into(),
+        "ICH9-LPC.acpi-pci-hotplug-with-bridge-support=off".into(),
+        "-accel".into(),
+        "tcg".into(),
+        "-smp".into(),
+        "1".into(),
+        "-m".into(),
+        "512M".into(),
+        "-object".into(),
+        "memory-backend-memfd,id=mem,size=512M,share=on".into(),
+        "-machine".into(),
+        "memory-backend=mem".into(),
+        "-nodefaults".into(),
+        "-display".into(),
+        "none".into(),
+        "-no-reboot".into(),
+        "-kernel".into(),
+        opts.kernel.display().to_string(),
+        "-initrd".into(),
+        initrd.display().to_string(),
+        "-append".into(),
+        format!("console=ttyS0 panic=-1 pcifab_host={name}"),
+        "-chardev".into(),
+        format!("file,id=con,path={}", qopt(&console)),
+        "-serial".into(),
+        "chardev:con".into(),
+        // The virtual switch: root port -> upstream port (00.0) + MEP (00.1).
+        "-device".into(),
+        "pcie-root-port,id=rp0,bus=pcie.0,addr=0x10,chassis=1,slot=1".into(),
+        "-device".into(),
+        "x3130-upstream,id=usp0,bus=rp0,addr=0.0,multifunction=on".into(),
+    ];
+    if opts.no_emu {
+        // Development aid: a plain test device where the MEP would be.
+        a.extend(["-device".into(), "pci-testdev,bus=rp0,addr=0.1".into()]);
+    } else {
+        // QEMU 11.1 rejects `socket.type=unix,socket.path=...` in key=value
+        // form for vfio-user-pci; the JSON form of -device takes the
+        // SocketAddress as an object.
+        let dev = serde_json::json!({
+            "driver": "vfio-user-pci",
+            "id": "mep",
+            "bus": "rp0",
+            "addr": "0.1",
+            "socket": { "type": "unix", "path": mep.display().to_string() },
+        });
+        a.extend(["-device".into(), dev.to_string()]);
+    }
+    for k in 0..DOWNSTREAM_PORTS {
+        a.push("-device".into());
+        a.push(format!(
+            "xio3130-downstream,id=dsp{k},bus=usp0,addr={k}.0,chassis=2,slot={k}"
+        ));
+    }
+    a.extend([
+        "-device".into(),
+        "virtio-serial-pci,id=vser0,bus=pcie.0".into(),
+        "-chardev".into(),
+        format!("socket,id=agent,path={}", qopt(&agent)),
+        "-device".into(),
+        "virtserialport,bus=vser0.0,chardev=agent,name=pcifab-agent".into(),
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", qopt(&qmp)),
+    ]);
+    Ok(a.into_iter().map(OsString::from).collect())
+}
+
+/// Starts every host's QEMU (from the calling = main thread) and waits, in
+/// parallel, for each agent's READY line.
+pub fn boot_hosts(
+    opts: &Opts,
+    children: &mut Children,
+    run_dir: &Path,
+    initrd: &Path,
+    names: &[String],
+    log: &Arc<CmdLog>,
+) -> Result<Vec<Host>, String> {
+    struct Pending {
+        name: String,
+        index: usize,
+        listener: UnixListener,
+        pid: u32,
+        spawned: Instant,
+    }
+    let mut pending = Vec::new();
+    for (index, name) in names.iter().enumerate() {
+        let agent = sock_path(run_dir, &format!("agent-{name}.sock"))?;
+        // Listen first: QEMU connects as a client at start, so nothing the
+        // guest writes can be lost.
+        let listener = UnixListener::bind(&agent)
+            .map_err(|e| format!("cannot listen on {}: {e}", agent.display()))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("{}: {e}", agent.display()))?;
+        let args = qemu_args(opts, name, initrd, run_dir)?;
+        let mut cmd = qemu_command(&opts.qemu_root)?;
+        cmd.args(&args);
+        let qlog_path = opts.results.join(format!("{name}.qemu.log"));
+        let qlog = File::create(&qlog_path)
+            .map_err(|e| format!("cannot create {}: {e}", qlog_path.display()))?;
+        let qlog2 = qlog
+            .try_clone()
+            .map_err(|e| format!("cannot duplicate log handle: {e}"))?;
+        // Keep the full command line next to the logs for reproduction.
+        let line = std::iter::once(cmd.get_program())
+            .chain(cmd.get_args())
+            .map(|a| shell_quote(&a.to_string_lossy()))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let _ = fs::write(opts.results.join(format!("{name}.cmdline")), line + "\n");
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(qlog))
+            .stderr(Stdio::from(qlog2));
+        let spawned = Instant::now();
+        let pid = children.spawn(&format!("qemu-{name}"), &mut cmd)?;
+        log.write(&format!("{name}: QEMU started, pid {pid}"));
+        pending.push(Pending {
+            name: name.clone(),
+            index,
+            listener,
+            pid,
+            spawned,
+        });
+    }
+
+    let results: Vec<Result<Host, String>> = thread::scope(|s| {
+        let handles: Vec<_> = pending
+            .into_iter()
+            .map(|p| {
+                let log = Arc::clone(log);
+                let results = opts.results.clone();
+                let run_dir = run_dir.to_path_buf();
+                s.spawn(move || {
+                    let qlog = results.join(format!("{}.qemu.log", p.name));
+                    let console = results.join(format!("{}.console", p.name));
+                    let deadline = p.spawned + BOOT_TIMEOUT;
+                    let fail = |why: String| {
+                        format!(
+                            "{}: {why}; see {} and {}{}{}",
+                            p.name,
+                            qlog.display(),
+                            console.display(),
+                            tail(&qlog, 3),
+                            tail(&console, 8)
+                        )
+                    };
+                    let stream = loop {
+                        if procs::interrupted() {
+                            return Err(procs::INTERRUPTED_MSG.to_string());
+                        }
+                        match p.listener.accept() {
+                            Ok((s, _)) => break s,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(e) => return Err(fail(format!("accept on agent socket: {e}"))),
+                        }
+                        if procs::has_exited(p.pid) {
+                            return Err(fail("QEMU exited during start-up".into()));
+                        }
+                        if Instant::now() >= deadline {
+                            return Err(fail("QEMU never connected the agent socket".into()));
+                        }
+                        sleep(Duration::from_millis(20));
+                    };
+                    stream
+                        .set_nonblocking(false)
+                        .map_err(|e| fail(format!("agent socket: {e}")))?;
+                    let mut conn = Conn::new(stream, Some(p.pid), &format!("{} agent", p.name))?;
+                    let line = conn.read_line(deadline).map_err(|e| {
+                        fail(format!(
+                            "no READY from the agent within {} s ({e})",
+                            BOOT_TIMEOUT.as_secs()
+                        ))
+                    })?;
+                    let line = String::from_utf8_lossy(&line).into_owned();
+                    let Some(release) = line.strip_prefix("READY ") else {
+                        return Err(fail(format!("agent greeted with {line:?}, expected READY")));
+                    };
+                    let boot_time = p.spawned.elapsed();
+                    log.write(&format!(
+                        "{}: agent ready in {:.2} s ({line})",
+                        p.name,
+                        boot_time.as_secs_f64()
+                    ));
+                    Ok(Host {
+                        qmp_path: run_dir.join(format!("qmp-{}.sock", p.name)),
+                        name: p.name,
+                        index: p.index,
+                        kernel_release: release.trim().to_string(),
+                        boot_time,
+                        conn: Some(conn),
+                        broken: None,
+                        qemu_pid: p.pid,
+                        console,
+                        next_id: 0,
+                        deadline: None,
+                        log,
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("boot thread panicked (harness bug)".into()))
+            })
+            .collect()
+    });
+    let mut hosts = Vec::new();
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(h) => hosts.push(h),
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(hosts)
+    } else {
+        Err(errors.join("\n"))
+    }
+}
+
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=,:+@%".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// Stops every QEMU (QMP `quit`, then signals) and the emulator.
+pub fn shutdown(
+    children: &mut Children,
+    hosts: &[(String, u32, PathBuf)],
+    run_dir: &Path,
+    results: &Path,
+    log: &CmdLog,
+    with_emu: bool,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    if with_emu && children.has(EMU) && !procs::interrupted() {
+        // The emulator's view at the end of the run, hosts still attached.
+        match emu_control(run_dir, "state") {
+            Ok(state) => {
+                let _ = fs::write(results.join("emu-state.json"), state + "\n");
+            }
+            Err(e) => log.write(&format!("emulator state dump failed: {e}")),
+        }
+    }
+    for (name, pid, qmp_path) in hosts {
+        let child = format!("qemu-{name}");
+        if !children.has(&child) || children.try_status(&child).is_some() {
+            continue;
+        }
+        if procs::interrupted() {
+            // No time for courtesy; QMP waits would end at once anyway.
+            children.stop(&child, Duration::from_secs(1));
+            continue;
+        }
+        match Qmp::connect(qmp_path, Some(*pid), Duration::from_secs(5))
+            .and_then(|mut q| q.execute("quit", None))
+        {
+            Ok(_) => log.write(&format!("{name}: QMP quit accepted")),
+            // QEMU may close the socket before the reply arrives.
+            Err(e) => log.write(&format!("{name}: QMP quit: {e}")),
+        }
+        if children.wait_for(&child, Duration::from_secs(10)).is_none() {
+            problems.push(format!("{name}: QEMU ignored QMP quit; killed it"));
+            children.stop(&child, Duration::from_secs(2));
+        }
+    }
+    if with_emu && children.has(EMU) {
+        match children.stop(EMU, Duration::from_secs(3)) {
+            Some(st) => log.write(&format!("emulator ended: {st}")),
+            None => problems.push("emulator could not be stopped".into()),
+        }
+    }
+    problems
+}

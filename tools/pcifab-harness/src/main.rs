@@ -1,0 +1,613 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! pcifab-harness: boots the emulated fabric (pcifab-emu + one QEMU per host)
+//! and runs scenarios in the guests through `pcifab-agent`.
+//! See Documentation/testing.rst.
+
+mod config;
+mod conn;
+mod fabric;
+mod initramfs;
+mod procs;
+mod qmp;
+mod scenarios;
+
+use std::fs::File;
+use std::io::Write;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use config::Expected;
+use fabric::{CmdLog, Fabric, TempDir};
+use procs::Children;
+
+const USAGE: &str = "\
+usage: pcifab-harness <test|demo|bench|list|selftest> --kernel BZIMAGE --module PCIFAB_KO
+         --switchtec SWITCHTEC_KO --guest-bin DIR --emu EMU_BIN --emu-config TOML
+         --qemu-root TRIXIE_DIR --results DIR
+         [--hosts N] [--filter SUBSTR] [--keep-going] [--busybox PATH] [--no-emu]
+
+  test        boot the fabric, run the scenarios, print `N passed, N failed`
+  demo        boot the fabric, load pcifab in every host, print `pcifab info`
+  bench       boot one host, measure MRPC echo through pcifab and switchtec
+  list        print the scenario names and exit
+  selftest    boot the fabric and check the harness and agent themselves
+  --guest-bin directory of static guest binaries (pcifab, pcifab-agent,
+              pcifab-selftest); every file in it goes to the guest's /bin
+  --hosts N   boot the first N hosts of the config (default: all)
+  --filter S  run only scenarios whose name contains S (case-insensitive)
+  --keep-going  run every scenario even after a failure (default: stop)
+  --busybox   static busybox for the guest (default /bin/busybox)
+  --no-emu    development aid: no emulator, a pci-testdev stands in for the MEP
+";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    Test,
+    Demo,
+    Bench,
+    List,
+    Selftest,
+}
+
+#[derive(Debug)]
+pub struct Opts {
+    pub mode: Mode,
+    pub kernel: PathBuf,
+    pub module: PathBuf,
+    pub switchtec: PathBuf,
+    pub guest_bin: PathBuf,
+    pub emu: PathBuf,
+    pub emu_config: PathBuf,
+    pub qemu_root: PathBuf,
+    pub results: PathBuf,
+    pub busybox: PathBuf,
+    pub hosts: Option<usize>,
+    pub filter: Option<String>,
+    pub keep_going: bool,
+    pub no_emu: bool,
+}
+
+fn parse_args(args: &[String]) -> Result<Opts, String> {
+    let mut it = args.iter();
+    let mode = match it.next().map(String::as_str) {
+        Some("test") => Mode::Test,
+        Some("demo") => Mode::Demo,
+        Some("bench") => Mode::Bench,
+        Some("list") => Mode::List,
+        Some("selftest") => Mode::Selftest,
+        Some("-h" | "--help") | None => return Err(String::new()),
+        Some(m) => {
+            return Err(format!(
+                "unknown mode {m:?}: expected test, demo, bench, list or selftest"
+            ))
+        }
+    };
+    let mut get = std::collections::HashMap::new();
+    let mut keep_going = false;
+    let mut no_emu = false;
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--keep-going" => keep_going = true,
+            "--no-emu" => no_emu = true,
+            "-h" | "--help" => return Err(String::new()),
+            "--kernel" | "--module" | "--switchtec" | "--guest-bin" | "--emu" | "--emu-config"
+            | "--qemu-root" | "--results" | "--hosts" | "--filter" | "--busybox" => {
+                let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
+                get.insert(a.trim_start_matches('-').to_string(), v.clone());
+            }
+            _ => return Err(format!("unknown argument {a:?}")),
+        }
+    }
+    let mut path = |k: &str| -> Result<PathBuf, String> {
+        match get.remove(k) {
+            Some(v) => Ok(PathBuf::from(v)),
+            None if mode == Mode::List => Ok(PathBuf::new()),
+            None if no_emu && (k == "emu" || k == "emu-config") => Ok(PathBuf::new()),
+            None => Err(format!("--{k} is required")),
+        }
+    };
+    let kernel = path("kernel")?;
+    let module = path("module")?;
+    let switchtec = path("switchtec")?;
+    let guest_bin = path("guest-bin")?;
+    let emu = path("emu")?;
+    let emu_config = path("emu-config")?;
+    let qemu_root = path("qemu-root")?;
+    let results = path("results")?;
+    let busybox = get
+        .remove("busybox")
+        .map_or_else(|| PathBuf::from("/bin/busybox"), PathBuf::from);
+    let hosts = match get.remove("hosts") {
+        // The benchmark measures one guest alone.
+        _ if mode == Mode::Bench => Some(1),
+        None => None,
+        Some(v) => Some(
+            v.parse::<usize>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| format!("--hosts {v:?}: expected a number >= 1"))?,
+        ),
+    };
+    Ok(Opts {
+        mode,
+        kernel,
+        module,
+        switchtec,
+        guest_bin,
+        emu,
+        emu_config,
+        qemu_root,
+        results,
+        busybox,
+        hosts,
+        filter: get.remove("filter"),
+        keep_going,
+        no_emu,
+    })
+}
+
+static HARNESS_LOG: OnceLock<Mutex<File>> = OnceLock::new();
+
+/// Prints a line and copies it to RESULTS/harness.log.
+fn say(line: &str) {
+    println!("{line}");
+    let _ = std::io::stdout().flush();
+    if let Some(f) = HARNESS_LOG.get() {
+        if let Ok(mut f) = f.lock() {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+fn check_file(p: &Path, flag: &str, hint: &str) -> Result<(), String> {
+    if p.is_file() {
+        Ok(())
+    } else {
+        Err(format!("{flag} {}: no such file; {hint}", p.display()))
+    }
+}
+
+fn check_inputs(o: &Opts) -> Result<(), String> {
+    check_file(
+        &o.kernel,
+        "--kernel",
+        "build it with tools/scripts/kernel.sh",
+    )?;
+    check_file(
+        &o.module,
+        "--module",
+        "build it with `make` in the project root",
+    )?;
+    check_file(
+        &o.switchtec,
+        "--switchtec",
+        "it is drivers/pci/switch/switchtec.ko of the kernel build (PCI_SW_SWITCHTEC=m)",
+    )?;
+    let hint =
+        "build the guest tools with `cargo build --release --target x86_64-unknown-linux-musl`";
+    check_file(&o.guest_bin.join("pcifab"), "--guest-bin", hint)?;
+    check_file(&o.guest_bin.join("pcifab-agent"), "--guest-bin", hint)?;
+    check_file(
+        &o.guest_bin.join("pcifab-selftest"),
+        "--guest-bin",
+        "build it with the agent (`make tools` copies it there)",
+    )?;
+    check_file(&o.busybox, "--busybox", "install Debian's busybox-static")?;
+    if !o.no_emu {
+        check_file(
+            &o.emu,
+            "--emu",
+            "build it with `cargo build --release -p pcifab-emu`",
+        )?;
+        check_file(
+            &o.emu_config,
+            "--emu-config",
+            "see tools/pcifab-emu/fabric.toml",
+        )?;
+    }
+    if !o.qemu_root.is_dir() {
+        return Err(format!(
+            "--qemu-root {}: no such directory; run tools/scripts/deps.sh",
+            o.qemu_root.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Everything that happens between argument parsing and the summary.
+struct Run {
+    opts: Opts,
+    expected: Expected,
+    log: Arc<CmdLog>,
+    passed: usize,
+    failed: usize,
+}
+
+impl Run {
+    fn setup(&mut self, children: &mut Children, run_dir: &Path) -> Result<Fabric, String> {
+        let o = &self.opts;
+        let initrd = initramfs::build(
+            &initramfs::Inputs {
+                busybox: &o.busybox,
+                guest_bin: &o.guest_bin,
+                pcifab_ko: &o.module,
+                switchtec_ko: &o.switchtec,
+            },
+            &o.results.join("initramfs.cpio"),
+        )?;
+        let n = o.hosts.unwrap_or(self.expected.hosts.len());
+        if n > self.expected.hosts.len() {
+            return Err(format!(
+                "--hosts {n}: the config {} has only {} [[hosts]]",
+                o.emu_config.display(),
+                self.expected.hosts.len()
+            ));
+        }
+        let names = &self.expected.hosts[..n];
+        if !o.no_emu {
+            let t = Instant::now();
+            fabric::start_emulator(o, children, run_dir)?;
+            self.log.write(&format!(
+                "emulator ready in {:.2} s",
+                t.elapsed().as_secs_f64()
+            ));
+            match fabric::emu_control(run_dir, "ping") {
+                Ok(r) => self.log.write(&format!("control ping -> {r}")),
+                Err(e) => say(&format!("# warning: emulator control socket: {e}")),
+            }
+            for name in names {
+                let sock = run_dir.join(format!("mep-{name}.sock"));
+                if !sock.exists() {
+                    return Err(format!(
+                        "the emulator is ready but {} does not exist; host names in {} must \
+                         match what the emulator serves",
+                        sock.display(),
+                        o.emu_config.display()
+                    ));
+                }
+            }
+        }
+        let hosts = fabric::boot_hosts(o, children, run_dir, &initrd, names, &self.log)?;
+        for h in &hosts {
+            say(&format!(
+                "{}: agent ready in {:.1} s (Linux {})",
+                h.name,
+                h.boot_time.as_secs_f64(),
+                h.kernel_release
+            ));
+        }
+        Ok(Fabric {
+            hosts,
+            expected: self.expected.clone(),
+            run_dir: run_dir.to_path_buf(),
+        })
+    }
+
+    fn scenarios(&mut self, fabric: &mut Fabric) {
+        let filter = self.opts.filter.as_deref().map(str::to_lowercase);
+        let all = if self.opts.mode == Mode::Selftest {
+            scenarios::selftest()
+        } else {
+            scenarios::all()
+        };
+        let list: Vec<_> = all
+            .into_iter()
+            .filter(|s| {
+                filter
+                    .as_deref()
+                    .is_none_or(|f| s.name.to_lowercase().contains(f))
+            })
+            .collect();
+        say(&format!("1..{}", list.len()));
+        let mut stop: Option<&str> = None;
+        for (i, s) in list.iter().enumerate() {
+            let n = i + 1;
+            if procs::interrupted() {
+                stop = Some("interrupted");
+            }
+            if let Some(why) = stop {
+                say(&format!("ok {n} - {} # SKIP not run: {why}", s.name));
+                continue;
+            }
+            self.log.write(&format!("=== scenario {n}: {}", s.name));
+            let t = Instant::now();
+            fabric.set_deadline(Some(t + s.timeout));
+            let r = catch_unwind(AssertUnwindSafe(|| (s.run)(fabric)))
+                .unwrap_or_else(|_| Err("scenario panicked (harness bug)".into()));
+            fabric.set_deadline(None);
+            let secs = t.elapsed().as_secs_f64();
+            match r {
+                Ok(()) => {
+                    self.passed += 1;
+                    say(&format!("ok {n} - {}", s.name));
+                }
+                Err(e) => {
+                    self.failed += 1;
+                    // Keep the KTAP line one line; details follow as comments.
+                    let mut lines = e.lines();
+                    say(&format!(
+                        "not ok {n} - {}: {}",
+                        s.name,
+                        lines.next().unwrap_or("")
+                    ));
+                    for l in lines {
+                        say(&format!("#   {l}"));
+                    }
+                    if !self.opts.keep_going {
+                        stop = Some("an earlier scenario failed (use --keep-going)");
+                    }
+                }
+            }
+            say(&format!("# {}: {secs:.1} s", s.name));
+            self.log
+                .write(&format!("=== scenario {n} done in {secs:.1} s"));
+        }
+    }
+
+    fn bench(&mut self, fabric: &mut Fabric) -> Result<(), String> {
+        fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(1200)));
+        let h = &mut fabric.hosts[0];
+        let r = scenarios::bench(h);
+        fabric.set_deadline(None);
+        let (p, s) = r?;
+        say(&format!(
+            "# {} MRPC echo round trips of {} bytes each, one guest (TCG)",
+            scenarios::BENCH_COUNT,
+            scenarios::BENCH_SIZE
+        ));
+        say(&format!("bench mrpc_echo_rate_pcifab {:.1}", p.rate));
+        say(&format!("bench mrpc_echo_p50_us_pcifab {:.0}", p.p50_us));
+        say(&format!("bench mrpc_echo_p99_us_pcifab {:.0}", p.p99_us));
+        say(&format!("bench mrpc_echo_rate_switchtec {:.1}", s.rate));
+        say(&format!("bench mrpc_echo_p50_us_switchtec {:.0}", s.p50_us));
+        say(&format!("bench mrpc_echo_p99_us_switchtec {:.0}", s.p99_us));
+        say(&format!(
+            "bench mrpc_echo_ratio_vs_switchtec {:.3}",
+            p.rate / s.rate
+        ));
+        Ok(())
+    }
+
+    fn demo(&mut self, fabric: &mut Fabric) -> Result<(), String> {
+        let mut errors = Vec::new();
+        for h in &mut fabric.hosts {
+            let r = scenarios::ensure_pcifab(h).and_then(|()| h.run_ok("pcifab info"));
+            match r {
+                Ok(out) => {
+                    for l in out.trim_end().lines() {
+                        say(&format!("{}: {l}", h.name));
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("\n"))
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match parse_args(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("pcifab-harness: {e}");
+            }
+            eprint!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if opts.mode == Mode::List {
+        for s in scenarios::all() {
+            println!("{}", s.name);
+        }
+        return ExitCode::SUCCESS;
+    }
+    if let Some(f) = &opts.filter {
+        let f = f.to_lowercase();
+        if !scenarios::all()
+            .iter()
+            .chain(scenarios::selftest().iter())
+            .any(|s| s.name.to_lowercase().contains(&f))
+        {
+            eprintln!(
+                "pcifab-harness: --filter {f:?} matches no scenario; `pcifab-harness list` \
+                 shows the names"
+            );
+            return ExitCode::from(2);
+        }
+    }
+    if let Err(e) = check_inputs(&opts) {
+        eprintln!("pcifab-harness: {e}");
+        return ExitCode::from(2);
+    }
+    let expected = if opts.no_emu {
+        let n = opts.hosts.unwrap_or(1);
+        let text: String = (0..n)
+            .map(|i| format!("[[hosts]]\nname = \"h{i}\"\n"))
+            .collect();
+        Expected::parse(&text)
+    } else {
+        Expected::load(&opts.emu_config)
+    };
+    let expected = match expected {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("pcifab-harness: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(&opts.results) {
+        eprintln!(
+            "pcifab-harness: cannot create results directory {}: {e}",
+            opts.results.display()
+        );
+        return ExitCode::from(2);
+    }
+    if let Ok(f) = File::create(opts.results.join("harness.log")) {
+        let _ = HARNESS_LOG.set(Mutex::new(f));
+    }
+    let log = match CmdLog::create(&opts.results.join("commands.log")) {
+        Ok(l) => Arc::new(l),
+        Err(e) => {
+            eprintln!("pcifab-harness: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    procs::install_signal_handlers();
+
+    let start = Instant::now();
+    let mode = opts.mode;
+    let mut run = Run {
+        opts,
+        expected,
+        log,
+        passed: 0,
+        failed: 0,
+    };
+    // Declared before the fabric so it is dropped (killing children) after it.
+    let mut children = Children::default();
+    let run_dir = match TempDir::new() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("pcifab-harness: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut demo_failed = false;
+    let hosts_for_shutdown;
+    match run.setup(&mut children, &run_dir.0) {
+        Err(e) => {
+            run.failed += 1;
+            let mut lines = e.lines();
+            say(&format!("not ok 1 - setup: {}", lines.next().unwrap_or("")));
+            for l in lines {
+                say(&format!("#   {l}"));
+            }
+            hosts_for_shutdown = run
+                .expected
+                .hosts
+                .iter()
+                .map(|n| (n.clone(), 0, run_dir.0.join(format!("qmp-{n}.sock"))))
+                .collect::<Vec<_>>();
+        }
+        Ok(mut fabric) => {
+            hosts_for_shutdown = fabric
+                .hosts
+                .iter()
+                .map(|h| (h.name.clone(), h.qemu_pid, h.qmp_path.clone()))
+                .collect();
+            match mode {
+                Mode::Demo => {
+                    if let Err(e) = run.demo(&mut fabric) {
+                        say(&format!("demo failed: {e}"));
+                        demo_failed = true;
+                    }
+                }
+                Mode::Bench => {
+                    if let Err(e) = run.bench(&mut fabric) {
+                        say(&format!("bench failed: {e}"));
+                        demo_failed = true;
+                    }
+                }
+                _ => run.scenarios(&mut fabric),
+            }
+        }
+    }
+    let problems = fabric::shutdown(
+        &mut children,
+        &hosts_for_shutdown,
+        &run_dir.0,
+        &run.opts.results,
+        &run.log,
+        !run.opts.no_emu,
+    );
+    for p in problems {
+        say(&format!("# warning: {p}"));
+    }
+    drop(children);
+    say(&format!(
+        "# total {:.1} s; logs in {}",
+        start.elapsed().as_secs_f64(),
+        run.opts.results.display()
+    ));
+    if procs::interrupted() {
+        say(&format!(
+            "{} passed, {} failed",
+            run.passed,
+            run.failed.max(1)
+        ));
+        return ExitCode::from(130);
+    }
+    match mode {
+        Mode::Demo | Mode::Bench => {
+            if demo_failed || run.failed > 0 {
+                ExitCode::FAILURE
+            } else {
+                say(if mode == Mode::Demo {
+                    "demo: done"
+                } else {
+                    "bench: done"
+                });
+                ExitCode::SUCCESS
+            }
+        }
+        _ => {
+            say(&format!("{} passed, {} failed", run.passed, run.failed));
+            if run.failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn args() {
+        let o = parse_args(&v(&[
+            "test",
+            "--kernel",
+            "k",
+            "--module",
+            "m",
+            "--switchtec",
+            "s",
+            "--guest-bin",
+            "g",
+            "--emu",
+            "e",
+            "--emu-config",
+            "c",
+            "--qemu-root",
+            "q",
+            "--results",
+            "r",
+            "--hosts",
+            "2",
+            "--keep-going",
+        ]))
+        .unwrap();
+        assert_eq!(o.mode, Mode::Test);
+        assert_eq!(o.hosts, Some(2));
+        assert!(o.keep_going);
+        assert!(parse_args(&v(&["test", "--kernel"])).is_err());
+        assert!(parse_args(&v(&["test", "--kernel", "k"])).is_err());
+        assert!(parse_args(&v(&["bogus"])).is_err());
+    }
+}

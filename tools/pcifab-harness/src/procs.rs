@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! Child processes (emulator, QEMUs) that can never outlive the harness.
+//!
+//! Every child runs in its own process group and gets `PR_SET_PDEATHSIG(SIGKILL)`.
+//! [`Children`] kills and reaps all of them on drop, which covers normal exit,
+//! `?` returns and panics (unwinding). SIGINT/SIGTERM/SIGHUP set a flag that all
+//! waits poll; a second signal kills every child group at once and exits.
+//!
+//! The parent-death signal is tied to the *thread* that forked, so children must
+//! be spawned from the main thread only (worker threads end early).
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+const MAX_GROUPS: usize = 64;
+static GROUPS: [AtomicI32; MAX_GROUPS] = [const { AtomicI32::new(0) }; MAX_GROUPS];
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    if INTERRUPTED.swap(true, Ordering::SeqCst) {
+        // Second signal: the user insists. Only async-signal-safe calls here.
+        for g in &GROUPS {
+            let pgid = g.load(Ordering::SeqCst);
+            if pgid > 0 {
+                // SAFETY: kill(2) is async-signal-safe; pgid is a child's group.
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            }
+        }
+        // SAFETY: _exit(2) is async-signal-safe and never returns.
+        unsafe { libc::_exit(130) };
+    }
+}
+
+/// Installs the SIGINT/SIGTERM/SIGHUP handler.
+pub fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: a zeroed sigaction is valid; we set a plain handler that only
+        // touches atomics and async-signal-safe syscalls.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// True once SIGINT/SIGTERM/SIGHUP arrived.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// Error text for an interrupted wait.
+pub const INTERRUPTED_MSG: &str = "interrupted by signal; shutting down";
+
+/// True if process `pid` has exited (without reaping it).
+pub fn has_exited(pid: u32) -> bool {
+    // SAFETY: siginfo_t is plain data; zeroed is valid for waitid to fill.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer; WNOHANG|WNOWAIT neither blocks nor reaps.
+    let r = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: waitid filled `info` (or left it zeroed, giving pid 0).
+    r == 0 && unsafe { info.si_pid() } != 0
+}
+
+struct Proc {
+    name: String,
+    child: Child,
+    done: Option<ExitStatus>,
+}
+
+/// Owner of every child process; kills and reaps them all on drop.
+#[derive(Default)]
+pub struct Children {
+    procs: Vec<Proc>,
+}
+
+impl Children {
+    /// Spawns `cmd` in its own process group with a parent-death SIGKILL.
+    /// Returns the child's pid.
+    pub fn spawn(&mut self, name: &str, cmd: &mut Command) -> Result<u32, String> {
+        self.spawn_with(name, cmd, |_| {})
+    }
+
+    /// Like [`Children::spawn`]; `take` may take the child's pipes first.
+    pub fn spawn_with(
+        &mut self,
+        name: &str,
+        cmd: &mut Command,
+        take: impl FnOnce(&mut Child),
+    ) -> Result<u32, String> {
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        cmd.process_group(0);
+        // SAFETY: the closure runs between fork and exec and only makes
+        // async-signal-safe syscalls (prctl, getppid, _exit); it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before prctl took effect.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| {
+            format!(
+                "cannot start {name} ({:?}): {e}; check the path and that it is executable",
+                cmd.get_program()
+            )
+        })?;
+        let pid = child.id();
+        take(&mut child);
+        for g in &GROUPS {
+            if g.compare_exchange(0, pid as i32, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                break;
+            }
+        }
+        self.procs.push(Proc {
+            name: name.to_string(),
+            child,
+            done: None,
+        });
+        Ok(pid)
+    }
+
+    /// True if a child of that name was started.
+    pub fn has(&self, name: &str) -> bool {
+        self.procs.iter().any(|p| p.name == name)
+    }
+
+    fn find(&mut self, name: &str) -> Option<&mut Proc> {
+        self.procs.iter_mut().find(|p| p.name == name)
+    }
+
+    /// Exit status of `name` if it has exited (reaps it).
+    pub fn try_status(&mut self, name: &str) -> Option<ExitStatus> {
+        let p = self.find(name)?;
+        if p.done.is_none() {
+            if let Ok(Some(st)) = p.child.try_wait() {
+                p.done = Some(st);
+                forget_group(p.child.id());
+            }
+        }
+        p.done
+    }
+
+    /// Waits up to `timeout` for `name` to exit by itself.
+    pub fn wait_for(&mut self, name: &str, timeout: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.try_status(name) {
+                return Some(st);
+            }
+            if start.elapsed() >= timeout {
+                return None;
+            }
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM to the group, then SIGKILL after `grace`; reaps. Returns how it ended.
+    pub fn stop(&mut self, name: &str, grace: Duration) -> Option<ExitStatus> {
+        if let Some(st) = self.try_status(name) {
+            return Some(st);
+        }
+        let pid = self.find(name)?.child.id() as i32;
+        // SAFETY: signals the process group we created for this child.
+        unsafe { libc::kill(-pid, libc::SIGTERM) };
+        if let Some(st) = self.wait_for(name, grace) {
+            return Some(st);
+        }
+        let p = self.find(name)?;
+        kill_and_reap(p);
+        p.done
+    }
+}
+
+fn forget_group(pid: u32) {
+    for g in &GROUPS {
+        let _ = g.compare_exchange(pid as i32, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+fn kill_and_reap(p: &mut Proc) {
+    let pid = p.child.id() as i32;
+    if p.done.is_none() {
+        // SAFETY: signals the process group we created for this child; the
+        // group still exists because the leader has not been reaped.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+        p.done = p.child.wait().ok();
+    } else {
+        // The leader is gone; stragglers of its group (if any) still go.
+        // SAFETY: as above; ESRCH is harmless.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
+    forget_group(pid as u32);
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for p in self.procs.iter_mut().rev() {
+            kill_and_reap(p);
+        }
+    }
+}

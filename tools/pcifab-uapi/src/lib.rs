@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! Rust mirror of `include/uapi/linux/pcifab.h`, the ioctl ABI of `/dev/pcifabN`.
+//!
+//! The header is the one definition; `tests/layout.rs` compiles it with the C compiler and
+//! checks every size, field offset and ioctl number against this crate.
+
+/// Major version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MAJOR`).
+pub const VERSION_MAJOR: u32 = 1;
+/// Minor version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MINOR`).
+pub const VERSION_MINOR: u32 = 3;
+
+/// ioctl type byte of pcifab (`PCIFAB_IOCTL_TYPE`).
+pub const IOCTL_TYPE: u32 = 0xFA;
+
+/// `_IO(type, nr)`: an ioctl whose argument struct carries its own size.
+pub const fn io(ty: u32, nr: u32) -> u32 {
+    (ty << 8) | nr
+}
+
+/// `PCIFAB_IOCTL_VERSION`: argument [`Version`].
+pub const PCIFAB_IOCTL_VERSION: u32 = io(IOCTL_TYPE, 0x00);
+/// `PCIFAB_IOCTL_IDENTITY`: argument [`Identity`].
+pub const PCIFAB_IOCTL_IDENTITY: u32 = io(IOCTL_TYPE, 0x01);
+/// `PCIFAB_IOCTL_MRPC`: argument [`Mrpc`].
+pub const PCIFAB_IOCTL_MRPC: u32 = io(IOCTL_TYPE, 0x02);
+/// `PCIFAB_IOCTL_STATS`: argument [`Stats`].
+pub const PCIFAB_IOCTL_STATS: u32 = io(IOCTL_TYPE, 0x03);
+
+/// `PCIFAB_IOCTL_EVENTS`: argument [`Events`].
+pub const PCIFAB_IOCTL_EVENTS: u32 = io(IOCTL_TYPE, 0x04);
+/// `PCIFAB_IOCTL_INVENTORY`: argument [`Inventory`].
+pub const PCIFAB_IOCTL_INVENTORY: u32 = io(IOCTL_TYPE, 0x05);
+
+/// `PCIFAB_IOCTL_BIND`: argument [`Bind`].
+pub const PCIFAB_IOCTL_BIND: u32 = io(IOCTL_TYPE, 0x06);
+/// `PCIFAB_IOCTL_UNBIND`: argument [`Unbind`].
+pub const PCIFAB_IOCTL_UNBIND: u32 = io(IOCTL_TYPE, 0x07);
+/// `PCIFAB_IOCTL_MOVE`: argument [`Move`].
+pub const PCIFAB_IOCTL_MOVE: u32 = io(IOCTL_TYPE, 0x08);
+/// `PCIFAB_ANY_PORT`.
+pub const ANY_PORT: u8 = 0xff;
+/// `PCIFAB_BIND_NO_WAIT`.
+pub const BIND_NO_WAIT: u32 = 1 << 0;
+/// `PCIFAB_BIND_MAX_TIMEOUT_MS`.
+pub const BIND_MAX_TIMEOUT_MS: u32 = 120_000;
+
+/// `PCIFAB_EVENTS_WAIT`.
+pub const EVENTS_WAIT: u32 = 1 << 0;
+/// `PCIFAB_PORT_*`: port types.
+pub const PORT_UNUSED: u8 = 0;
+pub const PORT_FABRIC: u8 = 1;
+pub const PORT_ENDPOINT: u8 = 2;
+pub const PORT_HOST: u8 = 3;
+/// `PCIFAB_FN_*`: function flags.
+pub const FN_VF: u8 = 1 << 0;
+pub const FN_BOUND: u8 = 1 << 1;
+pub const FN_LINK_UP: u8 = 1 << 2;
+/// `PCIFAB_UNBOUND`.
+pub const UNBOUND: u8 = 0xff;
+
+/// `PCIFAB_MRPC_MAX_DATA`: largest MRPC input or output.
+pub const MRPC_MAX_DATA: usize = 1024;
+/// `PCIFAB_MRPC_MAX_TIMEOUT_MS`.
+pub const MRPC_MAX_TIMEOUT_MS: u32 = 60_000;
+/// MRPC status of a finished command.
+pub const MRPC_STATUS_DONE: u32 = 2;
+/// MRPC status of a command the firmware failed; `ret_value` says why.
+pub const MRPC_STATUS_ERROR: u32 = 0xff;
+
+/// An argument struct of the size-first convention.
+///
+/// # Safety
+///
+/// Implementors are `repr(C)` plain-old-data structs without padding whose first field is the
+/// `u32` size, so any byte pattern is a valid value.
+pub unsafe trait Arg: Default + Copy {
+    /// A zeroed struct with `size` set.
+    fn new() -> Self;
+}
+
+/// `struct pcifab_version`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Version {
+    pub size: u32,
+    pub flags: u32,
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// `struct pcifab_identity`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    pub size: u32,
+    pub flags: u32,
+    pub pci_vendor: u16,
+    pub pci_device: u16,
+    pub device_id: u32,
+    pub device_version: u32,
+    pub fw_version: u32,
+    pub partition: u32,
+    pub partition_count: u32,
+    pub vendor_id: [u8; 8],
+    pub product_id: [u8; 24],
+    pub product_revision: [u8; 2],
+    pub reserved0: u16,
+}
+
+/// `struct pcifab_mrpc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mrpc {
+    pub size: u32,
+    pub flags: u32,
+    pub cmd: u32,
+    pub in_len: u32,
+    pub out_len: u32,
+    pub timeout_ms: u32,
+    pub in_ptr: u64,
+    pub out_ptr: u64,
+    pub status: u32,
+    pub ret_value: u32,
+}
+
+/// `struct pcifab_stats`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub size: u32,
+    pub flags: u32,
+    pub mrpc_commands: u64,
+    pub mrpc_completions: u64,
+    pub mrpc_timeouts: u64,
+    pub mrpc_firmware_dead: u64,
+    pub event_irqs: u64,
+}
+
+/// `struct pcifab_events`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Events {
+    pub size: u32,
+    pub flags: u32,
+    pub timeout_ms: u32,
+    pub reserved0: u32,
+    pub seen: u64,
+    pub total: u64,
+    pub link: u64,
+    pub gfms: u64,
+    pub irqs: u64,
+}
+
+/// `struct pcifab_port`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Port {
+    pub phys_port: u8,
+    pub kind: u8,
+    pub link_up: u8,
+    pub width: u8,
+    pub rate: u8,
+    pub reserved: [u8; 3],
+}
+
+/// `struct pcifab_function`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Function {
+    pub pdfid: u16,
+    pub pf_pdfid: u16,
+    pub vendor: u16,
+    pub device: u16,
+    pub class_code: u32,
+    pub phys_port: u8,
+    pub vf_index: u8,
+    pub total_vfs: u8,
+    pub flags: u8,
+    pub bound_host: u8,
+    pub bound_port: u8,
+    pub reserved0: u16,
+    pub reserved1: u32,
+}
+
+/// `struct pcifab_inventory`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inventory {
+    pub size: u32,
+    pub flags: u32,
+    pub generation: u32,
+    pub partition: u16,
+    pub host_count: u16,
+    pub nr_ports: u32,
+    pub nr_functions: u32,
+    pub port_size: u32,
+    pub function_size: u32,
+    pub ports_ptr: u64,
+    pub functions_ptr: u64,
+}
+
+/// `struct pcifab_bind`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bind {
+    pub size: u32,
+    pub flags: u32,
+    pub pdfid: u16,
+    pub host: u8,
+    pub port: u8,
+    pub timeout_ms: u32,
+    pub fw_ret: u32,
+    pub vendor: u16,
+    pub device: u16,
+    pub name: [u8; 16],
+}
+
+/// `struct pcifab_unbind`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unbind {
+    pub size: u32,
+    pub flags: u32,
+    pub pdfid: u16,
+    pub host: u8,
+    pub port: u8,
+    pub timeout_ms: u32,
+    pub fw_ret: u32,
+    pub reserved0: u32,
+}
+
+/// `struct pcifab_move`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Move {
+    pub size: u32,
+    pub flags: u32,
+    pub pdfid: u16,
+    pub host: u8,
+    pub port: u8,
+    pub timeout_ms: u32,
+    pub fw_ret: u32,
+    pub vendor: u16,
+    pub device: u16,
+    pub name: [u8; 16],
+    pub from_host: u8,
+    pub from_port: u8,
+    pub reserved0: u16,
+}
+
+macro_rules! impl_arg {
+    ($($t:ty),*) => {$(
+        // SAFETY: `repr(C)`, integers and byte arrays only, no padding (sizes checked against
+        // the C header in tests/layout.rs), `size` first.
+        unsafe impl Arg for $t {
+            fn new() -> Self {
+                Self { size: core::mem::size_of::<Self>() as u32, ..Self::default() }
+            }
+        }
+    )*};
+}
+impl_arg!(Version, Identity, Mrpc, Stats, Events, Inventory, Bind, Unbind, Move);
+
+/// A fixed-size register string as text: up to the first NUL, trailing spaces removed.
+pub fn fixed_str(raw: &[u8]) -> String {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_sets_size() {
+        assert_eq!(Identity::new().size, 68);
+        assert_eq!(Version::new().size, 16);
+    }
+
+    #[test]
+    fn fixed_str_trims() {
+        assert_eq!(fixed_str(b"PAX 28XG4   \0\0"), "PAX 28XG4");
+        assert_eq!(fixed_str(b"MICROSEM"), "MICROSEM");
+        assert_eq!(fixed_str(b"\0abc"), "");
+    }
+}

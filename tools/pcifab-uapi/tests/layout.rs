@@ -1,0 +1,576 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! Proves that the Rust mirror matches `include/uapi/linux/pcifab.h`: the header is compiled
+//! by the system C compiler into a program that prints every size, offset and ioctl number,
+//! and each is compared with this crate's value.
+
+use std::{mem::offset_of, path::PathBuf, process::Command};
+
+use pcifab_uapi::*;
+
+/// Builds and runs the C probe, returning its `name value` lines.
+fn c_layout() -> Vec<(String, u64)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let header = root.join("include/uapi/linux/pcifab.h");
+    let dir = std::env::temp_dir().join(format!("pcifab-uapi-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    let src = dir.join("probe.c");
+    let mut c = format!(
+        "#include <stdio.h>\n#include <stddef.h>\n#include \"{}\"\nint main(void) {{\n",
+        header.display()
+    );
+    let mut p = |expr: &str| {
+        c.push_str(&format!(
+            "printf(\"%s %llu\\n\", \"{expr}\", (unsigned long long)({expr}));\n"
+        ))
+    };
+    for s in [
+        "pcifab_version",
+        "pcifab_identity",
+        "pcifab_mrpc",
+        "pcifab_stats",
+        "pcifab_events",
+        "pcifab_port",
+        "pcifab_function",
+        "pcifab_inventory",
+        "pcifab_bind",
+        "pcifab_unbind",
+        "pcifab_move",
+    ] {
+        p(&format!("sizeof(struct {s})"));
+    }
+    for f in ["size", "flags", "major", "minor"] {
+        p(&format!("offsetof(struct pcifab_version, {f})"));
+    }
+    for f in [
+        "size",
+        "flags",
+        "pci_vendor",
+        "pci_device",
+        "device_id",
+        "device_version",
+        "fw_version",
+        "partition",
+        "partition_count",
+        "vendor_id",
+        "product_id",
+        "product_revision",
+        "__reserved0",
+    ] {
+        p(&format!("offsetof(struct pcifab_identity, {f})"));
+    }
+    for f in [
+        "size",
+        "flags",
+        "cmd",
+        "in_len",
+        "out_len",
+        "timeout_ms",
+        "in_ptr",
+        "out_ptr",
+        "status",
+        "ret_value",
+    ] {
+        p(&format!("offsetof(struct pcifab_mrpc, {f})"));
+    }
+    for f in [
+        "size",
+        "flags",
+        "mrpc_commands",
+        "mrpc_completions",
+        "mrpc_timeouts",
+        "mrpc_firmware_dead",
+        "event_irqs",
+    ] {
+        p(&format!("offsetof(struct pcifab_stats, {f})"));
+    }
+    for (s, fields) in EXTRA_FIELDS {
+        for f in *fields {
+            p(&format!("offsetof(struct {s}, {f})"));
+        }
+    }
+    for n in [
+        "PCIFAB_IOCTL_BIND",
+        "PCIFAB_IOCTL_UNBIND",
+        "PCIFAB_IOCTL_MOVE",
+        "PCIFAB_ANY_PORT",
+        "PCIFAB_BIND_NO_WAIT",
+        "PCIFAB_BIND_MAX_TIMEOUT_MS",
+        "PCIFAB_IOCTL_EVENTS",
+        "PCIFAB_IOCTL_INVENTORY",
+        "PCIFAB_EVENTS_WAIT",
+        "PCIFAB_PORT_UNUSED",
+        "PCIFAB_PORT_FABRIC",
+        "PCIFAB_PORT_ENDPOINT",
+        "PCIFAB_PORT_HOST",
+        "PCIFAB_FN_VF",
+        "PCIFAB_FN_BOUND",
+        "PCIFAB_FN_LINK_UP",
+        "PCIFAB_UNBOUND",
+        "PCIFAB_IOCTL_MRPC",
+        "PCIFAB_IOCTL_STATS",
+        "PCIFAB_MRPC_MAX_DATA",
+        "PCIFAB_MRPC_MAX_TIMEOUT_MS",
+        "PCIFAB_IOCTL_VERSION",
+        "PCIFAB_IOCTL_IDENTITY",
+        "PCIFAB_UAPI_VERSION_MAJOR",
+        "PCIFAB_UAPI_VERSION_MINOR",
+    ] {
+        p(n);
+    }
+    c.push_str("return 0;\n}\n");
+    std::fs::write(&src, c).expect("write probe.c");
+    let exe = dir.join("probe");
+    let cc = Command::new("cc")
+        .args(["-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("run cc (install gcc and linux-libc-dev)");
+    assert!(cc.success(), "the uAPI header does not compile");
+    let out = Command::new(&exe).output().expect("run probe");
+    let _ = std::fs::remove_dir_all(&dir);
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').expect("name value");
+            (k.to_string(), v.parse().expect("number"))
+        })
+        .collect()
+}
+
+/// Fields of the structs added after the first version, probed in C (C names).
+const EXTRA_FIELDS: &[(&str, &[&str])] = &[
+    (
+        "pcifab_events",
+        &[
+            "size",
+            "flags",
+            "timeout_ms",
+            "__reserved0",
+            "seen",
+            "total",
+            "link",
+            "gfms",
+            "irqs",
+        ],
+    ),
+    (
+        "pcifab_port",
+        &[
+            "phys_port",
+            "type",
+            "link_up",
+            "width",
+            "rate",
+            "__reserved",
+        ],
+    ),
+    (
+        "pcifab_function",
+        &[
+            "pdfid",
+            "pf_pdfid",
+            "vendor",
+            "device",
+            "class_code",
+            "phys_port",
+            "vf_index",
+            "total_vfs",
+            "flags",
+            "bound_host",
+            "bound_port",
+            "__reserved0",
+            "__reserved1",
+        ],
+    ),
+    (
+        "pcifab_bind",
+        &[
+            "size",
+            "flags",
+            "pdfid",
+            "host",
+            "port",
+            "timeout_ms",
+            "fw_ret",
+            "vendor",
+            "device",
+            "name",
+        ],
+    ),
+    (
+        "pcifab_unbind",
+        &[
+            "size",
+            "flags",
+            "pdfid",
+            "host",
+            "port",
+            "timeout_ms",
+            "fw_ret",
+            "__reserved0",
+        ],
+    ),
+    (
+        "pcifab_move",
+        &[
+            "size",
+            "flags",
+            "pdfid",
+            "host",
+            "port",
+            "timeout_ms",
+            "fw_ret",
+            "vendor",
+            "device",
+            "name",
+            "from_host",
+            "from_port",
+            "__reserved0",
+        ],
+    ),
+    (
+        "pcifab_inventory",
+        &[
+            "size",
+            "flags",
+            "generation",
+            "partition",
+            "host_count",
+            "nr_ports",
+            "nr_functions",
+            "port_size",
+            "function_size",
+            "ports_ptr",
+            "functions_ptr",
+        ],
+    ),
+];
+
+/// The same fields' offsets in Rust, in the same order.
+fn extra_rust() -> Vec<(String, u64)> {
+    let e = [
+        offset_of!(Events, size),
+        offset_of!(Events, flags),
+        offset_of!(Events, timeout_ms),
+        offset_of!(Events, reserved0),
+        offset_of!(Events, seen),
+        offset_of!(Events, total),
+        offset_of!(Events, link),
+        offset_of!(Events, gfms),
+        offset_of!(Events, irqs),
+    ];
+    let p = [
+        offset_of!(Port, phys_port),
+        offset_of!(Port, kind),
+        offset_of!(Port, link_up),
+        offset_of!(Port, width),
+        offset_of!(Port, rate),
+        offset_of!(Port, reserved),
+    ];
+    let f = [
+        offset_of!(Function, pdfid),
+        offset_of!(Function, pf_pdfid),
+        offset_of!(Function, vendor),
+        offset_of!(Function, device),
+        offset_of!(Function, class_code),
+        offset_of!(Function, phys_port),
+        offset_of!(Function, vf_index),
+        offset_of!(Function, total_vfs),
+        offset_of!(Function, flags),
+        offset_of!(Function, bound_host),
+        offset_of!(Function, bound_port),
+        offset_of!(Function, reserved0),
+        offset_of!(Function, reserved1),
+    ];
+    let i = [
+        offset_of!(Inventory, size),
+        offset_of!(Inventory, flags),
+        offset_of!(Inventory, generation),
+        offset_of!(Inventory, partition),
+        offset_of!(Inventory, host_count),
+        offset_of!(Inventory, nr_ports),
+        offset_of!(Inventory, nr_functions),
+        offset_of!(Inventory, port_size),
+        offset_of!(Inventory, function_size),
+        offset_of!(Inventory, ports_ptr),
+        offset_of!(Inventory, functions_ptr),
+    ];
+    let b = [
+        offset_of!(Bind, size),
+        offset_of!(Bind, flags),
+        offset_of!(Bind, pdfid),
+        offset_of!(Bind, host),
+        offset_of!(Bind, port),
+        offset_of!(Bind, timeout_ms),
+        offset_of!(Bind, fw_ret),
+        offset_of!(Bind, vendor),
+        offset_of!(Bind, device),
+        offset_of!(Bind, name),
+    ];
+    let u = [
+        offset_of!(Unbind, size),
+        offset_of!(Unbind, flags),
+        offset_of!(Unbind, pdfid),
+        offset_of!(Unbind, host),
+        offset_of!(Unbind, port),
+        offset_of!(Unbind, timeout_ms),
+        offset_of!(Unbind, fw_ret),
+        offset_of!(Unbind, reserved0),
+    ];
+    let m = [
+        offset_of!(Move, size),
+        offset_of!(Move, flags),
+        offset_of!(Move, pdfid),
+        offset_of!(Move, host),
+        offset_of!(Move, port),
+        offset_of!(Move, timeout_ms),
+        offset_of!(Move, fw_ret),
+        offset_of!(Move, vendor),
+        offset_of!(Move, device),
+        offset_of!(Move, name),
+        offset_of!(Move, from_host),
+        offset_of!(Move, from_port),
+        offset_of!(Move, reserved0),
+    ];
+    let offsets: [&[usize]; 7] = [&e, &p, &f, &b, &u, &m, &i];
+    let mut out = Vec::new();
+    for ((s, fields), offs) in EXTRA_FIELDS.iter().zip(offsets) {
+        assert_eq!(fields.len(), offs.len(), "{s}: field lists differ");
+        for (f, o) in fields.iter().zip(offs) {
+            out.push((format!("offsetof(struct {s}, {f})"), *o as u64));
+        }
+    }
+    out.extend([
+        (
+            "sizeof(struct pcifab_events)".into(),
+            size_of::<Events>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_port)".into(),
+            size_of::<Port>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_function)".into(),
+            size_of::<Function>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_inventory)".into(),
+            size_of::<Inventory>() as u64,
+        ),
+        ("PCIFAB_IOCTL_EVENTS".into(), PCIFAB_IOCTL_EVENTS as u64),
+        (
+            "PCIFAB_IOCTL_INVENTORY".into(),
+            PCIFAB_IOCTL_INVENTORY as u64,
+        ),
+        ("PCIFAB_EVENTS_WAIT".into(), EVENTS_WAIT as u64),
+        ("PCIFAB_PORT_UNUSED".into(), PORT_UNUSED as u64),
+        ("PCIFAB_PORT_FABRIC".into(), PORT_FABRIC as u64),
+        ("PCIFAB_PORT_ENDPOINT".into(), PORT_ENDPOINT as u64),
+        ("PCIFAB_PORT_HOST".into(), PORT_HOST as u64),
+        ("PCIFAB_FN_VF".into(), FN_VF as u64),
+        ("PCIFAB_FN_BOUND".into(), FN_BOUND as u64),
+        ("PCIFAB_FN_LINK_UP".into(), FN_LINK_UP as u64),
+        ("PCIFAB_UNBOUND".into(), UNBOUND as u64),
+        (
+            "sizeof(struct pcifab_bind)".into(),
+            size_of::<Bind>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_unbind)".into(),
+            size_of::<Unbind>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_move)".into(),
+            size_of::<Move>() as u64,
+        ),
+        ("PCIFAB_IOCTL_BIND".into(), PCIFAB_IOCTL_BIND as u64),
+        ("PCIFAB_IOCTL_UNBIND".into(), PCIFAB_IOCTL_UNBIND as u64),
+        ("PCIFAB_IOCTL_MOVE".into(), PCIFAB_IOCTL_MOVE as u64),
+        ("PCIFAB_ANY_PORT".into(), ANY_PORT as u64),
+        ("PCIFAB_BIND_NO_WAIT".into(), BIND_NO_WAIT as u64),
+        (
+            "PCIFAB_BIND_MAX_TIMEOUT_MS".into(),
+            BIND_MAX_TIMEOUT_MS as u64,
+        ),
+    ]);
+    out
+}
+
+#[test]
+fn rust_mirror_matches_c_header() {
+    let rust: Vec<(&str, u64)> = vec![
+        ("sizeof(struct pcifab_version)", size_of::<Version>() as u64),
+        ("sizeof(struct pcifab_mrpc)", size_of::<Mrpc>() as u64),
+        ("sizeof(struct pcifab_stats)", size_of::<Stats>() as u64),
+        (
+            "sizeof(struct pcifab_identity)",
+            size_of::<Identity>() as u64,
+        ),
+        (
+            "offsetof(struct pcifab_version, size)",
+            offset_of!(Version, size) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_version, flags)",
+            offset_of!(Version, flags) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_version, major)",
+            offset_of!(Version, major) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_version, minor)",
+            offset_of!(Version, minor) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, size)",
+            offset_of!(Identity, size) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, flags)",
+            offset_of!(Identity, flags) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, pci_vendor)",
+            offset_of!(Identity, pci_vendor) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, pci_device)",
+            offset_of!(Identity, pci_device) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, device_id)",
+            offset_of!(Identity, device_id) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, device_version)",
+            offset_of!(Identity, device_version) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, fw_version)",
+            offset_of!(Identity, fw_version) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, partition)",
+            offset_of!(Identity, partition) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, partition_count)",
+            offset_of!(Identity, partition_count) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, vendor_id)",
+            offset_of!(Identity, vendor_id) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, product_id)",
+            offset_of!(Identity, product_id) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, product_revision)",
+            offset_of!(Identity, product_revision) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, __reserved0)",
+            offset_of!(Identity, reserved0) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_mrpc, size)",
+            offset_of!(Mrpc, size) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_mrpc, flags)",
+            offset_of!(Mrpc, flags) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_mrpc, cmd)",
+            offset_of!(Mrpc, cmd) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_mrpc, in_len)",
+            offset_of!(Mrpc, in_len) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_mrpc, out_len)",
+            offset_of!(Mrpc, out_len) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_mrpc, timeout_ms)",
+            offset_of!(Mrpc, timeout_ms) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_mrpc, in_ptr)",
+            offset_of!(Mrpc, in_ptr) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_mrpc, out_ptr)",
+            offset_of!(Mrpc, out_ptr) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_mrpc, status)",
+            offset_of!(Mrpc, status) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_mrpc, ret_value)",
+            offset_of!(Mrpc, ret_value) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_stats, size)",
+            offset_of!(Stats, size) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_stats, flags)",
+            offset_of!(Stats, flags) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_stats, mrpc_commands)",
+            offset_of!(Stats, mrpc_commands) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_stats, mrpc_completions)",
+            offset_of!(Stats, mrpc_completions) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_stats, mrpc_timeouts)",
+            offset_of!(Stats, mrpc_timeouts) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_stats, mrpc_firmware_dead)",
+            offset_of!(Stats, mrpc_firmware_dead) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_stats, event_irqs)",
+            offset_of!(Stats, event_irqs) as u64,
+        ),
+        ("PCIFAB_IOCTL_MRPC", PCIFAB_IOCTL_MRPC as u64),
+        ("PCIFAB_IOCTL_STATS", PCIFAB_IOCTL_STATS as u64),
+        ("PCIFAB_MRPC_MAX_DATA", MRPC_MAX_DATA as u64),
+        ("PCIFAB_MRPC_MAX_TIMEOUT_MS", MRPC_MAX_TIMEOUT_MS as u64),
+        ("PCIFAB_IOCTL_VERSION", PCIFAB_IOCTL_VERSION as u64),
+        ("PCIFAB_IOCTL_IDENTITY", PCIFAB_IOCTL_IDENTITY as u64),
+        ("PCIFAB_UAPI_VERSION_MAJOR", VERSION_MAJOR as u64),
+        ("PCIFAB_UAPI_VERSION_MINOR", VERSION_MINOR as u64),
+    ];
+    let c: std::collections::BTreeMap<String, u64> = c_layout().into_iter().collect();
+    let rust: std::collections::BTreeMap<String, u64> = rust
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .chain(extra_rust())
+        .collect();
+    for (name, value) in &c {
+        assert_eq!(
+            rust.get(name),
+            Some(value),
+            "{name}: C says {value}, Rust disagrees"
+        );
+    }
+    for name in rust.keys() {
+        assert!(
+            c.contains_key(name),
+            "{name} is checked in Rust but not probed in C"
+        );
+    }
+}
