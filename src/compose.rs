@@ -248,8 +248,9 @@ impl Mep {
         }
         // Never enumerated: give the function back so it is not held by a host that
         // cannot use it.
-        pr_warn!(
-            "pcifab: function {:#06x} bound to port {} but not enumerated within {} ms; unbinding\n",
+        dev_warn!(
+            self.pdev,
+            "function {:#06x} bound to port {} but not enumerated within {} ms; unbinding\n",
             pdfid,
             port,
             timeout_ms
@@ -302,8 +303,9 @@ impl Mep {
                 ..
             }) if removed == hotplug::Removal::SlotPoweredOff => Ok((host, port)),
             Err(f) => {
-                pr_warn!(
-                    "pcifab: firmware refused to unbind {:#06x} ({:#x}); removed here: {:?}\n",
+                dev_warn!(
+                    self.pdev,
+                    "firmware refused to unbind {:#06x} ({:#x}); removed here: {:?}\n",
                     pdfid,
                     f.fw_ret,
                     removed
@@ -342,8 +344,9 @@ impl Mep {
                     true,
                 );
                 if back.is_err() {
-                    pr_err!(
-                        "pcifab: move of {:#06x} failed and it could not be bound back to host {} port {}: it is free\n",
+                    dev_err!(
+                        self.pdev,
+                        "move of {:#06x} failed and it could not be bound back to host {} port {}: it is free\n",
                         pdfid,
                         from.0,
                         from.1
@@ -384,19 +387,21 @@ impl Mep {
                 };
                 let len = usize::from(len);
                 if len < 4 || len % 4 != 0 || at + len > out.len() {
-                    pr_warn!("pcifab: malformed fabric event list from the firmware\n");
+                    dev_warn!(self.pdev, "malformed fabric event list from the firmware\n");
                     return;
                 }
                 if code == EVENT_UNBIND_REQUEST && fabric::byte(&out, at + 5) == Ok(mine) {
                     if let Ok(port) = fabric::byte(&out, at + 6) {
                         match hotplug::remove(&self.pdev, port) {
-                            Ok(how) => pr_info!(
-                                "pcifab: function on port {} leaving this host: {:?}\n",
+                            Ok(how) => dev_info!(
+                                self.pdev,
+                                "function on port {} leaving this host: {:?}\n",
                                 port,
                                 how
                             ),
-                            Err(e) => pr_warn!(
-                                "pcifab: could not remove the function on port {}: {:?}\n",
+                            Err(e) => dev_warn!(
+                                self.pdev,
+                                "could not remove the function on port {}: {:?}\n",
                                 port,
                                 e
                             ),

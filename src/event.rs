@@ -215,7 +215,7 @@ impl irq::Handler for Handler {
         }
         if found.gfms != 0 {
             // Already queued is fine: the running or queued work reads every event.
-            let _ = workqueue::system().enqueue(mep.clone());
+            let _ = workqueue::system_unbound().enqueue(mep.clone());
         }
         IrqReturn::Handled
     }

@@ -102,8 +102,9 @@ pub(crate) fn byte(b: &[u8], at: usize) -> Result<u8> {
 pub(crate) fn call(mep: &Mep, cmd: u32, input: &[u8], out: &mut [u8]) -> Result {
     let reply = mep.mrpc.run(mep, cmd, input, out, 0)?;
     if reply.status != mrpc::STATUS_DONE {
-        pr_warn!(
-            "pcifab: firmware failed command {:#x}: status {:#x} return {:#x}\n",
+        dev_warn!(
+            mep.pdev,
+            "firmware failed command {:#x}: status {:#x} return {:#x}\n",
             cmd,
             reply.status,
             reply.ret
