@@ -283,11 +283,12 @@ impl pci::Driver for PcifabDriver {
                 vectors,
                 mep: FlushOnDrop(mep),
                 irq <- {
-                    // SAFETY: `vectors` is initialised before this field (initialisers run in
-                    // the order written), lives in the same pinned allocation as `irq`, and is
-                    // dropped after it (fields drop in declaration order), so the reference is
-                    // valid for as long as the registration that borrows it.
+                    // `vectors` is initialised before this field (initialisers run in the
+                    // order written), lives in the same pinned allocation as `irq`, and is
+                    // dropped after it (fields drop in declaration order).
                     let vectors: &'bound pci::IrqVectorRegistration<'bound> =
+                        // SAFETY: As above, the reference stays valid for as long as the
+                        // registration that borrows it.
                         unsafe { &*core::ptr::addr_of!((*this.as_ptr()).vectors) };
                     let request = vectors.index(vector)?;
                     // SAFETY: The registration is pinned in the driver data and dropped with
