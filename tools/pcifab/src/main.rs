@@ -7,6 +7,8 @@
 
 use std::{fmt, fs::File, os::fd::AsRawFd, process::ExitCode};
 
+mod manager;
+
 use pcifab_uapi::{
     fixed_str, Arg, Bind, Events, Function, Identity, Inventory, Move, Mrpc, Port, Stats, Unbind,
     Version,
@@ -32,6 +34,9 @@ commands:
                         input bytes; prints status, return value and output
       --out-len N       bytes of output to read (default 0, at most 1024)
       --timeout MS      how long to wait for the firmware (default 5000)
+
+  request, release, queue, leases, top, stats --telemetry
+                        the fabric manager and telemetry (`pcifab request --help`)
 
 options:
   --device PATH   character device to use (default /dev/pcifab0)
@@ -899,6 +904,9 @@ fn move_cmd(cli: &Cli) -> Result<(), Error> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(code) = manager::dispatch(&args) {
+        return code;
+    }
     let result = parse(&args).and_then(|cli| match cli {
         None => {
             print!("{USAGE}");

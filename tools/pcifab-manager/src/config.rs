@@ -1,0 +1,263 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! The manager's configuration file (TOML), described in `Documentation/manager.rst`.
+
+use serde::{Deserialize, Serialize};
+
+/// How a pool shares its devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Whole-device leases only: one host holds the PF, its VFs stay free.
+    Whole,
+    /// VF leases only: the VFs of one device go to different hosts at once.
+    Partition,
+    /// Whole-device leases shared in turn: the PF moves between its sharers every `slice_s`.
+    TimeSlice,
+    /// Whole-device and VF leases from the same devices, decided per request.
+    Hybrid,
+}
+
+impl Mode {
+    /// Whether whole-GPU requests may use this pool.
+    pub fn whole(self) -> bool {
+        matches!(self, Mode::Whole | Mode::TimeSlice | Mode::Hybrid)
+    }
+    /// Whether VF requests may use this pool.
+    pub fn vfs(self) -> bool {
+        matches!(self, Mode::Partition | Mode::Hybrid)
+    }
+}
+
+/// One device (a PF and its VFs) of a pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// PDFID of the PF.
+    pub pf: u16,
+    /// PDFIDs of its VFs; empty: taken from the driver's inventory at start.
+    #[serde(default)]
+    pub vfs: Vec<u16>,
+    /// Profile name its VFs are requested by (`--profile`).
+    #[serde(default = "default_profile")]
+    pub profile: String,
+}
+
+fn default_profile() -> String {
+    "default".into()
+}
+
+/// A pool of devices with one sharing mode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub name: String,
+    pub mode: Mode,
+    /// Time-slice length (time-slice pools).
+    #[serde(default = "default_slice")]
+    pub slice_s: u64,
+    /// Most leases sharing one device (time-slice pools).
+    #[serde(default = "default_sharers")]
+    pub max_sharers: usize,
+    pub devices: Vec<DeviceConfig>,
+}
+
+fn default_slice() -> u64 {
+    60
+}
+fn default_sharers() -> usize {
+    4
+}
+
+/// Scheduling rules.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ManagerConfig {
+    /// Hosts (switch partitions) 0..hosts may be given devices.
+    pub hosts: u8,
+    /// Highest request priority; requests have 0..=max_priority.
+    pub max_priority: u32,
+    /// Aging: a queued request's effective priority grows by one every `aging_s` seconds it
+    /// waits (0 disables aging and with it the starvation bound).
+    pub aging_s: u64,
+    /// Lease length when a request names none.
+    pub default_lease_s: u64,
+    /// Longest lease; longer durations are cut to it. Part of the starvation bound.
+    pub max_lease_s: u64,
+    /// Most queued requests; more are refused.
+    pub max_queue: usize,
+    /// Most functions one host may hold (a PAX host has four logical downstream ports).
+    pub max_functions_per_host: usize,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            hosts: 2,
+            max_priority: 9,
+            aging_s: 60,
+            default_lease_s: 3600,
+            max_lease_s: 86_400,
+            max_queue: 10_000,
+            max_functions_per_host: 4,
+        }
+    }
+}
+
+/// Host failure handling.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FailoverConfig {
+    /// A host that sent heartbeats and then none for this long is declared down (0: never).
+    pub host_timeout_s: u64,
+    /// Leases of a down host are reclaimed this long after it was declared down.
+    pub reclaim_after_s: u64,
+}
+
+impl Default for FailoverConfig {
+    fn default() -> Self {
+        Self {
+            host_timeout_s: 30,
+            reclaim_after_s: 10,
+        }
+    }
+}
+
+/// Telemetry thresholds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// Seconds between two polls of every function (0: no polling).
+    pub interval_s: u64,
+    /// A PF at or above this temperature (degrees C) is unhealthy.
+    pub max_temp_c: f64,
+    /// A PF drawing more than this (mW) is unhealthy (0: no limit).
+    pub max_power_mw: u32,
+    /// Health flag bits (FUNCTION_TELEMETRY) that make a device unhealthy.
+    pub health_mask: u32,
+    /// Consecutive bad polls before a device is taken out of the pool.
+    pub bad_samples: u32,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            interval_s: 5,
+            max_temp_c: 95.0,
+            max_power_mw: 0,
+            health_mask: 0x7,
+            bad_samples: 2,
+        }
+    }
+}
+
+/// The whole file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub manager: ManagerConfig,
+    #[serde(default)]
+    pub failover: FailoverConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+    #[serde(default)]
+    pub pools: Vec<PoolConfig>,
+}
+
+impl Config {
+    /// Parses and checks a configuration; the error names the problem.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let c: Config = toml::from_str(text).map_err(|e| format!("bad configuration: {e}"))?;
+        c.check()?;
+        Ok(c)
+    }
+
+    /// Reads and checks a configuration file.
+    pub fn load(path: &str) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read configuration {path}: {e}"))?;
+        Self::parse(&text).map_err(|e| format!("{path}: {e}"))
+    }
+
+    /// Checks what serde cannot: names, duplicates, ranges.
+    pub fn check(&self) -> Result<(), String> {
+        let m = &self.manager;
+        if m.hosts == 0 {
+            return Err("[manager] hosts must be at least 1".into());
+        }
+        if m.max_lease_s == 0 || m.default_lease_s == 0 {
+            return Err("[manager] max_lease_s and default_lease_s must be at least 1".into());
+        }
+        if m.max_functions_per_host == 0 {
+            return Err("[manager] max_functions_per_host must be at least 1".into());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let mut names = std::collections::BTreeSet::new();
+        for p in &self.pools {
+            if !names.insert(p.name.as_str()) {
+                return Err(format!("pool '{}' is defined twice", p.name));
+            }
+            if p.devices.is_empty() {
+                return Err(format!("pool '{}' has no devices", p.name));
+            }
+            if p.mode == Mode::TimeSlice && (p.slice_s == 0 || p.max_sharers == 0) {
+                return Err(format!(
+                    "pool '{}': slice_s and max_sharers must be at least 1",
+                    p.name
+                ));
+            }
+            for d in &p.devices {
+                for f in std::iter::once(&d.pf).chain(&d.vfs) {
+                    if !seen.insert(*f) {
+                        return Err(format!(
+                            "function {f:#06x} appears twice in the pools (pool '{}')",
+                            p.name
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_example() {
+        let c = Config::parse(
+            r#"
+            [manager]
+            hosts = 3
+            [[pools]]
+            name = "gpus"
+            mode = "hybrid"
+            [[pools.devices]]
+            pf = 0x0120
+            vfs = [0x0121, 0x0122]
+            profile = "half"
+            "#,
+        )
+        .expect("parse");
+        assert_eq!(c.manager.hosts, 3);
+        assert_eq!(c.manager.aging_s, 60);
+        assert_eq!(c.pools[0].mode, Mode::Hybrid);
+        assert_eq!(c.pools[0].devices[0].vfs.len(), 2);
+    }
+
+    #[test]
+    fn rejects_duplicates_and_typos() {
+        let dup = r#"
+            [[pools]]
+            name = "a"
+            mode = "whole"
+            devices = [{ pf = 1 }, { pf = 1 }]
+        "#;
+        assert!(Config::parse(dup).unwrap_err().contains("twice"));
+        assert!(Config::parse("[manager]\nhostz = 1\n").is_err());
+        assert!(Config::parse("[[pools]]\nname='a'\nmode='weird'\ndevices=[]\n").is_err());
+    }
+}

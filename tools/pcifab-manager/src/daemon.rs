@@ -1,0 +1,324 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! The daemon: the scheduler, its store, an executor, telemetry, and the control socket.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Write},
+    os::unix::net::{UnixListener, UnixStream},
+    path::Path,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::{json, Value};
+
+use crate::{
+    config::Config,
+    executor::Executor,
+    protocol::{self, Request},
+    scheduler::{Action, Pdfid, Scheduler, Secs},
+    store::{LogEntry, Store},
+    telemetry::{Judge, Sample, Source, Verdict},
+};
+
+/// The clock: seconds since the Unix epoch in the daemon, anything in tests.
+pub type Clock = Box<dyn Fn() -> Secs + Send>;
+
+/// The Unix time in seconds.
+pub fn unix_now() -> Secs {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Telemetry polling: where samples come from and which functions to read.
+pub struct Telemetry {
+    pub source: Box<dyn Source + Send>,
+    /// Every function to poll (the whole inventory, not only the pools).
+    pub functions: Vec<Pdfid>,
+    pub judge: Judge,
+    pub last_poll: Option<Secs>,
+    pub samples: BTreeMap<Pdfid, Result<Sample, String>>,
+}
+
+pub struct Daemon {
+    pub sched: Scheduler,
+    pub store: Store,
+    pub exec: Box<dyn Executor + Send>,
+    pub clock: Clock,
+    pub telemetry: Option<Telemetry>,
+    /// Failed actions, most recent last (also in the log).
+    pub failures: Vec<String>,
+    saved: Vec<u8>,
+}
+
+impl Daemon {
+    /// Loads the stored state (or starts one from `config`), takes the configuration's
+    /// manager, failover and telemetry settings, and brings the fabric to the stored state.
+    pub fn start(
+        config: Config,
+        store: Store,
+        mut exec: Box<dyn Executor + Send>,
+        clock: Clock,
+    ) -> Result<Self, String> {
+        let sched = match store.load()? {
+            Some(mut s) => {
+                if s.config.pools != config.pools {
+                    eprintln!(
+                        "pcifab-manager: the pools in the configuration differ from the stored \
+                         state; keeping the stored pools (start with an empty --state directory \
+                         to change them)"
+                    );
+                }
+                s.config.manager = config.manager.clone();
+                s.config.failover = config.failover.clone();
+                s.config.telemetry = config.telemetry.clone();
+                s
+            }
+            None => Scheduler::new(config),
+        };
+        let actual = exec.fabric(&sched.pool_functions())?;
+        let fix = sched.reconcile(&actual);
+        let mut d = Self {
+            sched,
+            store,
+            exec,
+            clock,
+            telemetry: None,
+            failures: Vec::new(),
+            saved: Vec::new(),
+        };
+        if !fix.is_empty() {
+            eprintln!(
+                "pcifab-manager: the fabric differs from the stored state; {} action(s) to fix it",
+                fix.len()
+            );
+        }
+        d.run_actions(fix);
+        d.commit(None)?;
+        Ok(d)
+    }
+
+    /// Applies actions; a failed one takes its device out of the pool (which may plan more).
+    fn run_actions(&mut self, mut actions: Vec<Action>) {
+        for _round in 0..4 {
+            if actions.is_empty() {
+                return;
+            }
+            for a in &actions {
+                if let Err(e) = self.exec.apply(a) {
+                    let pdfid = match a {
+                        Action::Bind { pdfid, .. }
+                        | Action::Unbind { pdfid, .. }
+                        | Action::Move { pdfid, .. } => *pdfid,
+                    };
+                    let msg = format!("{} executor: {e}", self.exec.name());
+                    eprintln!("pcifab-manager: {msg}");
+                    self.failures.push(msg.clone());
+                    if self.failures.len() > 100 {
+                        self.failures.remove(0);
+                    }
+                    let pf = self
+                        .sched
+                        .devices
+                        .iter()
+                        .find(|d| d.pf == pdfid || d.vfs.contains(&pdfid))
+                        .filter(|d| d.unhealthy.is_none())
+                        .map(|d| d.pf);
+                    if let Some(pf) = pf {
+                        let now = (self.clock)();
+                        let _ = self.sched.set_health(pf, Some(msg), now);
+                    }
+                }
+            }
+            actions = self.sched.take_actions();
+        }
+    }
+
+    /// Commits the state (if it changed) and the log entry.
+    fn commit(&mut self, entry: Option<&LogEntry>) -> Result<(), String> {
+        let bytes = serde_json::to_vec(&self.sched).map_err(|e| e.to_string())?;
+        if entry.is_none() && bytes == self.saved {
+            return Ok(());
+        }
+        self.store.save(&self.sched, entry)?;
+        self.saved = bytes;
+        Ok(())
+    }
+
+    /// Answers one request line.
+    pub fn handle_line(&mut self, line: &str) -> Value {
+        let req = match protocol::parse(line) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
+        self.handle(&req)
+    }
+
+    pub fn handle(&mut self, req: &Request) -> Value {
+        let now = (self.clock)();
+        // Time first, so the answer reflects expiry and failover up to now.
+        self.sched.tick(now);
+        let reply = match req {
+            Request::Telemetry => {
+                let samples: Vec<Value> = self
+                    .telemetry
+                    .as_ref()
+                    .map(|t| {
+                        t.samples
+                            .iter()
+                            .map(|(f, s)| match s {
+                                Ok(s) => json!(s),
+                                Err(e) => json!({"pdfid": f, "error": e}),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                json!({"ok": true, "samples": samples, "failures": self.failures})
+            }
+            Request::Log { n } => match self.store.log_tail(*n) {
+                Ok(l) => json!({"ok": true, "log": l}),
+                Err(e) => protocol::error(e, false),
+            },
+            r => protocol::handle(&mut self.sched, r, now),
+        };
+        // Commit the decision before acting on it: after a crash the start reconciles the
+        // fabric with what was committed.
+        let entry = req.mutates().then(|| LogEntry {
+            at: now,
+            request: serde_json::to_value(req).unwrap_or(Value::Null),
+            ok: reply.get("ok").and_then(Value::as_bool).unwrap_or(false),
+            summary: reply
+                .get("error")
+                .and_then(Value::as_str)
+                .map(String::from)
+                .unwrap_or_else(|| "ok".into()),
+        });
+        if let Err(e) = self.commit(entry.as_ref()) {
+            return protocol::error(
+                format!("{e}; the request was not recorded, retry once the disk is fixed"),
+                false,
+            );
+        }
+        let actions = self.sched.take_actions();
+        self.run_actions(actions);
+        if let Err(e) = self.commit(None) {
+            eprintln!("pcifab-manager: {e}");
+        }
+        reply
+    }
+
+    /// Time passes: expiry, failover, time slices, telemetry.
+    pub fn tick(&mut self) {
+        let now = (self.clock)();
+        self.poll_telemetry(now);
+        self.sched.tick(now);
+        let actions = self.sched.take_actions();
+        if let Err(e) = self.commit(None) {
+            eprintln!("pcifab-manager: {e}");
+        }
+        self.run_actions(actions);
+        if let Err(e) = self.commit(None) {
+            eprintln!("pcifab-manager: {e}");
+        }
+    }
+
+    /// Reads every function's telemetry when the interval has passed and acts on the
+    /// thresholds for pool devices.
+    pub fn poll_telemetry(&mut self, now: Secs) {
+        let cfg = self.sched.config.telemetry.clone();
+        let Some(t) = self.telemetry.as_mut() else {
+            return;
+        };
+        if cfg.interval_s == 0 || t.last_poll.is_some_and(|l| now < l + cfg.interval_s) {
+            return;
+        }
+        t.last_poll = Some(now);
+        for &f in &t.functions {
+            let s = t.source.read(f);
+            t.samples.insert(f, s);
+        }
+        let mut changes = Vec::new();
+        for d in &self.sched.devices {
+            let samples: Vec<Result<Sample, String>> = std::iter::once(d.pf)
+                .chain(d.vfs.iter().copied())
+                .map(|f| {
+                    t.samples
+                        .get(&f)
+                        .cloned()
+                        .unwrap_or_else(|| Err(format!("{f:#06x} was not polled")))
+                })
+                .collect();
+            if let Some(v) = t.judge.feed(&cfg, d.pf, &samples, d.unhealthy.is_some()) {
+                changes.push((d.pf, v));
+            }
+        }
+        for (pf, v) in changes {
+            let r = match v {
+                Verdict::Unhealthy(r) => Some(format!("telemetry: {r}")),
+                Verdict::Healthy => None,
+            };
+            let _ = self.sched.set_health(pf, r, now);
+        }
+    }
+}
+
+/// Serves the control socket until the process is killed; ticks once a second.
+pub fn serve(daemon: Daemon, socket: &Path) -> Result<(), String> {
+    if socket.exists() {
+        if UnixStream::connect(socket).is_ok() {
+            return Err(format!(
+                "another manager answers on {}; stop it or use another --socket",
+                socket.display()
+            ));
+        }
+        std::fs::remove_file(socket)
+            .map_err(|e| format!("cannot remove stale socket {}: {e}", socket.display()))?;
+    }
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let listener = UnixListener::bind(socket)
+        .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+    let d = Arc::new(Mutex::new(daemon));
+    {
+        let d = d.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(1));
+            match d.lock() {
+                Ok(mut d) => d.tick(),
+                Err(_) => return,
+            }
+        });
+    }
+    eprintln!("pcifab-manager: listening on {}", socket.display());
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let d = d.clone();
+        std::thread::spawn(move || serve_conn(d, conn));
+    }
+    Ok(())
+}
+
+fn serve_conn(d: Arc<Mutex<Daemon>>, conn: UnixStream) {
+    let Ok(mut out) = conn.try_clone() else {
+        return;
+    };
+    let reader = BufReader::new(conn);
+    for line in reader.lines() {
+        let Ok(line) = line else { return };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let reply = match d.lock() {
+            Ok(mut d) => d.handle_line(&line),
+            Err(_) => protocol::error("the manager failed internally; restart it", false),
+        };
+        if writeln!(out, "{reply}").is_err() {
+            return;
+        }
+    }
+}

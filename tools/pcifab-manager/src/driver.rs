@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! The pcifab driver's ioctls as the manager uses them (`/dev/pcifabN`, through pcifab-uapi).
+
+use std::{fs::File, os::fd::AsRawFd};
+
+use pcifab_uapi::{Arg, Bind, Function, Inventory, Move, Mrpc, Port, Unbind};
+
+/// An open `/dev/pcifabN`.
+pub struct Driver {
+    file: File,
+    pub path: String,
+}
+
+/// A failed ioctl: the errno and, for composition, the firmware's return code.
+#[derive(Debug)]
+pub struct IoctlError {
+    pub what: String,
+    pub err: std::io::Error,
+    pub fw_ret: u32,
+}
+
+impl std::fmt::Display for IoctlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.what, self.err)?;
+        if self.fw_ret != 0 {
+            write!(f, " (firmware code {:#x})", self.fw_ret)?;
+        }
+        if self.err.raw_os_error() == Some(libc::EPERM) {
+            f.write_str("; composing the fabric needs CAP_SYS_ADMIN")?;
+        }
+        Ok(())
+    }
+}
+
+impl Driver {
+    /// Opens the device, naming the usual reasons it is not there.
+    pub fn open(path: &str) -> Result<Self, String> {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(path)
+            .or_else(|_| File::open(path))
+            .map_err(|e| {
+                let hint = match e.kind() {
+                    std::io::ErrorKind::NotFound => {
+                        "; is the pcifab module loaded and bound (lsmod, /sys/bus/pci/drivers/pcifab)?"
+                    }
+                    std::io::ErrorKind::PermissionDenied => "; run as root",
+                    _ => "",
+                };
+                format!("cannot open {path}: {e}{hint}")
+            })?;
+        Ok(Self {
+            file,
+            path: path.into(),
+        })
+    }
+
+    /// # Safety
+    ///
+    /// Every user pointer inside `arg` must address a live buffer as long as `arg` says.
+    unsafe fn ioctl<T: Arg>(&self, cmd: u32, arg: &mut T) -> std::io::Result<()> {
+        // SAFETY: `arg` is a live `repr(C)` struct of the ABI; the caller vouches for its
+        // pointers.
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), cmd as _, arg as *mut T) };
+        if rc < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs one firmware command; returns status and return value.
+    pub fn mrpc(&self, cmd: u32, input: &[u8], output: &mut [u8]) -> std::io::Result<(u32, u32)> {
+        let mut m = Mrpc::new();
+        m.cmd = cmd;
+        m.in_len = u32::try_from(input.len()).unwrap_or(u32::MAX);
+        m.out_len = u32::try_from(output.len()).unwrap_or(u32::MAX);
+        m.in_ptr = input.as_ptr() as u64;
+        m.out_ptr = output.as_mut_ptr() as u64;
+        // SAFETY: the pointers and lengths come from the two live slices.
+        unsafe { self.ioctl(pcifab_uapi::PCIFAB_IOCTL_MRPC, &mut m) }?;
+        Ok((m.status, m.ret_value))
+    }
+
+    /// Every function of the fabric (INVENTORY).
+    pub fn functions(&self) -> Result<Vec<Function>, String> {
+        let (mut np, mut nf) = (64usize, 256usize);
+        for _ in 0..4 {
+            let mut ports = vec![Port::default(); np];
+            let mut fns = vec![Function::default(); nf];
+            let mut inv = Inventory::new();
+            inv.nr_ports = np as u32;
+            inv.nr_functions = nf as u32;
+            inv.port_size = std::mem::size_of::<Port>() as u32;
+            inv.function_size = std::mem::size_of::<Function>() as u32;
+            inv.ports_ptr = ports.as_mut_ptr() as u64;
+            inv.functions_ptr = fns.as_mut_ptr() as u64;
+            // SAFETY: `inv` points at the two vectors, as long as it says, alive for the call.
+            unsafe { self.ioctl(pcifab_uapi::PCIFAB_IOCTL_INVENTORY, &mut inv) }
+                .map_err(|e| format!("PCIFAB_IOCTL_INVENTORY on {} failed: {e}", self.path))?;
+            if inv.nr_ports as usize <= np && inv.nr_functions as usize <= nf {
+                fns.truncate(inv.nr_functions as usize);
+                return Ok(fns);
+            }
+            np = inv.nr_ports as usize;
+            nf = inv.nr_functions as usize;
+        }
+        Err(format!(
+            "the fabric behind {} keeps growing; try again",
+            self.path
+        ))
+    }
+
+    pub fn bind(&self, pdfid: u16, host: u8) -> Result<(), IoctlError> {
+        let mut b = Bind::new();
+        (b.pdfid, b.host, b.port) = (pdfid, host, pcifab_uapi::ANY_PORT);
+        // The manager binds for other hosts: their enumeration is theirs to wait for.
+        b.flags = pcifab_uapi::BIND_NO_WAIT;
+        // SAFETY: `pcifab_bind` holds no user pointers.
+        unsafe { self.ioctl(pcifab_uapi::PCIFAB_IOCTL_BIND, &mut b) }.map_err(|err| IoctlError {
+            what: format!("bind {pdfid:#06x} to host {host}"),
+            err,
+            fw_ret: b.fw_ret,
+        })
+    }
+
+    pub fn unbind(&self, pdfid: u16) -> Result<(), IoctlError> {
+        let mut u = Unbind::new();
+        u.pdfid = pdfid;
+        // SAFETY: `pcifab_unbind` holds no user pointers.
+        unsafe { self.ioctl(pcifab_uapi::PCIFAB_IOCTL_UNBIND, &mut u) }.map_err(|err| IoctlError {
+            what: format!("unbind {pdfid:#06x}"),
+            err,
+            fw_ret: u.fw_ret,
+        })
+    }
+
+    pub fn move_to(&self, pdfid: u16, host: u8) -> Result<(), IoctlError> {
+        let mut m = Move::new();
+        (m.pdfid, m.host, m.port) = (pdfid, host, pcifab_uapi::ANY_PORT);
+        // SAFETY: `pcifab_move` holds no user pointers.
+        unsafe { self.ioctl(pcifab_uapi::PCIFAB_IOCTL_MOVE, &mut m) }.map_err(|err| IoctlError {
+            what: format!("move {pdfid:#06x} to host {host}"),
+            err,
+            fw_ret: m.fw_ret,
+        })
+    }
+}

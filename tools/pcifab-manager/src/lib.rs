@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! pcifab-manager: the fabric manager for pcifab fabrics. Leases of whole GPUs and VFs,
+//! priorities with aging, pre-emption, time-slicing and spatial partitions, telemetry
+//! thresholds and host failover, on top of the driver's BIND/UNBIND/MOVE and MRPC ioctls.
+//! `Documentation/manager.rst` describes it.
+
+pub mod bench;
+pub mod config;
+pub mod daemon;
+pub mod driver;
+pub mod executor;
+pub mod protocol;
+pub mod scheduler;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! The control socket's protocol: one JSON object per line each way.
+//!
+//! A request is `{"op": NAME, ...}`; every reply has `"ok"` and, when it is false, `"error"`
+//! (what went wrong and what to do) and `"refused"` (true when the manager refused the
+//! request itself, as opposed to failing). `Documentation/manager.rst` lists the operations.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::scheduler::{Host, Lease, Pdfid, RequestSpec, Scheduler, Secs, Want};
+
+/// A request on the control socket.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// Ask for GPUs or VFs.
+    Request { spec: RequestSpec },
+    /// End a lease or cancel a queued request.
+    Release { id: u64 },
+    /// The queue in rank order.
+    Queue,
+    /// The leases.
+    Leases,
+    /// The pool's devices, their health and users.
+    Pool,
+    /// Notices (grants, pre-emptions, moves, expiry...) after `since`, for `host` or all.
+    Events {
+        #[serde(default)]
+        host: Option<Host>,
+        #[serde(default)]
+        since: u64,
+    },
+    /// A host's agent is alive.
+    Heartbeat { host: Host },
+    /// Declare a host down: its leases are reclaimed after `reclaim_after_s`.
+    HostDown { host: Host },
+    /// Take a device out of the pool or put it back.
+    SetHealth {
+        pf: Pdfid,
+        healthy: bool,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// The last telemetry samples (driver executor only).
+    Telemetry,
+    /// The whole scheduler state (debugging, tests).
+    State,
+    /// The last `n` entries of the request log.
+    Log {
+        #[serde(default = "default_log")]
+        n: u64,
+    },
+}
+
+fn default_log() -> u64 {
+    20
+}
+
+impl Request {
+    /// Whether it may change the state (and so is logged and committed).
+    pub fn mutates(&self) -> bool {
+        matches!(
+            self,
+            Request::Request { .. }
+                | Request::Release { .. }
+                | Request::Heartbeat { .. }
+                | Request::HostDown { .. }
+                | Request::SetHealth { .. }
+        )
+    }
+}
+
+/// A failed reply.
+pub fn error(msg: impl Into<String>, refused: bool) -> Value {
+    json!({"ok": false, "error": msg.into(), "refused": refused})
+}
+
+fn want_text(w: &Want) -> String {
+    match w {
+        Want::Gpus { count } => format!("{count} GPU{}", if *count == 1 { "" } else { "s" }),
+        Want::Vfs { count, profile } => format!(
+            "{count} VF{}{}",
+            if *count == 1 { "" } else { "s" },
+            profile
+                .as_ref()
+                .map(|p| format!(" ({p})"))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+/// A lease as clients see it.
+pub fn lease_json(s: &Scheduler, l: &Lease, now: Secs) -> Value {
+    let functions: Vec<String> = l
+        .units
+        .iter()
+        .map(|u| format!("{:#06x}", u.pdfid))
+        .collect();
+    let resident: Vec<bool> = l
+        .units
+        .iter()
+        .map(|u| !l.sliced || s.devices[u.device].resident == Some(l.id))
+        .collect();
+    json!({
+        "id": l.id,
+        "host": l.spec.host,
+        "want": want_text(&l.spec.want),
+        "priority": l.spec.priority,
+        "pool": s.config.pools[l.pool].name,
+        "functions": functions,
+        "resident": resident,
+        "time_sliced": l.sliced,
+        "preemptible": l.spec.preemptible_by_higher,
+        "granted_at": l.granted_at,
+        "expires_at": l.expires_at,
+        "remaining_s": l.expires_at.saturating_sub(now),
+    })
+}
+
+/// Answers one request against the scheduler (no I/O: the daemon applies the actions it
+/// leaves and commits the state).
+pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
+    match req {
+        Request::Request { spec } => match s.submit(spec.clone(), now) {
+            Ok(r) => {
+                let lease = s.leases.get(&r.id).map(|l| lease_json(s, l, now));
+                json!({"ok": true, "id": r.id, "granted": r.granted, "position": r.position, "lease": lease})
+            }
+            Err(e) => error(e.0, true),
+        },
+        Request::Release { id } => match s.release(*id, now) {
+            Ok(()) => json!({"ok": true, "id": id}),
+            Err(e) => error(e.0, true),
+        },
+        Request::Queue => {
+            let q: Vec<Value> = s
+                .ranked(now)
+                .into_iter()
+                .enumerate()
+                .map(|(pos, i)| {
+                    let q = &s.queue[i];
+                    json!({
+                        "position": pos,
+                        "id": q.id,
+                        "host": q.spec.host,
+                        "want": want_text(&q.spec.want),
+                        "priority": q.spec.priority,
+                        "effective_priority": s.effective_priority(q, now),
+                        "promoted": s.promoted(q, now),
+                        "waited_s": now.saturating_sub(q.enqueued),
+                        "duration_s": q.duration_s,
+                    })
+                })
+                .collect();
+            json!({"ok": true, "now": now, "queue": q})
+        }
+        Request::Leases => {
+            let l: Vec<Value> = s.leases.values().map(|l| lease_json(s, l, now)).collect();
+            json!({"ok": true, "now": now, "leases": l})
+        }
+        Request::Pool => {
+            let d: Vec<Value> = s
+                .devices
+                .iter()
+                .map(|d| {
+                    json!({
+                        "pool": s.config.pools[d.pool].name,
+                        "mode": s.config.pools[d.pool].mode,
+                        "pf": format!("{:#06x}", d.pf),
+                        "vfs": d.vfs.iter().map(|v| format!("{v:#06x}")).collect::<Vec<_>>(),
+                        "profile": d.profile,
+                        "healthy": d.unhealthy.is_none(),
+                        "reason": d.unhealthy,
+                        "whole_leases": d.whole,
+                        "vf_leases": d.vf_lease,
+                        "resident": d.resident,
+                    })
+                })
+                .collect();
+            let holders: serde_json::Map<String, Value> = s
+                .holders
+                .iter()
+                .map(|(f, h)| (format!("{f:#06x}"), json!(h)))
+                .collect();
+            json!({"ok": true, "devices": d, "bound": holders, "hosts": s.hosts})
+        }
+        Request::Events { host, since } => {
+            json!({"ok": true, "events": s.notices_for(*host, *since)})
+        }
+        Request::Heartbeat { host } => {
+            s.heartbeat(*host, now);
+            json!({"ok": true})
+        }
+        Request::HostDown { host } => {
+            if *host >= s.config.manager.hosts {
+                return error(format!("host {host} is not in this fabric"), true);
+            }
+            s.declare_down(*host, now);
+            json!({"ok": true, "reclaim_at": now + s.config.failover.reclaim_after_s})
+        }
+        Request::SetHealth {
+            pf,
+            healthy,
+            reason,
+        } => {
+            let r = if *healthy {
+                None
+            } else {
+                Some(reason.clone().unwrap_or_else(|| "set by operator".into()))
+            };
+            match s.set_health(*pf, r, now) {
+                Ok(()) => json!({"ok": true}),
+                Err(e) => error(e.0, true),
+            }
+        }
+        Request::State => json!({"ok": true, "state": s}),
+        // Served by the daemon, which has them.
+        Request::Telemetry | Request::Log { .. } => error("not served here", false),
+    }
+}
+
+/// Parses one request line; the error reply says what is wrong.
+pub fn parse(line: &str) -> Result<Request, Value> {
+    serde_json::from_str(line).map_err(|e| {
+        error(
+            format!(
+                "bad request: {e}; send one JSON object per line, e.g. {{\"op\":\"queue\"}} \
+                 (Documentation/manager.rst lists the operations)"
+            ),
+            true,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_requests() {
+        let r = parse(
+            r#"{"op":"request","spec":{"host":1,"want":{"kind":"vfs","count":2,"profile":"q"},"priority":3}}"#,
+        )
+        .expect("parse");
+        match r {
+            Request::Request { spec } => {
+                assert_eq!(spec.host, 1);
+                assert!(spec.migratable);
+                assert_eq!(
+                    spec.want,
+                    Want::Vfs {
+                        count: 2,
+                        profile: Some("q".into())
+                    }
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(parse(r#"{"op":"queue"}"#).ok(), Some(Request::Queue));
+        assert!(parse(r#"{"op":"nope"}"#).is_err());
+        assert!(parse("not json").is_err());
+        assert!(parse(r#"{"op":"release"}"#).is_err());
+    }
+}

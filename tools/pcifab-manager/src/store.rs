@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! The manager's state on disk: one redb database (`STATE_DIR/manager.redb`).
+//!
+//! Table `state` holds the scheduler (pool, leases, queue, hosts, notices) as JSON under the key
+//! `scheduler`; table `log` the request log, one JSON entry per request, keyed by a sequence
+//! number. Every request commits the new state and its log entry in one write transaction
+//! with immediate durability (redb's copy-on-write B-trees and fsync before the commit is
+//! visible), so a crash at any point leaves either the state before or the state after it.
+
+use std::path::Path;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use crate::scheduler::Scheduler;
+
+const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const KEY: &str = "scheduler";
+
+/// One request as the daemon received and answered it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogEntry {
+    pub at: u64,
+    pub request: serde_json::Value,
+    pub ok: bool,
+    pub summary: String,
+}
+
+pub struct Store {
+    db: Database,
+    path: String,
+}
+
+fn err(path: &str, what: &str, e: impl std::fmt::Display) -> String {
+    format!("state database {path}: {what}: {e}")
+}
+
+impl Store {
+    /// Opens (creating if needed) the database in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create state directory {}: {e}", dir.display()))?;
+        let path = dir.join("manager.redb");
+        let p = path.display().to_string();
+        let db = Database::create(&path).map_err(|e| {
+            err(
+                &p,
+                "cannot open",
+                format!("{e}; is another pcifab-manager using this --state directory?"),
+            )
+        })?;
+        Ok(Self { db, path: p })
+    }
+
+    /// The stored scheduler, if any.
+    pub fn load(&self) -> Result<Option<Scheduler>, String> {
+        let tx = self
+            .db
+            .begin_read()
+            .map_err(|e| err(&self.path, "read", e))?;
+        let t = match tx.open_table(STATE) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(err(&self.path, "open table", e)),
+        };
+        let Some(v) = t.get(KEY).map_err(|e| err(&self.path, "read", e))? else {
+            return Ok(None);
+        };
+        let s: Scheduler = serde_json::from_slice(v.value()).map_err(|e| {
+            err(
+                &self.path,
+                "stored state does not parse",
+                format!("{e}; move the directory away to start afresh"),
+            )
+        })?;
+        Ok(Some(s))
+    }
+
+    /// Commits the scheduler and, if given, one log entry, atomically and durably.
+    pub fn save(&self, s: &Scheduler, entry: Option<&LogEntry>) -> Result<(), String> {
+        let state = serde_json::to_vec(s).map_err(|e| err(&self.path, "encode", e))?;
+        let tx = self
+            .db
+            .begin_write()
+            .map_err(|e| err(&self.path, "write", e))?;
+        {
+            let mut t = tx
+                .open_table(STATE)
+                .map_err(|e| err(&self.path, "open table", e))?;
+            t.insert(KEY, state.as_slice())
+                .map_err(|e| err(&self.path, "write", e))?;
+            if let Some(entry) = entry {
+                let mut log = tx
+                    .open_table(LOG)
+                    .map_err(|e| err(&self.path, "open log", e))?;
+                let next = log
+                    .last()
+                    .map_err(|e| err(&self.path, "read log", e))?
+                    .map(|(k, _)| k.value() + 1)
+                    .unwrap_or(1);
+                let e = serde_json::to_vec(entry).map_err(|e| err(&self.path, "encode", e))?;
+                log.insert(next, e.as_slice())
+                    .map_err(|e| err(&self.path, "write log", e))?;
+            }
+        }
+        tx.commit().map_err(|e| err(&self.path, "commit", e))
+    }
+
+    /// The last `n` log entries, oldest first.
+    pub fn log_tail(&self, n: u64) -> Result<Vec<LogEntry>, String> {
+        let tx = self
+            .db
+            .begin_read()
+            .map_err(|e| err(&self.path, "read", e))?;
+        let t = match tx.open_table(LOG) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(err(&self.path, "open log", e)),
+        };
+        let last = t
+            .last()
+            .map_err(|e| err(&self.path, "read log", e))?
+            .map(|(k, _)| k.value())
+            .unwrap_or(0);
+        let mut out = Vec::new();
+        for r in t
+            .range(last.saturating_sub(n) + 1..)
+            .map_err(|e| err(&self.path, "read log", e))?
+        {
+            let (_, v) = r.map_err(|e| err(&self.path, "read log", e))?;
+            out.push(
+                serde_json::from_slice(v.value()).map_err(|e| err(&self.path, "log entry", e))?,
+            );
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn round_trip() {
+        let dir = std::env::temp_dir().join(format!("pcifab-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).expect("open");
+        assert!(store.load().expect("load").is_none());
+        let mut s = Scheduler::new(Config::default());
+        s.next_id = 42;
+        for i in 0..3 {
+            let e = LogEntry {
+                at: i,
+                request: serde_json::json!({"op": "x"}),
+                ok: true,
+                summary: format!("entry {i}"),
+            };
+            store.save(&s, Some(&e)).expect("save");
+        }
+        drop(store);
+        let store = Store::open(&dir).expect("reopen");
+        assert_eq!(store.load().expect("load"), Some(s));
+        let tail = store.log_tail(2).expect("tail");
+        assert_eq!(tail.len(), 2);
+        assert_eq!(tail[1].summary, "entry 2");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
