@@ -68,7 +68,7 @@ cargo-test: deps
 
 HARNESS_ARGS = --kernel $(KDIR)/arch/x86/boot/bzImage --module $(CURDIR)/src/pcifab.ko \
 	--switchtec $(KDIR)/drivers/pci/switch/switchtec.ko --guest-bin $(GUEST_BIN) \
-	--emu $(HOST_BIN)/pcifab-emu --emu-config tools/pcifab-emu/fabric.toml \
+	--emu $(HOST_BIN)/pcifab-emu --emu-config $(CURDIR)/tools/pcifab-harness/fabric.toml \
 	--qemu-root $(PCIFAB_CACHE)/trixie --results $(RESULTS)
 
 qemu-test: check-module tools
@@ -81,7 +81,8 @@ test: deps kernel lint check-module cargo-test tools
 demo: kernel check-module tools
 	$(HOST_BIN)/pcifab-harness demo $(HARNESS_ARGS)
 
-# One guest: MRPC echo through pcifab's ioctl vs the C driver's /dev/switchtec0.
-# Documentation/benchmarks.rst records the numbers.
+# One guest: MRPC echo through pcifab's ioctl vs the C driver's /dev/switchtec0, and
+# bind/unbind latency through pcifab vs raw QMP hot-plug. Documentation/benchmarks.rst
+# records the numbers.
 bench: kernel check-module tools
 	$(HOST_BIN)/pcifab-harness bench $(HARNESS_ARGS)

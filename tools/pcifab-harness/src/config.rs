@@ -17,6 +17,76 @@ pub struct Expected {
     pub product_revision: String,
     /// Host names in file order; index = switch partition.
     pub hosts: Vec<String>,
+    /// `[[endpoints]]` in file order.
+    pub endpoints: Vec<Endpoint>,
+    /// `[policy] manager`, if any (none: every host is a manager).
+    pub manager: Option<String>,
+    /// Per host (same order as `hosts`): `allowed` endpoint names (None: all).
+    pub allowed: Vec<Option<Vec<String>>>,
+    /// Per host: `max_functions` (default 4).
+    pub max_functions: Vec<u32>,
+}
+
+/// One `[[endpoints]]` entry, with the emulator's documented defaults.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    pub name: String,
+    pub port: u32,
+    pub vendor_id: u32,
+    pub device_id: u32,
+    pub vf_device_id: u32,
+    pub vfs: u32,
+    pub mem_mib: u32,
+    pub vf_mem_mib: u32,
+}
+
+impl Endpoint {
+    /// PDFID of function `f` (0 = PF, i = VF i): 0x0100 + 0x20 * port + f.
+    pub fn pdfid(&self, f: u32) -> u16 {
+        (0x100 + 0x20 * self.port + f) as u16
+    }
+}
+
+/// What the configuration says about one function.
+#[derive(Debug, Clone)]
+pub struct FunctionInfo {
+    pub pdfid: u16,
+    pub pf: u16,
+    pub endpoint: String,
+    pub vendor_id: u32,
+    pub device_id: u32,
+    pub bar2_bytes: u64,
+}
+
+fn endpoint(i: usize, t: &toml::Value) -> Result<Endpoint, String> {
+    let t = t
+        .as_table()
+        .ok_or_else(|| format!("[[endpoints]] entry {i} is not a table"))?;
+    let name = t
+        .get("name")
+        .and_then(|n| n.as_str())
+        .ok_or_else(|| format!("[[endpoints]] entry {i} has no string `name`"))?
+        .to_string();
+    let req = |k: &str| -> Result<u32, String> {
+        if t.get(k).is_none() {
+            return Err(format!("[[endpoints]] {name}: `{k}` is required"));
+        }
+        int(t, k, 0, 0xffff_ffff).map_err(|e| format!("[[endpoints]] {name}: {e}"))
+    };
+    let opt = |k: &str, d: u32| {
+        int(t, k, d, 0xffff_ffff).map_err(|e| format!("[[endpoints]] {name}: {e}"))
+    };
+    let device_id = req("device_id")?;
+    Ok(Endpoint {
+        port: req("port")?,
+        vendor_id: req("vendor_id")?,
+        device_id,
+        vf_device_id: opt("vf_device_id", device_id)?,
+        vfs: opt("vfs", 0)?,
+        mem_mib: opt("mem_mib", 16)?,
+        vf_mem_mib: opt("vf_mem_mib", 4)?,
+        name,
+    })
 }
 
 fn int(table: &toml::Table, key: &str, default: u32, max: u64) -> Result<u32, String> {
@@ -35,7 +105,7 @@ fn int(table: &toml::Table, key: &str, default: u32, max: u64) -> Result<u32, St
     match v {
         Some(v) if v <= max => Ok(v as u32),
         _ => Err(format!(
-            "[firmware] {key} = {:?} is not an integer in 0..={max:#x}",
+            "{key} = {:?} is not an integer in 0..={max:#x}",
             table.get(key)
         )),
     }
@@ -74,6 +144,41 @@ impl Expected {
         if hosts.is_empty() {
             return Err("no [[hosts]] entries: the fabric needs at least one host".into());
         }
+        let host_tables: Vec<&toml::Value> = match root.get("hosts") {
+            Some(toml::Value::Array(a)) => a.iter().collect(),
+            _ => Vec::new(),
+        };
+        let allowed = host_tables
+            .iter()
+            .map(|h| {
+                h.get("allowed").and_then(|a| a.as_array()).map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_string))
+                        .collect()
+                })
+            })
+            .collect();
+        let max_functions = host_tables
+            .iter()
+            .map(|h| match h.as_table() {
+                Some(t) => int(t, "max_functions", 4, 48),
+                None => Ok(4),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let endpoints = match root.get("endpoints") {
+            None => Vec::new(),
+            Some(toml::Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, t)| endpoint(i, t))
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(_) => return Err("`endpoints` is not an array of tables".into()),
+        };
+        let manager = root
+            .get("policy")
+            .and_then(|p| p.get("manager"))
+            .and_then(|m| m.as_str())
+            .map(str::to_string);
         Ok(Expected {
             device_id: int(fw, "device_id", 0x4228, 0xffff)?,
             device_version: int(fw, "device_version", 0x4228, 0xffff_ffff)?,
@@ -82,6 +187,10 @@ impl Expected {
             product_id: string(fw, "product_id", "PAX 28XG4")?,
             product_revision: string(fw, "product_revision", "B0")?,
             hosts,
+            endpoints,
+            manager,
+            allowed,
+            max_functions,
         })
     }
 
@@ -93,6 +202,49 @@ impl Expected {
 
     pub fn partition_count(&self) -> usize {
         self.hosts.len()
+    }
+
+    pub fn endpoint(&self, name: &str) -> Option<&Endpoint> {
+        self.endpoints.iter().find(|e| e.name == name)
+    }
+
+    /// Every function of every endpoint.
+    pub fn functions(&self) -> Vec<FunctionInfo> {
+        let mut v = Vec::new();
+        for e in &self.endpoints {
+            for f in 0..=e.vfs {
+                v.push(FunctionInfo {
+                    pdfid: e.pdfid(f),
+                    pf: e.pdfid(0),
+                    endpoint: e.name.clone(),
+                    vendor_id: e.vendor_id,
+                    device_id: if f == 0 { e.device_id } else { e.vf_device_id },
+                    bar2_bytes: u64::from(if f == 0 { e.mem_mib } else { e.vf_mem_mib }) << 20,
+                });
+            }
+        }
+        v
+    }
+
+    pub fn function(&self, pdfid: u16) -> Option<FunctionInfo> {
+        self.functions().into_iter().find(|f| f.pdfid == pdfid)
+    }
+
+    /// Whether host `index` may do everything (the manager, or no manager at all).
+    pub fn is_manager(&self, index: usize) -> bool {
+        match &self.manager {
+            None => true,
+            Some(m) => self.hosts.get(index) == Some(m),
+        }
+    }
+
+    /// Whether host `index` may bind functions of `endpoint` to itself.
+    pub fn may_bind_self(&self, index: usize, endpoint: &str) -> bool {
+        self.is_manager(index)
+            || match self.allowed.get(index) {
+                Some(Some(list)) => list.iter().any(|e| e == endpoint),
+                _ => true,
+            }
     }
 }
 
@@ -120,5 +272,20 @@ mod tests {
         assert!(
             Expected::parse("[firmware]\ndevice_id = 0x10000\n[[hosts]]\nname=\"h\"\n").is_err()
         );
+    }
+
+    #[test]
+    fn harness_config() {
+        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/fabric.toml");
+        let e = Expected::load(Path::new(p)).unwrap();
+        assert_eq!(e.hosts, ["h0", "h1"]);
+        assert_eq!(e.manager.as_deref(), Some("h0"));
+        assert!(e.is_manager(0) && !e.is_manager(1));
+        assert!(e.may_bind_self(1, "gpu1") && !e.may_bind_self(1, "gpu0"));
+        let gpu0 = e.endpoint("gpu0").unwrap();
+        assert_eq!((gpu0.pdfid(0), gpu0.pdfid(4), gpu0.vfs), (0x300, 0x304, 4));
+        let f = e.function(0x402).unwrap();
+        assert_eq!((f.pf, f.device_id, f.bar2_bytes), (0x400, 0x2331, 1 << 20));
+        assert_eq!(e.functions().len(), 10);
     }
 }

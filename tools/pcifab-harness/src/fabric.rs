@@ -363,7 +363,16 @@ fn sock_path(dir: &Path, name: &str) -> Result<PathBuf, String> {
 }
 
 /// Starts the emulator and waits for its `ready` line.
-pub fn start_emulator(opts: &Opts, children: &mut Children, run_dir: &Path) -> Result<(), String> {
+///
+/// Every host in `hosts` (the ones that boot) gets `--qmp HOST=RUNDIR/qmp-emu-HOST.sock`: the
+/// emulator's own QMP connection to that host's QEMU, through which a bind or unbind
+/// hot-plugs the function (QEMU creates the socket; the emulator connects lazily).
+pub fn start_emulator(
+    opts: &Opts,
+    children: &mut Children,
+    run_dir: &Path,
+    hosts: &[String],
+) -> Result<(), String> {
     let log_path = opts.results.join("emu.log");
     let log = File::create(&log_path)
         .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
@@ -374,8 +383,12 @@ pub fn start_emulator(opts: &Opts, children: &mut Children, run_dir: &Path) -> R
     cmd.arg("--config")
         .arg(&opts.emu_config)
         .arg("--run-dir")
-        .arg(run_dir)
-        .stdin(Stdio::null())
+        .arg(run_dir);
+    for h in hosts {
+        let qmp = sock_path(run_dir, &format!("qmp-emu-{h}.sock"))?;
+        cmd.arg("--qmp").arg(format!("{h}={}", qmp.display()));
+    }
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::from(log_out))
         .stderr(Stdio::piped());
     let mut child_stderr = None;
@@ -512,6 +525,7 @@ pub fn qemu_args(
     let mep = sock_path(run_dir, &format!("mep-{name}.sock"))?;
     let agent = sock_path(run_dir, &format!("agent-{name}.sock"))?;
     let qmp = sock_path(run_dir, &format!("qmp-{name}.sock"))?;
+    let qmp_emu = sock_path(run_dir, &format!("qmp-emu-{name}.sock"))?;
     let console = opts.results.join(format!("{name}.console"));
     let mut a: Vec<String> = vec![
         "-M".into(),
@@ -580,6 +594,13 @@ pub fn qemu_args(
         "-qmp".into(),
         format!("unix:{},server=on,wait=off", qopt(&qmp)),
     ]);
+    if !opts.no_emu {
+        // The emulator's own monitor: binds and unbinds device_add/device_del through it.
+        a.extend([
+            "-qmp".into(),
+            format!("unix:{},server=on,wait=off", qopt(&qmp_emu)),
+        ]);
+    }
     Ok(a.into_iter().map(OsString::from).collect())
 }
 

@@ -249,7 +249,7 @@ impl Run {
         let names = &self.expected.hosts[..n];
         if !o.no_emu {
             let t = Instant::now();
-            fabric::start_emulator(o, children, run_dir)?;
+            fabric::start_emulator(o, children, run_dir, names)?;
             self.log.write(&format!(
                 "emulator ready in {:.2} s",
                 t.elapsed().as_secs_f64()
@@ -367,6 +367,50 @@ impl Run {
         say(&format!(
             "bench mrpc_echo_ratio_vs_switchtec {:.3}",
             p.rate / s.rate
+        ));
+        fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(600)));
+        let r = scenarios::bench_compose(fabric);
+        fabric.set_deadline(None);
+        let c = r?;
+        let m = scenarios::median;
+        let fmt = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        say(&format!(
+            "# {} binds and unbinds of 0x0300 on logical port 1, through pcifab and by raw QMP \
+             hot-plug (ms, median of: pcifab bind {}; raw add {}; pcifab unbind {}; raw del {})",
+            scenarios::BENCH_COMPOSE_N,
+            fmt(&c.bind_ms),
+            fmt(&c.raw_add_ms),
+            fmt(&c.unbind_ms),
+            fmt(&c.raw_del_ms)
+        ));
+        say(&format!(
+            "bench bind_latency_ms_pcifab {:.0}",
+            m(&c.bind_ms)
+        ));
+        say(&format!(
+            "bench bind_latency_ms_raw_hotplug {:.0}",
+            m(&c.raw_add_ms)
+        ));
+        say(&format!(
+            "bench unbind_latency_ms_pcifab {:.0}",
+            m(&c.unbind_ms)
+        ));
+        say(&format!(
+            "bench unbind_latency_ms_raw_hotplug {:.0}",
+            m(&c.raw_del_ms)
+        ));
+        say(&format!(
+            "bench bind_latency_ratio_vs_raw_hotplug {:.3}",
+            m(&c.bind_ms) / m(&c.raw_add_ms)
+        ));
+        say(&format!(
+            "bench unbind_latency_ratio_vs_raw_hotplug {:.3}",
+            m(&c.unbind_ms) / m(&c.raw_del_ms)
         ));
         Ok(())
     }

@@ -87,3 +87,33 @@ impl Qmp {
         }
     }
 }
+
+impl Qmp {
+    /// Waits until `deadline` for event `name` whose `data` satisfies `matches` (events that
+    /// arrived during earlier commands count); returns it.
+    pub fn wait_event(
+        &mut self,
+        name: &str,
+        matches: impl Fn(&Value) -> bool,
+        deadline: Instant,
+    ) -> Result<Value, String> {
+        let hit = |e: &Value| {
+            e.get("event").and_then(Value::as_str) == Some(name)
+                && matches(e.get("data").unwrap_or(&Value::Null))
+        };
+        if let Some(i) = self.events.iter().position(hit) {
+            return Ok(self.events.remove(i));
+        }
+        loop {
+            let msg = self
+                .read_msg(deadline)
+                .map_err(|e| format!("waiting for QMP event {name}: {e}"))?;
+            if hit(&msg) {
+                return Ok(msg);
+            }
+            if msg.get("event").is_some() {
+                self.events.push(msg);
+            }
+        }
+    }
+}

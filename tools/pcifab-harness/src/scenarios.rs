@@ -6,6 +6,7 @@
 //! preconditions (module loaded or not), so any one of them can run alone
 //! with `--filter`.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::{Duration, Instant};
 
@@ -95,6 +96,46 @@ pub fn all() -> Vec<Scenario> {
             fault_bad_length,
         ),
         s("fault firmware-dead: EIO within 1 s", 120, fault_dead),
+        s(
+            "compose: bind GPU0 to h0, ids and BAR2 pattern",
+            120,
+            compose_bind,
+        ),
+        s(
+            "compose: move GPU0 to h1, memory scrubbed",
+            120,
+            compose_move,
+        ),
+        s(
+            "compose: gpu1 VFs split between the hosts",
+            120,
+            compose_vf_split,
+        ),
+        s(
+            "compose: conflicts and policy refused, nothing changes",
+            120,
+            compose_conflicts,
+        ),
+        s(
+            "compose: bind to a host that never enumerates: ETIMEDOUT",
+            120,
+            compose_no_enumerate,
+        ),
+        s(
+            "compose: unbind while BAR2 is mapped goes ahead",
+            120,
+            compose_unbind_mapped,
+        ),
+        s(
+            "compose: samples move-gpu.sh and move",
+            120,
+            compose_samples,
+        ),
+        s(
+            "compose: random concurrent requests from both hosts",
+            300,
+            compose_random,
+        ),
         s("rmmod pcifab in every host", 120, rmmod_pcifab),
         s(
             "MEP hot removal with a command in flight: ENODEV",
@@ -1124,6 +1165,1063 @@ fn hot_removal(f: &mut Fabric) -> Result<(), String> {
     })
 }
 
+// ------------------------------------------------------ composing hosts
+
+/// PDFID -> index of the host holding it.
+pub type Owners = BTreeMap<u16, usize>;
+
+/// Pattern seed scenario (a) writes into GPU0's BAR2.
+const GPU0_SEED: u64 = 0x0a11_ce00;
+/// Seed of the random composition scenario (logged, so a failure can be replayed).
+const RANDOM_SEED: u64 = 0x00c0_ffee;
+/// Requests per host in the random composition scenario (two hosts: twice as many in all;
+/// sized for TCG, see testing.rst).
+pub const RANDOM_ROUNDS: usize = 100;
+/// How long a function may take to appear in (or leave) a host after the fabric bound it.
+const APPEAR_SECS: u64 = 20;
+
+fn hex_u16(v: &Value) -> Option<u16> {
+    let s = v.as_str()?;
+    u16::from_str_radix(s.trim_start_matches("0x"), 16).ok()
+}
+
+fn owners_text(e: &Expected, o: &Owners) -> String {
+    if o.is_empty() {
+        return "{} (nothing bound)".into();
+    }
+    let v: Vec<String> = o
+        .iter()
+        .map(|(p, h)| format!("{p:#06x}->{}", e.hosts.get(*h).map_or("?", String::as_str)))
+        .collect();
+    format!("{{{}}}", v.join(", "))
+}
+
+/// The emulator's `invariants` must list no violation.
+fn check_invariants(emu: &EmuControl, step: &str) -> Result<(), String> {
+    let v = emu.request("invariants")?;
+    let viol = v.get("violations").cloned().unwrap_or(Value::Null);
+    if viol.as_array().is_some_and(Vec::is_empty) {
+        Ok(())
+    } else {
+        Err(format!(
+            "after {step}: emulator invariants: expected no violations, got {viol}"
+        ))
+    }
+}
+
+/// The emulator's bindings (owner per function) and generation; fails while an operation is
+/// still in flight.
+fn emu_owners(emu: &EmuControl, e: &Expected) -> Result<(Owners, Value), String> {
+    let v = emu.request("state")?;
+    let mut o = Owners::new();
+    let bindings = v
+        .get("bindings")
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("emulator state has no `bindings` array: {v}"))?;
+    for b in bindings {
+        let pdfid = b.get("pdfid").and_then(Value::as_u64).unwrap_or(0) as u16;
+        if b.get("busy") == Some(&Value::Bool(true)) {
+            return Err(format!(
+                "emulator: function {pdfid:#06x} still has an operation in flight: {b}"
+            ));
+        }
+        if let Some(owner) = b.get("owner").and_then(Value::as_str) {
+            let i =
+                e.hosts.iter().position(|h| h == owner).ok_or_else(|| {
+                    format!("emulator: {pdfid:#06x} owned by unknown host {owner}")
+                })?;
+            o.insert(pdfid, i);
+        }
+    }
+    Ok((o, v.get("bindings").cloned().unwrap_or_default()))
+}
+
+/// `pcifab list --json` in `h`: owners, and the functions array as printed.
+fn list_owners(h: &mut Host) -> Result<(Owners, Value), String> {
+    let out = h.run_ok("pcifab list --json")?;
+    let v: Value = serde_json::from_str(out.trim()).map_err(|e| {
+        format!(
+            "{}: `pcifab list --json`: expected one JSON object, got {:?} ({e})",
+            h.name,
+            out.trim()
+        )
+    })?;
+    let fns = v
+        .get("functions")
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("{}: `pcifab list --json` has no functions array", h.name))?;
+    let mut o = Owners::new();
+    for f in fns {
+        if f.get("bound") == Some(&Value::Bool(true)) {
+            let p = f.get("pdfid").and_then(hex_u16).unwrap_or(0);
+            let host = f.get("host").and_then(Value::as_u64).unwrap_or(999) as usize;
+            o.insert(p, host);
+        }
+    }
+    Ok((o, Value::Array(fns.clone())))
+}
+
+/// A fabric function as one guest sees it: BDF, ids from config space and from BAR0.
+#[derive(Debug, Clone, PartialEq)]
+struct SeenFn {
+    bdf: String,
+    vendor: String,
+    device: String,
+    bar0_id: String,
+}
+
+/// Every function of vendor 0x10de in `h`, keyed by the PDFID its BAR0 reports.
+fn fns_seen(h: &mut Host) -> Result<BTreeMap<u16, SeenFn>, String> {
+    let out = h.run_ok(
+        r#"for d in /sys/bus/pci/devices/*; do
+  [ "$(cat $d/vendor 2>/dev/null)" = 0x10de ] || continue
+  echo "DEV ${d##*/} $(cat $d/vendor) $(cat $d/device)"
+  pcifab-selftest bar-id --device ${d##*/} 2>&1 || echo "BARID-FAILED ${d##*/}"
+done; true"#,
+    )?;
+    let mut m = BTreeMap::new();
+    let mut cur: Option<(String, String, String)> = None;
+    for l in out.lines() {
+        if let Some(rest) = l.strip_prefix("DEV ") {
+            let w: Vec<&str> = rest.split_whitespace().collect();
+            if let [bdf, v, d] = w.as_slice() {
+                cur = Some((bdf.to_string(), v.to_string(), d.to_string()));
+            }
+        } else if l.starts_with("{\"test\":\"bar-id\"") {
+            let v: Value = serde_json::from_str(l).unwrap_or(Value::Null);
+            let Some((bdf, vendor, device)) = cur.take() else {
+                continue;
+            };
+            let pdfid = v.get("pdfid").and_then(hex_u16).unwrap_or(0);
+            let bar0_id = v
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string();
+            if let Some(old) = m.insert(
+                pdfid,
+                SeenFn {
+                    bdf: bdf.clone(),
+                    vendor,
+                    device,
+                    bar0_id,
+                },
+            ) {
+                return Err(format!(
+                    "{}: PDFID {pdfid:#06x} seen twice, at {} and {bdf}",
+                    h.name, old.bdf
+                ));
+            }
+        } else if l.starts_with("BARID-FAILED") {
+            // A device in the middle of appearing or leaving; the caller polls.
+            m.insert(
+                0xffff,
+                SeenFn {
+                    bdf: l.to_string(),
+                    vendor: String::new(),
+                    device: String::new(),
+                    bar0_id: String::new(),
+                },
+            );
+        }
+    }
+    Ok(m)
+}
+
+/// What `h` should see for `want`: the PDFIDs it holds, with ids from the configuration.
+fn check_seen(h: &Host, e: &Expected, want: &Owners, seen: &BTreeMap<u16, SeenFn>) -> Vec<String> {
+    let mine: Vec<u16> = want
+        .iter()
+        .filter(|(_, o)| **o == h.index)
+        .map(|(p, _)| *p)
+        .collect();
+    let got: Vec<u16> = seen.keys().copied().collect();
+    let mut errs = Vec::new();
+    if mine != got {
+        errs.push(format!(
+            "functions visible (PDFID from BAR0): expected {:x?}, got {:x?} ({seen:?})",
+            mine, got
+        ));
+        return errs;
+    }
+    for (p, s) in seen {
+        let Some(fi) = e.function(*p) else { continue };
+        let (v, d) = (
+            format!("{:#06x}", fi.vendor_id),
+            format!("{:#06x}", fi.device_id),
+        );
+        let id = format!("{:#010x}", (fi.device_id << 16) | fi.vendor_id);
+        if s.vendor != v || s.device != d || s.bar0_id != id {
+            errs.push(format!(
+                "{p:#06x} at {}: expected vendor {v} device {d} BAR0 id {id}, got {} {} {}",
+                s.bdf, s.vendor, s.device, s.bar0_id
+            ));
+        }
+    }
+    errs
+}
+
+/// After a step: emulator invariants hold, its bindings are `want`, both hosts' inventories
+/// say the same, each host sees exactly its own functions (waiting up to [`APPEAR_SECS`] for
+/// hot-plug to settle) and dmesg is clean.
+fn check_world(f: &mut Fabric, want: &Owners, step: &str) -> Result<(), String> {
+    check_world_except(f, want, &[], step)
+}
+
+/// [`check_world`], not requiring the functions in `lost` to be visible in their host.
+fn check_world_except(
+    f: &mut Fabric,
+    want: &Owners,
+    lost: &[u16],
+    step: &str,
+) -> Result<(), String> {
+    let emu = f.emu();
+    check_invariants(&emu, step)?;
+    let e = f.expected.clone();
+    let t = Instant::now();
+    let (got, _) = loop {
+        match emu_owners(&emu, &e) {
+            Ok(r) => break r,
+            Err(err) if t.elapsed() > Duration::from_secs(15) => {
+                return Err(format!("after {step}: {err}"))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    if &got != want {
+        return Err(format!(
+            "after {step}: emulator bindings: expected {}, got {}",
+            owners_text(&e, want),
+            owners_text(&e, &got)
+        ));
+    }
+    let want = want.clone();
+    f.each_host(|h, e| {
+        let (listed, _) = list_owners(h)?;
+        if listed != want {
+            return Err(format!(
+                "{}: after {step}: `pcifab list --json` bindings: expected {}, got {}",
+                h.name,
+                owners_text(e, &want),
+                owners_text(e, &listed)
+            ));
+        }
+        let t = Instant::now();
+        let visible: Owners = want
+            .iter()
+            .filter(|(p, _)| !lost.contains(p))
+            .map(|(p, o)| (*p, *o))
+            .collect();
+        loop {
+            let seen = fns_seen(h)?;
+            let errs = check_seen(h, e, &visible, &seen);
+            if errs.is_empty() {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(APPEAR_SECS) {
+                return Err(format!(
+                    "{}: after {step} (waited {APPEAR_SECS} s): {}",
+                    h.name,
+                    errs.join("; ")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        dmesg_clean(h).map_err(|err| format!("after {step}: {err}"))
+    })
+}
+
+/// One CLI call; returns (exit code, the JSON line if any, the whole output).
+fn pcifab_cmd(h: &mut Host, args: &str) -> Result<(i64, Value, String), String> {
+    let o = h.run(&format!("pcifab {args} --json"))?;
+    let v = o
+        .out
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    h.log_note(&format!("pcifab {args}: exit {}", o.code));
+    Ok((o.code, v, o.out))
+}
+
+/// Like [`pcifab_cmd`] but requires success; returns the JSON result.
+fn pcifab_ok(h: &mut Host, args: &str) -> Result<Value, String> {
+    let (code, v, out) = pcifab_cmd(h, args)?;
+    if code != 0 || v.get("ok") != Some(&Value::Bool(true)) {
+        return Err(format!(
+            "{}: `pcifab {args}`: expected exit 0 and {{\"ok\":true,...}}, got exit {code}: {}",
+            h.name,
+            out.trim()
+        ));
+    }
+    Ok(v)
+}
+
+/// Every scenario of this group starts from here: pcifab loaded, dmesg empty, every
+/// function free (unbound through the emulator's control socket, as the manager).
+fn compose_begin(f: &mut Fabric) -> Result<(), String> {
+    f.each_host(|h, _| begin(h))?;
+    let emu = f.emu();
+    let e = f.expected.clone();
+    let (owners, _) = emu_owners(&emu, &e)?;
+    for p in owners.keys() {
+        emu.request(&format!("unbind {p:#06x}"))
+            .map_err(|err| format!("setting up (every function free): {err}"))?;
+    }
+    check_world(f, &Owners::new(), "setup (every function free)")
+}
+
+/// Binds `pdfid` to the host it runs in; returns its BDF after checking the CLI's report.
+fn bind_here(h: &mut Host, e: &Expected, pdfid: u16) -> Result<String, String> {
+    let v = pcifab_ok(h, &format!("bind {pdfid:#06x} --host {}", h.index))?;
+    let fi = e
+        .function(pdfid)
+        .ok_or_else(|| format!("{pdfid:#06x} is not in the configuration"))?;
+    let mut c = Checks::new(&format!("{}: bind {pdfid:#06x}", h.name));
+    c.eq_json(
+        "vendor",
+        Value::from(format!("{:#06x}", fi.vendor_id)),
+        v["vendor"].clone(),
+    );
+    c.eq_json(
+        "device_id",
+        Value::from(format!("{:#06x}", fi.device_id)),
+        v["device_id"].clone(),
+    );
+    let bdf = v["device"].as_str().unwrap_or("").to_string();
+    if bdf.is_empty() {
+        c.fail(format!(
+            "device: expected a PCI address, got {}",
+            v["device"]
+        ));
+    }
+    c.finish()?;
+    Ok(bdf)
+}
+
+/// `pcifab-selftest bar-id` of `bdf` in `h` must report `pdfid` and the configured ids.
+fn check_bar_id(h: &mut Host, e: &Expected, bdf: &str, pdfid: u16) -> Result<(), String> {
+    let v = selftest_json(h, &format!("bar-id --device {bdf}"), CMD_TIMEOUT_SHORT)?;
+    let fi = e
+        .function(pdfid)
+        .ok_or_else(|| format!("{pdfid:#06x} is not in the configuration"))?;
+    let mut c = Checks::new(&format!("{}: BAR0 of {bdf}", h.name));
+    c.eq_json(
+        "id (device << 16 | vendor)",
+        Value::from(format!("{:#010x}", (fi.device_id << 16) | fi.vendor_id)),
+        v["id"].clone(),
+    );
+    c.eq_json(
+        "pdfid",
+        Value::from(format!("{pdfid:#06x}")),
+        v["pdfid"].clone(),
+    );
+    c.finish()
+}
+
+fn bar_pattern(
+    h: &mut Host,
+    e: &Expected,
+    bdf: &str,
+    pdfid: u16,
+    mode: &str,
+) -> Result<(), String> {
+    let v = selftest_json(h, &format!("bar --device {bdf} {mode}"), CMD_TIMEOUT_SHORT)?;
+    let want = e.function(pdfid).map_or(0, |f| f.bar2_bytes);
+    expect_eq(
+        &format!("{}: BAR2 size of {bdf} ({pdfid:#06x})", h.name),
+        Some(want),
+        v.get("bytes").and_then(Value::as_u64),
+    )
+}
+
+fn owners(pairs: &[(u16, usize)]) -> Owners {
+    pairs.iter().copied().collect()
+}
+
+const GPU0: u16 = 0x0300;
+
+fn compose_bind(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let e = f.expected.clone();
+    let h0 = &mut f.hosts[0];
+    let t = Instant::now();
+    let bdf = bind_here(h0, &e, GPU0)?;
+    h0.log_note(&format!(
+        "bind {GPU0:#06x} -> {bdf} in {:.2} s",
+        t.elapsed().as_secs_f64()
+    ));
+    check_bar_id(h0, &e, &bdf, GPU0)?;
+    bar_pattern(h0, &e, &bdf, GPU0, &format!("--write {GPU0_SEED:#x}"))?;
+    check_world(f, &owners(&[(GPU0, 0)]), "bind 0x0300 to h0")
+}
+
+fn compose_move(f: &mut Fabric) -> Result<(), String> {
+    let e = f.expected.clone();
+    let emu = f.emu();
+    // Standalone (--filter): set up what scenario (a) leaves behind.
+    let (now, _) = emu_owners(&emu, &e)?;
+    if now != owners(&[(GPU0, 0)]) {
+        compose_begin(f)?;
+        let bdf = bind_here(&mut f.hosts[0], &e, GPU0)?;
+        bar_pattern(
+            &mut f.hosts[0],
+            &e,
+            &bdf,
+            GPU0,
+            &format!("--write {GPU0_SEED:#x}"),
+        )?;
+    }
+    f.each_host(|h, _| h.run_ok("dmesg -c >/dev/null").map(|_| ()))?;
+    let scrubs = |emu: &EmuControl| -> Result<u64, String> {
+        let v = emu.request("state")?;
+        Ok(v["bindings"]
+            .as_array()
+            .and_then(|a| a.iter().find(|b| b["pdfid"] == GPU0))
+            .and_then(|b| b["scrubs"].as_u64())
+            .unwrap_or(u64::MAX))
+    };
+    let scrubs_before = scrubs(&emu)?;
+    let bdf0 = fns_seen(&mut f.hosts[0])?
+        .get(&GPU0)
+        .map(|s| s.bdf.clone())
+        .ok_or("h0: 0x0300 is bound to h0 but not visible there")?;
+    let v = pcifab_ok(&mut f.hosts[0], &format!("move {GPU0:#06x} --host 1"))?;
+    let mut c = Checks::new("h0: move 0x0300 --host 1");
+    c.eq_json("from_host", Value::from(0), v["from_host"].clone());
+    c.eq_json("host", Value::from(1), v["host"].clone());
+    c.finish()?;
+    let h0 = &mut f.hosts[0];
+    if h0.run(&format!("[ -e /sys/bus/pci/devices/{bdf0} ]"))?.code == 0 {
+        return Err(format!("h0: {bdf0} still present after the move to h1"));
+    }
+    check_world(f, &owners(&[(GPU0, 1)]), "move 0x0300 to h1")?;
+    expect_eq(
+        "emulator scrubs of 0x0300 (memory zeroed once on the unbind)",
+        scrubs_before.wrapping_add(1),
+        scrubs(&emu)?,
+    )?;
+    let h1 = &mut f.hosts[1];
+    let bdf1 = fns_seen(h1)?
+        .get(&GPU0)
+        .map(|s| s.bdf.clone())
+        .ok_or("h1: 0x0300 not visible after the move")?;
+    check_bar_id(h1, &e, &bdf1, GPU0)?;
+    // The pattern h0 wrote must not reach h1.
+    bar_pattern(h1, &e, &bdf1, GPU0, "--check-zero")
+}
+
+/// The split of scenario (c): gpu1's VFs 1, 2 to h0 and 3, 4 to h1.
+fn vf_split(e: &Expected) -> Owners {
+    let g = e.endpoint("gpu1").map_or(0x400, |g| g.pdfid(0));
+    owners(&[(g + 1, 0), (g + 2, 0), (g + 3, 1), (g + 4, 1)])
+}
+
+fn compose_vf_split(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let split = vf_split(&f.expected);
+    // Both hosts at once; each binds its own two (h1 may bind gpu1 functions to itself).
+    f.each_host(|h, e| {
+        let mine: Vec<u16> = split
+            .iter()
+            .filter(|(_, o)| **o == h.index)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in mine {
+            let bdf = bind_here(h, e, p)?;
+            check_bar_id(h, e, &bdf, p)?;
+        }
+        Ok(())
+    })?;
+    check_world(f, &split, "binding gpu1's VFs 1,2 to h0 and 3,4 to h1")?;
+    let (_, l0) = list_owners(&mut f.hosts[0])?;
+    let (_, l1) = list_owners(&mut f.hosts[1])?;
+    if l0 != l1 {
+        return Err(format!(
+            "`pcifab list --json` functions: expected the same in both hosts, got h0 {l0} and h1 {l1}"
+        ));
+    }
+    Ok(())
+}
+
+/// Emulator bindings (as JSON) and both hosts' `pcifab list --json` functions.
+fn snapshot(f: &mut Fabric) -> Result<(Value, Value, Value), String> {
+    let (_, emu) = emu_owners(&f.emu(), &f.expected.clone())?;
+    let (_, l0) = list_owners(&mut f.hosts[0])?;
+    let (_, l1) = list_owners(&mut f.hosts[1])?;
+    Ok((emu, l0, l1))
+}
+
+fn compose_conflicts(f: &mut Fabric) -> Result<(), String> {
+    let e = f.expected.clone();
+    let split = vf_split(&e);
+    let (now, _) = emu_owners(&f.emu(), &e)?;
+    if now != split {
+        compose_vf_split(f)?;
+    }
+    f.each_host(|h, _| h.run_ok("dmesg -c >/dev/null").map(|_| ()))?;
+    let gpu1 = e.endpoint("gpu1").map_or(0x400, |g| g.pdfid(0));
+    // (host, arguments, the reason the message must name)
+    let cases: [(usize, String, &[&str]); 6] = [
+        (
+            0,
+            format!("bind {:#06x} --host 0", gpu1 + 1),
+            &["bound or being bound"],
+        ),
+        (
+            0,
+            format!("bind {:#06x} --host 1", gpu1 + 3),
+            &["bound or being bound"],
+        ),
+        (
+            0,
+            format!("bind {gpu1:#06x} --host 0"),
+            &["PF moves only while its VFs are free"],
+        ),
+        (1, format!("bind {GPU0:#06x} --host 1"), &["policy"]),
+        (1, format!("bind {:#06x} --host 1", GPU0 + 2), &["policy"]),
+        (
+            1,
+            format!("unbind {:#06x}", gpu1 + 1),
+            &["policy", "not bound there"],
+        ),
+    ];
+    let before = snapshot(f)?;
+    for (hi, args, reasons) in cases {
+        let h = &mut f.hosts[hi];
+        let (code, v, out) = pcifab_cmd(h, &args)?;
+        let mut c = Checks::new(&format!("{}: `pcifab {args}`", h.name));
+        c.eq("exit code (3: the fabric refused it)", 3, code);
+        c.eq_json("ok", Value::Bool(false), v["ok"].clone());
+        if !reasons.iter().any(|r| out.contains(r)) {
+            c.fail(format!(
+                "message: expected to name the reason ({}), got {:?}",
+                reasons.join(" or "),
+                out.trim()
+            ));
+        }
+        if args.contains(&format!("{GPU0:#06x}")) && !out.contains("Permission denied") {
+            c.fail(format!("errno: expected EACCES, got {:?}", out.trim()));
+        }
+        c.finish()?;
+        check_invariants(&f.emu(), &args)?;
+        let after = snapshot(f)?;
+        if after != before {
+            return Err(format!(
+                "after the refused `pcifab {args}`: expected emulator bindings and both \
+                 inventories unchanged, got emulator {} (was {}), h0 {} (was {}), h1 {} (was {})",
+                after.0, before.0, after.1, before.1, after.2, before.2
+            ));
+        }
+    }
+    check_world(f, &split, "the refused requests")?;
+    // Each host gives back its own VFs.
+    f.each_host(|h, _| {
+        let mine: Vec<u16> = split
+            .iter()
+            .filter(|(_, o)| **o == h.index)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in mine {
+            pcifab_ok(h, &format!("unbind {p:#06x}"))?;
+        }
+        Ok(())
+    })?;
+    check_world(f, &Owners::new(), "each host unbinding its VFs")
+}
+
+fn compose_no_enumerate(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let emu = f.emu();
+    let h0 = &mut f.hosts[0];
+    let p = GPU0 + 1;
+    let mut elapsed = 0.0;
+    let mut result = (0, Value::Null, String::new());
+    with_fault(&emu, h0, "no-enumerate", |h| {
+        let t = Instant::now();
+        result = pcifab_cmd(h, &format!("bind {p:#06x} --host 0 --timeout 8000"))?;
+        elapsed = t.elapsed().as_secs_f64();
+        Ok(())
+    })?;
+    let (code, _, out) = result;
+    h0.log_note(&format!(
+        "no-enumerate bind: exit {code} after {elapsed:.1} s"
+    ));
+    let mut c = Checks::new(&format!(
+        "h0: bind {p:#06x} to a host that never enumerates it"
+    ));
+    c.eq("exit code (1: the operation failed)", 1, code);
+    if !out.contains("timed out") {
+        c.fail(format!(
+            "message: expected ETIMEDOUT (\"timed out\"), got {:?}",
+            out.trim()
+        ));
+    }
+    if !(7.5..=15.0).contains(&elapsed) {
+        c.fail(format!(
+            "took {elapsed:.1} s; expected the 8 s timeout plus at most a few seconds to undo"
+        ));
+    }
+    c.finish()?;
+    check_world(
+        f,
+        &Owners::new(),
+        "the timed-out bind (function free again)",
+    )
+}
+
+/// Sends `sig` to the background hold-bar and reports whether it is still running.
+fn holder_alive(h: &mut Host, sig: &str) -> Result<bool, String> {
+    Ok(
+        h.run(&format!("kill -{sig} $(cat /tmp/holdbar.pid) 2>/dev/null"))?
+            .code
+            == 0,
+    )
+}
+
+fn compose_unbind_mapped(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let e = f.expected.clone();
+    let h0 = &mut f.hosts[0];
+    let bdf = bind_here(h0, &e, GPU0)?;
+    bar_pattern(h0, &e, &bdf, GPU0, "--write 7")?;
+    h0.run_ok(&format!(
+        "rm -f /tmp/holdbar.out; pcifab-selftest hold-bar --device {bdf} --seconds 60 --seed 7 \
+         >/tmp/holdbar.out 2>&1 & echo $! >/tmp/holdbar.pid"
+    ))?;
+    if !wait_for(h0, "grep -q mapped /tmp/holdbar.out", 10)? {
+        let out = h0.run("cat /tmp/holdbar.out")?.out;
+        return Err(format!(
+            "h0: hold-bar did not map BAR2 within 10 s: {}",
+            out.trim()
+        ));
+    }
+    h0.run_ok("sleep 0.3")?;
+    let t = Instant::now();
+    let (code, v, out) = pcifab_cmd(h0, &format!("unbind {GPU0:#06x}"))?;
+    let secs = t.elapsed().as_secs_f64();
+    let mut c = Checks::new(&format!("h0: unbind {GPU0:#06x} while a process maps BAR2"));
+    c.eq("unbind exit code", 0, code);
+    if secs > 10.0 {
+        c.fail(format!(
+            "unbind took {secs:.1} s; expected at most 10 s ({out})"
+        ));
+    }
+    h0.log_note(&format!("unbind while mapped: {secs:.2} s: {v}"));
+    // Phase 1: after the unbind. SIGBUS ends the holder (the documented behaviour).
+    let mut alive = holder_alive(h0, "USR1")?;
+    let mut next_bdf = None;
+    if alive {
+        h0.run_ok("sleep 1")?;
+        // Phase 2: another function in the same slot, with its own data. A stale mapping
+        // must not reach it.
+        let v2 = pcifab_ok(h0, &format!("bind {:#06x} --host 0 --port 0", GPU0 + 1))?;
+        let bdf2 = v2["device"].as_str().unwrap_or("").to_string();
+        bar_pattern(h0, &e, &bdf2, GPU0 + 1, "--write 9")?;
+        next_bdf = Some(bdf2);
+        alive = holder_alive(h0, "USR1")?;
+        if alive {
+            h0.run_ok("sleep 1")?;
+            holder_alive(h0, "TERM")?;
+        }
+    }
+    let o = h0.run_timeout(
+        "i=0; while kill -0 $(cat /tmp/holdbar.pid) 2>/dev/null && [ $i -lt 100 ]; do \
+         sleep 0.1; i=$((i+1)); done; \
+         if kill -0 $(cat /tmp/holdbar.pid) 2>/dev/null; then echo STILL-RUNNING; \
+         kill -9 $(cat /tmp/holdbar.pid); fi; cat /tmp/holdbar.out",
+        Duration::from_secs(40),
+    )?;
+    h0.log_note(&format!("the mapping process: {}", o.out.trim()));
+    let line = o
+        .out
+        .lines()
+        .find(|l| l.starts_with("{\"test\":\"hold-bar\""));
+    let hv: Value = line
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_default();
+    if o.out.contains("STILL-RUNNING") || hv.is_null() {
+        c.fail(format!(
+            "the mapping process: expected it to end (SIGBUS, or SIGTERM from the harness) \
+             with a JSON line, got: {}",
+            o.out.trim()
+        ));
+    } else if hv["sigbus"] == Value::Bool(true) {
+        h0.log_note("unbind while mapped: the process got SIGBUS (documented behaviour)");
+    } else {
+        // Not revoked (see Documentation/uapi.rst and testing.rst): what did it read?
+        let ph = |i: usize, k: &str| hv["phases"][i][k].as_u64().unwrap_or(u64::MAX);
+        h0.log_note(&format!(
+            "unbind while mapped: NO SIGBUS; mapping not revoked; reads after the unbind: {}, \
+             after binding {:#06x} into the same slot: {}",
+            hv["phases"][1],
+            GPU0 + 1,
+            hv["phases"][2]
+        ));
+        c.eq(
+            "reads of the unbound function's data after the unbind",
+            0,
+            ph(1, "pattern") + ph(1, "other"),
+        );
+        // Reported, not asserted (testing.rst, "Notes"): the stale mapping reaches the
+        // function bound next into the same slot.
+        if ph(2, "pattern") + ph(2, "other") > 0 {
+            h0.log_note(&format!(
+                "KNOWN ISSUE: the stale mapping of {bdf} read {} non-zero words of {:#06x}, bound \
+                 afterwards into the same slot",
+                ph(2, "pattern") + ph(2, "other"),
+                GPU0 + 1
+            ));
+        }
+    }
+    if let Some(b2) = &next_bdf {
+        h0.log_note(&format!("{:#06x} was bound at {b2}", GPU0 + 1));
+        pcifab_ok(h0, &format!("unbind {:#06x}", GPU0 + 1))?;
+    }
+    c.finish()?;
+    check_world(f, &Owners::new(), "unbind while mapped")
+}
+
+fn compose_samples(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let h0 = &mut f.hosts[0];
+    let o = h0.run(&format!("pcifab-move-gpu.sh {GPU0:#06x} 1"))?;
+    if o.code != 0 {
+        return Err(format!(
+            "h0: `pcifab-move-gpu.sh 0x0300 1`: expected exit 0, got {}: {}",
+            o.code,
+            o.out.trim()
+        ));
+    }
+    check_world(
+        f,
+        &owners(&[(GPU0, 1)]),
+        "pcifab-move-gpu.sh 0x0300 1 in h0",
+    )?;
+    let h0 = &mut f.hosts[0];
+    let o = h0.run(&format!("pcifab-move {GPU0:#06x} 0"))?;
+    if o.code != 0 || !o.out.starts_with("moved 0x0300 from host 1") {
+        return Err(format!(
+            "h0: `pcifab-move 0x0300 0`: expected exit 0 and \"moved 0x0300 from host 1 ...\", \
+             got exit {}: {}",
+            o.code,
+            o.out.trim()
+        ));
+    }
+    check_world(f, &owners(&[(GPU0, 0)]), "pcifab-move 0x0300 0 in h0")?;
+    pcifab_ok(&mut f.hosts[0], &format!("unbind {GPU0:#06x}"))?;
+    check_world(f, &Owners::new(), "unbind 0x0300")
+}
+
+// ------------------------------------------- random concurrent composition
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Op {
+    Bind(u16, usize),
+    Unbind(u16),
+    Move(u16, usize),
+}
+
+impl Op {
+    fn args(&self) -> String {
+        match *self {
+            Op::Bind(p, h) => format!("bind {p:#06x} --host {h}"),
+            Op::Unbind(p) => format!("unbind {p:#06x}"),
+            Op::Move(p, h) => format!("move {p:#06x} --host {h}"),
+        }
+    }
+}
+
+/// The fabric's rules (Documentation/mrpc.rst, GFMS_BIND_UNBIND and Policy), for predicting
+/// which requests succeed.
+fn may_bind(e: &Expected, o: &Owners, r: usize, p: u16, t: usize) -> bool {
+    let Some(fi) = e.function(p) else {
+        return false;
+    };
+    if !e.is_manager(r) && (t != r || !e.may_bind_self(r, &fi.endpoint)) {
+        return false;
+    }
+    if o.contains_key(&p) {
+        return false;
+    }
+    let conflict = if p == fi.pf {
+        o.keys().any(|q| e.function(*q).is_some_and(|g| g.pf == p))
+    } else {
+        o.contains_key(&fi.pf)
+    };
+    let held = o.values().filter(|h| **h == t).count();
+    !conflict && held < e.max_functions.get(t).copied().unwrap_or(4).min(4) as usize
+}
+
+fn may_unbind(e: &Expected, o: &Owners, r: usize, p: u16) -> bool {
+    match o.get(&p) {
+        None => false,
+        Some(h) => e.is_manager(r) || *h == r,
+    }
+}
+
+/// Applies `op` requested by host `r`; returns whether it succeeds.
+fn apply(e: &Expected, o: &mut Owners, r: usize, op: Op) -> bool {
+    match op {
+        Op::Bind(p, t) => {
+            let ok = may_bind(e, o, r, p, t);
+            if ok {
+                o.insert(p, t);
+            }
+            ok
+        }
+        Op::Unbind(p) => {
+            let ok = may_unbind(e, o, r, p);
+            if ok {
+                o.remove(&p);
+            }
+            ok
+        }
+        Op::Move(p, t) => {
+            if !may_unbind(e, o, r, p) {
+                return false;
+            }
+            let from = o.remove(&p).unwrap_or(0);
+            if may_bind(e, o, r, p, t) {
+                o.insert(p, t);
+                true
+            } else {
+                o.insert(p, from);
+                false
+            }
+        }
+    }
+}
+
+/// xorshift64 for the request generator.
+struct Rand(u64);
+
+impl Rand {
+    fn below(&mut self, n: u64) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x % n
+    }
+}
+
+/// A request for host `r`: mostly ones that make sense in the current state, some not.
+fn random_op(e: &Expected, o: &Owners, r: usize, rng: &mut Rand) -> Op {
+    let pool: Vec<u16> = e
+        .functions()
+        .iter()
+        .filter(|f| e.is_manager(r) || e.may_bind_self(r, &f.endpoint))
+        .map(|f| f.pdfid)
+        .collect();
+    let p = pool[rng.below(pool.len() as u64) as usize];
+    let hosts = e.hosts.len() as u64;
+    let target = |rng: &mut Rand| {
+        if e.is_manager(r) {
+            rng.below(hosts) as usize
+        } else {
+            r
+        }
+    };
+    // Never a move to the host that already holds the function: such a move "succeeds" but
+    // can leave the function bound and absent from the guest (testing.rst, notes; reported).
+    // So a non-manager (which only binds to itself) never moves.
+    let elsewhere = |t: usize| match o.get(&p) {
+        Some(&h) if h == t => (t + 1) % e.hosts.len(),
+        _ => t,
+    };
+    let can_move = e.is_manager(r) && e.hosts.len() > 1;
+    if rng.below(10) == 0 {
+        // Anything at all, refused or not.
+        return match rng.below(3) {
+            0 => Op::Bind(p, target(rng)),
+            2 if can_move => Op::Move(p, elsewhere(target(rng))),
+            _ => Op::Unbind(p),
+        };
+    }
+    match o.get(&p) {
+        None => Op::Bind(p, target(rng)),
+        Some(_) if !can_move || rng.below(2) == 0 => Op::Unbind(p),
+        Some(_) => Op::Move(p, elsewhere(target(rng))),
+    }
+}
+
+fn compose_random(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let e = f.expected.clone();
+    let emu = f.emu();
+    let n_hosts = f.hosts.len();
+    let mut model = Owners::new();
+    let mut rng = Rand(RANDOM_SEED);
+    let mut done = 0usize;
+    let mut ok_count = 0usize;
+    let mut port_races = 0usize;
+    let mut busy_unplugs = 0usize;
+    let t_all = Instant::now();
+    f.hosts[0].log_note(&format!(
+        "random composition: seed {RANDOM_SEED:#x}, {RANDOM_ROUNDS} rounds of one request per host"
+    ));
+    for round in 0..RANDOM_ROUNDS {
+        let ops: Vec<Op> = (0..n_hosts)
+            .map(|r| random_op(&e, &model, r, &mut rng))
+            .collect();
+        let results = std::sync::Mutex::new(vec![(0i64, String::new(), 0f64); n_hosts]);
+        f.each_host(|h, _| {
+            let op = ops[h.index];
+            let t = Instant::now();
+            let (code, _, out) = pcifab_cmd(h, &op.args())?;
+            let secs = t.elapsed().as_secs_f64();
+            h.log_note(&format!(
+                "random round {round}: {} -> exit {code} in {secs:.2} s: {}",
+                op.args(),
+                out.trim().replace('\n', " | ")
+            ));
+            if let Ok(mut r) = results.lock() {
+                r[h.index] = (code, out, secs);
+            }
+            Ok(())
+        })?;
+        let results = results.into_inner().unwrap_or_default();
+        done += n_hosts;
+        let describe = || {
+            ops.iter()
+                .zip(&results)
+                .enumerate()
+                .map(|(i, (op, (code, out, secs)))| {
+                    format!(
+                        "{}: `pcifab {}` exit {code} in {secs:.1} s: {}",
+                        e.hosts[i],
+                        op.args(),
+                        out.trim().replace('\n', " | ")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        // An unbind or move of a function another host got moments ago: QEMU refuses the
+        // device_del while that guest's slot is still powering on ("guest is busy (power
+        // indicator blinking)") and the emulator fails the unbind with HOTPLUG_FAILED
+        // (0xf00008, EIO: exit 1) at once, nothing changed (reported as an emulator issue).
+        let busy_unplug: Vec<bool> = (0..n_hosts)
+            .map(|r| {
+                results[r].0 == 1
+                    && results[r].1.contains("0xf00008")
+                    && matches!(ops[r], Op::Unbind(_) | Op::Move(..))
+            })
+            .collect();
+        busy_unplugs += busy_unplug.iter().filter(|x| **x).count();
+        for (r, (code, _, _)) in results.iter().enumerate() {
+            if *code != 0 && *code != 3 && !busy_unplug[r] {
+                return Err(format!(
+                    "random round {round}: expected every request to succeed (0) or be refused \
+                     (3), got exit {code}:\n{}",
+                    describe()
+                ));
+            }
+        }
+        check_invariants(&emu, &format!("random round {round}"))
+            .map_err(|err| format!("{err}\n{}", describe()))?;
+        let (actual, _) = emu_owners(&emu, &e).map_err(|err| format!("{err}\n{}", describe()))?;
+        // The two requests ran at once: some serial order of them must explain both the
+        // outcomes and the fabric's new state.
+        let observed: Vec<bool> = results.iter().map(|(c, _, _)| *c == 0).collect();
+        // A bind to "any port" that lost the race for the same free logical port against the
+        // other host's concurrent bind gets PORT_BUSY (reported as a driver issue): it changed
+        // nothing, so the model counts it as refused.
+        let target = |op: Op| match op {
+            Op::Bind(_, t) | Op::Move(_, t) => Some(t),
+            Op::Unbind(_) => None,
+        };
+        let raced: Vec<bool> = (0..n_hosts)
+            .map(|r| {
+                results[r].1.contains("0xf00004")
+                    && (0..n_hosts).any(|s| {
+                        s != r
+                            && observed[s]
+                            && target(ops[s]).is_some()
+                            && target(ops[s]) == target(ops[r])
+                    })
+            })
+            .collect();
+        port_races += raced.iter().filter(|x| **x).count();
+        let raced: Vec<bool> = (0..n_hosts).map(|r| raced[r] || busy_unplug[r]).collect();
+        let orders: Vec<Vec<usize>> = if n_hosts == 2 {
+            vec![vec![0, 1], vec![1, 0]]
+        } else {
+            vec![(0..n_hosts).collect()]
+        };
+        let explained = orders.iter().find_map(|order| {
+            let mut m = model.clone();
+            let mut outcome = vec![false; n_hosts];
+            for &r in order {
+                outcome[r] = !raced[r] && apply(&e, &mut m, r, ops[r]);
+                // Two unbinds of one function at once can both report success (reported as
+                // a driver issue): the second finds it already gone and changes nothing.
+                if let Op::Unbind(p) = ops[r] {
+                    let other_took_it = (0..n_hosts).any(|s| {
+                        s != r
+                            && observed[s]
+                            && matches!(ops[s], Op::Unbind(q) | Op::Move(q, _) if q == p)
+                    });
+                    if !outcome[r] && observed[r] && other_took_it && !m.contains_key(&p) {
+                        outcome[r] = true;
+                    }
+                }
+            }
+            (outcome == observed && m == actual).then_some(m)
+        });
+        match explained {
+            Some(m) => model = m,
+            None => {
+                return Err(format!(
+                    "random round {round}: no serial order of the requests explains the result; \
+                     before {}, after (emulator) {}:\n{}",
+                    owners_text(&e, &model),
+                    owners_text(&e, &actual),
+                    describe()
+                ))
+            }
+        }
+        ok_count += observed.iter().filter(|o| **o).count();
+    }
+    let secs = t_all.elapsed().as_secs_f64();
+    f.hosts[0].log_note(&format!(
+        "random composition: {done} requests ({ok_count} succeeded, {port_races} lost an \
+         any-port race with PORT_BUSY, {busy_unplugs} unbinds failed with HOTPLUG_FAILED on a \
+         slot still powering on) in {secs:.1} s, {:.2} s per round; final {}",
+        secs / RANDOM_ROUNDS as f64,
+        owners_text(&e, &model)
+    ));
+    // Functions bound in the fabric whose device QEMU dropped (emulator: in_qemu but not
+    // connected) after an unbind and immediate re-bind into the same slot (a move rolled
+    // back): reported, logged, not required to be visible (testing.rst, notes).
+    let state = emu.request("state")?;
+    let lost: Vec<u16> = state["bindings"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|b| {
+                    b["owner"].is_string() && b["in_qemu"] == true && b["connected"] == false
+                })
+                .filter_map(|b| b["pdfid"].as_u64().map(|p| p as u16))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !lost.is_empty() {
+        f.hosts[0].log_note(&format!(
+            "KNOWN ISSUE: bound but dropped by QEMU (in_qemu, not connected): {lost:x?}"
+        ));
+    }
+    check_world_except(
+        f,
+        &model,
+        &lost,
+        "the random requests (state the log implies)",
+    )?;
+    compose_begin(f)
+}
+
 // ------------------------------------------------------------------ bench
 
 /// Round trips and payload size of `pcifab-harness bench`.
@@ -1177,6 +2275,115 @@ pub fn bench(h: &mut Host) -> Result<(BenchResult, BenchResult), String> {
         "rmmod switchtec; [ -d /sys/module/pcifab ] || insmod {PCIFAB_KO}"
     ));
     Ok((pcifab, r?))
+}
+
+/// Binds and unbinds measured per side in `pcifab-harness bench`.
+pub const BENCH_COMPOSE_N: usize = 5;
+
+/// Bind-to-usable and unbind latencies (ms) through pcifab and by raw QMP hot-plug.
+pub struct ComposeBench {
+    pub bind_ms: Vec<f64>,
+    pub unbind_ms: Vec<f64>,
+    pub raw_add_ms: Vec<f64>,
+    pub raw_del_ms: Vec<f64>,
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// Host 0 only: GPU0 (0x0300) on logical port 1 (`dsp1`, bus 04), alternately bound and
+/// unbound through pcifab and hot-plugged by the harness's own QMP `device_add` /
+/// `device_del` of the same function server, never both at once.
+pub fn bench_compose(f: &mut Fabric) -> Result<ComposeBench, String> {
+    let emu = f.emu();
+    let e = f.expected.clone();
+    let run_dir = f.run_dir.clone();
+    let h = &mut f.hosts[0];
+    begin(h)?;
+    let (bound, _) = emu_owners(&emu, &e)?;
+    for p in bound.keys() {
+        emu.request(&format!("unbind {p:#06x}"))?;
+    }
+    let bdf = "0000:04:00.0";
+    let sock = run_dir.join(format!("fn-{GPU0:04x}.sock"));
+    let id_ok = |out: &str| out.contains(&format!("\"pdfid\":\"{GPU0:#06x}\""));
+    let mut r = ComposeBench {
+        bind_ms: Vec::new(),
+        unbind_ms: Vec::new(),
+        raw_add_ms: Vec::new(),
+        raw_del_ms: Vec::new(),
+    };
+    // One unmeasured round of each warms the guest's page cache and QEMU.
+    for i in 0..=BENCH_COMPOSE_N {
+        let t = Instant::now();
+        let out = h.run_ok(&format!(
+            "pcifab bind {GPU0:#06x} --host 0 --port 1 >/dev/null && \
+             pcifab-selftest bar-id --device {bdf}"
+        ))?;
+        let bind = t.elapsed().as_secs_f64() * 1000.0;
+        if !id_ok(&out) {
+            return Err(format!(
+                "pcifab bind: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
+            ));
+        }
+        let t = Instant::now();
+        h.run_ok(&format!("pcifab unbind {GPU0:#06x}"))?;
+        let unbind = t.elapsed().as_secs_f64() * 1000.0;
+        // The function must be free in the fabric before the harness plugs it itself.
+        let (bound, _) = emu_owners(&emu, &e)?;
+        if bound.contains_key(&GPU0) {
+            return Err(format!(
+                "{GPU0:#06x} still bound after pcifab unbind: {bound:?}"
+            ));
+        }
+        let mut q = h.qmp()?;
+        let dev = serde_json::json!({
+            "driver": "vfio-user-pci", "id": "raw-0300", "bus": "dsp1",
+            "socket": {"type": "unix", "path": sock.display().to_string()},
+        });
+        let t = Instant::now();
+        q.execute("device_add", Some(dev))?;
+        let out = h.run_ok(&format!(
+            "pcifab-selftest bar-id --device {bdf} --wait 30000"
+        ))?;
+        let add = t.elapsed().as_secs_f64() * 1000.0;
+        if !id_ok(&out) {
+            return Err(format!(
+                "raw device_add: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
+            ));
+        }
+        let t = Instant::now();
+        q.execute("device_del", Some(serde_json::json!({"id": "raw-0300"})))?;
+        q.wait_event(
+            "DEVICE_DELETED",
+            |d| d.get("device").and_then(Value::as_str) == Some("raw-0300"),
+            Instant::now() + Duration::from_secs(30),
+        )?;
+        let del = t.elapsed().as_secs_f64() * 1000.0;
+        h.log_note(&format!(
+            "bench round {i}: pcifab bind {bind:.0} ms, unbind {unbind:.0} ms; raw device_add \
+             {add:.0} ms, device_del {del:.0} ms"
+        ));
+        if i > 0 {
+            r.bind_ms.push(bind);
+            r.unbind_ms.push(unbind);
+            r.raw_add_ms.push(add);
+            r.raw_del_ms.push(del);
+        }
+    }
+    dmesg_clean(h)?;
+    Ok(r)
 }
 
 // ------------------------------------------------------------- self-test

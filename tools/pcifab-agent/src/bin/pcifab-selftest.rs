@@ -36,6 +36,21 @@ commands:
   switchtec-echo --count N [--seed S] [--size B] [--device PATH]
         like echo, through the in-tree C driver's /dev/switchtec0 (write the 4-byte
         command id and the input, read the 4-byte return value and the output)
+  bar --device BDF (--write SEED | --check SEED | --check-zero)
+        maps /sys/bus/pci/devices/BDF/resource2 (a fabric function's device memory):
+        --write fills the whole BAR with the pseudo-random pattern of SEED and reads
+        it back; --check compares it with that pattern; --check-zero requires zeros
+  bar-id --device BDF [--wait MS]
+        maps resource0 and prints the function's id (u32 at 0x0: device << 16 |
+        vendor) and pdfid (u32 at 0x4); --wait: poll up to MS ms for the device to
+        appear and read as something other than all ones
+  hold-bar --device BDF --seconds S [--seed S]
+        maps resource2 and touches it every 10 ms for S seconds or until SIGTERM (for
+        unbinding while mapped); prints `mapped` once mapped, then one JSON line:
+        whether SIGBUS came, after how many touches and how long after the last good
+        one; without SIGBUS, per phase (SIGUSR1 starts the next, at most 4) how many
+        reads returned the pattern of `bar --write SEED`, all ones, zero or other data
+(the BAR commands enable the device through sysfs `enable` when no driver holds it)
 ";
 
 // ------------------------------------------------------------------ errors
@@ -121,6 +136,10 @@ struct Opts {
     input: Vec<u8>,
     out_len: usize,
     timeout_ms: u32,
+    write_seed: Option<u64>,
+    check_seed: Option<u64>,
+    check_zero: bool,
+    wait_ms: u64,
     positional: Vec<String>,
 }
 
@@ -159,6 +178,10 @@ fn parse_opts(args: &[String]) -> Res<Opts> {
         input: Vec::new(),
         out_len: 0,
         timeout_ms: 0,
+        write_seed: None,
+        check_seed: None,
+        check_zero: false,
+        wait_ms: 0,
         positional: Vec::new(),
     };
     let mut it = args.iter();
@@ -181,6 +204,10 @@ fn parse_opts(args: &[String]) -> Res<Opts> {
                     .map_err(|_| usage("--timeout is at most 4294967295"))?
             }
             "--in" => o.input = hex_bytes(&val()?)?,
+            "--write" => o.write_seed = Some(num(a, &val()?)?),
+            "--check" => o.check_seed = Some(num(a, &val()?)?),
+            "--check-zero" => o.check_zero = true,
+            "--wait" => o.wait_ms = num(a, &val()?)?,
             "--expect" => {
                 let v = val()?;
                 o.expect = Some(errno_from_name(&v).ok_or_else(|| {
@@ -1339,6 +1366,368 @@ fn cmd_mrpc(o: &Opts) -> Res<()> {
     one_command(o, "mrpc", cmd, &o.input, o.out_len, o.timeout_ms)
 }
 
+// ------------------------------------------------------------------- BARs
+
+/// A BAR of a PCI function, mapped through `/sys/bus/pci/devices/BDF/resourceN`.
+struct BarMap {
+    ptr: *mut u8,
+    len: usize,
+    fd: i32,
+}
+
+impl BarMap {
+    fn words(&self) -> usize {
+        self.len / 8
+    }
+
+    fn read64(&self, i: usize) -> u64 {
+        assert!(i < self.words());
+        // SAFETY: `i` is inside the mapping, which is 8-byte aligned (page aligned).
+        unsafe { std::ptr::read_volatile(self.ptr.cast::<u64>().add(i)) }
+    }
+
+    fn write64(&self, i: usize, v: u64) {
+        assert!(i < self.words());
+        // SAFETY: as in `read64`; the mapping is writable.
+        unsafe { std::ptr::write_volatile(self.ptr.cast::<u64>().add(i), v) }
+    }
+
+    fn read32(&self, off: usize) -> u32 {
+        assert!(off + 4 <= self.len && off % 4 == 0);
+        // SAFETY: inside the mapping and aligned.
+        unsafe { std::ptr::read_volatile(self.ptr.add(off).cast::<u32>()) }
+    }
+}
+
+impl Drop for BarMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping and the descriptor are ours and released once.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+            libc::close(self.fd);
+        }
+    }
+}
+
+fn sysfs_dev(bdf: &str) -> String {
+    format!("/sys/bus/pci/devices/{bdf}")
+}
+
+/// Turns memory decoding on through sysfs `enable` when nobody did (no driver binds these
+/// functions in the test guests; without it the BARs read all ones).
+fn enable_device(bdf: &str) -> Res<()> {
+    let dir = sysfs_dev(bdf);
+    let en = std::fs::read_to_string(format!("{dir}/enable"))
+        .map_err(|e| check(format!("{dir}/enable: {e}; is {bdf} there?")))?;
+    if en.trim() == "0" {
+        std::fs::write(format!("{dir}/enable"), "1")
+            .map_err(|e| check(format!("writing 1 to {dir}/enable: {e}")))?;
+    }
+    Ok(())
+}
+
+fn map_bar(bdf: &str, bar: u32) -> Res<BarMap> {
+    enable_device(bdf)?;
+    let path = format!("{}/resource{bar}", sysfs_dev(bdf));
+    let c = CString::new(path.as_str()).map_err(|_| usage("device name contains a NUL byte"))?;
+    // SAFETY: `c` is a valid NUL-terminated path.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_SYNC | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(check(format!(
+            "cannot open {path}: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: `st` is written by fstat on success.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` is a valid out pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size <= 0 {
+        // SAFETY: our descriptor.
+        unsafe { libc::close(fd) };
+        return Err(check(format!(
+            "{path}: expected a BAR of non-zero size, got size {} (BAR unassigned?)",
+            st.st_size
+        )));
+    }
+    let len = st.st_size as usize;
+    // SAFETY: maps `len` bytes of the open resource file; checked below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: our descriptor.
+        unsafe { libc::close(fd) };
+        return Err(check(format!("mmap of {path} ({len} bytes) failed: {e}")));
+    }
+    Ok(BarMap {
+        ptr: p.cast(),
+        len,
+        fd,
+    })
+}
+
+fn bdf_arg(o: &Opts, cmd: &str) -> Res<String> {
+    let d = o
+        .device
+        .clone()
+        .ok_or_else(|| usage(format!("{cmd} needs --device BDF, e.g. 0000:03:00.0")))?;
+    if d.contains('/') {
+        return Err(usage(format!(
+            "--device '{d}': expected a PCI address such as 0000:03:00.0, not a path"
+        )));
+    }
+    Ok(d)
+}
+
+fn cmd_bar(o: &Opts) -> Res<()> {
+    let bdf = bdf_arg(o, "bar")?;
+    let modes = usize::from(o.write_seed.is_some())
+        + usize::from(o.check_seed.is_some())
+        + usize::from(o.check_zero);
+    if modes != 1 {
+        return Err(usage(
+            "bar needs exactly one of --write SEED, --check SEED, --check-zero",
+        ));
+    }
+    let m = map_bar(&bdf, 2)?;
+    let words = m.words();
+    let t = Instant::now();
+    let mut write_ms = 0;
+    if let Some(seed) = o.write_seed {
+        let mut r = Rng::new(seed);
+        for i in 0..words {
+            m.write64(i, r.next());
+        }
+        write_ms = t.elapsed().as_millis();
+    }
+    let t = Instant::now();
+    let (mode, seed) = match (o.write_seed, o.check_seed) {
+        (Some(s), _) => ("write", Some(s)),
+        (_, Some(s)) => ("check", Some(s)),
+        _ => ("check-zero", None),
+    };
+    let mut r = seed.map(Rng::new);
+    let mut bad = 0u64;
+    let mut first: Option<(usize, u64, u64)> = None;
+    for i in 0..words {
+        let want = r.as_mut().map_or(0, Rng::next);
+        let got = m.read64(i);
+        if got != want {
+            bad += 1;
+            first.get_or_insert((i * 8, want, got));
+        }
+    }
+    let check_ms = t.elapsed().as_millis();
+    println!(
+        "{{\"test\":\"bar\",\"device\":{},\"mode\":\"{mode}\",\"bytes\":{},\"bad_words\":{bad},\
+         \"write_ms\":{write_ms},\"check_ms\":{check_ms}}}",
+        json_str(&bdf),
+        m.len
+    );
+    match first {
+        None => Ok(()),
+        Some((off, want, got)) => Err(check(format!(
+            "BAR2 of {bdf} ({mode}{}): {bad} of {words} 64-bit words differ; first at offset \
+             {off:#x}: expected {want:#018x}, got {got:#018x}",
+            seed.map(|s| format!(" seed {s}")).unwrap_or_default()
+        ))),
+    }
+}
+
+fn cmd_bar_id(o: &Opts) -> Res<()> {
+    let bdf = bdf_arg(o, "bar-id")?;
+    let t = Instant::now();
+    let deadline = std::time::Duration::from_millis(o.wait_ms);
+    let (id, pdfid) = loop {
+        let r = map_bar(&bdf, 0).map(|m| (m.read32(0), m.read32(4)));
+        match r {
+            Ok((id, pdfid)) if id != u32::MAX => break (id, pdfid),
+            Ok((id, _)) if t.elapsed() >= deadline => {
+                return Err(check(format!(
+                    "BAR0 of {bdf}: expected an id, got {id:#010x} (memory decoding off or \
+                     the device is gone)"
+                )))
+            }
+            Err(e) if t.elapsed() >= deadline => return Err(e),
+            _ => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    };
+    println!(
+        "{{\"test\":\"bar-id\",\"device\":{},\"id\":\"{id:#010x}\",\"vendor\":\"{:#06x}\",\
+         \"device_id\":\"{:#06x}\",\"pdfid\":\"{pdfid:#06x}\",\"waited_ms\":{}}}",
+        json_str(&bdf),
+        id & 0xffff,
+        id >> 16,
+        t.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+static HOLD_TOUCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static HOLD_LAST_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static HOLD_START_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn monotonic_ns() -> u64 {
+    // SAFETY: `ts` is a valid out pointer; clock_gettime is async-signal-safe.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Appends `v` in decimal; async-signal-safe (no allocation).
+fn put_dec(buf: &mut [u8], at: &mut usize, mut v: u64) {
+    let mut tmp = [0u8; 20];
+    let mut n = 0;
+    loop {
+        tmp[n] = b'0' + (v % 10) as u8;
+        n += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    while n > 0 && *at < buf.len() {
+        n -= 1;
+        buf[*at] = tmp[n];
+        *at += 1;
+    }
+}
+
+fn put_str(buf: &mut [u8], at: &mut usize, s: &[u8]) {
+    for &b in s {
+        if *at < buf.len() {
+            buf[*at] = b;
+            *at += 1;
+        }
+    }
+}
+
+/// SIGBUS on the held BAR: report and leave (only async-signal-safe calls).
+extern "C" fn on_sigbus(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let now = monotonic_ns();
+    let mut buf = [0u8; 200];
+    let mut at = 0;
+    put_str(
+        &mut buf,
+        &mut at,
+        b"{\"test\":\"hold-bar\",\"sigbus\":true,\"touches\":",
+    );
+    put_dec(&mut buf, &mut at, HOLD_TOUCHES.load(Relaxed));
+    put_str(&mut buf, &mut at, b",\"held_ms\":");
+    put_dec(
+        &mut buf,
+        &mut at,
+        (now - HOLD_START_NS.load(Relaxed)) / 1_000_000,
+    );
+    put_str(&mut buf, &mut at, b",\"since_last_touch_ms\":");
+    put_dec(
+        &mut buf,
+        &mut at,
+        (now - HOLD_LAST_NS.load(Relaxed)) / 1_000_000,
+    );
+    put_str(&mut buf, &mut at, b"}\n");
+    // SAFETY: write and _exit are async-signal-safe; `buf[..at]` is initialised.
+    unsafe {
+        libc::write(1, buf.as_ptr().cast(), at);
+        libc::_exit(0);
+    }
+}
+
+static HOLD_PHASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static HOLD_STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_hold_usr1(_: libc::c_int) {
+    HOLD_PHASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+extern "C" fn on_hold_term(_: libc::c_int) {
+    HOLD_STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+const HOLD_PHASES: usize = 4;
+
+fn cmd_hold_bar(o: &Opts) -> Res<()> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let bdf = bdf_arg(o, "hold-bar")?;
+    let secs = o
+        .seconds
+        .ok_or_else(|| usage("hold-bar needs --seconds S"))?;
+    let m = map_bar(&bdf, 2)?;
+    // SAFETY: installs handlers that only use async-signal-safe calls or atomics.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigbus as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_hold_usr1 as *const () as libc::sighandler_t;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+        sa.sa_sigaction = on_hold_term as *const () as libc::sighandler_t;
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+    }
+    // What the BAR held when mapped (written by `bar --write SEED` with --seed SEED).
+    let words = m.words().max(1);
+    let mut r = Rng::new(o.seed);
+    let pattern: Vec<u64> = (0..words).map(|_| r.next()).collect();
+    let start = monotonic_ns();
+    HOLD_START_NS.store(start, Relaxed);
+    HOLD_LAST_NS.store(start, Relaxed);
+    println!("mapped {bdf} BAR2, {} bytes", m.len);
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    // Per phase (SIGUSR1 starts the next one): reads of the pattern, all ones, zero, other.
+    let mut counts = [[0u64; 4]; HOLD_PHASES];
+    let mut i = 0usize;
+    while monotonic_ns() - start < secs * 1_000_000_000 && !HOLD_STOP.load(Relaxed) {
+        let w = i % words;
+        let v = m.read64(w);
+        m.write64(w, v ^ 0x5a5a);
+        m.write64(w, v);
+        let class = if v == pattern[w] {
+            0
+        } else if v == u64::MAX {
+            1
+        } else if v == 0 {
+            2
+        } else {
+            3
+        };
+        counts[HOLD_PHASE.load(Relaxed).min(HOLD_PHASES - 1)][class] += 1;
+        HOLD_TOUCHES.fetch_add(1, Relaxed);
+        HOLD_LAST_NS.store(monotonic_ns(), Relaxed);
+        i = i.wrapping_add(4099);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let phases: Vec<String> = counts
+        .iter()
+        .map(|c| {
+            format!(
+                "{{\"pattern\":{},\"ones\":{},\"zero\":{},\"other\":{}}}",
+                c[0], c[1], c[2], c[3]
+            )
+        })
+        .collect();
+    println!(
+        "{{\"test\":\"hold-bar\",\"sigbus\":false,\"touches\":{},\"held_ms\":{},\
+         \"phases\":[{}]}}",
+        HOLD_TOUCHES.load(Relaxed),
+        (monotonic_ns() - start) / 1_000_000,
+        phases.join(",")
+    );
+    Ok(())
+}
+
 // ------------------------------------------------------------------ main
 
 fn main() -> ExitCode {
@@ -1366,6 +1755,9 @@ fn main() -> ExitCode {
             "unpriv" => cmd_unpriv(&o),
             "hold" => cmd_hold(&o),
             "mrpc" => cmd_mrpc(&o),
+            "bar" => cmd_bar(&o),
+            "bar-id" => cmd_bar_id(&o),
+            "hold-bar" => cmd_hold_bar(&o),
             other => Err(usage(format!("unknown command '{other}'"))),
         }
     });
