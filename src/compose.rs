@@ -92,24 +92,60 @@ struct Hvd {
     ports: [Option<u16>; LOG_PORTS as usize],
 }
 
+/// How long a slot this host powered off is left alone before a function is bound into it
+/// again: pciehp finishes its power-off sequence (indicators, the one-second wait after
+/// power-off) and the switch its detach before a new hot-plug arrives at that slot.
+const SETTLE: Delta = Delta::from_millis(2_000);
+
+/// State guarded by [`Compose::lock`].
+struct State {
+    /// `false` once the endpoint is being unbound.
+    alive: bool,
+    /// When this host last powered off each of its logical ports' slots.
+    powered_off: [Option<Instant<Monotonic>>; LOG_PORTS as usize],
+}
+
+impl State {
+    /// Records how a function left logical port `port` of this host.
+    fn removed(&mut self, port: u8, how: hotplug::Removal) {
+        if how == hotplug::Removal::SlotPoweredOff {
+            if let Some(t) = self.powered_off.get_mut(usize::from(port)) {
+                *t = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Waits until the slot of `port` has settled after a power-off of ours.
+    fn settle(&self, port: u8) {
+        if let Some(Some(t)) = self.powered_off.get(usize::from(port)) {
+            let spent = t.elapsed();
+            if spent < SETTLE {
+                fsleep(SETTLE - spent);
+            }
+        }
+    }
+}
+
 /// Serialises composition operations of one endpoint.
 #[pin_data]
 pub(crate) struct Compose {
-    /// `false` once the endpoint is being unbound.
     #[pin]
-    lock: Mutex<bool>,
+    lock: Mutex<State>,
 }
 
 impl Compose {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
-            lock <- new_mutex!(true),
+            lock <- new_mutex!(State {
+                alive: true,
+                powered_off: [None; LOG_PORTS as usize],
+            }),
         })
     }
 
     /// Waits for a running operation and refuses new ones; called on unbind.
     pub(crate) fn shut_down(&self) {
-        *self.lock.lock() = false;
+        self.lock.lock().alive = false;
     }
 }
 
@@ -198,15 +234,17 @@ impl Mep {
         wait_local: bool,
     ) -> Result<Bound, Failure> {
         let start = Instant::<Monotonic>::now();
-        let alive = self.compose.lock.lock();
-        if !*alive {
+        let mut st = self.compose.lock.lock();
+        if !st.alive {
             return Err(ENODEV.into());
         }
-        self.bind_locked(pdfid, host, port, &start, timeout_ms, wait_local)
+        self.bind_locked(&mut st, pdfid, host, port, &start, timeout_ms, wait_local)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn bind_locked(
         &self,
+        st: &mut State,
         pdfid: u16,
         host: u8,
         port: Option<u8>,
@@ -214,22 +252,42 @@ impl Mep {
         timeout_ms: u32,
         wait_local: bool,
     ) -> Result<Bound, Failure> {
-        let h = hvd(self, host)?;
-        let port = match port {
-            Some(p) if p >= LOG_PORTS => return Err(EINVAL.into()),
-            Some(p) => p,
-            None => h
-                .ports
-                .iter()
-                .position(Option::is_none)
-                .and_then(|p| u8::try_from(p).ok())
-                .ok_or(ENOSPC)?,
+        if port.is_some_and(|p| p >= LOG_PORTS) {
+            return Err(EINVAL.into());
+        }
+        // With no port given, take the first free one; another host may take it between our
+        // look and our bind, so look again then.
+        let mut tries = 0;
+        let (h, port) = loop {
+            let h = hvd(self, host)?;
+            let local = usize::from(host) == self.partition;
+            let p = match port {
+                Some(p) => p,
+                // A free port; on this host the one we powered off longest ago.
+                None => (0..LOG_PORTS)
+                    .filter(|&p| h.ports[usize::from(p)].is_none())
+                    .min_by_key(|&p| match st.powered_off[usize::from(p)] {
+                        Some(t) if local => i64::MAX - t.elapsed().as_millis(),
+                        _ => i64::MIN,
+                    })
+                    .ok_or(ENOSPC)?,
+            };
+            if local {
+                st.settle(p);
+            }
+            match bind_unbind(
+                self,
+                &bind_cmd(h.usp_port, p, pdfid),
+                left(start, timeout_ms),
+            ) {
+                Err(Failure {
+                    fw_ret: FW_PORT_BUSY,
+                    ..
+                }) if port.is_none() && tries < LOG_PORTS => tries += 1,
+                Err(f) => return Err(f),
+                Ok(()) => break (h, p),
+            }
         };
-        bind_unbind(
-            self,
-            &bind_cmd(h.usp_port, port, pdfid),
-            left(start, timeout_ms),
-        )?;
         self.fabric.invalidate();
         if usize::from(host) != self.partition || !wait_local {
             return Ok(Bound { port, local: None });
@@ -267,15 +325,16 @@ impl Mep {
     /// Unbinds `pdfid` from the host holding it. Returns `(host, port)` it was bound to.
     pub(crate) fn unbind(&self, pdfid: u16, timeout_ms: u32) -> Result<(u8, u8), Failure> {
         let start = Instant::<Monotonic>::now();
-        let alive = self.compose.lock.lock();
-        if !*alive {
+        let mut st = self.compose.lock.lock();
+        if !st.alive {
             return Err(ENODEV.into());
         }
-        self.unbind_locked(pdfid, &start, timeout_ms)
+        self.unbind_locked(&mut st, pdfid, &start, timeout_ms)
     }
 
     fn unbind_locked(
         &self,
+        st: &mut State,
         pdfid: u16,
         start: &Instant<Monotonic>,
         timeout_ms: u32,
@@ -285,7 +344,9 @@ impl Mep {
             fw_ret: FW_NOT_BOUND,
         })?;
         let removed = if usize::from(host) == self.partition {
-            hotplug::remove(&self.pdev, port)?
+            let how = hotplug::remove(&self.pdev, port)?;
+            st.removed(port, how);
+            how
         } else {
             hotplug::Removal::NotPresent
         };
@@ -326,16 +387,28 @@ impl Mep {
         timeout_ms: u32,
     ) -> Result<(Bound, (u8, u8)), Failure> {
         let start = Instant::<Monotonic>::now();
-        let alive = self.compose.lock.lock();
-        if !*alive {
+        let mut st = self.compose.lock.lock();
+        if !st.alive {
             return Err(ENODEV.into());
         }
-        let from = self.unbind_locked(pdfid, &start, timeout_ms)?;
-        match self.bind_locked(pdfid, host, port, &start, timeout_ms, true) {
+        if let Some(at) = self.binding(pdfid)? {
+            if at.0 == host && port.is_none_or(|p| p == at.1) {
+                // Already there: nothing to move.
+                let local = if usize::from(host) == self.partition {
+                    hotplug::find(&self.pdev, at.1)
+                } else {
+                    None
+                };
+                return Ok((Bound { port: at.1, local }, at));
+            }
+        }
+        let from = self.unbind_locked(&mut st, pdfid, &start, timeout_ms)?;
+        match self.bind_locked(&mut st, pdfid, host, port, &start, timeout_ms, true) {
             Ok(b) => Ok((b, from)),
             Err(f) => {
                 // Put it back; the caller learns the move failed either way.
                 let back = self.bind_locked(
+                    &mut st,
                     pdfid,
                     from.0,
                     Some(from.1),
@@ -363,8 +436,8 @@ impl Mep {
     /// firmware is about to take away is removed here first (driver unbound, slot powered
     /// off), so its owner never sees a surprise removal. Runs from [`crate::event`]'s work.
     pub(crate) fn handle_gfms_events(&self) {
-        let alive = self.compose.lock.lock();
-        if !*alive {
+        let mut st = self.compose.lock.lock();
+        if !st.alive {
             return;
         }
         let Ok(mine) = hvd(self, self.partition as u8).map(|h| h.usp_port) else {
@@ -393,12 +466,15 @@ impl Mep {
                 if code == EVENT_UNBIND_REQUEST && fabric::byte(&out, at + 5) == Ok(mine) {
                     if let Ok(port) = fabric::byte(&out, at + 6) {
                         match hotplug::remove(&self.pdev, port) {
-                            Ok(how) => dev_info!(
-                                self.pdev,
-                                "function on port {} leaving this host: {:?}\n",
-                                port,
-                                how
-                            ),
+                            Ok(how) => {
+                                st.removed(port, how);
+                                dev_info!(
+                                    self.pdev,
+                                    "function on port {} leaving this host: {:?}\n",
+                                    port,
+                                    how
+                                )
+                            }
                             Err(e) => dev_warn!(
                                 self.pdev,
                                 "could not remove the function on port {}: {:?}\n",

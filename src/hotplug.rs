@@ -149,12 +149,86 @@ pub(crate) enum Removal {
     DeviceRemoved,
 }
 
+/// Standard BARs of a PCI function.
+const BARS: usize = 6;
+
+/// The memory BARs of a function as `(start, length)`; unused entries have length 0.
+fn memory_bars(f: &DevRef) -> [(u64, u64); BARS] {
+    let mut bars = [(0, 0); BARS];
+    for (i, bar) in bars.iter_mut().enumerate() {
+        // SAFETY: `f` holds a reference, so the device and its resource table are live; the
+        // table has at least `BARS` entries.
+        let (start, end, flags) = unsafe {
+            let r = &(*f.raw()).resource[i];
+            (r.start, r.end, r.flags)
+        };
+        if flags & bindings::IORESOURCE_MEM as usize != 0 && end > start {
+            *bar = (start, end - start + 1);
+        }
+    }
+    bars
+}
+
+/// Revokes every user-space mapping of a removed function's BAR (e.g. an `mmap` of its
+/// sysfs `resourceN` file), so a process cannot reach whatever the fabric puts at that
+/// address next. Claiming a range in the iomem tree makes the kernel zap the mappings of it
+/// (`CONFIG_IO_STRICT_DEVMEM`); the claim is released at once.
+fn revoke(start: u64, len: u64) -> bool {
+    // SAFETY: `iomem_resource` is the kernel's static root of the iomem tree, and
+    // `__request_region()` takes the resource lock itself; the name is a static string.
+    let claimed = unsafe {
+        bindings::__request_region(
+            core::ptr::addr_of_mut!(bindings::iomem_resource),
+            start,
+            len,
+            c"pcifab-revoke".as_char_ptr(),
+            0,
+        )
+    };
+    if claimed.is_null() {
+        return false;
+    }
+    // SAFETY: The range was claimed just above.
+    unsafe {
+        bindings::__release_region(
+            core::ptr::addr_of_mut!(bindings::iomem_resource),
+            start,
+            len,
+        )
+    };
+    true
+}
+
 /// Removes the function behind logical port `port` from this host: its driver is unbound,
-/// the device removed and the slot powered off, before the firmware is asked to take it.
+/// the device removed and the slot powered off, before the firmware is asked to take it;
+/// user-space mappings of its BARs are revoked (accesses then get `SIGBUS`).
 pub(crate) fn remove(mep: &pci::Device, port: u8) -> Result<Removal> {
     let Some(f) = function_at(mep, port) else {
         return Ok(Removal::NotPresent);
     };
+    let bars = memory_bars(&f);
+    let removal = remove_device(f)?;
+    if !cfg!(CONFIG_IO_STRICT_DEVMEM) {
+        dev_warn!(
+            mep,
+            "kernel without CONFIG_IO_STRICT_DEVMEM: user mappings of the function's BARs stay\n"
+        );
+    }
+    for (start, len) in bars.into_iter().filter(|&(_, len)| len != 0) {
+        if !revoke(start, len) {
+            dev_warn!(
+                mep,
+                "could not revoke user mappings of [{:#x}, {:#x}]: the range is in use\n",
+                start,
+                start + len - 1
+            );
+        }
+    }
+    Ok(removal)
+}
+
+/// Removes one enumerated function, through its hot-plug slot if it has one.
+fn remove_device(f: DevRef) -> Result<Removal> {
     let raw = f.raw();
     // SAFETY: `f` holds a reference, so `slot` (the `pci_slot` the function sits in, owned
     // by its bus) is null or live; its `hotplug` is null or pciehp's `hotplug_slot`, whose

@@ -224,14 +224,25 @@ impl Qmp {
         if self.lock().deleted.remove(id) {
             return Ok(());
         }
-        match self.execute("device_del", json!({ "id": id })) {
-            Ok(_) => {}
-            Err(QmpError::Failed(e)) if e.starts_with("DeviceNotFound") => {
-                self.forget_deleted(id);
-                return Ok(());
+        // QEMU refuses a device_del while the slot is still settling from a hot-plug
+        // (its power indicator blinks until the guest has powered the slot on); the
+        // request is retried until the deadline rather than failed at once.
+        loop {
+            match self.execute("device_del", json!({ "id": id })) {
+                Ok(_) => break,
+                Err(QmpError::Failed(e)) if e.starts_with("DeviceNotFound") => {
+                    self.forget_deleted(id);
+                    return Ok(());
+                }
+                Err(QmpError::Failed(e)) if e.contains("already in the process of unplug") => break,
+                Err(QmpError::Failed(e)) if e.contains("busy") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                    if self.lock().deleted.remove(id) {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(e),
             }
-            Err(QmpError::Failed(e)) if e.contains("already in the process of unplug") => {}
-            Err(e) => return Err(e),
         }
         let mut st = self.lock();
         loop {

@@ -416,23 +416,45 @@ impl Run {
     }
 
     fn demo(&mut self, fabric: &mut Fabric) -> Result<(), String> {
+        // What each host sees, then a composition story told from inside the hosts.
         let mut errors = Vec::new();
         for h in &mut fabric.hosts {
             let r = scenarios::ensure_pcifab(h).and_then(|()| h.run_ok("pcifab info"));
             match r {
-                Ok(out) => {
-                    for l in out.trim_end().lines() {
-                        say(&format!("{}: {l}", h.name));
-                    }
-                }
+                Ok(out) => show(&h.name, &out),
                 Err(e) => errors.push(e),
             }
         }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors.join("\n"))
+        if !errors.is_empty() {
+            return Err(errors.join("\n"));
         }
+        if fabric.hosts.len() < 2 {
+            return Ok(());
+        }
+        let steps: [(usize, &str, &str); 8] = [
+            (0, "the pool, as host 0 sees it", "pcifab list"),
+            (0, "host 0 (the manager) takes GPU0", "pcifab bind 0x0300 --host 0"),
+            (0, "GPU0 is a PCI device of host 0 now", "lspci 2>/dev/null | grep -i 10de || ls /sys/bus/pci/devices"),
+            (0, "host 0 hands GPU0 to host 1", "pcifab move 0x0300 --host 1"),
+            (1, "host 1 sees it", "for d in /sys/bus/pci/devices/*; do [ $(cat $d/vendor) = 0x10de ] && echo \"$d $(cat $d/device)\"; done; true"),
+            (0, "GPU1's VF 1 goes to host 0", "pcifab bind 0x0401 --host 0"),
+            (1, "and its VF 2 to host 1, requested by host 1 itself", "pcifab bind 0x0402 --host 1"),
+            (1, "the fabric now, from host 1", "pcifab list"),
+        ];
+        for (host, what, cmd) in steps {
+            let h = &mut fabric.hosts[host];
+            say(&format!("--- {what} (on {}: {cmd})", h.name));
+            let out = h.run_ok(cmd)?;
+            show(&h.name, &out);
+        }
+        Ok(())
+    }
+}
+
+/// Prints a command's output, each line prefixed by the host's name.
+fn show(host: &str, out: &str) {
+    for l in out.trim_end().lines() {
+        say(&format!("{host}: {l}"));
     }
 }
 
