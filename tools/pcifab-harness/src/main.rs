@@ -431,19 +431,44 @@ impl Run {
         if fabric.hosts.len() < 2 {
             return Ok(());
         }
+        // Lists the GPU-like functions the host has enumerated, waiting up to 10 s for one.
+        const GPUS: &str = "i=0; until grep -qs 0x10de /sys/bus/pci/devices/*/vendor || \
+             [ $i -ge 100 ]; do sleep 0.1; i=$((i+1)); done; \
+             for d in /sys/bus/pci/devices/*; do [ $(cat $d/vendor) = 0x10de ] && \
+             echo \"$(basename $d) $(cat $d/vendor):$(cat $d/device)\"; done; true";
         let steps: [(usize, &str, &str); 8] = [
             (0, "the pool, as host 0 sees it", "pcifab list"),
-            (0, "host 0 (the manager) takes GPU0", "pcifab bind 0x0300 --host 0"),
-            (0, "GPU0 is a PCI device of host 0 now", "lspci 2>/dev/null | grep -i 10de || ls /sys/bus/pci/devices"),
-            (0, "host 0 hands GPU0 to host 1", "pcifab move 0x0300 --host 1"),
-            (1, "host 1 sees it", "for d in /sys/bus/pci/devices/*; do [ $(cat $d/vendor) = 0x10de ] && echo \"$d $(cat $d/device)\"; done; true"),
-            (0, "GPU1's VF 1 goes to host 0", "pcifab bind 0x0401 --host 0"),
-            (1, "and its VF 2 to host 1, requested by host 1 itself", "pcifab bind 0x0402 --host 1"),
+            (
+                0,
+                "host 0 (the manager) takes GPU0",
+                "pcifab bind 0x0300 --host 0",
+            ),
+            (0, "GPU0 is a PCI device of host 0 now", GPUS),
+            (
+                0,
+                "host 0 hands GPU0 to host 1",
+                "pcifab move 0x0300 --host 1",
+            ),
+            (1, "host 1 sees it", GPUS),
+            (
+                0,
+                "GPU1's VF 1 goes to host 0",
+                "pcifab bind 0x0401 --host 0",
+            ),
+            (
+                1,
+                "and its VF 2 to host 1, requested by host 1 itself",
+                "pcifab bind 0x0402 --host 1",
+            ),
             (1, "the fabric now, from host 1", "pcifab list"),
         ];
         for (host, what, cmd) in steps {
             let h = &mut fabric.hosts[host];
-            say(&format!("--- {what} (on {}: {cmd})", h.name));
+            if cmd.starts_with("pcifab") {
+                say(&format!("--- {what} (on {}: {cmd})", h.name));
+            } else {
+                say(&format!("--- {what} (on {})", h.name));
+            }
             let out = h.run_ok(cmd)?;
             show(&h.name, &out);
         }
