@@ -33,7 +33,7 @@ help:
 	@echo "make kernel     build the test kernel and the in-tree switchtec.ko"
 	@echo "make test       lint + cargo test + QEMU scenarios; prints 'N passed, N failed'"
 	@echo "make demo       boot the two-host fabric and show what pcifab sees"
-	@echo "make bench      MRPC echo rate and latency: pcifab's ioctl vs switchtec (one guest)"
+	@echo "make bench      MRPC echo vs switchtec, bind/unbind vs raw hot-plug, manager scheduling"
 
 deps:
 	@tools/scripts/deps.sh
@@ -86,3 +86,4 @@ demo: kernel check-module tools
 # records the numbers.
 bench: kernel check-module tools
 	$(HOST_BIN)/pcifab-harness bench $(HARNESS_ARGS)
+	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench
