@@ -103,6 +103,10 @@ struct State {
     alive: bool,
     /// When this host last powered off each of its logical ports' slots.
     powered_off: [Option<Instant<Monotonic>>; LOG_PORTS as usize],
+    /// Per logical port, the PDFID this host itself unbound from it, whose `UNBIND_REQUEST`
+    /// the firmware sends back to us: the fabric-event work must not act on it, since the
+    /// port may hold a function bound again since (a rolled-back move).
+    own_unbind: [Option<u16>; LOG_PORTS as usize],
 }
 
 impl State {
@@ -139,6 +143,7 @@ impl Compose {
             lock <- new_mutex!(State {
                 alive: true,
                 powered_off: [None; LOG_PORTS as usize],
+                own_unbind: [None; LOG_PORTS as usize],
             }),
         })
     }
@@ -351,11 +356,23 @@ impl Mep {
             hotplug::Removal::NotPresent
         };
         let h = hvd(self, host)?;
+        let own = usize::from(host) == self.partition && port < LOG_PORTS;
+        if own {
+            st.own_unbind[usize::from(port)] = Some(pdfid);
+        }
         let result = bind_unbind(
             self,
             &unbind_cmd(h.usp_port, port, pdfid),
             left(start, timeout_ms),
         );
+        if own {
+            // A refused request never reaches the point where the firmware sends the event.
+            if let Err(Failure { fw_ret, .. }) = result {
+                if fw_ret != FW_UNBIND_TIMEOUT && fw_ret != FW_HOTPLUG_FAILED {
+                    st.own_unbind[usize::from(port)] = None;
+                }
+            }
+        }
         self.fabric.invalidate();
         match result {
             // The firmware may already have seen the function leave when its slot went off.
@@ -464,7 +481,17 @@ impl Mep {
                     return;
                 }
                 if code == EVENT_UNBIND_REQUEST && fabric::byte(&out, at + 5) == Ok(mine) {
-                    if let Ok(port) = fabric::byte(&out, at + 6) {
+                    let (Ok(port), Ok(pdfid)) =
+                        (fabric::byte(&out, at + 6), fabric::le16(&out, at + 8))
+                    else {
+                        return;
+                    };
+                    let slot = st.own_unbind.get_mut(usize::from(port));
+                    if let Some(own) = slot.filter(|own| **own == Some(pdfid)) {
+                        // Our own unbind: the function already left, and the port may hold a
+                        // new one by now.
+                        *own = None;
+                    } else {
                         match hotplug::remove(&self.pdev, port) {
                             Ok(how) => {
                                 st.removed(port, how);
