@@ -2,9 +2,9 @@
 
 //! The pcifab driver's ioctls as the manager uses them (`/dev/pcifabN`, through pcifab-uapi).
 
-use std::{fs::File, os::fd::AsRawFd};
+use std::fs::File;
 
-use pcifab_uapi::{Arg, Bind, Function, Inventory, Move, Mrpc, Port, Unbind};
+use pcifab_uapi::{dev, Arg, Bind, Function, Move, Unbind};
 
 /// An open `/dev/pcifabN`.
 pub struct Driver {
@@ -61,56 +61,20 @@ impl Driver {
     ///
     /// Every user pointer inside `arg` must address a live buffer as long as `arg` says.
     unsafe fn ioctl<T: Arg>(&self, cmd: u32, arg: &mut T) -> std::io::Result<()> {
-        // SAFETY: `arg` is a live `repr(C)` struct of the ABI; the caller vouches for its
-        // pointers.
-        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), cmd as _, arg as *mut T) };
-        if rc < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
+        // SAFETY: The caller vouches for the pointers inside `arg`.
+        unsafe { dev::ioctl(&self.file, cmd, arg) }
     }
 
     /// Runs one firmware command; returns status and return value.
     pub fn mrpc(&self, cmd: u32, input: &[u8], output: &mut [u8]) -> std::io::Result<(u32, u32)> {
-        let mut m = Mrpc::new();
-        m.cmd = cmd;
-        m.in_len = u32::try_from(input.len()).unwrap_or(u32::MAX);
-        m.out_len = u32::try_from(output.len()).unwrap_or(u32::MAX);
-        m.in_ptr = input.as_ptr() as u64;
-        m.out_ptr = output.as_mut_ptr() as u64;
-        // SAFETY: the pointers and lengths come from the two live slices.
-        unsafe { self.ioctl(pcifab_uapi::PCIFAB_IOCTL_MRPC, &mut m) }?;
-        Ok((m.status, m.ret_value))
+        dev::mrpc(&self.file, cmd, input, output, 0)
     }
 
     /// Every function of the fabric (INVENTORY).
     pub fn functions(&self) -> Result<Vec<Function>, String> {
-        let (mut np, mut nf) = (64usize, 256usize);
-        for _ in 0..4 {
-            let mut ports = vec![Port::default(); np];
-            let mut fns = vec![Function::default(); nf];
-            let mut inv = Inventory::new();
-            inv.nr_ports = np as u32;
-            inv.nr_functions = nf as u32;
-            inv.port_size = std::mem::size_of::<Port>() as u32;
-            inv.function_size = std::mem::size_of::<Function>() as u32;
-            inv.ports_ptr = ports.as_mut_ptr() as u64;
-            inv.functions_ptr = fns.as_mut_ptr() as u64;
-            // SAFETY: `inv` points at the two vectors, as long as it says, alive for the call.
-            unsafe { self.ioctl(pcifab_uapi::PCIFAB_IOCTL_INVENTORY, &mut inv) }
-                .map_err(|e| format!("PCIFAB_IOCTL_INVENTORY on {} failed: {e}", self.path))?;
-            if inv.nr_ports as usize <= np && inv.nr_functions as usize <= nf {
-                fns.truncate(inv.nr_functions as usize);
-                return Ok(fns);
-            }
-            np = inv.nr_ports as usize;
-            nf = inv.nr_functions as usize;
-        }
-        Err(format!(
-            "the fabric behind {} keeps growing; try again",
-            self.path
-        ))
+        dev::inventory(&self.file)
+            .map(|(_, _, functions)| functions)
+            .map_err(|e| format!("PCIFAB_IOCTL_INVENTORY on {} failed: {e}", self.path))
     }
 
     pub fn bind(&self, pdfid: u16, host: u8) -> Result<(), IoctlError> {

@@ -5,6 +5,8 @@
 //! The header is the one definition; `tests/layout.rs` compiles it with the C compiler and
 //! checks every size, field offset and ioctl number against this crate.
 
+pub mod dev;
+
 /// Major version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MAJOR`).
 pub const VERSION_MAJOR: u32 = 1;
 /// Minor version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MINOR`).

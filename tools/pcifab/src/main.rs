@@ -5,12 +5,12 @@
 //! Exit codes: 0 success, 1 the operation failed, 2 the command line is wrong, 3 the fabric
 //! refused it (conflict, policy, unknown function).
 
-use std::{fmt, fs::File, os::fd::AsRawFd, process::ExitCode};
+use std::{fmt, fs::File, process::ExitCode};
 
 mod manager;
 
 use pcifab_uapi::{
-    fixed_str, Arg, Bind, Events, Function, Identity, Inventory, Move, Mrpc, Port, Stats, Unbind,
+    dev, fixed_str, Arg, Bind, Events, Function, Identity, Inventory, Move, Port, Stats, Unbind,
     Version,
 };
 use serde_json::json;
@@ -180,48 +180,11 @@ fn open(path: &str) -> Result<File, Error> {
     })
 }
 
-/// Issues `cmd` with `arg`.
-///
-/// # Safety
-///
-/// Every user pointer inside `arg` must address a buffer at least as long as `arg` says,
-/// alive for the call.
-unsafe fn raw_ioctl<T: Arg>(dev: &File, cmd: u32, arg: &mut T) -> std::io::Result<()> {
-    // SAFETY: `arg` is a live `repr(C)` struct of this ABI whose `size` bounds what the kernel
-    // reads and writes; the caller vouches for the pointers inside it.
-    let rc = unsafe { libc::ioctl(dev.as_raw_fd(), cmd as _, arg as *mut T) };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-/// Runs one firmware command; returns the firmware's status and return value.
-fn run_mrpc(
-    dev: &File,
-    cmd: u32,
-    input: &[u8],
-    output: &mut [u8],
-    timeout_ms: u32,
-) -> std::io::Result<(u32, u32)> {
-    let mut m = Mrpc::new();
-    m.cmd = cmd;
-    m.in_len = u32::try_from(input.len()).unwrap_or(u32::MAX);
-    m.out_len = u32::try_from(output.len()).unwrap_or(u32::MAX);
-    m.timeout_ms = timeout_ms;
-    m.in_ptr = input.as_ptr() as u64;
-    m.out_ptr = output.as_mut_ptr() as u64;
-    // SAFETY: the pointers and lengths come from the two slices, which outlive the call.
-    unsafe { raw_ioctl(dev, pcifab_uapi::PCIFAB_IOCTL_MRPC, &mut m) }?;
-    Ok((m.status, m.ret_value))
-}
-
 /// Issues a size-first ioctl and returns the filled struct.
 fn ioctl<T: Arg>(dev: &File, path: &str, name: &str, cmd: u32) -> Result<T, Error> {
     let mut arg = T::new();
     // SAFETY: the argument structs this is used with hold no user pointers.
-    unsafe { raw_ioctl(dev, cmd, &mut arg) }
+    unsafe { dev::ioctl(dev, cmd, &mut arg) }
         .map_err(|e| failure(format!("{name} on {path} failed: {e}")))?;
     Ok(arg)
 }
@@ -357,7 +320,7 @@ fn mrpc(cli: &Cli) -> Result<(), Error> {
     }
     let mut output = vec![0u8; cli.out_len as usize];
     let dev = open(&cli.device)?;
-    let (status, ret) = run_mrpc(&dev, cmd, &input, &mut output, cli.timeout_ms).map_err(|e| {
+    let (status, ret) = dev::mrpc(&dev, cmd, &input, &mut output, cli.timeout_ms).map_err(|e| {
         let hint = match e.raw_os_error() {
             Some(libc::EPERM) => "; this command class needs CAP_SYS_ADMIN or CAP_SYS_RAWIO",
             Some(libc::ETIMEDOUT) => "; the firmware is slow: retry with a longer --timeout",
@@ -398,44 +361,23 @@ struct Fabric {
 }
 
 fn inventory(dev: &File, path: &str) -> Result<Fabric, Error> {
-    let (mut nports, mut nfns) = (64usize, 256usize);
-    for _ in 0..4 {
-        let mut ports = vec![Port::default(); nports];
-        let mut functions = vec![Function::default(); nfns];
-        let mut inv = Inventory::new();
-        inv.nr_ports = nports as u32;
-        inv.nr_functions = nfns as u32;
-        inv.port_size = std::mem::size_of::<Port>() as u32;
-        inv.function_size = std::mem::size_of::<Function>() as u32;
-        inv.ports_ptr = ports.as_mut_ptr() as u64;
-        inv.functions_ptr = functions.as_mut_ptr() as u64;
-        // SAFETY: `inv` points at `ports` and `functions`, which hold as many entries of the
-        // sizes it states and outlive the call.
-        if let Err(e) = unsafe { raw_ioctl(dev, pcifab_uapi::PCIFAB_IOCTL_INVENTORY, &mut inv) } {
-            let hint = if e.raw_os_error() == Some(libc::EIO) {
+    let (inv, ports, functions) = dev::inventory(dev).map_err(|e| {
+        let hint = match e.raw_os_error() {
+            Some(libc::EIO) => {
                 "; the firmware's reply was malformed or it failed the query (see dmesg)"
-            } else {
-                ""
-            };
-            return Err(failure(format!(
-                "PCIFAB_IOCTL_INVENTORY on {path} failed: {e}{hint}"
-            )));
-        }
-        if inv.nr_ports as usize <= nports && inv.nr_functions as usize <= nfns {
-            ports.truncate(inv.nr_ports as usize);
-            functions.truncate(inv.nr_functions as usize);
-            return Ok(Fabric {
-                inv,
-                ports,
-                functions,
-            });
-        }
-        nports = inv.nr_ports as usize;
-        nfns = inv.nr_functions as usize;
-    }
-    Err(failure(format!(
-        "the fabric behind {path} keeps growing; try again"
-    )))
+            }
+            Some(libc::EAGAIN) => "; the fabric kept growing, try again",
+            _ => "",
+        };
+        failure(format!(
+            "PCIFAB_IOCTL_INVENTORY on {path} failed: {e}{hint}"
+        ))
+    })?;
+    Ok(Fabric {
+        inv,
+        ports,
+        functions,
+    })
 }
 
 fn port_type(kind: u8) -> &'static str {
@@ -567,7 +509,7 @@ fn show(cli: &Cli) -> Result<(), Error> {
     input[2..4].copy_from_slice(&8u16.to_le_bytes());
     input[4..6].copy_from_slice(&pdfid.to_le_bytes());
     let mut out = [0u8; 24];
-    let done = run_mrpc(&dev, EXT_FUNCTION_TELEMETRY, &input, &mut out, 0)
+    let done = dev::mrpc(&dev, EXT_FUNCTION_TELEMETRY, &input, &mut out, 0)
         .is_ok_and(|(status, _)| status == pcifab_uapi::MRPC_STATUS_DONE);
     let telemetry = if done {
         let temp = i32::from_le_bytes([out[8], out[9], out[10], out[11]]);
@@ -661,7 +603,7 @@ fn watch(cli: &Cli) -> Result<(), Error> {
         ev.seen = seen;
         ev.timeout_ms = cli.timeout_ms;
         // SAFETY: `pcifab_events` holds no user pointers.
-        if let Err(e) = unsafe { raw_ioctl(&dev, pcifab_uapi::PCIFAB_IOCTL_EVENTS, &mut ev) } {
+        if let Err(e) = unsafe { dev::ioctl(&dev, pcifab_uapi::PCIFAB_IOCTL_EVENTS, &mut ev) } {
             return Err(failure(format!(
                 "waiting for events on {} failed: {e}",
                 cli.device
@@ -808,7 +750,7 @@ fn bind(cli: &Cli) -> Result<(), Error> {
         cli.json,
     );
     // SAFETY: `pcifab_bind` holds no user pointers.
-    let r = unsafe { raw_ioctl(&dev, pcifab_uapi::PCIFAB_IOCTL_BIND, &mut b) };
+    let r = unsafe { dev::ioctl(&dev, pcifab_uapi::PCIFAB_IOCTL_BIND, &mut b) };
     drop(progress);
     r.map_err(|e| compose_error(cli, pdfid, e, b.fw_ret))?;
     let ms = start.elapsed().as_millis();
@@ -846,7 +788,7 @@ fn unbind(cli: &Cli) -> Result<(), Error> {
     let start = std::time::Instant::now();
     let progress = Progress::start(format!("unbinding {}", pdfid_str(pdfid)), cli.json);
     // SAFETY: `pcifab_unbind` holds no user pointers.
-    let r = unsafe { raw_ioctl(&dev, pcifab_uapi::PCIFAB_IOCTL_UNBIND, &mut u) };
+    let r = unsafe { dev::ioctl(&dev, pcifab_uapi::PCIFAB_IOCTL_UNBIND, &mut u) };
     drop(progress);
     r.map_err(|e| compose_error(cli, pdfid, e, u.fw_ret))?;
     let ms = start.elapsed().as_millis();
@@ -879,7 +821,7 @@ fn move_cmd(cli: &Cli) -> Result<(), Error> {
         cli.json,
     );
     // SAFETY: `pcifab_move` holds no user pointers.
-    let r = unsafe { raw_ioctl(&dev, pcifab_uapi::PCIFAB_IOCTL_MOVE, &mut m) };
+    let r = unsafe { dev::ioctl(&dev, pcifab_uapi::PCIFAB_IOCTL_MOVE, &mut m) };
     drop(progress);
     r.map_err(|e| compose_error(cli, pdfid, e, m.fw_ret))?;
     let ms = start.elapsed().as_millis();

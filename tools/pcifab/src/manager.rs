@@ -12,7 +12,7 @@ use std::{
 
 use serde_json::{json, Value};
 
-use super::{failure, inventory, number, open, pdfid_str, run_mrpc, usage_error, Error};
+use super::{failure, inventory, number, open, pdfid_str, usage_error, Error};
 
 pub const USAGE: &str = "\
 fabric manager (pcifab-manager, Documentation/manager.rst):
@@ -340,8 +340,9 @@ fn telemetry_of(dev: &std::fs::File, pdfid: u16) -> Result<Value, String> {
     input[2..4].copy_from_slice(&8u16.to_le_bytes());
     input[4..6].copy_from_slice(&pdfid.to_le_bytes());
     let mut out = [0u8; 24];
-    let (status, ret) = run_mrpc(dev, super::EXT_FUNCTION_TELEMETRY, &input, &mut out, 0)
-        .map_err(|e| e.to_string())?;
+    let (status, ret) =
+        pcifab_uapi::dev::mrpc(dev, super::EXT_FUNCTION_TELEMETRY, &input, &mut out, 0)
+            .map_err(|e| e.to_string())?;
     if status != pcifab_uapi::MRPC_STATUS_DONE {
         return Err(format!("firmware error {ret:#x}"));
     }
