@@ -23,7 +23,7 @@ use kernel::{
     uaccess::{UserPtr, UserSlice, UserSliceWriter},
 };
 
-use crate::{compose, mrpc, sysfs, uapi, Mep};
+use crate::{compose, mrpc, p2p, sysfs, uapi, Mep};
 
 /// Names of the character devices, one per bound management endpoint.
 const NAMES: [&CStr; 8] = [
@@ -231,6 +231,11 @@ impl MiscDevice for OpenFile {
             uapi::PCIFAB_IOCTL_BIND => me.bind(arg),
             uapi::PCIFAB_IOCTL_UNBIND => me.unbind(arg),
             uapi::PCIFAB_IOCTL_MOVE => me.move_fn(arg),
+            uapi::PCIFAB_IOCTL_P2P_ROUTE_ADD => me.route_add(arg),
+            uapi::PCIFAB_IOCTL_P2P_ROUTE_DEL => me.route_del(arg),
+            uapi::PCIFAB_IOCTL_P2P_ROUTES => me.routes(arg),
+            uapi::PCIFAB_IOCTL_P2P_COPY => me.p2p_copy(arg),
+            uapi::PCIFAB_IOCTL_P2P_DISTANCE => me.p2p_distance(arg),
             _ => Err(ENOTTY),
         }
         .map(|()| 0)
@@ -446,6 +451,93 @@ impl OpenFile {
                 Err(f.err)
             }
         }
+    }
+
+    fn route_add(&self, arg: usize) -> Result {
+        let (mut r, len) = read_arg::<uapi::P2pRoute>(arg)?;
+        if r.route.reserved0 != 0 || r.route.reserved1 != 0 {
+            return Err(EINVAL);
+        }
+        if !allowed(MrpcClass::Configuration) {
+            return Err(EPERM);
+        }
+        match p2p::route_add(&self.mep, r.route) {
+            Ok((route, count)) => {
+                (r.route, r.nr_routes, r.fw_ret) = (route, count, 0);
+                write_arg(arg, &r, len)
+            }
+            Err(f) => {
+                r.fw_ret = f.fw_ret;
+                write_arg(arg, &r, len)?;
+                Err(f.err)
+            }
+        }
+    }
+
+    fn route_del(&self, arg: usize) -> Result {
+        let (mut r, len) = read_arg::<uapi::P2pRoute>(arg)?;
+        if !allowed(MrpcClass::Configuration) {
+            return Err(EPERM);
+        }
+        match p2p::route_del(&self.mep, r.route.window_off) {
+            Ok(count) => {
+                (r.nr_routes, r.fw_ret) = (count, 0);
+                write_arg(arg, &r, len)
+            }
+            Err(f) => {
+                r.fw_ret = f.fw_ret;
+                write_arg(arg, &r, len)?;
+                Err(f.err)
+            }
+        }
+    }
+
+    fn routes(&self, arg: usize) -> Result {
+        let (mut l, len) = read_arg::<uapi::P2pRoutes>(arg)?;
+        let rsize = l.route_size as usize;
+        if rsize < size_of::<uapi::Route>() || rsize > MAX_ARG_SIZE {
+            return Err(EINVAL);
+        }
+        let n = l.nr_routes as usize;
+        let bytes = n.checked_mul(rsize).ok_or(EINVAL)?;
+        let routes = p2p::routes(&self.mep)?;
+        let mut w = UserSlice::new(UserPtr::from_addr(l.routes_ptr as usize), bytes).writer();
+        for r in routes.iter().take(n) {
+            write_entry(&mut w, r.as_bytes(), rsize)?;
+        }
+        l.nr_routes = routes.len() as u32;
+        l.window_size = self.mep.p2p.window_size();
+        write_arg(arg, &l, len)
+    }
+
+    fn p2p_copy(&self, arg: usize) -> Result {
+        let (mut c, len) = read_arg::<uapi::P2pCopy>(arg)?;
+        if !allowed(MrpcClass::Configuration) {
+            return Err(EPERM);
+        }
+        let raw = |e: &uapi::P2pEnd| e.kind == uapi::P2P_IOVA;
+        if (raw(&c.src) || raw(&c.dst)) && !allowed(MrpcClass::DebugWrite) {
+            return Err(EPERM);
+        }
+        // Prove the argument writable before data moves, so the outcome can be reported.
+        write_arg(arg, &c, len)?;
+        let out = p2p::copy(&self.mep, &c.src, &c.dst, c.len, c.timeout_ms)?;
+        (c.done, c.dma_status) = (out.done, out.status);
+        write_arg(arg, &c, len)?;
+        match out.err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn p2p_distance(&self, arg: usize) -> Result {
+        let (mut d, len) = read_arg::<uapi::P2pDistance>(arg)?;
+        if d.reserved0 != 0 {
+            return Err(EINVAL);
+        }
+        let out = p2p::distance(&self.mep, d.a, d.b)?;
+        (d.path, d.hops, d.pci_distance, d.info) = (out.path, out.hops, out.pci_distance, out.info);
+        write_arg(arg, &d, len)
     }
 
     fn stats(&self, arg: usize) -> Result {

@@ -100,6 +100,8 @@ impl Events {
 #[derive(Default)]
 struct Found {
     mrpc: bool,
+    /// P2P event bits (`regs::P2P_EV_*`) that were set.
+    p2p: u32,
     link: u64,
     gfms: u64,
 }
@@ -134,6 +136,12 @@ fn scan(bar: &Bar0<'_>, partition: usize) -> Result<Found> {
     if occurred(hdr.bits().into()) {
         bar.write(mrpc_loc()?, hdr);
         found.mrpc = true;
+    }
+
+    let p2p: u32 = bar.read(regs::P2P_EVENT_STATUS).value().into();
+    if p2p != 0 {
+        bar.write_reg(regs::P2P_EVENT_STATUS::zeroed().with_value(p2p));
+        found.p2p = p2p;
     }
 
     let hdr = bar.read(regs::SW_GFMS_EVENT_HDR);
@@ -196,8 +204,15 @@ impl irq::Handler for Handler {
             _ => return IrqReturn::None,
         };
         let other = found.link + found.gfms;
+        if found.p2p != 0 {
+            mep.p2p.on_events(found.p2p);
+        }
         if !found.mrpc && other == 0 {
-            return IrqReturn::None;
+            return if found.p2p != 0 {
+                IrqReturn::Handled
+            } else {
+                IrqReturn::None
+            };
         }
         {
             let mut c = mep.events.counts.lock();

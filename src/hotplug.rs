@@ -125,6 +125,108 @@ pub(crate) fn find(mep: &pci::Device, port: u8) -> Option<Found> {
     })
 }
 
+/// `PCI_EXT_CAP_ID_ACS` and the ACS control register (`include/uapi/linux/pci_regs.h`).
+const EXT_CAP_ID_ACS: i32 = 0x0d;
+const ACS_CTRL: i32 = 6;
+const ACS_SV: u16 = 1 << 0;
+const ACS_RR: u16 = 1 << 2;
+const ACS_CR: u16 = 1 << 3;
+const ACS_UF: u16 = 1 << 4;
+const ACS_EC: u16 = 1 << 5;
+
+/// Position of a device's ACS capability, or 0.
+fn acs_pos(d: &DevRef) -> u16 {
+    // SAFETY: `d` holds a reference to a live device.
+    unsafe { bindings::pci_find_ext_capability(d.raw(), EXT_CAP_ID_ACS) }
+}
+
+fn acs_ctrl(d: &DevRef, pos: u16) -> u16 {
+    let mut v = 0u16;
+    // SAFETY: `d` is live and `v` a valid destination; a failed read leaves 0.
+    unsafe { bindings::pci_read_config_word(d.raw(), i32::from(pos) + ACS_CTRL, &mut v) };
+    v
+}
+
+/// ACS of one downstream port after [`set_acs`].
+pub(crate) struct Acs {
+    /// The port has an ACS capability.
+    pub(crate) present: bool,
+    /// Control register before and after.
+    pub(crate) before: u16,
+    pub(crate) after: u16,
+}
+
+/// Lets peer requests between this host's downstream ports go through the switch.
+///
+/// With an IOMMU the kernel sets Request and Completion Redirect on every ACS-capable port,
+/// so a peer request climbs to the root complex and through the IOMMU; P2P then works only
+/// through a host bridge the kernel trusts, which a virtual switch's root complex is not.
+/// pcifab clears RR, CR and Egress Control on its own switch's downstream ports and keeps
+/// Source Validation and Upstream Forwarding: requests between functions bound to this host
+/// are routed by the switch, and requests towards the host still go through the IOMMU.
+/// The price is isolation between those functions: they share an IOMMU group
+/// (`Documentation/design.rst`, "P2P and ACS").
+pub(crate) fn set_acs(mep: &pci::Device, port: u8) -> Acs {
+    let Some(d) = downstream_port(mep, port) else {
+        return Acs {
+            present: false,
+            before: 0,
+            after: 0,
+        };
+    };
+    let pos = acs_pos(&d);
+    if pos == 0 {
+        return Acs {
+            present: false,
+            before: 0,
+            after: 0,
+        };
+    }
+    let before = acs_ctrl(&d, pos);
+    let want = (before & !(ACS_RR | ACS_CR | ACS_EC)) | ACS_SV | ACS_UF;
+    if want != before {
+        // SAFETY: `d` is live; the ACS control register is a plain config-space write.
+        unsafe { bindings::pci_write_config_word(d.raw(), i32::from(pos) + ACS_CTRL, want) };
+    }
+    Acs {
+        present: true,
+        before,
+        after: acs_ctrl(&d, pos),
+    }
+}
+
+/// The kernel's view of P2P between the functions behind two logical ports.
+pub(crate) struct Distance {
+    /// `pci_p2pdma_distance_many()`: -1 when the kernel would refuse P2P.
+    pub(crate) distance: i32,
+    /// A downstream port on the path redirects peer requests upstream.
+    pub(crate) acs_redirect: bool,
+}
+
+/// P2P distance between the functions behind logical ports `a` and `b` of this host.
+pub(crate) fn p2p_distance(mep: &pci::Device, a: u8, b: u8) -> Distance {
+    let mut out = Distance {
+        distance: -1,
+        acs_redirect: false,
+    };
+    for port in [a, b] {
+        if let Some(d) = downstream_port(mep, port) {
+            let pos = acs_pos(&d);
+            if pos != 0 && acs_ctrl(&d, pos) & (ACS_RR | ACS_CR | ACS_EC) != 0 {
+                out.acs_redirect = true;
+            }
+        }
+    }
+    let (Some(fa), Some(fb)) = (function_at(mep, a), function_at(mep, b)) else {
+        return out;
+    };
+    // SAFETY: `fb` holds a reference, so its embedded `struct device` is live.
+    let mut client = unsafe { core::ptr::addr_of_mut!((*fb.raw()).dev) };
+    // SAFETY: Both devices are live (references held); the client array has one entry.
+    out.distance = unsafe { bindings::pci_p2pdma_distance_many(fa.raw(), &mut client, 1, false) };
+    out
+}
+
 /// First fields of `struct hotplug_slot_ops` (`include/linux/pci_hotplug.h`).
 #[repr(C)]
 struct HotplugSlotOps {

@@ -10,6 +10,7 @@
 
 use kernel::{
     device::Core,
+    dma::{Device as _, DmaMask},
     io::{register::Array, Io},
     irq,
     pci,
@@ -24,6 +25,7 @@ mod event;
 mod fabric;
 mod hotplug;
 mod mrpc;
+mod p2p;
 mod regs;
 mod sysfs;
 mod uapi;
@@ -66,6 +68,8 @@ pub(crate) struct Mep {
     pub(crate) fabric: fabric::Fabric,
     #[pin]
     pub(crate) compose: compose::Compose,
+    #[pin]
+    pub(crate) p2p: p2p::P2p,
     /// Reads fabric-manager events in process context ([`event`]).
     #[pin]
     gfms_work: Work<Mep>,
@@ -233,6 +237,7 @@ impl pci::Driver for PcifabDriver {
                     events <- event::Events::new(),
                     fabric <- fabric::Fabric::new(),
                     compose <- compose::Compose::new(),
+                    p2p <- p2p::P2p::new(),
                     gfms_work <- new_work!("pcifab::gfms_work"),
                 }),
                 GFP_KERNEL,
@@ -277,6 +282,24 @@ impl pci::Driver for PcifabDriver {
                 );
                 return Err(ENODEV);
             }
+            // SAFETY: Probe runs before any DMA allocation or mapping of this device.
+            unsafe {
+                pdev.dma_set_mask_and_coherent(DmaMask::new::<64>())?;
+                pdev.dma_set_max_seg_size(u32::MAX);
+            }
+            p2p::init(&mep, pdev.as_ref(), vector)?;
+            for port in 0..compose::LOG_PORTS {
+                let acs = hotplug::set_acs(pdev, port);
+                if acs.present && acs.before != acs.after {
+                    dev_info!(
+                        pdev,
+                        "logical port {}: ACS control {:#06x} -> {:#06x} (P2P through the switch)\n",
+                        port,
+                        acs.before,
+                        acs.after
+                    );
+                }
+            }
             let handler = event::Handler { mep: mep.clone() };
             let chardev_mep = mep.clone();
             Ok(try_pin_init!(&this in PcifabData {
@@ -318,6 +341,7 @@ impl PcifabDriver {
         // waiting on one returns and `shut_down()` does not wait for its timeout.
         data.mep.mrpc.kill();
         data.mep.compose.shut_down();
+        p2p::shut_down(&data.mep);
         let _ = event::enable(&data.mep, false);
         data.mep.events.wake_all();
         event::flush_work(&data.mep);

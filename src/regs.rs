@@ -136,7 +136,99 @@ register! {
     pub(crate) SYS_INFO_BYTE(u8)[0x200] @ 0x2000 {
         7:0 value;
     }
+
+    /// P2P DMA engine control (pcifab extension, `Documentation/mrpc.rst`).
+    pub(crate) DMA_CTRL(u32) @ 0x3000 {
+        31:0 value;
+    }
+
+    /// P2P DMA engine status: [`DMA_STATUS_HALTED`].
+    pub(crate) DMA_STATUS(u32) @ 0x3004 {
+        31:0 value;
+    }
+
+    /// Descriptor ring bus address, low half.
+    pub(crate) DMA_RING_LO(u32) @ 0x3008 {
+        31:0 value;
+    }
+
+    /// Descriptor ring bus address, high half.
+    pub(crate) DMA_RING_HI(u32) @ 0x300c {
+        31:0 value;
+    }
+
+    /// Descriptor ring entries, a power of two.
+    pub(crate) DMA_RING_SIZE(u32) @ 0x3010 {
+        31:0 value;
+    }
+
+    /// Producer index: writing it hands descriptors to the engine.
+    pub(crate) DMA_TAIL(u32) @ 0x3014 {
+        31:0 value;
+    }
+
+    /// Consumer index: the next descriptor the engine completes.
+    pub(crate) DMA_HEAD(u32) @ 0x3018 {
+        31:0 value;
+    }
+
+    /// Completion interrupt: vector and enable.
+    pub(crate) DMA_IRQ(u32) @ 0x301c {
+        31:0 value;
+    }
+
+    /// P2P events, write 1 to clear: `P2P_EV_*`.
+    pub(crate) P2P_EVENT_STATUS(u32) @ 0x3020 {
+        31:0 value;
+    }
+
+    /// Window accesses refused since reset.
+    pub(crate) P2P_FAULT_COUNT(u32) @ 0x3024 {
+        31:0 value;
+    }
+
+    /// Window offset of the last refused access, low half.
+    pub(crate) P2P_FAULT_ADDR_LO(u32) @ 0x3028 {
+        31:0 value;
+    }
+
+    /// Window offset of the last refused access, high half.
+    pub(crate) P2P_FAULT_ADDR_HI(u32) @ 0x302c {
+        31:0 value;
+    }
+
+    /// Descriptors completed since reset.
+    pub(crate) DMA_COMPLETED(u32) @ 0x3030 {
+        31:0 value;
+    }
+
+    /// P2P capabilities: version, window and engine present, window size in MiB.
+    pub(crate) P2P_CAPS(u32) @ 0x3034 {
+        7:0 version;
+        8:8 window => bool;
+        9:9 engine => bool;
+        31:16 window_mib;
+    }
 }
+
+/// [`DMA_CTRL`]: run the engine.
+pub(crate) const DMA_CTRL_ENABLE: u32 = 1 << 0;
+/// [`DMA_CTRL`]: stop the engine and zero its indices.
+pub(crate) const DMA_CTRL_RESET: u32 = 1 << 1;
+/// [`DMA_STATUS`]: the engine stopped on a ring it could not read or write.
+pub(crate) const DMA_STATUS_HALTED: u32 = 1 << 1;
+/// [`DMA_IRQ`]: signal the vector in bits 0-15.
+pub(crate) const DMA_IRQ_ENABLE: u32 = 1 << 31;
+/// [`P2P_EVENT_STATUS`]: a descriptor that asked for an interrupt completed.
+pub(crate) const P2P_EV_DMA_DONE: u32 = 1 << 0;
+/// [`P2P_EVENT_STATUS`]: the engine halted.
+pub(crate) const P2P_EV_DMA_ERROR: u32 = 1 << 1;
+/// [`P2P_EVENT_STATUS`]: a window access outside every route was refused.
+pub(crate) const P2P_EV_FAULT: u32 = 1 << 2;
+/// [`P2P_EVENT_STATUS`]: the firmware removed a route (its target was unbound).
+pub(crate) const P2P_EV_ROUTES_CHANGED: u32 = 1 << 3;
+/// Every [`P2P_EVENT_STATUS`] bit.
+pub(crate) const P2P_EV_ALL: u32 = 0xf;
 
 /// Downstream ports of a partition pcifab watches (the virtual switch's logical ports).
 pub(crate) const DSP_PORTS: usize = 4;

@@ -268,6 +268,12 @@ attrs! {
     c"event_irqs" => |m, o| o.emit(format_args!("{}\n", m.events.counts().irqs)),
     c"mrpc_commands" => |m, o| o.emit(format_args!("{}\n", m.mrpc.stats().commands)),
     c"mrpc_timeouts" => |m, o| o.emit(format_args!("{}\n", m.mrpc.stats().timeouts)),
+    // Size of the P2P window in bytes (0: the firmware has none).
+    c"p2p_window_size" => |m, o| o.emit(format_args!("{}\n", m.p2p.window_size())),
+    c"p2p_routes" => |m, o| o.emit(format_args!("{}\n", crate::p2p::routes(m)?.len())),
+    c"p2p_copies" => |m, o| o.emit(format_args!("{}\n", m.p2p.counters().copies)),
+    c"p2p_bytes" => |m, o| o.emit(format_args!("{}\n", m.p2p.counters().bytes)),
+    c"p2p_faults" => |m, o| o.emit(format_args!("{}\n", m.p2p.counters().faults)),
     ;
     c"bind" => store_bind,
     c"unbind" => store_unbind,

@@ -16,7 +16,7 @@ use kernel::{
 use crate::chardev::SizedArg;
 
 pub(crate) const VERSION_MAJOR: u32 = 1;
-pub(crate) const VERSION_MINOR: u32 = 3;
+pub(crate) const VERSION_MINOR: u32 = 4;
 
 const IOCTL_TYPE: u32 = 0xFA;
 pub(crate) const PCIFAB_IOCTL_VERSION: u32 = _IO(IOCTL_TYPE, 0x00);
@@ -28,6 +28,30 @@ pub(crate) const PCIFAB_IOCTL_INVENTORY: u32 = _IO(IOCTL_TYPE, 0x05);
 pub(crate) const PCIFAB_IOCTL_BIND: u32 = _IO(IOCTL_TYPE, 0x06);
 pub(crate) const PCIFAB_IOCTL_UNBIND: u32 = _IO(IOCTL_TYPE, 0x07);
 pub(crate) const PCIFAB_IOCTL_MOVE: u32 = _IO(IOCTL_TYPE, 0x08);
+pub(crate) const PCIFAB_IOCTL_P2P_ROUTE_ADD: u32 = _IO(IOCTL_TYPE, 0x09);
+pub(crate) const PCIFAB_IOCTL_P2P_ROUTE_DEL: u32 = _IO(IOCTL_TYPE, 0x0a);
+pub(crate) const PCIFAB_IOCTL_P2P_ROUTES: u32 = _IO(IOCTL_TYPE, 0x0b);
+pub(crate) const PCIFAB_IOCTL_P2P_COPY: u32 = _IO(IOCTL_TYPE, 0x0c);
+pub(crate) const PCIFAB_IOCTL_P2P_DISTANCE: u32 = _IO(IOCTL_TYPE, 0x0d);
+
+/// `PCIFAB_ROUTE_ANY_WINDOW`.
+pub(crate) const ROUTE_ANY_WINDOW: u64 = u64::MAX;
+/// `PCIFAB_P2P_FUNCTION`, `PCIFAB_P2P_USER`, `PCIFAB_P2P_IOVA`.
+pub(crate) const P2P_FUNCTION: u32 = 0;
+pub(crate) const P2P_USER: u32 = 1;
+pub(crate) const P2P_IOVA: u32 = 2;
+/// `PCIFAB_P2P_MAX_LEN`.
+pub(crate) const P2P_MAX_LEN: u64 = 1 << 30;
+/// `PCIFAB_P2P_PATH_*`.
+pub(crate) const P2P_PATH_SAME: u32 = 0;
+pub(crate) const P2P_PATH_SWITCH: u32 = 1;
+pub(crate) const P2P_PATH_FABRIC: u32 = 2;
+/// `struct pcifab_p2p_distance.info` bits.
+pub(crate) const P2P_A_LOCAL: u32 = 1 << 0;
+pub(crate) const P2P_B_LOCAL: u32 = 1 << 1;
+pub(crate) const P2P_A_ROUTED: u32 = 1 << 2;
+pub(crate) const P2P_B_ROUTED: u32 = 1 << 3;
+pub(crate) const P2P_ACS_REDIRECT: u32 = 1 << 4;
 
 /// `PCIFAB_ANY_PORT`.
 pub(crate) const ANY_PORT: u8 = 0xff;
@@ -211,6 +235,88 @@ pub(crate) struct Move {
     pub(crate) reserved0: u16,
 }
 
+/// `struct pcifab_route`.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Route {
+    pub(crate) window_off: u64,
+    pub(crate) size: u64,
+    pub(crate) target_off: u64,
+    pub(crate) pdfid: u16,
+    pub(crate) target_host: u8,
+    pub(crate) reserved0: u8,
+    pub(crate) reserved1: u32,
+}
+
+/// `struct pcifab_p2p_route`.
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct P2pRoute {
+    pub(crate) size: u32,
+    pub(crate) flags: u32,
+    pub(crate) route: Route,
+    pub(crate) fw_ret: u32,
+    pub(crate) nr_routes: u32,
+}
+
+/// `struct pcifab_p2p_routes`.
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct P2pRoutes {
+    pub(crate) size: u32,
+    pub(crate) flags: u32,
+    pub(crate) nr_routes: u32,
+    pub(crate) route_size: u32,
+    pub(crate) routes_ptr: u64,
+    pub(crate) window_size: u64,
+}
+
+/// `struct pcifab_p2p_end`.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+pub(crate) struct P2pEnd {
+    pub(crate) kind: u32,
+    pub(crate) pdfid: u16,
+    pub(crate) reserved0: u16,
+    pub(crate) addr: u64,
+}
+
+/// `struct pcifab_p2p_copy`.
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct P2pCopy {
+    pub(crate) size: u32,
+    pub(crate) flags: u32,
+    pub(crate) src: P2pEnd,
+    pub(crate) dst: P2pEnd,
+    pub(crate) len: u64,
+    pub(crate) done: u64,
+    pub(crate) dma_status: u32,
+    pub(crate) timeout_ms: u32,
+}
+
+/// `struct pcifab_p2p_distance`.
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct P2pDistance {
+    pub(crate) size: u32,
+    pub(crate) flags: u32,
+    pub(crate) a: u16,
+    pub(crate) b: u16,
+    pub(crate) path: u32,
+    pub(crate) hops: u32,
+    pub(crate) pci_distance: i32,
+    pub(crate) info: u32,
+    pub(crate) reserved0: u32,
+}
+
+const _: () = assert!(size_of::<Route>() == 32);
+const _: () = assert!(size_of::<P2pRoute>() == 48);
+const _: () = assert!(size_of::<P2pRoutes>() == 32);
+const _: () = assert!(size_of::<P2pEnd>() == 16);
+const _: () = assert!(size_of::<P2pCopy>() == 64);
+const _: () = assert!(size_of::<P2pDistance>() == 32);
+const _: () = assert!(PCIFAB_IOCTL_P2P_DISTANCE == 0xfa0d);
 const _: () = assert!(size_of::<Bind>() == 40);
 const _: () = assert!(size_of::<Unbind>() == 24);
 const _: () = assert!(size_of::<Move>() == 44);
@@ -244,7 +350,19 @@ macro_rules! sized_args {
     )*};
 }
 
-sized_args!(Version, Identity, Mrpc, Stats, Inventory, Unbind, Move);
+sized_args!(
+    Version,
+    Identity,
+    Mrpc,
+    Stats,
+    Inventory,
+    Unbind,
+    Move,
+    P2pRoute,
+    P2pRoutes,
+    P2pCopy,
+    P2pDistance,
+);
 
 impl SizedArg for Bind {
     const MIN_SIZE: usize = size_of::<Self>();
@@ -275,3 +393,7 @@ unsafe impl AsBytes for Events {}
 unsafe impl AsBytes for Port {}
 // SAFETY: `repr(C)`, integers only, no padding (size asserted above).
 unsafe impl AsBytes for Function {}
+// SAFETY: `repr(C)`, integers only, no padding (size asserted above); any bit pattern is valid.
+unsafe impl AsBytes for Route {}
+// SAFETY: As above.
+unsafe impl FromBytes for Route {}

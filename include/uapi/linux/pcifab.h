@@ -17,7 +17,7 @@
 #include <linux/types.h>
 
 #define PCIFAB_UAPI_VERSION_MAJOR 1
-#define PCIFAB_UAPI_VERSION_MINOR 3
+#define PCIFAB_UAPI_VERSION_MINOR 4
 
 #define PCIFAB_IOCTL_TYPE 0xFA
 
@@ -347,6 +347,159 @@ struct pcifab_move {
 	__u16 __reserved0;
 };
 
+/**
+ * struct pcifab_route - one P2P route of this host's window (MRPC 0xF004)
+ * @window_off: offset in the MEP's P2P window (BAR2), a multiple of 4096
+ * @size: bytes, a multiple of 4096
+ * @target_off: offset in the target function's device memory, a multiple of 4096
+ * @pdfid: the target function
+ * @target_host: out: the partition the target is bound to
+ *
+ * Routes are the only way this host's CPU and the MEP's DMA engine reach a
+ * function's memory; a function that is unbound loses every route to it.
+ */
+struct pcifab_route {
+	__aligned_u64 window_off;
+	__aligned_u64 size;
+	__aligned_u64 target_off;
+	__u16 pdfid;
+	__u8 target_host;
+	__u8 __reserved0;
+	__u32 __reserved1;
+};
+
+/* struct pcifab_route.window_off for PCIFAB_IOCTL_P2P_ROUTE_ADD: the lowest free offset. */
+#define PCIFAB_ROUTE_ANY_WINDOW	(~0ULL)
+
+/**
+ * struct pcifab_p2p_route - PCIFAB_IOCTL_P2P_ROUTE_ADD and _DEL argument
+ * @size: in: sizeof(struct pcifab_p2p_route)
+ * @flags: in: must be 0
+ * @route: in: the route (DEL reads only @route.window_off); out (ADD): the
+ *	route as added, with @route.window_off chosen if it was PCIFAB_ROUTE_ANY_WINDOW
+ * @fw_ret: out: the firmware's return code when it refused, else 0
+ * @nr_routes: out: routes of this host after the change
+ *
+ * Needs CAP_SYS_ADMIN. Errors: EINVAL (alignment, zero size, outside the
+ * window), ENOENT (no such function / no route at @window_off), ENOLINK (the
+ * target is not bound), ERANGE (beyond the target's memory), EEXIST (overlaps
+ * a route), ENOSPC (16 routes, or no free window space).
+ */
+struct pcifab_p2p_route {
+	__u32 size;
+	__u32 flags;
+	struct pcifab_route route;
+	__u32 fw_ret;
+	__u32 nr_routes;
+};
+
+/**
+ * struct pcifab_p2p_routes - PCIFAB_IOCTL_P2P_ROUTES argument: list the routes
+ * @size: in: sizeof(struct pcifab_p2p_routes)
+ * @flags: in: must be 0
+ * @nr_routes: in: entries @routes_ptr has room for; out: routes that exist
+ *	(at most min(in, out) entries are written)
+ * @route_size: in: sizeof(struct pcifab_route)
+ * @routes_ptr: in: user array of struct pcifab_route
+ * @window_size: out: size of the P2P window in bytes
+ */
+struct pcifab_p2p_routes {
+	__u32 size;
+	__u32 flags;
+	__u32 nr_routes;
+	__u32 route_size;
+	__aligned_u64 routes_ptr;
+	__aligned_u64 window_size;
+};
+
+/* struct pcifab_p2p_end.kind */
+#define PCIFAB_P2P_FUNCTION	0	/* @pdfid's device memory at @addr, through a route */
+#define PCIFAB_P2P_USER		1	/* a user buffer at virtual address @addr */
+#define PCIFAB_P2P_IOVA		2	/* the bus address @addr as is: CAP_SYS_RAWIO, for tests */
+
+/**
+ * struct pcifab_p2p_end - one end of a PCIFAB_IOCTL_P2P_COPY
+ * @kind: PCIFAB_P2P_FUNCTION, _USER or _IOVA
+ * @pdfid: the function (PCIFAB_P2P_FUNCTION)
+ * @addr: offset in the function's device memory, user address, or IOVA
+ */
+struct pcifab_p2p_end {
+	__u32 kind;
+	__u16 pdfid;
+	__u16 __reserved0;
+	__aligned_u64 addr;
+};
+
+/* Largest PCIFAB_IOCTL_P2P_COPY length. */
+#define PCIFAB_P2P_MAX_LEN	(1ULL << 30)
+
+/**
+ * struct pcifab_p2p_copy - PCIFAB_IOCTL_P2P_COPY argument: copy with the MEP's DMA engine
+ * @size: in: sizeof(struct pcifab_p2p_copy)
+ * @flags: in: must be 0
+ * @src: in: where the data comes from
+ * @dst: in: where it goes (not both ends user buffers or IOVAs)
+ * @len: in: bytes, 1 to PCIFAB_P2P_MAX_LEN
+ * @done: out: bytes copied; less than @len after an error
+ * @dma_status: out: the engine's status of the last descriptor (1 OK,
+ *	2 HOST_FAULT, 3 ROUTE_FAULT, 4 BAD), 0 if none ran
+ * @timeout_ms: in: bound on the whole copy, 0 means 60000
+ *
+ * A function end must lie wholly inside one route of this host. User
+ * buffers are pinned and DMA-mapped for the copy and unmapped before the
+ * ioctl returns. Function-to-function data moves through the fabric, never
+ * through host memory. Needs CAP_SYS_ADMIN. Errors: EINVAL, ENOENT (no route
+ * covers a function range), EFAULT (a user buffer, or a HOST_FAULT: the
+ * engine was refused memory the IOMMU did not map), EREMOTEIO (ROUTE_FAULT:
+ * a route went away during the copy), ETIMEDOUT, EINTR, ENODEV.
+ */
+struct pcifab_p2p_copy {
+	__u32 size;
+	__u32 flags;
+	struct pcifab_p2p_end src;
+	struct pcifab_p2p_end dst;
+	__aligned_u64 len;
+	__aligned_u64 done;
+	__u32 dma_status;
+	__u32 timeout_ms;
+};
+
+/* struct pcifab_p2p_distance.path */
+#define PCIFAB_P2P_PATH_SAME	0	/* the same function */
+#define PCIFAB_P2P_PATH_SWITCH	1	/* both on this host: through its virtual switch */
+#define PCIFAB_P2P_PATH_FABRIC	2	/* through the fabric, by a route of the MEP */
+
+/* struct pcifab_p2p_distance.info bits */
+#define PCIFAB_P2P_A_LOCAL	(1U << 0)	/* @a is bound to and enumerated on this host */
+#define PCIFAB_P2P_B_LOCAL	(1U << 1)
+#define PCIFAB_P2P_A_ROUTED	(1U << 2)	/* a route of this host reaches @a */
+#define PCIFAB_P2P_B_ROUTED	(1U << 3)
+#define PCIFAB_P2P_ACS_REDIRECT	(1U << 4)	/* a downstream port redirects peer requests up */
+
+/**
+ * struct pcifab_p2p_distance - PCIFAB_IOCTL_P2P_DISTANCE argument
+ * @size: in: sizeof(struct pcifab_p2p_distance)
+ * @flags: in: must be 0
+ * @a: in: a function
+ * @b: in: another (or the same) function
+ * @path: out: PCIFAB_P2P_PATH_*
+ * @hops: out: switch ports the data crosses (0 for the same function)
+ * @pci_distance: out: the kernel's pci_p2pdma_distance() between the two
+ *	when both are local, -1 when the kernel would refuse P2P or either is not local
+ * @info: out: PCIFAB_P2P_* bits
+ */
+struct pcifab_p2p_distance {
+	__u32 size;
+	__u32 flags;
+	__u16 a;
+	__u16 b;
+	__u32 path;
+	__u32 hops;
+	__s32 pci_distance;
+	__u32 info;
+	__u32 __reserved0;
+};
+
 #define PCIFAB_IOCTL_VERSION	_IO(PCIFAB_IOCTL_TYPE, 0x00)
 #define PCIFAB_IOCTL_IDENTITY	_IO(PCIFAB_IOCTL_TYPE, 0x01)
 #define PCIFAB_IOCTL_MRPC	_IO(PCIFAB_IOCTL_TYPE, 0x02)
@@ -356,5 +509,10 @@ struct pcifab_move {
 #define PCIFAB_IOCTL_BIND	_IO(PCIFAB_IOCTL_TYPE, 0x06)
 #define PCIFAB_IOCTL_UNBIND	_IO(PCIFAB_IOCTL_TYPE, 0x07)
 #define PCIFAB_IOCTL_MOVE	_IO(PCIFAB_IOCTL_TYPE, 0x08)
+#define PCIFAB_IOCTL_P2P_ROUTE_ADD	_IO(PCIFAB_IOCTL_TYPE, 0x09)
+#define PCIFAB_IOCTL_P2P_ROUTE_DEL	_IO(PCIFAB_IOCTL_TYPE, 0x0a)
+#define PCIFAB_IOCTL_P2P_ROUTES		_IO(PCIFAB_IOCTL_TYPE, 0x0b)
+#define PCIFAB_IOCTL_P2P_COPY		_IO(PCIFAB_IOCTL_TYPE, 0x0c)
+#define PCIFAB_IOCTL_P2P_DISTANCE	_IO(PCIFAB_IOCTL_TYPE, 0x0d)
 
 #endif /* _UAPI_LINUX_PCIFAB_H */

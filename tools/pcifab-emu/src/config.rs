@@ -20,6 +20,19 @@ pub struct Config {
     pub bindings: Vec<Binding>,
     #[serde(default)]
     pub policy: Policy,
+    /// Size of every MEP's P2P window (its BAR2), MiB, a power of two.
+    #[serde(default = "default_window")]
+    pub p2p_window_mib: u32,
+}
+
+/// Default and largest P2P window, in MiB.
+pub const DEFAULT_P2P_WINDOW_MIB: u32 = 64;
+pub const MAX_P2P_WINDOW_MIB: u32 = 1024;
+/// Largest device memory of a PF, in MiB.
+pub const MAX_DEV_MEM_MIB: u32 = 4096;
+
+fn default_window() -> u32 {
+    DEFAULT_P2P_WINDOW_MIB
 }
 
 /// Who may bind what (Documentation/mrpc.rst, GFMS_BIND_UNBIND "Policy").
@@ -116,6 +129,15 @@ pub struct Endpoint {
     /// BAR2 of each VF, MiB, a power of two.
     #[serde(default = "default_vf_mem")]
     pub vf_mem_mib: u32,
+    /// Device memory of the PF, MiB (None: `mem_mib`); BAR2 shows its start.
+    pub dev_mem_mib: Option<u32>,
+}
+
+impl Endpoint {
+    /// Device memory of the PF in MiB: what routes and the DMA engine reach.
+    pub fn pf_dev_mem_mib(&self) -> u32 {
+        self.dev_mem_mib.unwrap_or(self.mem_mib)
+    }
 }
 
 fn default_pf_mem() -> u32 {
@@ -162,6 +184,12 @@ impl Config {
 
     fn validate(&self) -> Result<(), String> {
         let fw = &self.firmware;
+        let w = self.p2p_window_mib;
+        if !w.is_power_of_two() || w > MAX_P2P_WINDOW_MIB {
+            return Err(format!(
+                "p2p_window_mib = {w} must be a power of two from 1 to {MAX_P2P_WINDOW_MIB} (MiB)"
+            ));
+        }
         check_str("firmware.vendor_id", &fw.vendor_id, 8)?;
         check_str("firmware.product_id", &fw.product_id, 24)?;
         check_str("firmware.product_revision", &fw.product_revision, 2)?;
@@ -256,6 +284,14 @@ impl Config {
                 if !v.is_power_of_two() || v > MAX_MEM_MIB {
                     return Err(format!(
                         "{who}.{key} = {v} must be a power of two from 1 to {MAX_MEM_MIB} (MiB)"
+                    ));
+                }
+            }
+            if let Some(d) = ep.dev_mem_mib {
+                if d < ep.mem_mib || d > MAX_DEV_MEM_MIB {
+                    return Err(format!(
+                        "{who}.dev_mem_mib = {d} must be at least mem_mib ({}) and at most {MAX_DEV_MEM_MIB} (MiB); BAR2 shows the first mem_mib of it",
+                        ep.mem_mib
                     ));
                 }
             }
@@ -430,6 +466,8 @@ mod tests {
             ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\ndevice_id = 2\nclass = 1\nvfs = 32\n", "at most 31 VFs"),
             ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\ndevice_id = 2\nclass = 1\nutilisation = 101\n", "percentage"),
             ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\nclass = 1\n", "device_id"),
+            ("dev_mem_mib = 8\n", "endpoints[0].dev_mem_mib = 8 must be at least mem_mib (16)"),
+            ("dev_mem_mib = 8192\n", "at most 4096"),
             ("[[bindings]]\nendpoint = \"nope\"\nhost = \"h\"\nlogical_port = 0\n", "bindings[0].endpoint 'nope'"),
             ("[[bindings]]\nendpoint = \"g\"\nhost = \"nope\"\nlogical_port = 0\n", "bindings[0].host 'nope'"),
             ("[[bindings]]\nendpoint = \"g\"\nvf = 3\nhost = \"h\"\nlogical_port = 0\n", "has 2 VFs"),
@@ -445,6 +483,28 @@ mod tests {
             e.contains("hosts[1]: port 1 is already used by hosts[0]"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn p2p_keys() {
+        let cfg = Config::parse("[[hosts]]\nname = \"a\"\n").expect("minimal config");
+        assert_eq!(cfg.p2p_window_mib, 64);
+        let cfg = Config::parse(
+            "p2p_window_mib = 1024\n[[hosts]]\nname = \"a\"\n[[endpoints]]\nname = \"g\"\n\
+             port = 16\nvendor_id = 1\ndevice_id = 2\nclass = 1\nmem_mib = 2\ndev_mem_mib = 24\n",
+        )
+        .expect("p2p config");
+        assert_eq!(cfg.p2p_window_mib, 1024);
+        assert_eq!(cfg.endpoints[0].pf_dev_mem_mib(), 24);
+        for w in ["0", "3", "2048"] {
+            let e = err(&format!("p2p_window_mib = {w}\n[[hosts]]\nname = \"a\"\n"));
+            assert!(
+                e.contains(&format!("p2p_window_mib = {w} must be a power of two")),
+                "{e}"
+            );
+        }
+        let e = err("p2p_window_mib = -1\n[[hosts]]\nname = \"a\"\n");
+        assert!(e.contains("p2p_window_mib"), "{e}");
     }
 
     #[test]

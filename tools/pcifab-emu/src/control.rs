@@ -6,6 +6,7 @@
 
 use crate::mep::{Fabric, Faults};
 use crate::model::{self, PortKind, Requester};
+use crate::p2p;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::Ordering;
@@ -79,6 +80,17 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
             let args: Vec<&str> = arg.into_iter().chain(words).collect();
             telemetry(&args, fabric).unwrap_or_else(|e| error(&e))
         }
+        (Some(verb @ ("routes" | "dma-maps" | "p2p" | "mem-fill" | "mem-hash")), arg) => {
+            let args: Vec<&str> = arg.into_iter().chain(words).collect();
+            let r = match verb {
+                "routes" => routes(&args, fabric),
+                "dma-maps" => dma_maps(&args, fabric),
+                "p2p" => p2p_state(&args, fabric),
+                "mem-fill" => mem_fill(&args, fabric),
+                _ => mem_hash(&args, fabric),
+            };
+            r.unwrap_or_else(|e| error(&e))
+        }
         _ => error(&format!(
             "unknown request '{}'; try ping or state",
             line.trim()
@@ -95,7 +107,7 @@ fn parse_num<T: TryFrom<u64>>(s: &str, what: &str) -> Result<T, String> {
     T::try_from(v).map_err(|_| format!("{what} {s} is out of range"))
 }
 
-const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate>, or fault clear [host|all]";
+const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|dma-delay MS>, or fault clear [host|all]";
 
 /// The outcome of a control bind/unbind as JSON.
 fn bind_result(what: &str, ret: u32, ms: u128) -> Result<String, String> {
@@ -204,6 +216,13 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
         [who, "bad-length"] => (select(who)?, Box::new(|f| f.bad_length = true)),
         [who, "firmware-dead"] => (select(who)?, Box::new(|f| f.dead = true)),
         [who, "no-enumerate"] => (select(who)?, Box::new(|f| f.no_enumerate = true)),
+        [who, "dma-delay", ms] => {
+            let ms: u64 = parse_num(ms, "DMA delay")?;
+            if ms > 600_000 {
+                return Err(format!("dma-delay {ms} ms is too long; use at most 600000"));
+            }
+            (select(who)?, Box::new(move |f| f.dma_delay_ms = ms))
+        }
         _ => return Err(FAULT_USAGE.into()),
     };
     for &i in &targets {
@@ -260,6 +279,116 @@ fn telemetry(args: &[&str], fabric: &Fabric) -> Result<String, String> {
     t.power_mw = power;
     t.utilisation = util;
     Ok("{\"ok\":true}".into())
+}
+
+/// The MEP index of host `name`.
+fn host_index(fabric: &Fabric, name: &str) -> Result<usize, String> {
+    fabric
+        .meps
+        .iter()
+        .position(|m| m.name == name)
+        .ok_or_else(|| format!("no host '{name}'"))
+}
+
+/// `routes <host>`: the P2P routes of that host's MEP.
+fn routes(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [host] = args else {
+        return Err("usage: routes <host>".into());
+    };
+    let h = host_index(fabric, host)?;
+    let m = fabric.model();
+    let list: Vec<String> = m.hosts[h]
+        .routes
+        .iter()
+        .map(|r| {
+            let target = m
+                .function(r.pdfid)
+                .and_then(|f| f.binding)
+                .map_or("null".into(), |b| json_str(&m.hosts[b.0].name));
+            format!(
+                "{{\"window_off\":{},\"size\":{},\"target_off\":{},\"pdfid\":{},\"target_host\":{target}}}",
+                r.window_off, r.size, r.target_off, r.pdfid
+            )
+        })
+        .collect();
+    Ok(format!("{{\"ok\":true,\"routes\":[{}]}}", list.join(",")))
+}
+
+/// `dma-maps <host>`: the vfio-user DMA mappings of that host's MEP.
+fn dma_maps(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [host] = args else {
+        return Err("usage: dma-maps <host>".into());
+    };
+    let h = host_index(fabric, host)?;
+    let maps = fabric.meps[h].lock().dma.list();
+    let list: Vec<String> = maps
+        .iter()
+        .map(|m| {
+            format!(
+                "{{\"iova\":{},\"size\":{},\"flags\":{},\"mmapped\":{}}}",
+                m.iova, m.size, m.flags, m.mmapped
+            )
+        })
+        .collect();
+    Ok(format!("{{\"ok\":true,\"maps\":[{}]}}", list.join(",")))
+}
+
+/// `p2p <host>`: the P2P and DMA engine registers of that host's MEP.
+fn p2p_state(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    use crate::gas::*;
+    let [host] = args else {
+        return Err("usage: p2p <host>".into());
+    };
+    let h = host_index(fabric, host)?;
+    let inner = fabric.meps[h].lock();
+    let g = &inner.gas;
+    let addr = u64::from(g.p2p(P2P_FAULT_ADDR_LO)) | u64::from(g.p2p(P2P_FAULT_ADDR_HI)) << 32;
+    Ok(format!(
+        "{{\"ok\":true,\"fault_count\":{},\"fault_addr\":{addr},\"dma_completed\":{},\"head\":{},\"tail\":{},\"status\":{},\"event_status\":{}}}",
+        g.p2p(P2P_FAULT_COUNT),
+        g.p2p(DMA_COMPLETED),
+        g.p2p(DMA_HEAD),
+        g.p2p(DMA_TAIL),
+        g.p2p(DMA_STATUS),
+        g.p2p(P2P_EVENT_STATUS)
+    ))
+}
+
+/// The function device of a pdfid argument.
+fn function_arg<'a>(
+    fabric: &'a Fabric,
+    pdfid: &str,
+) -> Result<&'a crate::function::FnDevice, String> {
+    let id: u16 = parse_num(pdfid, "pdfid")?;
+    fabric
+        .function_dev(id)
+        .map(|f| &**f)
+        .ok_or_else(|| format!("no function with pdfid {id:#06x}"))
+}
+
+/// `mem-fill <pdfid> <off> <len> <seed>`.
+fn mem_fill(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [pdfid, off, len, seed] = args else {
+        return Err("usage: mem-fill <pdfid> <off> <len> <seed>".into());
+    };
+    let f = function_arg(fabric, pdfid)?;
+    let off: u64 = parse_num(off, "offset")?;
+    let len: u64 = parse_num(len, "length")?;
+    let seed: u64 = parse_num(seed, "seed")?;
+    p2p::mem_fill(f, off, len, seed)?;
+    Ok("{\"ok\":true}".into())
+}
+
+/// `mem-hash <pdfid> <off> <len>`: FNV-1a 64 as 16 hex digits.
+fn mem_hash(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [pdfid, off, len] = args else {
+        return Err("usage: mem-hash <pdfid> <off> <len>".into());
+    };
+    let f = function_arg(fabric, pdfid)?;
+    let off: u64 = parse_num(off, "offset")?;
+    let len: u64 = parse_num(len, "length")?;
+    let h = p2p::mem_hash(f, off, len)?;
+    Ok(format!("{{\"ok\":true,\"fnv1a64\":\"{h:016x}\"}}"))
 }
 
 fn error(msg: &str) -> String {
@@ -360,12 +489,13 @@ fn state(fabric: &Fabric) -> String {
             };
             let dev = fabric.function_dev(f.pdfid);
             format!(
-                "{{\"pdfid\":{},\"owner\":{owner},\"logical_port\":{lport},\"busy\":{},\"in_qemu\":{},\"connected\":{},\"mem_bytes\":{},\"scrubs\":{}}}",
+                "{{\"pdfid\":{},\"owner\":{owner},\"logical_port\":{lport},\"busy\":{},\"in_qemu\":{},\"connected\":{},\"mem_bytes\":{},\"dev_mem_bytes\":{},\"scrubs\":{}}}",
                 f.pdfid,
                 f.op.is_some(),
                 f.binding.is_some() && !f.phantom,
                 dev.is_some_and(|d| d.connected.load(Ordering::Relaxed)),
                 dev.map_or(0, |d| d.mem_size()),
+                f.dev_mem,
                 f.scrubs
             )
         })

@@ -3,9 +3,10 @@
 //! its own vfio-user socket so QEMU can hot-plug it into the host it is
 //! bound to (see Documentation/emulator.rst, "Function servers").
 //!
-//! BAR0 holds a few registers and the MSI-X table; BAR2 is the function's
-//! device memory, a slice of one memfd per endpoint, offered to the client
-//! for mmap.
+//! BAR0 holds a few registers and the MSI-X table; BAR2 is the aperture of
+//! the function's device memory (its first `mem_mib`), a slice of one memfd
+//! per endpoint, offered to the client for mmap. P2P routes and the MEPs'
+//! DMA engines reach all of the device memory (`dev_mem_mib`).
 
 use crate::dma::DmaTable;
 use crate::irq::Irqs;
@@ -109,6 +110,13 @@ impl Memory {
         Ok(())
     }
 
+    /// Address of `len` bytes at `off` of the mapping, for copies that go
+    /// straight between two mappings. The memory lives as long as `self`.
+    pub fn ptr(&self, off: u64, len: usize) -> Result<*mut u8, String> {
+        let o = self.range(off, len)?;
+        Ok((self.addr + o) as *mut u8)
+    }
+
     pub fn zero(&self, off: u64, len: usize) -> Result<(), String> {
         let o = self.range(off, len)?;
         // SAFETY: o..o+len lies inside our mapping (checked above).
@@ -152,6 +160,8 @@ pub struct FnDevice {
     ids: FunctionIds,
     mem: Arc<Memory>,
     mem_off: u64,
+    /// Device memory in bytes, at least the BAR2 size (`ids.mem_size`).
+    dev_size: u64,
     model: Arc<Mutex<Model>>,
     inner: Mutex<Inner>,
     pub connected: AtomicBool,
@@ -163,6 +173,7 @@ impl FnDevice {
         ids: FunctionIds,
         mem: Arc<Memory>,
         mem_off: u64,
+        dev_size: u64,
         model: Arc<Mutex<Model>>,
     ) -> FnDevice {
         FnDevice {
@@ -175,6 +186,7 @@ impl FnDevice {
                 irqs: Irqs::new(),
                 dma: DmaTable::default(),
             }),
+            dev_size: dev_size.max(ids.mem_size),
             ids,
             mem,
             mem_off,
@@ -191,11 +203,45 @@ impl FnDevice {
         self.ids.mem_size
     }
 
+    /// Size of the device memory in bytes (BAR2 shows its start).
+    pub fn dev_mem_size(&self) -> u64 {
+        self.dev_size
+    }
+
     /// Zero the device memory and the scratch registers: the function left
     /// its owner.
     pub fn scrub(&self) -> Result<(), String> {
         self.lock().scratch = [0; SCRATCH_SIZE];
-        self.mem.zero(self.mem_off, self.ids.mem_size as usize)
+        self.mem.zero(self.mem_off, self.dev_size as usize)
+    }
+
+    fn check_dev(&self, off: u64, len: usize) -> Result<u64, String> {
+        match off.checked_add(len as u64) {
+            Some(end) if end <= self.dev_size => Ok(self.mem_off + off),
+            _ => Err(format!(
+                "device memory access of {len} bytes at {off:#x} is outside {} of its {:#x} bytes",
+                self.name, self.dev_size
+            )),
+        }
+    }
+
+    /// Read device memory (all of it, not only the BAR2 aperture).
+    pub fn dev_read(&self, off: u64, buf: &mut [u8]) -> Result<(), String> {
+        let o = self.check_dev(off, buf.len())?;
+        self.mem.read(o, buf)
+    }
+
+    /// Write device memory (all of it, not only the BAR2 aperture).
+    pub fn dev_write(&self, off: u64, data: &[u8]) -> Result<(), String> {
+        let o = self.check_dev(off, data.len())?;
+        self.mem.write(o, data)
+    }
+
+    /// Address of `len` bytes of device memory at `off`; valid as long as
+    /// this function exists (it never goes away).
+    pub fn dev_ptr(&self, off: u64, len: usize) -> Result<*mut u8, String> {
+        let o = self.check_dev(off, len)?;
+        self.mem.ptr(o, len)
     }
 
     /// Read the device memory (BAR2) directly, for tests.

@@ -15,6 +15,8 @@ pub const TOP_CFG: u64 = 0x1000;
 pub const SW_EVENT: u64 = 0x1800;
 pub const SYS_INFO: u64 = 0x2000;
 pub const FLASH_INFO: u64 = 0x2200;
+/// pcifab: the P2P / DMA engine registers (Documentation/mrpc.rst).
+pub const P2P: u64 = 0x3000;
 pub const PART_CFG: u64 = 0x4000;
 pub const NTB: u64 = 0x1_0000;
 pub const PFF_CSR: u64 = 0x13_4000;
@@ -139,6 +141,37 @@ pub const EVENT_WRITABLE: u32 = 0x1e;
 pub const EVENT_COUNT_SHIFT: u32 = 5;
 pub const EVENT_COUNT_MASK: u32 = 0xff << EVENT_COUNT_SHIFT;
 
+// P2P / DMA engine registers, relative to P2P.
+pub const DMA_CTRL: u64 = 0x00;
+pub const DMA_STATUS: u64 = 0x04;
+pub const DMA_RING_LO: u64 = 0x08;
+pub const DMA_RING_HI: u64 = 0x0c;
+pub const DMA_RING_SIZE: u64 = 0x10;
+pub const DMA_TAIL: u64 = 0x14;
+pub const DMA_HEAD: u64 = 0x18;
+pub const DMA_IRQ: u64 = 0x1c;
+pub const P2P_EVENT_STATUS: u64 = 0x20;
+pub const P2P_FAULT_COUNT: u64 = 0x24;
+pub const P2P_FAULT_ADDR_LO: u64 = 0x28;
+pub const P2P_FAULT_ADDR_HI: u64 = 0x2c;
+pub const DMA_COMPLETED: u64 = 0x30;
+pub const P2P_CAPS: u64 = 0x34;
+/// Size of the register block.
+pub const P2P_SIZE: u64 = 0x38;
+
+pub const DMA_CTRL_ENABLE: u32 = 1 << 0;
+pub const DMA_CTRL_RESET: u32 = 1 << 1;
+pub const DMA_STATUS_BUSY: u32 = 1 << 0;
+pub const DMA_STATUS_HALTED: u32 = 1 << 1;
+pub const DMA_IRQ_ENABLE: u32 = 1 << 31;
+pub const EV_DMA_DONE: u32 = 1 << 0;
+pub const EV_DMA_ERROR: u32 = 1 << 1;
+pub const EV_P2P_FAULT: u32 = 1 << 2;
+pub const EV_ROUTES_CHANGED: u32 = 1 << 3;
+pub const EV_ALL: u32 = 0xf;
+/// P2P_CAPS: version 1, window, DMA engine; the window size goes in 16-31.
+pub const P2P_CAPS_BITS: u32 = 1 | 1 << 8 | 1 << 9;
+
 /// PFF function instances per partition: USP, VEP and four DSPs.
 pub const PFFS_PER_PARTITION: u32 = 6;
 /// Ports per partition reported in port_cnt: the USP and four DSPs.
@@ -151,6 +184,8 @@ pub const PFF_NONE: u32 = 0xffff_ffff;
 const _: () = {
     assert!(MRPC_DMA_VER + 4 <= TOP_CFG);
     assert!(SYS_INFO + SYS_INFO_SIZE_GEN4 <= FLASH_INFO);
+    assert!(FLASH_INFO < P2P && P2P + P2P_SIZE <= PART_CFG);
+    assert!(P2P_CAPS + 4 == P2P_SIZE);
     assert!(PART_CFG + MAX_PARTITIONS * PART_CFG_SIZE == NTB);
     assert!(PFF_CSR + MAX_PARTITIONS * PFFS_PER_PARTITION as u64 * PFF_CSR_SIZE <= GAS_SIZE);
     assert!(PFF_LINK_STATE_HDR == PFF_EVENT_HDR_FIRST + 12 * EVENT_HDR_STRIDE);

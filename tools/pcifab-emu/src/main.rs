@@ -15,6 +15,7 @@ mod irq;
 mod mep;
 mod model;
 mod mrpc;
+mod p2p;
 mod pci;
 mod qmp;
 mod vfio_user;

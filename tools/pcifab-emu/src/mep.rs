@@ -10,6 +10,7 @@ use crate::gas::*;
 use crate::irq::{self, Irqs};
 use crate::model::{self, Model, Notice, Request, Requester};
 use crate::mrpc::{mrpc_name, Exec, MrpcOutcome};
+use crate::p2p;
 use crate::pci::{self, ConfigSpace};
 use crate::qmp::{Qmp, QmpError};
 use std::path::PathBuf;
@@ -25,13 +26,17 @@ pub const REGION_ROM: u32 = 6;
 pub const REGION_CONFIG: u32 = 7;
 pub const REGION_VGA: u32 = 8;
 
-/// Size of a region; 0 for the ones the MEP does not have.
-pub fn region_size(index: u32) -> u64 {
+pub const REGION_BAR2: u32 = 2;
+
+/// Size of a region; 0 for the ones the MEP does not have. `window` is the
+/// size of the P2P window (BAR2).
+pub fn region_size(index: u32, window: u64) -> u64 {
     match index {
         REGION_BAR0 => pci::BAR0_SIZE,
+        REGION_BAR2 => window,
         REGION_BAR4 => pci::BAR4_SIZE,
         REGION_CONFIG => pci::CONFIG_SIZE as u64,
-        // BAR2 is unused, BAR1/3/5 are upper halves; no ROM, no VGA.
+        // BAR1/3/5 are upper halves; no ROM, no VGA.
         REGION_ROM | REGION_VGA => 0,
         _ => 0,
     }
@@ -53,7 +58,21 @@ enum Kind {
     Cmd,
     Ram,
     EventHdr,
+    /// The pcifab P2P / DMA engine registers.
+    P2p,
     ReadOnly,
+}
+
+/// What a host write to the GAS asks the firmware to do.
+#[derive(Debug, Default, PartialEq)]
+pub struct Written {
+    /// The MRPC command register was written: run a command.
+    pub mrpc: bool,
+    /// The DMA engine has work to look at (TAIL written while enabled, or
+    /// ENABLE set).
+    pub dma_kick: bool,
+    /// DMA_CTRL.RESET was written.
+    pub dma_reset: bool,
 }
 
 /// Event header write: CLEAR (bit 0) clears occurred and count, the enable
@@ -74,18 +93,22 @@ pub struct Gas {
     partitions: u32,
     /// End of the part of the MRPC input buffer written since the last command.
     input_end: usize,
+    /// The DMA engine is carrying a descriptor out (BUSY stays set).
+    pub dma_in_flight: bool,
 }
 
 impl Gas {
-    pub fn new(fw: &Firmware, partition: u32, partitions: u32) -> Gas {
+    pub fn new(fw: &Firmware, partition: u32, partitions: u32, window_mib: u32) -> Gas {
         let mut g = Gas {
             mem: vec![0; GAS_SIZE as usize],
             partition,
             partitions,
             input_end: 0,
+            dma_in_flight: false,
         };
         // MRPC: idle, no DMA MRPC (dma_ver 0).
         g.put32(MRPC_DMA_VER, 0);
+        g.put32(P2P + P2P_CAPS, P2P_CAPS_BITS | window_mib.min(0xffff) << 16);
 
         // sys_info.
         let si = SYS_INFO;
@@ -217,6 +240,8 @@ impl Gas {
             } else {
                 Kind::ReadOnly
             }
+        } else if (P2P..P2P + P2P_SIZE).contains(&off) {
+            Kind::P2p
         } else if in_block(PART_CFG, u64::from(self.partitions), PART_CFG_SIZE) {
             let rel = (off - PART_CFG) % PART_CFG_SIZE;
             if PC_EVENT_HDRS.contains(&rel) {
@@ -242,12 +267,11 @@ impl Gas {
         Ok(())
     }
 
-    /// Apply a host write. Returns true when it wrote the MRPC command
-    /// register, i.e. the firmware must now run a command.
-    pub fn write(&mut self, off: u64, data: &[u8]) -> Result<bool, String> {
+    /// Apply a host write; says what the firmware must do about it.
+    pub fn write(&mut self, off: u64, data: &[u8]) -> Result<Written, String> {
         Self::check(off, data.len())?;
         let end = off + data.len() as u64;
-        let mut run_mrpc = false;
+        let mut w = Written::default();
         let mut dw = off & !3;
         while dw < end {
             let mut bytes = self.get32(dw).to_le_bytes();
@@ -268,8 +292,9 @@ impl Gas {
                 }
                 Kind::Cmd => {
                     self.put32(dw, new);
-                    run_mrpc = true;
+                    w.mrpc = true;
                 }
+                Kind::P2p => self.p2p_write(dw - P2P, old, new, mask, &mut w),
                 Kind::Ram => self.put32(dw, new),
                 Kind::EventHdr => {
                     self.put32(dw, event_hdr_write(old, new, mask));
@@ -285,7 +310,75 @@ impl Gas {
             }
             dw += 4;
         }
-        Ok(run_mrpc)
+        Ok(w)
+    }
+
+    /// A host write to P2P register `reg` (Documentation/mrpc.rst, "The DMA
+    /// engine"); `new` is the dword with the written bytes merged in.
+    fn p2p_write(&mut self, reg: u64, old: u32, new: u32, mask: u32, w: &mut Written) {
+        let at = P2P + reg;
+        match reg {
+            DMA_CTRL => {
+                self.put32(at, new & DMA_CTRL_ENABLE);
+                if mask & new & DMA_CTRL_RESET != 0 {
+                    self.put32(P2P + DMA_HEAD, 0);
+                    self.put32(P2P + DMA_TAIL, 0);
+                    self.put32(P2P + DMA_STATUS, 0);
+                    // BUSY until the descriptor in flight is finished.
+                    self.update_dma_busy();
+                    w.dma_reset = true;
+                }
+                if new & DMA_CTRL_ENABLE != 0 && old & DMA_CTRL_ENABLE == 0 {
+                    w.dma_kick = true;
+                }
+            }
+            DMA_RING_LO | DMA_RING_HI | DMA_RING_SIZE | DMA_IRQ => self.put32(at, new),
+            DMA_TAIL => {
+                self.put32(at, new);
+                self.update_dma_busy();
+                if self.p2p(DMA_CTRL) & DMA_CTRL_ENABLE != 0 {
+                    w.dma_kick = true;
+                }
+            }
+            P2P_EVENT_STATUS => self.put32(at, old & !(new & mask & EV_ALL)),
+            _ => debug!("BAR0 write of {new:#010x} to read-only P2P register {at:#x} ignored"),
+        }
+    }
+
+    /// A P2P register (offset relative to the block).
+    pub fn p2p(&self, reg: u64) -> u32 {
+        self.get32(P2P + reg)
+    }
+
+    /// Set a P2P register (firmware side; no write semantics).
+    pub fn set_p2p(&mut self, reg: u64, v: u32) {
+        self.put32(P2P + reg, v);
+    }
+
+    /// The DMA ring size when it is usable (a power of two, 2-4096).
+    pub fn dma_ring_size(&self) -> Option<u32> {
+        let n = self.p2p(DMA_RING_SIZE);
+        (n.is_power_of_two() && (2..=4096).contains(&n)).then_some(n)
+    }
+
+    /// DMA_STATUS.BUSY = descriptors pending (HEAD != TAIL mod RING_SIZE)
+    /// or one in flight.
+    pub fn update_dma_busy(&mut self) {
+        let pending = self.dma_in_flight
+            || self
+                .dma_ring_size()
+                .is_some_and(|n| self.p2p(DMA_HEAD) % n != self.p2p(DMA_TAIL) % n);
+        let st = self.p2p(DMA_STATUS) & !DMA_STATUS_BUSY;
+        self.set_p2p(DMA_STATUS, st | if pending { DMA_STATUS_BUSY } else { 0 });
+    }
+
+    /// Set EVENT_STATUS bits. Returns the MSI-X vector to signal when one
+    /// went from 0 to 1 and DMA_IRQ is enabled.
+    pub fn raise_p2p(&mut self, bits: u32) -> Option<u16> {
+        let old = self.p2p(P2P_EVENT_STATUS);
+        self.set_p2p(P2P_EVENT_STATUS, old | bits);
+        let irq = self.p2p(DMA_IRQ);
+        (bits & !old != 0 && irq & DMA_IRQ_ENABLE != 0).then_some(irq as u16)
     }
 
     /// Recompute every summary register from the event headers' OCCURRED bits.
@@ -407,15 +500,18 @@ impl Gas {
     }
 }
 
-struct Inner {
+pub struct Inner {
     cfg: ConfigSpace,
-    gas: Gas,
+    pub gas: Gas,
     bar4: Vec<u8>,
     irqs: Irqs,
-    dma: DmaTable,
+    pub dma: DmaTable,
     /// Bumped by a device reset so a command started before it cannot
     /// complete into the fresh registers.
     epoch: u64,
+    /// Bumped by a device reset and by DMA_CTRL.RESET, so the descriptor
+    /// in flight does not complete into the fresh registers.
+    pub dma_epoch: u64,
 }
 
 fn new_bar4() -> Vec<u8> {
@@ -444,6 +540,8 @@ pub struct Faults {
     pub dead: bool,
     /// The next bind to this host adds no device to QEMU but reports DONE.
     pub no_enumerate: bool,
+    /// The DMA engine sleeps this long before every chunk it copies.
+    pub dma_delay_ms: u64,
 }
 
 impl Faults {
@@ -470,6 +568,9 @@ impl Faults {
         }
         if self.no_enumerate {
             v.push("no-enumerate".to_owned());
+        }
+        if self.dma_delay_ms > 0 {
+            v.push(format!("dma-delay {}", self.dma_delay_ms));
         }
         v
     }
@@ -502,22 +603,34 @@ pub struct Mep {
     next_seq: AtomicU64,
     done: Mutex<u64>,
     done_cv: Condvar,
+    /// What the P2P window and the DMA engine reach.
+    pub p2p: Arc<p2p::Shared>,
+    /// The DMA engine has been kicked and not yet looked.
+    dma_kick: Mutex<bool>,
+    dma_cv: Condvar,
 }
 
 impl Mep {
-    pub fn new(name: &str, fw: &Firmware, partition: u32, partitions: u32) -> Mep {
+    pub fn new(
+        name: &str,
+        fw: &Firmware,
+        partition: u32,
+        partitions: u32,
+        p2p: Arc<p2p::Shared>,
+    ) -> Mep {
         Mep {
             name: name.to_owned(),
             partition,
             partitions,
             fw: fw.clone(),
             inner: Mutex::new(Inner {
-                cfg: ConfigSpace::new(fw),
-                gas: Gas::new(fw, partition, partitions),
+                cfg: ConfigSpace::new(fw, p2p.window),
+                gas: Gas::new(fw, partition, partitions, p2p.window_mib()),
                 bar4: new_bar4(),
                 irqs: Irqs::new(),
                 dma: DmaTable::default(),
                 epoch: 0,
+                dma_epoch: 0,
             }),
             connected: AtomicBool::new(false),
             mrpc_commands: AtomicU64::new(0),
@@ -527,10 +640,13 @@ impl Mep {
             next_seq: AtomicU64::new(0),
             done: Mutex::new(0),
             done_cv: Condvar::new(),
+            p2p,
+            dma_kick: Mutex::new(false),
+            dma_cv: Condvar::new(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    pub fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic elsewhere must not take the device down with it.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -563,6 +679,10 @@ impl Mep {
                 Ok(())
             }
             REGION_CONFIG => inner.cfg.read(to_usize(off)?, buf),
+            REGION_BAR2 => {
+                drop(inner);
+                p2p::window_read(self, off, buf)
+            }
             REGION_BAR4 => {
                 let o = to_usize(off)?;
                 let src = inner
@@ -577,10 +697,21 @@ impl Mep {
     }
 
     pub fn region_write(&self, region: u32, off: u64, data: &[u8]) -> Result<(), String> {
+        if region == REGION_BAR2 {
+            return p2p::window_write(self, off, data);
+        }
         if region == REGION_BAR0 {
             let job = {
                 let mut inner = self.lock();
-                if !inner.gas.write(off, data)? {
+                let w = inner.gas.write(off, data)?;
+                if w.dma_reset {
+                    inner.dma_epoch += 1;
+                    info!("{}: DMA engine reset", self.name);
+                }
+                if w.dma_kick {
+                    self.kick_dma();
+                }
+                if !w.mrpc {
                     return Ok(());
                 }
                 let (cmd, input) = inner.gas.start_mrpc();
@@ -682,6 +813,29 @@ impl Mep {
         }
     }
 
+    /// Wake the DMA engine thread.
+    pub fn kick_dma(&self) {
+        *self.dma_kick.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.dma_cv.notify_all();
+    }
+
+    /// Wait until the DMA engine is kicked (and consume the kick).
+    pub fn wait_dma_kick(&self) {
+        let mut k = self.dma_kick.lock().unwrap_or_else(|e| e.into_inner());
+        while !*k {
+            k = self.dma_cv.wait(k).unwrap_or_else(|e| e.into_inner());
+        }
+        *k = false;
+    }
+
+    /// Set P2P event bits and interrupt if that is enabled.
+    pub fn raise_p2p(&self, inner: &mut Inner, bits: u32, why: &str) {
+        if let Some(v) = inner.gas.raise_p2p(bits) {
+            let drop_irq = self.faults().drop_irq;
+            self.raise(inner, v, why, drop_irq);
+        }
+    }
+
     /// Consume a `no-enumerate` fault.
     pub fn take_no_enumerate(&self) -> bool {
         let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
@@ -703,6 +857,10 @@ impl Mep {
             if irq {
                 let v = inner.gas.vep_vector();
                 self.raise(&inner, v, "fabric event", drop_irq);
+            }
+            if n.routes_lost.contains(&(self.partition as usize)) {
+                info!("{}: P2P routes removed (target unbound)", self.name);
+                self.raise_p2p(&mut inner, EV_ROUTES_CHANGED, "P2P routes changed");
             }
         }
     }
@@ -738,10 +896,16 @@ impl Mep {
     /// Interrupt and DMA setup belong to the client and stay.
     pub fn reset(&self) {
         let mut inner = self.lock();
-        inner.cfg = ConfigSpace::new(&self.fw);
-        inner.gas = Gas::new(&self.fw, self.partition, self.partitions);
+        inner.cfg = ConfigSpace::new(&self.fw, self.p2p.window);
+        inner.gas = Gas::new(
+            &self.fw,
+            self.partition,
+            self.partitions,
+            self.p2p.window_mib(),
+        );
         inner.bar4 = new_bar4();
         inner.epoch += 1;
+        inner.dma_epoch += 1;
         info!("{}: device reset", self.name);
     }
 
@@ -759,7 +923,7 @@ impl crate::vfio_user::Device for Mep {
         &self.name
     }
     fn region_size(&self, index: u32) -> u64 {
-        region_size(index)
+        region_size(index, self.p2p.window)
     }
     fn region_read(&self, region: u32, off: u64, buf: &mut [u8]) -> Result<(), String> {
         Mep::region_read(self, region, off, buf)
@@ -809,6 +973,8 @@ pub struct Fabric {
     pub qmp: Vec<Option<Arc<Qmp>>>,
     /// Where the function sockets are (fn-XXXX.sock).
     pub run_dir: PathBuf,
+    /// What the MEPs' P2P windows and DMA engines reach.
+    pub p2p: Arc<p2p::Shared>,
 }
 
 impl Fabric {
@@ -824,18 +990,13 @@ impl Fabric {
         qmp: &[(String, PathBuf)],
     ) -> Result<Fabric, String> {
         let n = config.hosts.len() as u32;
-        let meps = config
-            .hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| Arc::new(Mep::new(&h.name, &config.firmware, i as u32, n)))
-            .collect();
         let model = Arc::new(Mutex::new(Model::new(&config)));
         let mut functions = Vec::new();
         for ep in &config.endpoints {
             let pf = u64::from(ep.mem_mib) << 20;
+            let pf_dev = u64::from(ep.pf_dev_mem_mib()) << 20;
             let vf = u64::from(ep.vf_mem_mib) << 20;
-            let total = pf + vf * u64::from(ep.vfs);
+            let total = pf_dev + vf * u64::from(ep.vfs);
             let mem = Arc::new(Memory::new(&format!("pcifab-{}", ep.name), total as usize)?);
             for f in 0..=ep.vfs {
                 let ids = crate::pci::FunctionIds {
@@ -850,21 +1011,41 @@ impl Fabric {
                     vf_did: ep.vf_device_id.unwrap_or(ep.device_id),
                     mem_size: if f == 0 { pf } else { vf },
                 };
-                let off = if f == 0 {
-                    0
+                let (off, dev) = if f == 0 {
+                    (0, pf_dev)
                 } else {
-                    pf + vf * u64::from(f - 1)
+                    (pf_dev + vf * u64::from(f - 1), vf)
                 };
                 functions.push(Arc::new(FnDevice::new(
                     model::pdfid(ep.port, f),
                     ids,
                     Arc::clone(&mem),
                     off,
+                    dev,
                     Arc::clone(&model),
                 )));
             }
         }
         functions.sort_by_key(|f| f.pdfid);
+        let shared = Arc::new(p2p::Shared::new(
+            Arc::clone(&model),
+            functions.clone(),
+            u64::from(config.p2p_window_mib) << 20,
+        ));
+        let meps = config
+            .hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                Arc::new(Mep::new(
+                    &h.name,
+                    &config.firmware,
+                    i as u32,
+                    n,
+                    Arc::clone(&shared),
+                ))
+            })
+            .collect();
         let mut qmps = vec![None; config.hosts.len()];
         for (host, path) in qmp {
             let i = config
@@ -883,6 +1064,7 @@ impl Fabric {
             functions,
             qmp: qmps,
             run_dir,
+            p2p: shared,
         })
     }
 
@@ -945,8 +1127,8 @@ impl Fabric {
             if n {
                 self.meps[req.host].signal(
                     &[Notice {
-                        pffs: Vec::new(),
                         gfms: true,
+                        ..Notice::default()
                     }],
                     pending.get(req.host).copied().unwrap_or(0),
                 );
@@ -971,7 +1153,12 @@ impl Fabric {
                 model::PCIFAB_ERR_HOTPLUG_FAILED
             }
         };
+        let mut lost = Vec::new();
         if !req.bind && ret == 0 {
+            // No route may reach the function once it is scrubbed: drop its
+            // routes and wait for copies already past their route check.
+            lost = self.model().drop_routes_to(req.pdfid);
+            self.p2p.quiesce();
             if let Some(f) = self.function_dev(req.pdfid) {
                 match f.scrub() {
                     Ok(()) => {}
@@ -1008,7 +1195,10 @@ impl Fabric {
         for v in &violations {
             info!("INVARIANT VIOLATED: {v}");
         }
-        if let Some(n) = notice {
+        if let Some(mut n) = notice {
+            n.routes_lost.extend(lost);
+            n.routes_lost.sort_unstable();
+            n.routes_lost.dedup();
             self.notify(&[n]);
         }
         ret
@@ -1080,6 +1270,11 @@ impl Fabric {
             std::thread::Builder::new()
                 .name(format!("mrpc-{}", m.name))
                 .spawn(move || fabric.worker(i, rx))
+                .map_err(|e| format!("cannot start thread: {e}"))?;
+            let mep = Arc::clone(m);
+            std::thread::Builder::new()
+                .name(format!("dma-{}", m.name))
+                .spawn(move || p2p::engine(&mep))
                 .map_err(|e| format!("cannot start thread: {e}"))?;
         }
         Ok(())
@@ -1174,7 +1369,7 @@ mod tests {
     use super::*;
 
     fn gas(partition: u32, partitions: u32) -> Gas {
-        Gas::new(&Firmware::default(), partition, partitions)
+        Gas::new(&Firmware::default(), partition, partitions, 64)
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use crate::config::{Config, Firmware, LOG_PORTS};
 use crate::gas::{DSPS_PER_PARTITION, PFFS_PER_PARTITION};
+use crate::p2p::Route;
 use std::collections::VecDeque;
 
 /// PDFID of function `f` of the endpoint on physical port `port`.
@@ -52,6 +53,8 @@ pub struct Function {
     pub phantom: bool,
     /// Times its device memory was scrubbed.
     pub scrubs: u64,
+    /// Size of its device memory in bytes (what routes may reach).
+    pub dev_mem: u64,
 }
 
 /// A bind or unbind in flight.
@@ -84,6 +87,7 @@ pub struct Request {
 pub const ERR_PHYC_PORT_NOT_EXIST: u32 = 0x4;
 pub const ERR_PARAM_INVALID: u32 = 0x64006;
 pub const PCIFAB_ERR_PDFID_UNKNOWN: u32 = 0xf0_0001;
+pub const PCIFAB_ERR_RANGE: u32 = 0xf0_0002;
 pub const PCIFAB_ERR_FUNCTION_BUSY: u32 = 0xf0_0003;
 pub const PCIFAB_ERR_PORT_BUSY: u32 = 0xf0_0004;
 pub const PCIFAB_ERR_DENIED: u32 = 0xf0_0005;
@@ -92,6 +96,9 @@ pub const PCIFAB_ERR_PF_VF_CONFLICT: u32 = 0xf0_0007;
 pub const PCIFAB_ERR_HOTPLUG_FAILED: u32 = 0xf0_0008;
 pub const PCIFAB_ERR_UNBIND_TIMEOUT: u32 = 0xf0_0009;
 pub const PCIFAB_ERR_NOT_BOUND: u32 = 0xf0_000a;
+pub const PCIFAB_ERR_ROUTE_FULL: u32 = 0xf0_000b;
+pub const PCIFAB_ERR_ROUTE_CONFLICT: u32 = 0xf0_000c;
+pub const PCIFAB_ERR_NO_ROUTE: u32 = 0xf0_000d;
 
 pub fn ret_name(ret: u32) -> &'static str {
     match ret {
@@ -99,6 +106,7 @@ pub fn ret_name(ret: u32) -> &'static str {
         ERR_PHYC_PORT_NOT_EXIST => "PHYC_PORT_NOT_EXIST",
         ERR_PARAM_INVALID => "PARAM_INVALID",
         PCIFAB_ERR_PDFID_UNKNOWN => "PDFID_UNKNOWN",
+        PCIFAB_ERR_RANGE => "RANGE",
         PCIFAB_ERR_FUNCTION_BUSY => "FUNCTION_BUSY",
         PCIFAB_ERR_PORT_BUSY => "PORT_BUSY",
         PCIFAB_ERR_DENIED => "DENIED",
@@ -107,6 +115,9 @@ pub fn ret_name(ret: u32) -> &'static str {
         PCIFAB_ERR_HOTPLUG_FAILED => "HOTPLUG_FAILED",
         PCIFAB_ERR_UNBIND_TIMEOUT => "UNBIND_TIMEOUT",
         PCIFAB_ERR_NOT_BOUND => "NOT_BOUND",
+        PCIFAB_ERR_ROUTE_FULL => "ROUTE_FULL",
+        PCIFAB_ERR_ROUTE_CONFLICT => "ROUTE_CONFLICT",
+        PCIFAB_ERR_NO_ROUTE => "NO_ROUTE",
         _ => "?",
     }
 }
@@ -248,6 +259,8 @@ pub struct HostState {
     pub overflow: bool,
     pub topo: Option<Vec<u8>>,
     pub ep_dump: Option<Vec<u8>>,
+    /// The P2P routes of this host's MEP, ascending window_off.
+    pub routes: Vec<Route>,
 }
 
 /// What the GAS of every MEP must show after a fabric change.
@@ -257,6 +270,8 @@ pub struct Notice {
     pub pffs: Vec<u32>,
     /// The GFMS event header fires.
     pub gfms: bool,
+    /// Partitions whose MEP lost P2P routes (ROUTES_CHANGED fires there).
+    pub routes_lost: Vec<usize>,
 }
 
 pub struct Model {
@@ -268,6 +283,8 @@ pub struct Model {
     pub functions: Vec<Function>,
     pub hosts: Vec<HostState>,
     pub generation: u32,
+    /// Size of every MEP's P2P window in bytes.
+    pub window: u64,
 }
 
 impl Model {
@@ -333,6 +350,11 @@ impl Model {
                     op: None,
                     phantom: false,
                     scrubs: 0,
+                    dev_mem: if f == 0 {
+                        u64::from(ep.pf_dev_mem_mib()) << 20
+                    } else {
+                        u64::from(ep.vf_mem_mib) << 20
+                    },
                 });
             }
         }
@@ -360,6 +382,7 @@ impl Model {
             functions,
             hosts,
             generation: 1,
+            window: u64::from(cfg.p2p_window_mib) << 20,
         }
     }
 
@@ -446,7 +469,11 @@ impl Model {
                 pffs
             }
         };
-        Ok(Some(Notice { pffs, gfms: true }))
+        Ok(Some(Notice {
+            pffs,
+            gfms: true,
+            ..Notice::default()
+        }))
     }
 
     /// Any other change of the fabric database.
@@ -454,8 +481,8 @@ impl Model {
         self.generation = self.generation.wrapping_add(1).max(1);
         self.queue(GfmsEvent::DatabaseChanged);
         Notice {
-            pffs: Vec::new(),
             gfms: true,
+            ..Notice::default()
         }
     }
 
@@ -640,12 +667,14 @@ impl Model {
         if !ok {
             return None;
         }
+        let mut routes_lost = Vec::new();
         if req.bind {
             f.binding = Some((req.host, req.log_port));
             f.phantom = phantom;
         } else {
             f.binding = None;
             f.phantom = false;
+            routes_lost = self.drop_routes_to(req.pdfid);
         }
         let host_port = self.hosts[req.host].port;
         self.bump_generation();
@@ -658,6 +687,7 @@ impl Model {
         Some(Notice {
             pffs: Vec::new(),
             gfms: true,
+            routes_lost,
         })
     }
 
@@ -708,6 +738,7 @@ impl Model {
                 ));
             }
         }
+        v.extend(self.route_invariants());
         v
     }
 }

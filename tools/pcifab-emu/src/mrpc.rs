@@ -19,6 +19,12 @@ pub const MRPC_PORT_CONTROL: u32 = 0x8d;
 pub const MRPC_FABRIC_SUMMARY: u32 = 0xf001;
 pub const MRPC_FUNCTION_TELEMETRY: u32 = 0xf002;
 pub const MRPC_FUNCTION_LIST: u32 = 0xf003;
+pub const MRPC_P2P_ROUTE: u32 = 0xf004;
+pub const ROUTE_ADD: u8 = 1;
+pub const ROUTE_DEL: u8 = 2;
+pub const ROUTE_LIST: u8 = 3;
+pub const ROUTE_INPUT_SIZE: usize = 32;
+pub const ROUTE_ENTRY_SIZE: usize = 32;
 
 pub const DIETEMP_SET_CLOCK: u32 = 0;
 pub const DIETEMP_SET_MEAS: u32 = 1;
@@ -60,6 +66,7 @@ pub fn mrpc_name(cmd: u32) -> &'static str {
         MRPC_FABRIC_SUMMARY => "FABRIC_SUMMARY",
         MRPC_FUNCTION_TELEMETRY => "FUNCTION_TELEMETRY",
         MRPC_FUNCTION_LIST => "FUNCTION_LIST",
+        MRPC_P2P_ROUTE => "P2P_ROUTE",
         _ => "unknown",
     }
 }
@@ -137,6 +144,17 @@ fn u32_at(input: &[u8], at: usize) -> Result<u32, u32> {
     }
 }
 
+fn u64_at(input: &[u8], at: usize) -> Result<u64, u32> {
+    match input.get(at..at + 8) {
+        Some(b) => {
+            let mut v = [0u8; 8];
+            v.copy_from_slice(b);
+            Ok(u64::from_le_bytes(v))
+        }
+        None => Err(ERR_PARAM_INVALID),
+    }
+}
+
 fn put_u16(buf: &mut [u8], at: usize, v: u16) {
     if let Some(b) = buf.get_mut(at..at + 2) {
         b.copy_from_slice(&v.to_le_bytes());
@@ -169,6 +187,7 @@ impl Exec<'_> {
             MRPC_FABRIC_SUMMARY => self.summary(input),
             MRPC_FUNCTION_TELEMETRY => self.telemetry(input),
             MRPC_FUNCTION_LIST => self.list(input),
+            MRPC_P2P_ROUTE => self.p2p_route(input),
             _ => Err(ERR_CMD_INVALID),
         };
         match r {
@@ -569,6 +588,48 @@ impl Exec<'_> {
             .u8(util)
             .zeros(3)
             .u32(health);
+        Ok(o.0)
+    }
+
+    fn p2p_route(&mut self, input: &[u8]) -> Res {
+        Self::ext_input(input, ROUTE_INPUT_SIZE)?;
+        let host = self.partition;
+        let count = match u8_at(input, 4)? {
+            ROUTE_ADD => self.model.add_route(
+                host,
+                u64_at(input, 8)?,
+                u64_at(input, 16)?,
+                u64_at(input, 24)?,
+                u16_at(input, 6)?,
+            )?,
+            ROUTE_DEL => self.model.del_route(host, u64_at(input, 8)?)?,
+            ROUTE_LIST => {
+                let m = &*self.model;
+                let routes = &m.hosts[host].routes;
+                let mut o = Out::default();
+                o.u16(EXT_VERSION)
+                    .u16((8 + ROUTE_ENTRY_SIZE * routes.len()) as u16)
+                    .u16(routes.len() as u16)
+                    .u16(ROUTE_ENTRY_SIZE as u16);
+                for r in routes {
+                    let target_host = m
+                        .function(r.pdfid)
+                        .and_then(|f| f.binding)
+                        .map_or(0xff, |b| b.0 as u8);
+                    o.u64(r.window_off)
+                        .u64(r.size)
+                        .u64(r.target_off)
+                        .u16(r.pdfid)
+                        .u8(target_host)
+                        .u8(0)
+                        .u32(0);
+                }
+                return Ok(o.0);
+            }
+            _ => return Err(ERR_SUBCMD_INVALID),
+        };
+        let mut o = Out::default();
+        o.u16(EXT_VERSION).u16(8).u16(count as u16).u16(0);
         Ok(o.0)
     }
 

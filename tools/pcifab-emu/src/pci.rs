@@ -58,7 +58,9 @@ pub struct ConfigSpace {
 }
 
 impl ConfigSpace {
-    pub fn new(fw: &Firmware) -> Self {
+    /// Config space of the MEP; `window` is the size of its P2P window
+    /// (BAR2) in bytes, a power of two.
+    pub fn new(fw: &Firmware, window: u64) -> Self {
         let mut c = ConfigSpace {
             data: [0; CONFIG_SIZE],
             writable: [0; CONFIG_SIZE],
@@ -70,6 +72,7 @@ impl ConfigSpace {
         c.set_bytes(0x09, &CLASS_MEMORY_OTHER.to_le_bytes()[..3]);
         c.data[0x0e] = 0x00; // header type 0; QEMU owns the multifunction bit
         c.set32(0x10, BAR_MEM_64); // BAR0+1: 64-bit memory, non-prefetchable
+        c.set32(0x18, BAR_MEM_64 | BAR_PREFETCH); // BAR2+3: the P2P window
         c.set32(0x20, BAR_MEM_64); // BAR4+5: 64-bit memory, non-prefetchable
         c.set16(0x2c, VENDOR_MICROSEMI);
         c.set16(0x2e, fw.device_id);
@@ -107,6 +110,8 @@ impl ConfigSpace {
         c.wmask8(0x0d, 0xff); // latency timer
         c.wmask32(0x10, !(BAR0_SIZE as u32 - 1) & !0xf);
         c.wmask32(0x14, 0xffff_ffff);
+        c.wmask32(0x18, !(window.clamp(16, 1 << 31) as u32 - 1) & !0xf);
+        c.wmask32(0x1c, (!(window.max(16) - 1) >> 32) as u32);
         c.wmask32(0x20, !(BAR4_SIZE as u32 - 1) & !0xf);
         c.wmask32(0x24, 0xffff_ffff);
         c.wmask8(0x3c, 0xff); // interrupt line
@@ -247,7 +252,7 @@ mod tests {
     use super::*;
 
     fn cs() -> ConfigSpace {
-        ConfigSpace::new(&Firmware::default())
+        ConfigSpace::new(&Firmware::default(), 64 << 20)
     }
 
     #[test]
@@ -282,6 +287,9 @@ mod tests {
         let mut b = [0u8; 8];
         c.read(0x10, &mut b).expect("read");
         assert_eq!(u64::from_le_bytes(b), !(BAR0_SIZE - 1) | 0x4);
+        c.write(0x18, &[0xff; 8]).expect("write");
+        c.read(0x18, &mut b).expect("read");
+        assert_eq!(u64::from_le_bytes(b), !((64 << 20) - 1) | 0xc, "P2P window");
         c.write(0x00, &[0; 4]).expect("write ids");
         assert_eq!(c.get16(0), 0x11f8);
         c.write(0x04, &[0x06, 0x00]).expect("write command");

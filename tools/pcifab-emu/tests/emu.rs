@@ -148,7 +148,7 @@ fn vfio_user_session_against_the_mep() {
     for (i, size, flags) in [
         (0, 0x40_0000u64, 3),
         (1, 0, 0),
-        (2, 0, 0),
+        (2, 0x400_0000, 3), // the P2P window, 64 MiB by default, trapped
         (4, 0x4000, 3),
         (6, 0, 0),
         (7, 4096, 3),
@@ -240,7 +240,12 @@ fn vfio_user_session_against_the_mep() {
         c.try_read(BAR0, 0x3f_fffe, 4).errno(),
         Some(libc::EINVAL as u32)
     );
-    assert_eq!(c.try_read(2, 0, 4).errno(), Some(libc::EINVAL as u32));
+    assert_eq!(c.try_read(3, 0, 4).errno(), Some(libc::EINVAL as u32));
+    // The P2P window without routes: all ones, a P2P fault.
+    assert_eq!(c.read(2, 0x1000, 4), [0xff; 4]);
+    assert_eq!(c.read32(BAR0, 0x3024), 1, "P2P_FAULT_COUNT");
+    assert_eq!(c.read32(BAR0, 0x3034), 0x0040_0301, "P2P_CAPS: 64 MiB");
+    assert_eq!(w32(0x18), 0xc, "BAR2 64-bit prefetchable");
     assert_eq!(
         c.try_write(CONFIG, 4095, &[0, 0]).errno(),
         Some(libc::EINVAL as u32)

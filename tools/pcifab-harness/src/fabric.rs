@@ -515,12 +515,19 @@ fn qemu_command(root: &Path) -> Result<Command, String> {
     Ok(cmd)
 }
 
+/// Whether host `index` boots with a virtual IOMMU: the first host does, the others do
+/// not, so every run proves the module both ways (Documentation/testing.rst).
+pub fn iommu_host(index: usize) -> bool {
+    index == 0
+}
+
 /// QEMU arguments for host `name` (after the binary and -L options).
 pub fn qemu_args(
     opts: &Opts,
     name: &str,
     initrd: &Path,
     run_dir: &Path,
+    iommu: bool,
 ) -> Result<Vec<OsString>, String> {
     let mep = sock_path(run_dir, &format!("mep-{name}.sock"))?;
     let agent = sock_path(run_dir, &format!("agent-{name}.sock"))?;
@@ -543,6 +550,17 @@ pub fn qemu_args(
         "-machine".into(),
         "memory-backend=mem".into(),
         "-nodefaults".into(),
+    ];
+    if iommu {
+        // Before any PCI device, so every device (the vfio-user MEP and the functions
+        // bound later included) sits behind it; caching mode makes QEMU tell the
+        // vfio-user server every mapping the guest creates.
+        a.extend([
+            "-device".into(),
+            "intel-iommu,caching-mode=on,intremap=off".into(),
+        ]);
+    }
+    a.extend([
         "-display".into(),
         "none".into(),
         "-no-reboot".into(),
@@ -551,7 +569,14 @@ pub fn qemu_args(
         "-initrd".into(),
         initrd.display().to_string(),
         "-append".into(),
-        format!("console=ttyS0 panic=-1 pcifab_host={name}"),
+        format!(
+            "console=ttyS0 panic=-1 pcifab_host={name} {}",
+            if iommu {
+                "intel_iommu=on iommu.strict=1"
+            } else {
+                "intel_iommu=off"
+            }
+        ),
         "-chardev".into(),
         format!("file,id=con,path={}", qopt(&console)),
         "-serial".into(),
@@ -561,7 +586,7 @@ pub fn qemu_args(
         "pcie-root-port,id=rp0,bus=pcie.0,addr=0x10,chassis=1,slot=1".into(),
         "-device".into(),
         "x3130-upstream,id=usp0,bus=rp0,addr=0.0,multifunction=on".into(),
-    ];
+    ]);
     if opts.no_emu {
         // Development aid: a plain test device where the MEP would be.
         a.extend(["-device".into(), "pci-testdev,bus=rp0,addr=0.1".into()]);
@@ -631,7 +656,7 @@ pub fn boot_hosts(
         listener
             .set_nonblocking(true)
             .map_err(|e| format!("{}: {e}", agent.display()))?;
-        let args = qemu_args(opts, name, initrd, run_dir)?;
+        let args = qemu_args(opts, name, initrd, run_dir, iommu_host(index))?;
         let mut cmd = qemu_command(&opts.qemu_root)?;
         cmd.args(&args);
         let qlog_path = opts.results.join(format!("{name}.qemu.log"));

@@ -7,6 +7,7 @@ mod config;
 mod conn;
 mod fabric;
 mod initramfs;
+mod p2p;
 mod procs;
 mod qmp;
 mod scenarios;
@@ -411,6 +412,26 @@ impl Run {
         say(&format!(
             "bench unbind_latency_ratio_vs_raw_hotplug {:.3}",
             m(&c.unbind_ms) / m(&c.raw_del_ms)
+        ));
+        fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
+        let r = p2p::bench_p2p(fabric);
+        fabric.set_deadline(None);
+        let rows = r?;
+        say("# P2P copy 0x0300:0 -> 0x0400:0 in one guest, best of 3 (MiB/s): the DMA engine");
+        say("# through the fabric vs a CPU bounce (read BAR2 of one, write BAR2 of the other)");
+        say("#      bytes     fabric     bounce    ratio");
+        for &(n, fab, bounce, ratio) in &rows {
+            say(&format!(
+                "# {n:>10} {fab:>10.1} {bounce:>10.1} {ratio:>8.2}"
+            ));
+        }
+        let at16 = rows
+            .iter()
+            .find(|r| r.0 == 16 << 20)
+            .ok_or("p2p bench: no 16 MiB row")?;
+        say(&format!(
+            "bench p2p_throughput_ratio_vs_bounce {:.3}",
+            at16.3
         ));
         Ok(())
     }

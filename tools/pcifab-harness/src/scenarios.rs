@@ -136,6 +136,26 @@ pub fn all() -> Vec<Scenario> {
             300,
             compose_random,
         ),
+        s(
+            "p2p: same-host and cross-host copies, checked through the BARs",
+            300,
+            crate::p2p::p2p_copies,
+        ),
+        s(
+            "p2p: user buffers 1 byte to 64 MiB, IOMMU on (h0) and off (h1)",
+            420,
+            crate::p2p::p2p_user_buffers,
+        ),
+        s(
+            "p2p: unmapped IOVA, address beyond RAM, no route: refused, nothing written",
+            300,
+            crate::p2p::p2p_isolation,
+        ),
+        s(
+            "p2p: route removed and target unbound during a copy",
+            300,
+            crate::p2p::p2p_races,
+        ),
         s("rmmod pcifab in every host", 120, rmmod_pcifab),
         s(
             "MEP hot removal with a command in flight: ENODEV",
@@ -650,7 +670,7 @@ fn begin(h: &mut Host) -> Result<(), String> {
 /// Runs a `pcifab-selftest` command line and returns its JSON result line.
 ///
 /// Stdout and stderr arrive merged; the result is the line starting with `{"test":`.
-fn selftest_json(h: &mut Host, args: &str, timeout: Duration) -> Result<Value, String> {
+pub(crate) fn selftest_json(h: &mut Host, args: &str, timeout: Duration) -> Result<Value, String> {
     let o = h.run_timeout(&format!("pcifab-selftest {args}"), timeout)?;
     let line = o
         .out
@@ -1197,7 +1217,7 @@ fn owners_text(e: &Expected, o: &Owners) -> String {
 }
 
 /// The emulator's `invariants` must list no violation.
-fn check_invariants(emu: &EmuControl, step: &str) -> Result<(), String> {
+pub(crate) fn check_invariants(emu: &EmuControl, step: &str) -> Result<(), String> {
     let v = emu.request("invariants")?;
     let viol = v.get("violations").cloned().unwrap_or(Value::Null);
     if viol.as_array().is_some_and(Vec::is_empty) {
@@ -1432,7 +1452,7 @@ fn check_world_except(
 }
 
 /// One CLI call; returns (exit code, the JSON line if any, the whole output).
-fn pcifab_cmd(h: &mut Host, args: &str) -> Result<(i64, Value, String), String> {
+pub(crate) fn pcifab_cmd(h: &mut Host, args: &str) -> Result<(i64, Value, String), String> {
     let o = h.run(&format!("pcifab {args} --json"))?;
     let v = o
         .out
@@ -1445,7 +1465,7 @@ fn pcifab_cmd(h: &mut Host, args: &str) -> Result<(i64, Value, String), String> 
 }
 
 /// Like [`pcifab_cmd`] but requires success; returns the JSON result.
-fn pcifab_ok(h: &mut Host, args: &str) -> Result<Value, String> {
+pub(crate) fn pcifab_ok(h: &mut Host, args: &str) -> Result<Value, String> {
     let (code, v, out) = pcifab_cmd(h, args)?;
     if code != 0 || v.get("ok") != Some(&Value::Bool(true)) {
         return Err(format!(
@@ -1459,7 +1479,7 @@ fn pcifab_ok(h: &mut Host, args: &str) -> Result<Value, String> {
 
 /// Every scenario of this group starts from here: pcifab loaded, dmesg empty, every
 /// function free (unbound through the emulator's control socket, as the manager).
-fn compose_begin(f: &mut Fabric) -> Result<(), String> {
+pub(crate) fn compose_begin(f: &mut Fabric) -> Result<(), String> {
     f.each_host(|h, _| begin(h))?;
     let emu = f.emu();
     let e = f.expected.clone();
@@ -1472,7 +1492,7 @@ fn compose_begin(f: &mut Fabric) -> Result<(), String> {
 }
 
 /// Binds `pdfid` to the host it runs in; returns its BDF after checking the CLI's report.
-fn bind_here(h: &mut Host, e: &Expected, pdfid: u16) -> Result<String, String> {
+pub(crate) fn bind_here(h: &mut Host, e: &Expected, pdfid: u16) -> Result<String, String> {
     let v = pcifab_ok(h, &format!("bind {pdfid:#06x} --host {}", h.index))?;
     let fi = e
         .function(pdfid)

@@ -4,7 +4,9 @@
 
 use std::{fs::File, io, os::fd::AsRawFd};
 
-use crate::{Arg, Function, Inventory, Mrpc, Port};
+use crate::{
+    Arg, Function, Inventory, Mrpc, P2pCopy, P2pDistance, P2pEnd, P2pRoute, P2pRoutes, Port, Route,
+};
 
 /// Issues `cmd` with `arg`.
 ///
@@ -70,4 +72,338 @@ pub fn inventory(dev: &File) -> io::Result<(Inventory, Vec<Port>, Vec<Function>)
         nfns = inv.nr_functions as usize;
     }
     Err(io::Error::from_raw_os_error(libc::EAGAIN))
+}
+
+/// Which P2P ioctl a [`P2pError`] comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum P2pOp {
+    RouteAdd,
+    RouteDel,
+    Routes,
+    Copy,
+    Distance,
+}
+
+impl P2pOp {
+    /// The ioctl's name in the header.
+    pub fn ioctl_name(self) -> &'static str {
+        match self {
+            P2pOp::RouteAdd => "PCIFAB_IOCTL_P2P_ROUTE_ADD",
+            P2pOp::RouteDel => "PCIFAB_IOCTL_P2P_ROUTE_DEL",
+            P2pOp::Routes => "PCIFAB_IOCTL_P2P_ROUTES",
+            P2pOp::Copy => "PCIFAB_IOCTL_P2P_COPY",
+            P2pOp::Distance => "PCIFAB_IOCTL_P2P_DISTANCE",
+        }
+    }
+}
+
+/// A failed P2P ioctl: the errno and what the argument struct reported with it.
+#[derive(Debug)]
+pub struct P2pError {
+    pub op: P2pOp,
+    pub err: io::Error,
+    /// ROUTE_ADD, ROUTE_DEL: the firmware's return code when it refused, else 0.
+    pub fw_ret: u32,
+    /// COPY: bytes copied before the error.
+    pub done: u64,
+    /// COPY: the engine's status of the last descriptor ([`crate::DMA_STATUS_OK`], ...), 0 if
+    /// none ran.
+    pub dma_status: u32,
+}
+
+impl P2pError {
+    fn new(op: P2pOp, err: io::Error) -> Self {
+        Self {
+            op,
+            err,
+            fw_ret: 0,
+            done: 0,
+            dma_status: 0,
+        }
+    }
+
+    /// What the header says this errno means for this ioctl.
+    pub fn meaning(&self) -> Option<&'static str> {
+        use P2pOp::*;
+        let errno = self.err.raw_os_error()?;
+        Some(match (self.op, errno) {
+            (_, libc::ENOTTY) => {
+                "not a pcifab device, or its module predates uAPI 1.4 (no P2P ioctls)"
+            }
+            (_, libc::ENODEV) => "the management endpoint was removed",
+            (Copy, libc::EPERM) => "copies need CAP_SYS_ADMIN, an iova end also CAP_SYS_RAWIO",
+            (RouteAdd | RouteDel, libc::EPERM) => "routes are changed with CAP_SYS_ADMIN",
+            (RouteAdd, libc::EINVAL) => {
+                "offsets and size must be multiples of 4096, the size non-zero and the range \
+                 inside the P2P window"
+            }
+            (RouteAdd, libc::ENOENT) => "no function has this PDFID",
+            (RouteAdd, libc::ENOLINK) => "the target function is not bound to any host",
+            (RouteAdd, libc::ERANGE) => "the range goes beyond the target's device memory",
+            (RouteAdd, libc::EEXIST) => "the window range overlaps a route",
+            (RouteAdd, libc::ENOSPC) => "the window holds 16 routes or has no free space left",
+            (RouteDel, libc::ENOENT) => "no route starts at this window offset",
+            (RouteDel, libc::EINVAL) => "the window offset is not a multiple of 4096",
+            (Copy, libc::EINVAL) => {
+                "the length is 0 or above 1 GiB, or the ends are not a valid pair (both in \
+                 host memory)"
+            }
+            (Copy, libc::ENOENT) => "no route of this host covers the function range",
+            (Copy, libc::EFAULT) if self.dma_status == crate::DMA_STATUS_HOST_FAULT => {
+                "the engine was refused host memory the IOMMU did not map"
+            }
+            (Copy, libc::EFAULT) => "a user buffer is not accessible",
+            (Copy, libc::EREMOTEIO) => "a route went away during the copy",
+            (Copy, libc::ETIMEDOUT) => "the copy did not finish in time",
+            (Copy, libc::EINTR) => "a signal interrupted the copy",
+            (Distance, libc::ENOENT) => "no function has this PDFID",
+            _ => return None,
+        })
+    }
+
+    /// Whether the fabric refused the request as it stands (unknown function, no route,
+    /// conflict, no space) rather than failing to carry it out.
+    pub fn refused(&self) -> bool {
+        matches!(
+            self.err.raw_os_error(),
+            Some(libc::ENOENT | libc::ENOLINK | libc::ERANGE | libc::EEXIST | libc::ENOSPC)
+        )
+    }
+}
+
+impl std::fmt::Display for P2pError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.op.ioctl_name(), self.err)?;
+        if let Some(m) = self.meaning() {
+            write!(f, " ({m})")?;
+        }
+        if self.fw_ret != 0 {
+            write!(f, " (firmware code {:#x})", self.fw_ret)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for P2pError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.err)
+    }
+}
+
+impl From<P2pError> for io::Error {
+    fn from(e: P2pError) -> Self {
+        e.err
+    }
+}
+
+/// Adds a route (`PCIFAB_IOCTL_P2P_ROUTE_ADD`); `route.window_off` may be
+/// [`crate::ROUTE_ANY_WINDOW`]. Returns the struct as the kernel filled it: the route as added
+/// and the number of routes now.
+pub fn route_add(dev: &File, route: &Route) -> Result<P2pRoute, P2pError> {
+    let mut r = P2pRoute::new();
+    r.route = *route;
+    // SAFETY: `pcifab_p2p_route` holds no user pointers.
+    unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_ROUTE_ADD, &mut r) }.map_err(|err| P2pError {
+        fw_ret: r.fw_ret,
+        ..P2pError::new(P2pOp::RouteAdd, err)
+    })?;
+    Ok(r)
+}
+
+/// Deletes the route that starts at `window_off` (`PCIFAB_IOCTL_P2P_ROUTE_DEL`). Returns the
+/// struct as the kernel filled it (`nr_routes`: routes left).
+pub fn route_del(dev: &File, window_off: u64) -> Result<P2pRoute, P2pError> {
+    let mut r = P2pRoute::new();
+    r.route.window_off = window_off;
+    // SAFETY: `pcifab_p2p_route` holds no user pointers.
+    unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_ROUTE_DEL, &mut r) }.map_err(|err| P2pError {
+        fw_ret: r.fw_ret,
+        ..P2pError::new(P2pOp::RouteDel, err)
+    })?;
+    Ok(r)
+}
+
+/// This host's routes and its P2P window.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouteTable {
+    /// Size of the P2P window in bytes.
+    pub window_size: u64,
+    /// The routes, as the kernel listed them.
+    pub routes: Vec<Route>,
+}
+
+/// Lists the routes (`PCIFAB_IOCTL_P2P_ROUTES`), growing the array until it holds them.
+///
+/// Fails with `EAGAIN` if the routes keep growing between calls.
+pub fn routes(dev: &File) -> Result<RouteTable, P2pError> {
+    let mut n = crate::MAX_ROUTES;
+    for _ in 0..4 {
+        let mut routes = vec![Route::default(); n];
+        let mut r = P2pRoutes::new();
+        r.nr_routes = n as u32;
+        r.route_size = std::mem::size_of::<Route>() as u32;
+        r.routes_ptr = routes.as_mut_ptr() as u64;
+        // SAFETY: `r` points at `routes`, which holds `nr_routes` entries of `route_size`
+        // bytes and outlives the call.
+        unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_ROUTES, &mut r) }
+            .map_err(|err| P2pError::new(P2pOp::Routes, err))?;
+        if r.nr_routes as usize <= n {
+            routes.truncate(r.nr_routes as usize);
+            return Ok(RouteTable {
+                window_size: r.window_size,
+                routes,
+            });
+        }
+        n = r.nr_routes as usize;
+    }
+    Err(P2pError::new(
+        P2pOp::Routes,
+        io::Error::from_raw_os_error(libc::EAGAIN),
+    ))
+}
+
+/// Where a [`p2p_copy`] reads from.
+#[derive(Debug)]
+pub enum CopySrc<'a> {
+    /// A function's device memory at `off`, through a route of this host.
+    Function { pdfid: u16, off: u64 },
+    /// Host memory: the first `len` bytes of this buffer.
+    User(&'a [u8]),
+    /// A raw bus address (needs CAP_SYS_RAWIO; for tests and diagnostics).
+    Iova(u64),
+}
+
+/// Where a [`p2p_copy`] writes to.
+#[derive(Debug)]
+pub enum CopyDst<'a> {
+    /// A function's device memory at `off`, through a route of this host.
+    Function { pdfid: u16, off: u64 },
+    /// Host memory: the first `len` bytes of this buffer.
+    User(&'a mut [u8]),
+    /// A raw bus address (needs CAP_SYS_RAWIO; for tests and diagnostics).
+    Iova(u64),
+}
+
+fn end(kind: u32, pdfid: u16, addr: u64) -> P2pEnd {
+    P2pEnd {
+        kind,
+        pdfid,
+        addr,
+        ..P2pEnd::default()
+    }
+}
+
+/// Copies `len` bytes with the MEP's DMA engine (`PCIFAB_IOCTL_P2P_COPY`); `timeout_ms` 0
+/// means the kernel's default (60 s). Returns the struct as the kernel filled it. On an error
+/// the [`P2pError`] carries `done` and `dma_status`. A user buffer shorter than `len` is
+/// `EINVAL` without a call.
+pub fn p2p_copy(
+    dev: &File,
+    src: CopySrc<'_>,
+    dst: CopyDst<'_>,
+    len: u64,
+    timeout_ms: u32,
+) -> Result<P2pCopy, P2pError> {
+    let short = |n: usize| (n as u64) < len;
+    let mut c = P2pCopy::new();
+    c.src = match src {
+        CopySrc::Function { pdfid, off } => end(crate::P2P_FUNCTION, pdfid, off),
+        CopySrc::User(b) if short(b.len()) => return Err(einval()),
+        CopySrc::User(b) => end(crate::P2P_USER, 0, b.as_ptr() as u64),
+        CopySrc::Iova(a) => end(crate::P2P_IOVA, 0, a),
+    };
+    c.dst = match dst {
+        CopyDst::Function { pdfid, off } => end(crate::P2P_FUNCTION, pdfid, off),
+        CopyDst::User(b) if short(b.len()) => return Err(einval()),
+        CopyDst::User(b) => end(crate::P2P_USER, 0, b.as_mut_ptr() as u64),
+        CopyDst::Iova(a) => end(crate::P2P_IOVA, 0, a),
+    };
+    c.len = len;
+    c.timeout_ms = timeout_ms;
+    // SAFETY: a user end points at a slice of at least `len` bytes (checked above), borrowed
+    // (mutably for the destination) for the whole call; the kernel unmaps it before returning.
+    unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_COPY, &mut c) }.map_err(|err| P2pError {
+        done: c.done,
+        dma_status: c.dma_status,
+        ..P2pError::new(P2pOp::Copy, err)
+    })?;
+    Ok(c)
+}
+
+fn einval() -> P2pError {
+    P2pError::new(P2pOp::Copy, io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// How data would travel between functions `a` and `b` (`PCIFAB_IOCTL_P2P_DISTANCE`).
+pub fn p2p_distance(dev: &File, a: u16, b: u16) -> Result<P2pDistance, P2pError> {
+    let mut d = P2pDistance::new();
+    (d.a, d.b) = (a, b);
+    // SAFETY: `pcifab_p2p_distance` holds no user pointers.
+    unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_DISTANCE, &mut d) }
+        .map_err(|err| P2pError::new(P2pOp::Distance, err))?;
+    Ok(d)
+}
+
+/// The name of a [`P2pCopy::dma_status`] value.
+pub fn dma_status_name(status: u32) -> &'static str {
+    match status {
+        crate::DMA_STATUS_NONE => "NONE",
+        crate::DMA_STATUS_OK => "OK",
+        crate::DMA_STATUS_HOST_FAULT => "HOST_FAULT",
+        crate::DMA_STATUS_ROUTE_FAULT => "ROUTE_FAULT",
+        crate::DMA_STATUS_BAD => "BAD",
+        _ => "UNKNOWN",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_rejects_short_buffers_before_the_call() {
+        // /dev/null takes no ioctls; a short buffer must fail before one is tried.
+        let dev = File::open("/dev/null").expect("open /dev/null");
+        let buf = [0u8; 8];
+        let e = p2p_copy(
+            &dev,
+            CopySrc::User(&buf),
+            CopyDst::Function { pdfid: 1, off: 0 },
+            9,
+            0,
+        )
+        .expect_err("short buffer");
+        assert_eq!(e.err.raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(e.op, P2pOp::Copy);
+        let e = p2p_copy(
+            &dev,
+            CopySrc::User(&buf),
+            CopyDst::Function { pdfid: 1, off: 0 },
+            8,
+            0,
+        )
+        .expect_err("/dev/null is not pcifab");
+        assert_eq!(e.err.raw_os_error(), Some(libc::ENOTTY));
+        assert!(e.to_string().contains("predates uAPI 1.4"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_the_firmware_code_and_meaning() {
+        let e = P2pError {
+            fw_ret: 0xf0_000c,
+            ..P2pError::new(P2pOp::RouteAdd, io::Error::from_raw_os_error(libc::EEXIST))
+        };
+        let s = e.to_string();
+        assert!(s.starts_with("PCIFAB_IOCTL_P2P_ROUTE_ADD: "), "{s}");
+        assert!(s.contains("overlaps a route"), "{s}");
+        assert!(s.contains("firmware code 0xf0000c"), "{s}");
+        assert!(e.refused());
+        let e = P2pError {
+            dma_status: crate::DMA_STATUS_HOST_FAULT,
+            ..P2pError::new(P2pOp::Copy, io::Error::from_raw_os_error(libc::EFAULT))
+        };
+        assert!(e.meaning().unwrap_or_default().contains("IOMMU"));
+        assert!(!e.refused());
+        assert_eq!(dma_status_name(3), "ROUTE_FAULT");
+    }
 }

@@ -10,7 +10,7 @@ pub mod dev;
 /// Major version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MAJOR`).
 pub const VERSION_MAJOR: u32 = 1;
 /// Minor version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MINOR`).
-pub const VERSION_MINOR: u32 = 3;
+pub const VERSION_MINOR: u32 = 4;
 
 /// ioctl type byte of pcifab (`PCIFAB_IOCTL_TYPE`).
 pub const IOCTL_TYPE: u32 = 0xFA;
@@ -40,6 +40,16 @@ pub const PCIFAB_IOCTL_BIND: u32 = io(IOCTL_TYPE, 0x06);
 pub const PCIFAB_IOCTL_UNBIND: u32 = io(IOCTL_TYPE, 0x07);
 /// `PCIFAB_IOCTL_MOVE`: argument [`Move`].
 pub const PCIFAB_IOCTL_MOVE: u32 = io(IOCTL_TYPE, 0x08);
+/// `PCIFAB_IOCTL_P2P_ROUTE_ADD`: argument [`P2pRoute`].
+pub const PCIFAB_IOCTL_P2P_ROUTE_ADD: u32 = io(IOCTL_TYPE, 0x09);
+/// `PCIFAB_IOCTL_P2P_ROUTE_DEL`: argument [`P2pRoute`].
+pub const PCIFAB_IOCTL_P2P_ROUTE_DEL: u32 = io(IOCTL_TYPE, 0x0a);
+/// `PCIFAB_IOCTL_P2P_ROUTES`: argument [`P2pRoutes`].
+pub const PCIFAB_IOCTL_P2P_ROUTES: u32 = io(IOCTL_TYPE, 0x0b);
+/// `PCIFAB_IOCTL_P2P_COPY`: argument [`P2pCopy`].
+pub const PCIFAB_IOCTL_P2P_COPY: u32 = io(IOCTL_TYPE, 0x0c);
+/// `PCIFAB_IOCTL_P2P_DISTANCE`: argument [`P2pDistance`].
+pub const PCIFAB_IOCTL_P2P_DISTANCE: u32 = io(IOCTL_TYPE, 0x0d);
 /// `PCIFAB_ANY_PORT`.
 pub const ANY_PORT: u8 = 0xff;
 /// `PCIFAB_BIND_NO_WAIT`.
@@ -60,6 +70,35 @@ pub const FN_BOUND: u8 = 1 << 1;
 pub const FN_LINK_UP: u8 = 1 << 2;
 /// `PCIFAB_UNBOUND`.
 pub const UNBOUND: u8 = 0xff;
+
+/// `PCIFAB_ROUTE_ANY_WINDOW`: [`Route::window_off`] for ROUTE_ADD: the lowest free offset.
+pub const ROUTE_ANY_WINDOW: u64 = !0;
+/// Granule of route offsets and sizes (the header's "a multiple of 4096").
+pub const ROUTE_ALIGN: u64 = 4096;
+/// Most routes a host's MEP holds (the header's "16 routes").
+pub const MAX_ROUTES: usize = 16;
+/// `PCIFAB_P2P_*`: [`P2pEnd::kind`].
+pub const P2P_FUNCTION: u32 = 0;
+pub const P2P_USER: u32 = 1;
+pub const P2P_IOVA: u32 = 2;
+/// `PCIFAB_P2P_MAX_LEN`: largest copy.
+pub const P2P_MAX_LEN: u64 = 1 << 30;
+/// [`P2pCopy::dma_status`] values (the header's comment; 0: no descriptor ran).
+pub const DMA_STATUS_NONE: u32 = 0;
+pub const DMA_STATUS_OK: u32 = 1;
+pub const DMA_STATUS_HOST_FAULT: u32 = 2;
+pub const DMA_STATUS_ROUTE_FAULT: u32 = 3;
+pub const DMA_STATUS_BAD: u32 = 4;
+/// `PCIFAB_P2P_PATH_*`: [`P2pDistance::path`].
+pub const P2P_PATH_SAME: u32 = 0;
+pub const P2P_PATH_SWITCH: u32 = 1;
+pub const P2P_PATH_FABRIC: u32 = 2;
+/// `PCIFAB_P2P_*` bits of [`P2pDistance::info`].
+pub const P2P_A_LOCAL: u32 = 1 << 0;
+pub const P2P_B_LOCAL: u32 = 1 << 1;
+pub const P2P_A_ROUTED: u32 = 1 << 2;
+pub const P2P_B_ROUTED: u32 = 1 << 3;
+pub const P2P_ACS_REDIRECT: u32 = 1 << 4;
 
 /// `PCIFAB_MRPC_MAX_DATA`: largest MRPC input or output.
 pub const MRPC_MAX_DATA: usize = 1024;
@@ -251,10 +290,85 @@ pub struct Move {
     pub reserved0: u16,
 }
 
+/// `struct pcifab_route`: one P2P route of this host's window.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Route {
+    pub window_off: u64,
+    pub size: u64,
+    pub target_off: u64,
+    pub pdfid: u16,
+    pub target_host: u8,
+    pub reserved0: u8,
+    pub reserved1: u32,
+}
+
+/// `struct pcifab_p2p_route`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pRoute {
+    pub size: u32,
+    pub flags: u32,
+    pub route: Route,
+    pub fw_ret: u32,
+    pub nr_routes: u32,
+}
+
+/// `struct pcifab_p2p_routes`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pRoutes {
+    pub size: u32,
+    pub flags: u32,
+    pub nr_routes: u32,
+    pub route_size: u32,
+    pub routes_ptr: u64,
+    pub window_size: u64,
+}
+
+/// `struct pcifab_p2p_end`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pEnd {
+    pub kind: u32,
+    pub pdfid: u16,
+    pub reserved0: u16,
+    pub addr: u64,
+}
+
+/// `struct pcifab_p2p_copy`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pCopy {
+    pub size: u32,
+    pub flags: u32,
+    pub src: P2pEnd,
+    pub dst: P2pEnd,
+    pub len: u64,
+    pub done: u64,
+    pub dma_status: u32,
+    pub timeout_ms: u32,
+}
+
+/// `struct pcifab_p2p_distance`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pDistance {
+    pub size: u32,
+    pub flags: u32,
+    pub a: u16,
+    pub b: u16,
+    pub path: u32,
+    pub hops: u32,
+    pub pci_distance: i32,
+    pub info: u32,
+    pub reserved0: u32,
+}
+
 macro_rules! impl_arg {
     ($($t:ty),*) => {$(
-        // SAFETY: `repr(C)`, integers and byte arrays only, no padding (sizes checked against
-        // the C header in tests/layout.rs), `size` first.
+        // SAFETY: `repr(C)`, integers, byte arrays and structs of those only, no padding
+        // (sizes checked against the C header in tests/layout.rs), `size` first.
         unsafe impl Arg for $t {
             fn new() -> Self {
                 Self { size: core::mem::size_of::<Self>() as u32, ..Self::default() }
@@ -262,7 +376,21 @@ macro_rules! impl_arg {
         }
     )*};
 }
-impl_arg!(Version, Identity, Mrpc, Stats, Events, Inventory, Bind, Unbind, Move);
+impl_arg!(
+    Version,
+    Identity,
+    Mrpc,
+    Stats,
+    Events,
+    Inventory,
+    Bind,
+    Unbind,
+    Move,
+    P2pRoute,
+    P2pRoutes,
+    P2pCopy,
+    P2pDistance
+);
 
 /// A fixed-size register string as text: up to the first NUL, trailing spaces removed.
 pub fn fixed_str(raw: &[u8]) -> String {

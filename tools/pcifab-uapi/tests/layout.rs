@@ -36,6 +36,12 @@ fn c_layout() -> Vec<(String, u64)> {
         "pcifab_bind",
         "pcifab_unbind",
         "pcifab_move",
+        "pcifab_route",
+        "pcifab_p2p_route",
+        "pcifab_p2p_routes",
+        "pcifab_p2p_end",
+        "pcifab_p2p_copy",
+        "pcifab_p2p_distance",
     ] {
         p(&format!("sizeof(struct {s})"));
     }
@@ -90,6 +96,24 @@ fn c_layout() -> Vec<(String, u64)> {
         }
     }
     for n in [
+        "PCIFAB_IOCTL_P2P_ROUTE_ADD",
+        "PCIFAB_IOCTL_P2P_ROUTE_DEL",
+        "PCIFAB_IOCTL_P2P_ROUTES",
+        "PCIFAB_IOCTL_P2P_COPY",
+        "PCIFAB_IOCTL_P2P_DISTANCE",
+        "PCIFAB_ROUTE_ANY_WINDOW",
+        "PCIFAB_P2P_FUNCTION",
+        "PCIFAB_P2P_USER",
+        "PCIFAB_P2P_IOVA",
+        "PCIFAB_P2P_MAX_LEN",
+        "PCIFAB_P2P_PATH_SAME",
+        "PCIFAB_P2P_PATH_SWITCH",
+        "PCIFAB_P2P_PATH_FABRIC",
+        "PCIFAB_P2P_A_LOCAL",
+        "PCIFAB_P2P_B_LOCAL",
+        "PCIFAB_P2P_A_ROUTED",
+        "PCIFAB_P2P_B_ROUTED",
+        "PCIFAB_P2P_ACS_REDIRECT",
         "PCIFAB_IOCTL_BIND",
         "PCIFAB_IOCTL_UNBIND",
         "PCIFAB_IOCTL_MOVE",
@@ -247,6 +271,78 @@ const EXTRA_FIELDS: &[(&str, &[&str])] = &[
             "functions_ptr",
         ],
     ),
+    (
+        "pcifab_route",
+        &[
+            "window_off",
+            "size",
+            "target_off",
+            "pdfid",
+            "target_host",
+            "__reserved0",
+            "__reserved1",
+        ],
+    ),
+    (
+        "pcifab_p2p_route",
+        &[
+            "size",
+            "flags",
+            "route",
+            "route.window_off",
+            "route.size",
+            "route.target_off",
+            "route.pdfid",
+            "route.target_host",
+            "fw_ret",
+            "nr_routes",
+        ],
+    ),
+    (
+        "pcifab_p2p_routes",
+        &[
+            "size",
+            "flags",
+            "nr_routes",
+            "route_size",
+            "routes_ptr",
+            "window_size",
+        ],
+    ),
+    ("pcifab_p2p_end", &["kind", "pdfid", "__reserved0", "addr"]),
+    (
+        "pcifab_p2p_copy",
+        &[
+            "size",
+            "flags",
+            "src",
+            "src.kind",
+            "src.pdfid",
+            "src.addr",
+            "dst",
+            "dst.kind",
+            "dst.pdfid",
+            "dst.addr",
+            "len",
+            "done",
+            "dma_status",
+            "timeout_ms",
+        ],
+    ),
+    (
+        "pcifab_p2p_distance",
+        &[
+            "size",
+            "flags",
+            "a",
+            "b",
+            "path",
+            "hops",
+            "pci_distance",
+            "info",
+            "__reserved0",
+        ],
+    ),
 ];
 
 /// The same fields' offsets in Rust, in the same order.
@@ -335,7 +431,74 @@ fn extra_rust() -> Vec<(String, u64)> {
         offset_of!(Move, from_port),
         offset_of!(Move, reserved0),
     ];
-    let offsets: [&[usize]; 7] = [&e, &p, &f, &b, &u, &m, &i];
+    let r = [
+        offset_of!(Route, window_off),
+        offset_of!(Route, size),
+        offset_of!(Route, target_off),
+        offset_of!(Route, pdfid),
+        offset_of!(Route, target_host),
+        offset_of!(Route, reserved0),
+        offset_of!(Route, reserved1),
+    ];
+    let pr = [
+        offset_of!(P2pRoute, size),
+        offset_of!(P2pRoute, flags),
+        offset_of!(P2pRoute, route),
+        offset_of!(P2pRoute, route.window_off),
+        offset_of!(P2pRoute, route.size),
+        offset_of!(P2pRoute, route.target_off),
+        offset_of!(P2pRoute, route.pdfid),
+        offset_of!(P2pRoute, route.target_host),
+        offset_of!(P2pRoute, fw_ret),
+        offset_of!(P2pRoute, nr_routes),
+    ];
+    let prs = [
+        offset_of!(P2pRoutes, size),
+        offset_of!(P2pRoutes, flags),
+        offset_of!(P2pRoutes, nr_routes),
+        offset_of!(P2pRoutes, route_size),
+        offset_of!(P2pRoutes, routes_ptr),
+        offset_of!(P2pRoutes, window_size),
+    ];
+    let pe = [
+        offset_of!(P2pEnd, kind),
+        offset_of!(P2pEnd, pdfid),
+        offset_of!(P2pEnd, reserved0),
+        offset_of!(P2pEnd, addr),
+    ];
+    let pc = [
+        offset_of!(P2pCopy, size),
+        offset_of!(P2pCopy, flags),
+        offset_of!(P2pCopy, src),
+        offset_of!(P2pCopy, src.kind),
+        offset_of!(P2pCopy, src.pdfid),
+        offset_of!(P2pCopy, src.addr),
+        offset_of!(P2pCopy, dst),
+        offset_of!(P2pCopy, dst.kind),
+        offset_of!(P2pCopy, dst.pdfid),
+        offset_of!(P2pCopy, dst.addr),
+        offset_of!(P2pCopy, len),
+        offset_of!(P2pCopy, done),
+        offset_of!(P2pCopy, dma_status),
+        offset_of!(P2pCopy, timeout_ms),
+    ];
+    let pd = [
+        offset_of!(P2pDistance, size),
+        offset_of!(P2pDistance, flags),
+        offset_of!(P2pDistance, a),
+        offset_of!(P2pDistance, b),
+        offset_of!(P2pDistance, path),
+        offset_of!(P2pDistance, hops),
+        offset_of!(P2pDistance, pci_distance),
+        offset_of!(P2pDistance, info),
+        offset_of!(P2pDistance, reserved0),
+    ];
+    let offsets: [&[usize]; 13] = [&e, &p, &f, &b, &u, &m, &i, &r, &pr, &prs, &pe, &pc, &pd];
+    assert_eq!(
+        offsets.len(),
+        EXTRA_FIELDS.len(),
+        "one offset list per struct"
+    );
     let mut out = Vec::new();
     for ((s, fields), offs) in EXTRA_FIELDS.iter().zip(offsets) {
         assert_eq!(fields.len(), offs.len(), "{s}: field lists differ");
@@ -386,6 +549,60 @@ fn extra_rust() -> Vec<(String, u64)> {
             "sizeof(struct pcifab_move)".into(),
             size_of::<Move>() as u64,
         ),
+        (
+            "sizeof(struct pcifab_route)".into(),
+            size_of::<Route>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_p2p_route)".into(),
+            size_of::<P2pRoute>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_p2p_routes)".into(),
+            size_of::<P2pRoutes>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_p2p_end)".into(),
+            size_of::<P2pEnd>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_p2p_copy)".into(),
+            size_of::<P2pCopy>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_p2p_distance)".into(),
+            size_of::<P2pDistance>() as u64,
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_ROUTE_ADD".into(),
+            PCIFAB_IOCTL_P2P_ROUTE_ADD as u64,
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_ROUTE_DEL".into(),
+            PCIFAB_IOCTL_P2P_ROUTE_DEL as u64,
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_ROUTES".into(),
+            PCIFAB_IOCTL_P2P_ROUTES as u64,
+        ),
+        ("PCIFAB_IOCTL_P2P_COPY".into(), PCIFAB_IOCTL_P2P_COPY as u64),
+        (
+            "PCIFAB_IOCTL_P2P_DISTANCE".into(),
+            PCIFAB_IOCTL_P2P_DISTANCE as u64,
+        ),
+        ("PCIFAB_ROUTE_ANY_WINDOW".into(), ROUTE_ANY_WINDOW),
+        ("PCIFAB_P2P_FUNCTION".into(), P2P_FUNCTION as u64),
+        ("PCIFAB_P2P_USER".into(), P2P_USER as u64),
+        ("PCIFAB_P2P_IOVA".into(), P2P_IOVA as u64),
+        ("PCIFAB_P2P_MAX_LEN".into(), P2P_MAX_LEN),
+        ("PCIFAB_P2P_PATH_SAME".into(), P2P_PATH_SAME as u64),
+        ("PCIFAB_P2P_PATH_SWITCH".into(), P2P_PATH_SWITCH as u64),
+        ("PCIFAB_P2P_PATH_FABRIC".into(), P2P_PATH_FABRIC as u64),
+        ("PCIFAB_P2P_A_LOCAL".into(), P2P_A_LOCAL as u64),
+        ("PCIFAB_P2P_B_LOCAL".into(), P2P_B_LOCAL as u64),
+        ("PCIFAB_P2P_A_ROUTED".into(), P2P_A_ROUTED as u64),
+        ("PCIFAB_P2P_B_ROUTED".into(), P2P_B_ROUTED as u64),
+        ("PCIFAB_P2P_ACS_REDIRECT".into(), P2P_ACS_REDIRECT as u64),
         ("PCIFAB_IOCTL_BIND".into(), PCIFAB_IOCTL_BIND as u64),
         ("PCIFAB_IOCTL_UNBIND".into(), PCIFAB_IOCTL_UNBIND as u64),
         ("PCIFAB_IOCTL_MOVE".into(), PCIFAB_IOCTL_MOVE as u64),

@@ -8,6 +8,7 @@
 use std::{fmt, fs::File, process::ExitCode};
 
 mod manager;
+mod p2p;
 
 use pcifab_uapi::{
     dev, fixed_str, Arg, Bind, Events, Function, Identity, Inventory, Move, Port, Stats, Unbind,
@@ -34,6 +35,22 @@ commands:
                         input bytes; prints status, return value and output
       --out-len N       bytes of output to read (default 0, at most 1024)
       --timeout MS      how long to wait for the firmware (default 5000)
+
+  p2p route add PDFID --size N
+                        route N bytes of this host's P2P window to the function's
+                        device memory
+      --target-off N    from offset N of the device memory (default 0)
+      --window-off N    at window offset N (default: the lowest free one; also 'any')
+  p2p route del OFF     delete the route that starts at window offset OFF
+  p2p route list        the routes of this host's P2P window
+  p2p copy --from END --to END --len N
+                        copy N bytes with the DMA engine; an END is PDFID:OFF (device
+                        memory, through a route), file:PATH (host memory read from or
+                        written to PATH) or iova:ADDR (a bus address; CAP_SYS_RAWIO)
+      --timeout MS      bound on the whole copy (default 60000)
+  p2p distance PDFID PDFID
+                        how data would travel between two functions
+                        (sizes and offsets: decimal, 0x hex, K/M/G suffixes: 16M, 0x1000, 4k)
 
   request, release, queue, leases, top, stats --telemetry
                         the fabric manager and telemetry (`pcifab request --help`)
@@ -86,6 +103,8 @@ struct Cli {
     host: Option<u8>,
     port: Option<u8>,
     no_wait: bool,
+    /// `p2p` options, each with the option's name for the messages.
+    p2p: p2p::Opts,
 }
 
 /// Parses a number written in decimal or as 0x-prefixed hexadecimal.
@@ -109,6 +128,7 @@ fn parse(args: &[String]) -> Result<Option<Cli>, Error> {
         host: None,
         port: None,
         no_wait: false,
+        p2p: p2p::Opts::default(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -147,6 +167,12 @@ fn parse(args: &[String]) -> Result<Option<Cli>, Error> {
                     _ => cli.count = n,
                 }
             }
+            s if p2p::OPTIONS.contains(&s) => {
+                let v = it
+                    .next()
+                    .ok_or_else(|| usage_error(format!("{a} needs a value")))?;
+                cli.p2p.set(s, v)?;
+            }
             s if s.starts_with('-') => return Err(usage_error(format!("unknown option '{s}'"))),
             s if cli.command.is_empty() => cli.command = s.to_string(),
             s => cli.args.push(s.to_string()),
@@ -156,6 +182,7 @@ fn parse(args: &[String]) -> Result<Option<Cli>, Error> {
         return Err(usage_error("no command given"));
     }
     let max_args = match cli.command.as_str() {
+        "p2p" => 3,
         "mrpc" => 2,
         "show" | "bind" | "unbind" | "move" => 1,
         _ => 0,
@@ -693,13 +720,18 @@ impl Drop for Progress {
     }
 }
 
+/// Parses a function id (PDFID): a number up to 0xffff, decimal or 0x hex.
+fn pdfid(arg: &str) -> Result<u16, Error> {
+    u16::try_from(number("PDFID", arg)?)
+        .map_err(|_| usage_error(format!("PDFID '{arg}' is larger than 0xffff")))
+}
+
 fn pdfid_arg(cli: &Cli) -> Result<u16, Error> {
     let arg = cli
         .args
         .first()
         .ok_or_else(|| usage_error(format!("{} needs a PDFID, e.g. 0x0300", cli.command)))?;
-    u16::try_from(number("PDFID", arg)?)
-        .map_err(|_| usage_error(format!("PDFID '{arg}' is larger than 0xffff")))
+    pdfid(arg)
 }
 
 /// The error of a failed bind, unbind or move, with the firmware's reason.
@@ -864,6 +896,7 @@ fn main() -> ExitCode {
             "bind" => bind(&cli),
             "unbind" => unbind(&cli),
             "move" => move_cmd(&cli),
+            "p2p" => p2p::run(&cli),
             other => Err(usage_error(format!("unknown command '{other}'"))),
         },
     });
@@ -921,6 +954,38 @@ mod tests {
         assert!(hex_bytes("zz").is_err());
         assert_eq!(number("n", "0x41").ok(), Some(0x41));
         assert_eq!(number("n", "65").ok(), Some(65));
+    }
+
+    #[test]
+    fn parses_p2p_command_lines() {
+        let cli = parse(&args(
+            "p2p route add 0x0300 --size 16M --target-off 4k --window-off 0x1000000",
+        ))
+        .ok()
+        .flatten()
+        .expect("parse");
+        assert_eq!(cli.command, "p2p");
+        assert_eq!(cli.args, ["route", "add", "0x0300"]);
+        let cli = parse(&args(
+            "--json p2p copy --from file:/tmp/in --to 0x0300:0 --len 1M --timeout 500",
+        ))
+        .ok()
+        .flatten()
+        .expect("parse");
+        assert!(cli.json);
+        assert_eq!(cli.timeout_ms, 500);
+        for bad in [
+            "p2p route add 0x300 --size",
+            "p2p route add 0x300 --size 16Q",
+            "p2p copy --from nowhere --to 0x300:0 --len 1",
+            "p2p copy --from 0x300:0 --to file: --len 1",
+            "p2p route add 0x300 extra",
+        ] {
+            let e = parse(&args(bad)).err().expect(bad);
+            assert!(e.usage, "{bad}: {e}");
+        }
+        assert_eq!(pdfid("0x0300").ok(), Some(0x300));
+        assert!(pdfid("0x10000").is_err());
     }
 
     #[test]

@@ -13,6 +13,12 @@ use std::time::Instant;
 
 use pcifab_uapi::{Arg, Identity, Mrpc, Stats, Version};
 
+#[path = "selftest/p2p.rs"]
+mod p2p;
+
+/// A command that parses its own arguments.
+type RawCmd = fn(&[String]) -> Res<()>;
+
 const USAGE: &str = "\
 usage: pcifab-selftest COMMAND [OPTIONS]
 
@@ -1737,34 +1743,44 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     if cmd == "-h" || cmd == "--help" {
-        print!("{USAGE}");
+        print!("{USAGE}{}", p2p::USAGE);
         return ExitCode::SUCCESS;
     }
-    let r = parse_opts(&args[1..]).and_then(|o| {
-        let only_pos = matches!(cmd.as_str(), "mrpc");
-        if !only_pos {
-            if let Some(x) = o.positional.first() {
-                return Err(usage(format!("unexpected argument '{x}'")));
+    let p2p_cmd: Option<RawCmd> = match cmd.as_str() {
+        "p2p-user" => Some(p2p::cmd_p2p_user),
+        "bar-range" => Some(p2p::cmd_bar_range),
+        "p2p-bench" => Some(p2p::cmd_p2p_bench),
+        _ => None,
+    };
+    let r = if let Some(run) = p2p_cmd {
+        run(&args[1..])
+    } else {
+        parse_opts(&args[1..]).and_then(|o| {
+            let only_pos = matches!(cmd.as_str(), "mrpc");
+            if !only_pos {
+                if let Some(x) = o.positional.first() {
+                    return Err(usage(format!("unexpected argument '{x}'")));
+                }
             }
-        }
-        match cmd.as_str() {
-            "echo" => cmd_echo(&o),
-            "switchtec-echo" => cmd_switchtec_echo(&o),
-            "concurrent" => cmd_concurrent(&o),
-            "abi" => cmd_abi(&o),
-            "unpriv" => cmd_unpriv(&o),
-            "hold" => cmd_hold(&o),
-            "mrpc" => cmd_mrpc(&o),
-            "bar" => cmd_bar(&o),
-            "bar-id" => cmd_bar_id(&o),
-            "hold-bar" => cmd_hold_bar(&o),
-            other => Err(usage(format!("unknown command '{other}'"))),
-        }
-    });
+            match cmd.as_str() {
+                "echo" => cmd_echo(&o),
+                "switchtec-echo" => cmd_switchtec_echo(&o),
+                "concurrent" => cmd_concurrent(&o),
+                "abi" => cmd_abi(&o),
+                "unpriv" => cmd_unpriv(&o),
+                "hold" => cmd_hold(&o),
+                "mrpc" => cmd_mrpc(&o),
+                "bar" => cmd_bar(&o),
+                "bar-id" => cmd_bar_id(&o),
+                "hold-bar" => cmd_hold_bar(&o),
+                other => Err(usage(format!("unknown command '{other}'"))),
+            }
+        })
+    };
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(Fail::Usage(m)) => {
-            eprintln!("pcifab-selftest: {m}\n\n{USAGE}");
+            eprintln!("pcifab-selftest: {m}\n\n{USAGE}{}", p2p::USAGE);
             ExitCode::from(2)
         }
         Err(Fail::Check(m)) => {

@@ -1,0 +1,766 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! Peer-to-peer through the fabric: routes, the MEP's DMA engine, distances.
+//!
+//! A **route** (MRPC `P2P_ROUTE`, 0xF004) maps part of the MEP's P2P window onto the device
+//! memory of one function anywhere in the fabric. Routes are this host's permission to reach
+//! a function: the DMA engine's function addresses are window offsets, so a copy reaches only
+//! what a route covers. The firmware removes every route to a function that is unbound.
+//!
+//! The **DMA engine** reads 64-byte descriptors from a ring in coherent DMA memory that this
+//! driver owns. Host memory is named by bus address: user buffers are pinned and mapped with
+//! the DMA API for the length of one batch, so with an IOMMU the engine reaches only those
+//! pages, and they are unmapped and unpinned on every exit path (the guard's `Drop`).
+//! Copies are serialised per endpoint ([`P2p::engine`]); each batch is submitted, then waited
+//! for; a timeout, a signal or unbind resets the engine and waits until it is idle before
+//! the batch's pages are released.
+
+use core::mem::size_of;
+
+use kernel::{
+    bindings,
+    device::{Bound, Device},
+    dma::{Coherent, DataDirection},
+    io::{io_read, io_write, Io},
+    new_condvar, new_mutex,
+    prelude::*,
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        CondVar, CondVarTimeoutResult, Mutex, MutexGuard,
+    },
+    time::{msecs_to_jiffies, Instant, Monotonic},
+    transmute::{AsBytes, FromBytes},
+};
+
+use crate::{fabric, hotplug, mrpc, regs, uapi, Mep};
+
+const CMD_P2P_ROUTE: u32 = 0xf004;
+const SUB_ADD: u8 = 1;
+const SUB_DEL: u8 = 2;
+const SUB_LIST: u8 = 3;
+/// Routes a MEP holds at most.
+pub(crate) const MAX_ROUTES: usize = 16;
+const ROUTE_ENTRY: usize = 32;
+const PAGE: u64 = 4096;
+
+/// Firmware return codes of `P2P_ROUTE` (`Documentation/mrpc.rst`).
+const FW_PARAM_INVALID: u32 = 0x64006;
+const FW_PDFID_UNKNOWN: u32 = 0xf0_0001;
+const FW_RANGE: u32 = 0xf0_0002;
+const FW_DENIED: u32 = 0xf0_0005;
+const FW_NOT_BOUND: u32 = 0xf0_000a;
+const FW_ROUTE_FULL: u32 = 0xf0_000b;
+const FW_ROUTE_CONFLICT: u32 = 0xf0_000c;
+const FW_NO_ROUTE: u32 = 0xf0_000d;
+
+/// Descriptors in the ring.
+const RING_ENTRIES: usize = 256;
+/// Descriptors submitted per batch (one slot stays empty to tell full from empty).
+const BATCH: usize = RING_ENTRIES - 1;
+/// Largest length of one descriptor between two function ranges.
+const DESC_MAX: u64 = 16 << 20;
+/// User memory pinned and mapped per batch.
+const USER_CHUNK: usize = 4 << 20;
+/// Default bound on a whole copy.
+const DEFAULT_COPY_TIMEOUT_MS: u32 = 60_000;
+/// How long a reset waits for the engine's current descriptor.
+const RESET_WAIT_MS: i64 = 5_000;
+
+/// Descriptor control bits: source and destination kinds, completion interrupt.
+const KIND_HOST: u32 = 0;
+const KIND_WINDOW: u32 = 1;
+const DESC_IRQ: u32 = 1 << 8;
+/// Descriptor status values the engine writes.
+pub(crate) const DMA_OK: u32 = 1;
+const DMA_HOST_FAULT: u32 = 2;
+const DMA_ROUTE_FAULT: u32 = 3;
+
+/// One DMA descriptor, as the engine reads it.
+#[repr(C)]
+#[derive(Default)]
+struct Desc {
+    control: u32,
+    status: u32,
+    len: u64,
+    src: u64,
+    dst: u64,
+    done: u64,
+    cookie: u64,
+    rsvd: [u64; 2],
+}
+
+const _: () = assert!(size_of::<Desc>() == 64);
+
+// SAFETY: `repr(C)`, integers only, no padding (size asserted); any bit pattern is valid.
+unsafe impl FromBytes for Desc {}
+// SAFETY: As above.
+unsafe impl AsBytes for Desc {}
+
+/// A firmware refusal: the errno and the firmware's return code.
+pub(crate) struct Failure {
+    pub(crate) err: Error,
+    pub(crate) fw_ret: u32,
+}
+
+impl From<Error> for Failure {
+    fn from(err: Error) -> Self {
+        Self { err, fw_ret: 0 }
+    }
+}
+
+fn fw_errno(ret: u32) -> Error {
+    match ret {
+        FW_PARAM_INVALID => EINVAL,
+        FW_PDFID_UNKNOWN | FW_NO_ROUTE => ENOENT,
+        FW_NOT_BOUND => ENOLINK,
+        FW_RANGE => ERANGE,
+        FW_ROUTE_CONFLICT => EEXIST,
+        FW_ROUTE_FULL => ENOSPC,
+        FW_DENIED => EACCES,
+        _ => EIO,
+    }
+}
+
+/// The engine side of one endpoint; only touched with [`P2p::engine`] held.
+struct Engine {
+    ring: Option<Coherent<[Desc]>>,
+    /// Next descriptor slot to fill (the engine's TAIL).
+    tail: u32,
+    /// Unbind started: no more copies.
+    dead: bool,
+}
+
+/// P2P state of one endpoint.
+#[pin_data]
+pub(crate) struct P2p {
+    #[pin]
+    engine: Mutex<Engine>,
+    /// Serialises route changes (the free-window search and the add).
+    #[pin]
+    routes: Mutex<()>,
+    /// Woken by the interrupt handler when a descriptor completes.
+    #[pin]
+    done: CondVar,
+    /// Set on unbind, so a running copy stops at its next wait.
+    abort: Atomic<bool>,
+    /// Window size in bytes; 0 when the firmware has no P2P window.
+    window: Atomic<u64>,
+    faults: Atomic<u64>,
+    copies: Atomic<u64>,
+    bytes: Atomic<u64>,
+}
+
+/// Counters for sysfs.
+pub(crate) struct Counters {
+    pub(crate) faults: u64,
+    pub(crate) copies: u64,
+    pub(crate) bytes: u64,
+}
+
+impl P2p {
+    pub(crate) fn new() -> impl PinInit<Self> {
+        pin_init!(Self {
+            engine <- new_mutex!(Engine { ring: None, tail: 0, dead: false }),
+            routes <- new_mutex!(()),
+            done <- new_condvar!(),
+            abort: Atomic::new(false),
+            window: Atomic::new(0),
+            faults: Atomic::new(0),
+            copies: Atomic::new(0),
+            bytes: Atomic::new(0),
+        })
+    }
+
+    pub(crate) fn counters(&self) -> Counters {
+        Counters {
+            faults: self.faults.load(Relaxed),
+            copies: self.copies.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+        }
+    }
+
+    /// Size of the P2P window in bytes (0: none).
+    pub(crate) fn window_size(&self) -> u64 {
+        self.window.load(Relaxed)
+    }
+
+    /// Called by the interrupt handler with the P2P events it cleared.
+    pub(crate) fn on_events(&self, ev: u32) {
+        if ev & regs::P2P_EV_FAULT != 0 {
+            self.faults.fetch_add(1, Relaxed);
+        }
+        // A route the firmware removed may be the one a copy is using: wake it too.
+        if ev & (regs::P2P_EV_DMA_DONE | regs::P2P_EV_DMA_ERROR | regs::P2P_EV_ROUTES_CHANGED) != 0
+        {
+            self.done.notify_all();
+        }
+    }
+}
+
+/// Sets the DMA mask, allocates the ring and starts the engine, if the firmware has one.
+pub(crate) fn init(mep: &Mep, dev: &Device<Bound>, vector: usize) -> Result {
+    let caps = mep.with_bar(|bar| bar.read(regs::P2P_CAPS))?;
+    if !caps.engine() || u8::from(caps.version()) != 1 {
+        dev_info!(mep.pdev, "firmware has no P2P DMA engine\n");
+        return Ok(());
+    }
+    mep.p2p
+        .window
+        .store(u64::from(u16::from(caps.window_mib())) << 20, Relaxed);
+    let ring = Coherent::<Desc>::zeroed_slice(dev, RING_ENTRIES, GFP_KERNEL)?;
+    let addr = ring.dma_address();
+    let vector = u32::try_from(vector).map_err(|_| EINVAL)?;
+    mep.with_bar(|bar| {
+        bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_RESET));
+        bar.write_reg(regs::DMA_RING_LO::zeroed().with_value(addr as u32));
+        bar.write_reg(regs::DMA_RING_HI::zeroed().with_value((addr >> 32) as u32));
+        bar.write_reg(regs::DMA_RING_SIZE::zeroed().with_value(RING_ENTRIES as u32));
+        bar.write_reg(regs::DMA_IRQ::zeroed().with_value(vector | regs::DMA_IRQ_ENABLE));
+        bar.write_reg(regs::P2P_EVENT_STATUS::zeroed().with_value(regs::P2P_EV_ALL));
+        bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_ENABLE));
+    })?;
+    let mut e = mep.p2p.engine.lock();
+    e.ring = Some(ring);
+    e.tail = 0;
+    Ok(())
+}
+
+/// Stops copies for unbind: the running one aborts, later ones fail with `ENODEV`.
+pub(crate) fn shut_down(mep: &Mep) {
+    mep.p2p.abort.store(true, Relaxed);
+    mep.p2p.done.notify_all();
+    let mut e = mep.p2p.engine.lock();
+    e.dead = true;
+    let _ = mep.with_bar(|bar| {
+        bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_RESET));
+    });
+}
+
+/// Runs `P2P_ROUTE` with `input`'s fields after the header.
+fn route_cmd(mep: &Mep, sub: u8, r: &uapi::Route, out: &mut [u8]) -> Result<(), Failure> {
+    let mut input = [0u8; 32];
+    input[0..2].copy_from_slice(&1u16.to_le_bytes());
+    input[2..4].copy_from_slice(&32u16.to_le_bytes());
+    input[4] = sub;
+    input[6..8].copy_from_slice(&r.pdfid.to_le_bytes());
+    input[8..16].copy_from_slice(&r.window_off.to_le_bytes());
+    input[16..24].copy_from_slice(&r.size.to_le_bytes());
+    input[24..32].copy_from_slice(&r.target_off.to_le_bytes());
+    let reply = mep.mrpc.run(mep, CMD_P2P_ROUTE, &input, out, 0)?;
+    if reply.status != mrpc::STATUS_DONE {
+        return Err(Failure {
+            err: fw_errno(reply.ret),
+            fw_ret: reply.ret,
+        });
+    }
+    Ok(())
+}
+
+/// The routes of this host, ascending window offset.
+pub(crate) fn routes(mep: &Mep) -> Result<KVec<uapi::Route>> {
+    let mut out = [0u8; 8 + ROUTE_ENTRY * MAX_ROUTES];
+    route_cmd(mep, SUB_LIST, &uapi::Route::default(), &mut out).map_err(|f| f.err)?;
+    let count = usize::from(fabric::le16(&out, 4)?);
+    let entry = usize::from(fabric::le16(&out, 6)?);
+    if count > MAX_ROUTES || entry < ROUTE_ENTRY {
+        return Err(EIO);
+    }
+    let mut v = KVec::with_capacity(count, GFP_KERNEL)?;
+    for i in 0..count {
+        let at = 8 + i * entry;
+        let e = out.get(at..at + ROUTE_ENTRY).ok_or(EIO)?;
+        v.push(
+            uapi::Route {
+                window_off: le64(e, 0)?,
+                size: le64(e, 8)?,
+                target_off: le64(e, 16)?,
+                pdfid: fabric::le16(e, 24)?,
+                target_host: fabric::byte(e, 26)?,
+                ..uapi::Route::default()
+            },
+            GFP_KERNEL,
+        )?;
+    }
+    Ok(v)
+}
+
+fn le64(b: &[u8], at: usize) -> Result<u64> {
+    Ok(u64::from(fabric::le32(b, at)?) | (u64::from(fabric::le32(b, at + 4)?) << 32))
+}
+
+/// Adds a route; `PCIFAB_ROUTE_ANY_WINDOW` picks the lowest free window range.
+///
+/// Returns the route as added and the number of routes now.
+pub(crate) fn route_add(mep: &Mep, mut r: uapi::Route) -> Result<(uapi::Route, u32), Failure> {
+    let _guard = mep.p2p.routes.lock();
+    if r.window_off == uapi::ROUTE_ANY_WINDOW {
+        let window = mep.p2p.window_size();
+        if r.size == 0 || r.size % PAGE != 0 || r.size > window {
+            return Err(EINVAL.into());
+        }
+        let mut at = 0u64;
+        for e in routes(mep)?.iter() {
+            if e.window_off >= at && e.window_off - at >= r.size {
+                break;
+            }
+            at = at.max(e.window_off.saturating_add(e.size));
+        }
+        if at.checked_add(r.size).is_none_or(|end| end > window) {
+            return Err(ENOSPC.into());
+        }
+        r.window_off = at;
+    }
+    let mut out = [0u8; 8];
+    route_cmd(mep, SUB_ADD, &r, &mut out)?;
+    let count = u32::from(fabric::le16(&out, 4)?);
+    // The firmware says which host the target is bound to in its list.
+    if let Some(e) = routes(mep)?.iter().find(|e| e.window_off == r.window_off) {
+        r.target_host = e.target_host;
+    }
+    Ok((r, count))
+}
+
+/// Removes the route that starts at `window_off`; returns the number of routes left.
+pub(crate) fn route_del(mep: &Mep, window_off: u64) -> Result<u32, Failure> {
+    let _guard = mep.p2p.routes.lock();
+    let r = uapi::Route {
+        window_off,
+        ..uapi::Route::default()
+    };
+    let mut out = [0u8; 8];
+    route_cmd(mep, SUB_DEL, &r, &mut out)?;
+    Ok(u32::from(fabric::le16(&out, 4)?))
+}
+
+/// Window offset of `len` bytes at `off` in function `pdfid`'s memory, if one route covers
+/// them.
+fn window_of(routes: &[uapi::Route], pdfid: u16, off: u64, len: u64) -> Option<u64> {
+    let end = off.checked_add(len)?;
+    routes
+        .iter()
+        .find(|r| r.pdfid == pdfid && r.target_off <= off && end <= r.target_off + r.size)
+        .map(|r| r.window_off + (off - r.target_off))
+}
+
+/// One end of a copy once resolved: a window offset, a bus address, or a user buffer.
+#[derive(Clone, Copy)]
+enum End {
+    Window(u64),
+    Iova(u64),
+    User(u64),
+}
+
+/// The outcome of a copy: bytes copied, the last descriptor status, and the error if any.
+pub(crate) struct Copied {
+    pub(crate) done: u64,
+    pub(crate) status: u32,
+    pub(crate) err: Option<Error>,
+}
+
+/// Copies `len` bytes from `src` to `dst` with the DMA engine (`PCIFAB_IOCTL_P2P_COPY`).
+pub(crate) fn copy(
+    mep: &Mep,
+    src: &uapi::P2pEnd,
+    dst: &uapi::P2pEnd,
+    len: u64,
+    timeout_ms: u32,
+) -> Result<Copied> {
+    if len == 0 || len > uapi::P2P_MAX_LEN || src.reserved0 != 0 || dst.reserved0 != 0 {
+        return Err(EINVAL);
+    }
+    let host = |e: &uapi::P2pEnd| e.kind != uapi::P2P_FUNCTION;
+    if host(src) && host(dst) {
+        return Err(EINVAL);
+    }
+    let timeout_ms = match timeout_ms {
+        0 => DEFAULT_COPY_TIMEOUT_MS,
+        t if t > 600_000 => return Err(EINVAL),
+        t => t,
+    };
+    let routes = routes(mep)?;
+    let resolve = |e: &uapi::P2pEnd| -> Result<End> {
+        match e.kind {
+            uapi::P2P_FUNCTION => window_of(&routes, e.pdfid, e.addr, len)
+                .map(End::Window)
+                .ok_or(ENOENT),
+            uapi::P2P_USER => {
+                e.addr.checked_add(len).ok_or(EFAULT)?;
+                Ok(End::User(e.addr))
+            }
+            uapi::P2P_IOVA => {
+                e.addr.checked_add(len).ok_or(EINVAL)?;
+                Ok(End::Iova(e.addr))
+            }
+            _ => Err(EINVAL),
+        }
+    };
+    let (s, d) = (resolve(src)?, resolve(dst)?);
+
+    let deadline = Instant::<Monotonic>::now();
+    let mut e = mep.p2p.engine.lock();
+    if e.dead || mep.p2p.abort.load(Relaxed) {
+        return Err(ENODEV);
+    }
+    if e.ring.is_none() {
+        return Err(EOPNOTSUPP);
+    }
+    let mut copied = Copied {
+        done: 0,
+        status: 0,
+        err: None,
+    };
+    let mut batch = KVec::with_capacity(BATCH, GFP_KERNEL)?;
+    while copied.done < len && copied.err.is_none() {
+        let off = copied.done;
+        batch.clear();
+        // Pin and map the user side of this part, if any; dropped (unmapped, unpinned) at the
+        // end of the iteration, after the engine finished with it.
+        let (user, to_device) = match (s, d) {
+            (End::User(a), _) => (Some(a), true),
+            (_, End::User(a)) => (Some(a), false),
+            _ => (None, false),
+        };
+        let mut pinned = None;
+        let part = if let Some(addr) = user {
+            let part = (len - off).min(USER_CHUNK as u64);
+            let u = UserDma::new(mep, addr + off, part as usize, to_device)?;
+            let mut at = 0u64;
+            for (seg, seg_len) in u.segments() {
+                let (sa, da) = if to_device {
+                    (End::Iova(seg), advance(d, off + at))
+                } else {
+                    (advance(s, off + at), End::Iova(seg))
+                };
+                batch.push((sa, da, seg_len), GFP_KERNEL)?;
+                at += seg_len;
+                if batch.len() == BATCH && at < part {
+                    // More segments than a batch holds: copy what fits this round.
+                    break;
+                }
+            }
+            pinned = Some(u);
+            at
+        } else {
+            let mut at = 0u64;
+            while off + at < len && batch.len() < BATCH {
+                let n = (len - off - at).min(DESC_MAX);
+                batch.push((advance(s, off + at), advance(d, off + at), n), GFP_KERNEL)?;
+                at += n;
+            }
+            at
+        };
+        let r = run_batch(mep, &mut e, &batch, deadline, timeout_ms);
+        drop(pinned);
+        match r {
+            Ok((bytes, status, err)) => {
+                copied.done += bytes;
+                copied.status = status;
+                copied.err = err;
+                if err.is_none() && bytes < part {
+                    copied.err = Some(EIO);
+                }
+            }
+            Err(err) => copied.err = Some(err),
+        }
+    }
+    mep.p2p.copies.fetch_add(1, Relaxed);
+    mep.p2p.bytes.fetch_add(copied.done, Relaxed);
+    Ok(copied)
+}
+
+/// `end` moved forward by `by` bytes.
+fn advance(end: End, by: u64) -> End {
+    match end {
+        End::Window(a) => End::Window(a + by),
+        End::Iova(a) => End::Iova(a + by),
+        End::User(a) => End::User(a + by),
+    }
+}
+
+fn kind_addr(end: End) -> (u32, u64) {
+    match end {
+        End::Window(a) => (KIND_WINDOW, a),
+        End::Iova(a) | End::User(a) => (KIND_HOST, a),
+    }
+}
+
+/// Submits `batch` (source, destination, length) and waits for it.
+///
+/// Returns the bytes copied, the status of the last descriptor that ran, and the error of
+/// the first that failed. On timeout, signal or unbind the engine is reset and waited for,
+/// so nothing of the batch is in flight when this returns.
+fn run_batch(
+    mep: &Mep,
+    e: &mut MutexGuard<'_, Engine>,
+    batch: &[(End, End, u64)],
+    start: Instant<Monotonic>,
+    timeout_ms: u32,
+) -> Result<(u64, u32, Option<Error>)> {
+    let first = e.tail;
+    let n = batch.len() as u32;
+    {
+        let ring = e.ring.as_ref().ok_or(EOPNOTSUPP)?;
+        for (i, &(src, dst, len)) in batch.iter().enumerate() {
+            let slot = ((first + i as u32) as usize) % RING_ENTRIES;
+            let (sk, sa) = kind_addr(src);
+            let (dk, da) = kind_addr(dst);
+            io_write!(ring, [try: slot].status, 0u32);
+            io_write!(ring, [try: slot].len, len);
+            io_write!(ring, [try: slot].src, sa);
+            io_write!(ring, [try: slot].dst, da);
+            io_write!(ring, [try: slot].done, 0u64);
+            io_write!(ring, [try: slot].cookie, u64::from(first + i as u32));
+            io_write!(ring, [try: slot].control, sk | (dk << 2) | DESC_IRQ);
+        }
+    }
+    let tail = (first + n) % RING_ENTRIES as u32;
+    e.tail = tail;
+    mep.with_bar(|bar| bar.write_reg(regs::DMA_TAIL::zeroed().with_value(tail)))?;
+
+    // Wait until the engine's HEAD reaches our TAIL.
+    let mut failed = None;
+    loop {
+        let (head, status) = mep.with_bar(|bar| {
+            (
+                bar.read(regs::DMA_HEAD).value(),
+                bar.read(regs::DMA_STATUS).value(),
+            )
+        })?;
+        let head: u32 = head.into();
+        let status: u32 = status.into();
+        if head == tail {
+            break;
+        }
+        if status & regs::DMA_STATUS_HALTED != 0 {
+            failed = Some(EIO);
+            break;
+        }
+        if mep.p2p.abort.load(Relaxed) {
+            failed = Some(ENODEV);
+            break;
+        }
+        let left = i64::from(timeout_ms) - start.elapsed().as_millis();
+        if left <= 0 {
+            failed = Some(ETIMEDOUT);
+            break;
+        }
+        let wait = msecs_to_jiffies(u32::try_from(left.min(20)).unwrap_or(20));
+        if let CondVarTimeoutResult::Signal { .. } =
+            mep.p2p.done.wait_interruptible_timeout(e, wait)
+        {
+            failed = Some(EINTR);
+            break;
+        }
+    }
+    if let Some(err) = failed {
+        reset(mep, e);
+        // What completed before the reset still counts.
+        let (bytes, status, _) = collect(e, first, n)?;
+        return Ok((bytes, status, Some(err)));
+    }
+    collect(e, first, n)
+}
+
+/// Reads back the statuses of `n` descriptors from `first`.
+fn collect(e: &Engine, first: u32, n: u32) -> Result<(u64, u32, Option<Error>)> {
+    let ring = e.ring.as_ref().ok_or(EOPNOTSUPP)?;
+    let (mut bytes, mut last) = (0u64, 0u32);
+    for i in 0..n {
+        let slot = ((first + i) as usize) % RING_ENTRIES;
+        let status: u32 = io_read!(ring, [try: slot].status);
+        if status == 0 {
+            break;
+        }
+        bytes += io_read!(ring, [try: slot].done);
+        last = status;
+        if status != DMA_OK {
+            let err = match status {
+                DMA_HOST_FAULT => EFAULT,
+                DMA_ROUTE_FAULT => EREMOTEIO,
+                _ => EINVAL,
+            };
+            return Ok((bytes, status, Some(err)));
+        }
+    }
+    Ok((bytes, last, None))
+}
+
+/// Resets the engine, waits until its current descriptor is finished and starts it again.
+fn reset(mep: &Mep, e: &mut Engine) {
+    let start = Instant::<Monotonic>::now();
+    let _ = mep.with_bar(|bar| {
+        bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_RESET));
+    });
+    while start.elapsed().as_millis() < RESET_WAIT_MS {
+        let busy = mep
+            .with_bar(|bar| u32::from(bar.read(regs::DMA_STATUS).value()) & 1 != 0)
+            .unwrap_or(false);
+        if !busy {
+            break;
+        }
+        kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
+    }
+    e.tail = 0;
+    if !e.dead {
+        let _ = mep.with_bar(|bar| {
+            bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_ENABLE));
+        });
+    }
+}
+
+/// A user buffer pinned and mapped for the engine; unmapped and unpinned on drop.
+///
+/// # Invariants
+///
+/// `pages` holds `npages` pages pinned with `pin_user_pages_fast()`; `sgt` is a table over
+/// them mapped with `dma_map_sgtable()` for `dev`, which stays bound while this exists (the
+/// caller holds [`P2p::engine`], which unbind takes before the device goes).
+struct UserDma {
+    dev: *mut bindings::device,
+    pages: KVec<*mut bindings::page>,
+    sgt: bindings::sg_table,
+    dir: DataDirection,
+    mapped: bool,
+}
+
+impl UserDma {
+    fn new(mep: &Mep, addr: u64, len: usize, to_device: bool) -> Result<Self> {
+        let first = addr & !(PAGE - 1);
+        let end = addr.checked_add(len as u64).ok_or(EFAULT)?;
+        let npages = usize::try_from((end - first).div_ceil(PAGE)).map_err(|_| EINVAL)?;
+        let mut pages = KVec::from_elem(core::ptr::null_mut(), npages, GFP_KERNEL)?;
+        let dev = core::ptr::from_ref::<Device>(mep.pdev.as_ref())
+            .cast::<bindings::device>()
+            .cast_mut();
+        let dir = if to_device {
+            DataDirection::ToDevice
+        } else {
+            DataDirection::FromDevice
+        };
+        let gup = if to_device { 0 } else { bindings::FOLL_WRITE };
+        // SAFETY: `pages` has room for `npages` pointers; the range is user memory of the
+        // calling task, which the function checks.
+        let got = unsafe {
+            bindings::pin_user_pages_fast(first as usize, npages as i32, gup, pages.as_mut_ptr())
+        };
+        let got = usize::try_from(got).unwrap_or(0);
+        let mut this = Self {
+            dev,
+            pages,
+            // SAFETY: An all-zero `sg_table` is the empty table `sg_alloc_table*()` fills in.
+            sgt: unsafe { core::mem::zeroed() },
+            dir,
+            mapped: false,
+        };
+        if got < npages {
+            this.pages.truncate(got);
+            return Err(EFAULT);
+        }
+        // SAFETY: `sgt` is zeroed and owned; `pages` are `npages` pinned pages.
+        kernel::error::to_result(unsafe {
+            bindings::sg_alloc_table_from_pages_segment(
+                &mut this.sgt,
+                this.pages.as_mut_ptr(),
+                npages as u32,
+                (addr - first) as u32,
+                len,
+                !(PAGE as u32 - 1),
+                bindings::GFP_KERNEL,
+            )
+        })?;
+        // SAFETY: `dev` is bound (the caller holds the engine lock, see the invariants) and
+        // `sgt` a valid table.
+        kernel::error::to_result(unsafe {
+            bindings::dma_map_sgtable(dev, &mut this.sgt, dir.into(), 0)
+        })?;
+        this.mapped = true;
+        Ok(this)
+    }
+
+    /// The mapped segments: bus address and length.
+    fn segments(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        // SAFETY: `sgt` is a valid, DMA-mapped table that lives as long as `self`.
+        let t = unsafe {
+            kernel::scatterlist::SGTable::from_raw(core::ptr::from_ref(&self.sgt).cast_mut())
+        };
+        t.iter().map(|s| (s.dma_address(), s.dma_len()))
+    }
+}
+
+impl Drop for UserDma {
+    fn drop(&mut self) {
+        if self.mapped {
+            // SAFETY: Mapped in `new` for `dev` with `dir`; unmapped once.
+            unsafe { bindings::dma_unmap_sgtable(self.dev, &mut self.sgt, self.dir.into(), 0) };
+        }
+        if !self.sgt.sgl.is_null() {
+            // SAFETY: Allocated by `sg_alloc_table_from_pages_segment()`; freed once.
+            unsafe { bindings::sg_free_table(&mut self.sgt) };
+        }
+        if !self.pages.is_empty() {
+            // SAFETY: Each page was pinned by `pin_user_pages_fast()`; the engine wrote to them
+            // only for a device-to-memory copy, so they are dirtied then.
+            unsafe {
+                bindings::unpin_user_pages_dirty_lock(
+                    self.pages.as_mut_ptr(),
+                    self.pages.len(),
+                    matches!(self.dir, DataDirection::FromDevice),
+                )
+            };
+        }
+    }
+}
+
+/// The distance between two functions (`PCIFAB_IOCTL_P2P_DISTANCE`).
+pub(crate) fn distance(mep: &Mep, a: u16, b: u16) -> Result<uapi::P2pDistance> {
+    let mut out = uapi::P2pDistance::default();
+    let (pa, pb) = mep
+        .fabric
+        .with_view(mep, |v| -> Result<(Option<u8>, Option<u8>)> {
+            let local = |pdfid: u16| -> Result<Option<u8>> {
+                let f = v
+                    .functions
+                    .iter()
+                    .find(|f| f.pdfid == pdfid)
+                    .ok_or(ENOENT)?;
+                Ok((f.bound_host == v.partition).then_some(f.bound_log_port))
+            };
+            Ok((local(a)?, local(b)?))
+        })??;
+    let routes = routes(mep).unwrap_or_default();
+    let routed = |p: u16| routes.iter().any(|r| r.pdfid == p);
+    let la = pa.and_then(|p| hotplug::find(&mep.pdev, p).map(|_| p));
+    let lb = pb.and_then(|p| hotplug::find(&mep.pdev, p).map(|_| p));
+    for (set, bit) in [
+        (la.is_some(), uapi::P2P_A_LOCAL),
+        (lb.is_some(), uapi::P2P_B_LOCAL),
+        (routed(a), uapi::P2P_A_ROUTED),
+        (routed(b), uapi::P2P_B_ROUTED),
+    ] {
+        if set {
+            out.info |= bit;
+        }
+    }
+    out.pci_distance = -1;
+    if a == b {
+        out.path = uapi::P2P_PATH_SAME;
+        out.hops = 0;
+        out.pci_distance = 0;
+        return Ok(out);
+    }
+    // Every function of the fabric hangs off one switch: data enters at one port and leaves
+    // at another, whichever host the two are bound to.
+    out.hops = 2;
+    match (la, lb) {
+        (Some(x), Some(y)) => {
+            out.path = uapi::P2P_PATH_SWITCH;
+            let d = hotplug::p2p_distance(&mep.pdev, x, y);
+            out.pci_distance = d.distance;
+            if d.acs_redirect {
+                out.info |= uapi::P2P_ACS_REDIRECT;
+            }
+        }
+        _ => out.path = uapi::P2P_PATH_FABRIC,
+    }
+    Ok(out)
+}

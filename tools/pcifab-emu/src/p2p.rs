@@ -1,0 +1,1479 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! P2P routes, the P2P window (the MEP's BAR2) and the MEP's DMA engine
+//! (Documentation/mrpc.rst: "0xF004 P2P_ROUTE", "The P2P window (BAR2)",
+//! "The DMA engine"), plus the memory pattern and hash of the control
+//! requests `mem-fill` and `mem-hash`.
+//!
+//! Locking: data is never copied under the model lock or a MEP's lock.
+//! Every copy (a window access, one DMA chunk) looks its route up under the
+//! model lock, drops it and copies while holding the read side of
+//! `Shared::gate`; an unbind drops the function's routes, then takes the
+//! write side once (`quiesce`) before it scrubs, so no copy that passed
+//! its route check can still land in the scrubbed memory.
+
+use crate::dma::{HostSpan, FLAG_READ, FLAG_WRITE};
+use crate::function::FnDevice;
+use crate::gas::*;
+use crate::mep::{Inner, Mep};
+use crate::model::{self, Model};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::time::Duration;
+
+/// Most routes per MEP.
+pub const MAX_ROUTES: usize = 16;
+/// Alignment of route offsets and sizes.
+pub const ROUTE_ALIGN: u64 = 4096;
+/// The DMA engine copies this much between two route / mapping look-ups.
+pub const CHUNK: u64 = 1 << 20;
+/// Longest descriptor.
+pub const MAX_DMA_LEN: u64 = 256 << 20;
+pub const DESC_SIZE: u64 = 64;
+
+// Descriptor: kinds, control bits, status values.
+pub const KIND_HOST: u32 = 0;
+pub const KIND_WINDOW: u32 = 1;
+pub const DESC_IRQ: u32 = 1 << 8;
+pub const ST_OK: u32 = 1;
+pub const ST_HOST_FAULT: u32 = 2;
+pub const ST_ROUTE_FAULT: u32 = 3;
+pub const ST_BAD: u32 = 4;
+
+pub fn status_name(st: u32) -> &'static str {
+    match st {
+        ST_OK => "OK",
+        ST_HOST_FAULT => "HOST_FAULT",
+        ST_ROUTE_FAULT => "ROUTE_FAULT",
+        ST_BAD => "BAD",
+        _ => "?",
+    }
+}
+
+/// `size` bytes of a MEP's window from `window_off` onto the device memory
+/// of function `pdfid` from `target_off`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Route {
+    pub window_off: u64,
+    pub size: u64,
+    pub target_off: u64,
+    pub pdfid: u16,
+}
+
+impl Route {
+    fn end(&self) -> u64 {
+        self.window_off.saturating_add(self.size)
+    }
+}
+
+impl Model {
+    /// P2P_ROUTE ADD on the MEP of `host`, checked in the documented order.
+    /// Returns the number of routes now.
+    pub fn add_route(
+        &mut self,
+        host: usize,
+        window_off: u64,
+        size: u64,
+        target_off: u64,
+        pdfid: u16,
+    ) -> Result<usize, u32> {
+        let aligned = [window_off, size, target_off]
+            .iter()
+            .all(|v| v % ROUTE_ALIGN == 0);
+        let fits = window_off
+            .checked_add(size)
+            .is_some_and(|end| end <= self.window);
+        if !aligned || size == 0 || !fits || host >= self.hosts.len() {
+            return Err(model::ERR_PARAM_INVALID);
+        }
+        let f = self
+            .function(pdfid)
+            .ok_or(model::PCIFAB_ERR_PDFID_UNKNOWN)?;
+        if f.binding.is_none() {
+            return Err(model::PCIFAB_ERR_NOT_BOUND);
+        }
+        if target_off
+            .checked_add(size)
+            .is_none_or(|end| end > f.dev_mem)
+        {
+            return Err(model::PCIFAB_ERR_RANGE);
+        }
+        let routes = &mut self.hosts[host].routes;
+        let end = window_off + size;
+        if routes
+            .iter()
+            .any(|r| window_off < r.end() && r.window_off < end)
+        {
+            return Err(model::PCIFAB_ERR_ROUTE_CONFLICT);
+        }
+        if routes.len() >= MAX_ROUTES {
+            return Err(model::PCIFAB_ERR_ROUTE_FULL);
+        }
+        let at = routes.partition_point(|r| r.window_off < window_off);
+        routes.insert(
+            at,
+            Route {
+                window_off,
+                size,
+                target_off,
+                pdfid,
+            },
+        );
+        Ok(routes.len())
+    }
+
+    /// P2P_ROUTE DEL: remove the route of `host` starting at `window_off`.
+    /// Returns the number of routes now.
+    pub fn del_route(&mut self, host: usize, window_off: u64) -> Result<usize, u32> {
+        let routes = &mut self
+            .hosts
+            .get_mut(host)
+            .ok_or(model::ERR_PARAM_INVALID)?
+            .routes;
+        let i = routes
+            .iter()
+            .position(|r| r.window_off == window_off)
+            .ok_or(model::PCIFAB_ERR_NO_ROUTE)?;
+        routes.remove(i);
+        Ok(routes.len())
+    }
+
+    /// Where `len` bytes at window offset `off` of `host`'s MEP go: the
+    /// target function and the offset in its device memory, when the range
+    /// lies wholly inside one route.
+    pub fn route_target(&self, host: usize, off: u64, len: u64) -> Option<(u16, u64)> {
+        let end = off.checked_add(len)?;
+        self.hosts
+            .get(host)?
+            .routes
+            .iter()
+            .find(|r| off >= r.window_off && end <= r.end())
+            .map(|r| (r.pdfid, r.target_off + (off - r.window_off)))
+    }
+
+    /// Remove every route to `pdfid` on every MEP; returns the partitions
+    /// that lost one.
+    pub fn drop_routes_to(&mut self, pdfid: u16) -> Vec<usize> {
+        let mut lost = Vec::new();
+        for (h, host) in self.hosts.iter_mut().enumerate() {
+            let before = host.routes.len();
+            host.routes.retain(|r| r.pdfid != pdfid);
+            if host.routes.len() != before {
+                lost.push(h);
+            }
+        }
+        lost
+    }
+
+    /// Route invariants: every route targets a bound function, lies within
+    /// the window and the target's device memory, and the routes of one MEP
+    /// do not overlap (and are at most MAX_ROUTES).
+    pub fn route_invariants(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for host in &self.hosts {
+            let name = &host.name;
+            if host.routes.len() > MAX_ROUTES {
+                v.push(format!(
+                    "MEP of {name} has {} routes, more than {MAX_ROUTES}",
+                    host.routes.len()
+                ));
+            }
+            for (i, r) in host.routes.iter().enumerate() {
+                let what = format!(
+                    "route {:#x}+{:#x} of {name} to {:#06x}",
+                    r.window_off, r.size, r.pdfid
+                );
+                match self.function(r.pdfid) {
+                    None => v.push(format!("{what} targets no function")),
+                    Some(f) => {
+                        if f.binding.is_none() {
+                            v.push(format!("{what} targets an unbound function"));
+                        }
+                        if r.target_off
+                            .checked_add(r.size)
+                            .is_none_or(|e| e > f.dev_mem)
+                        {
+                            v.push(format!(
+                                "{what} reaches past its device memory ({:#x} bytes) from {:#x}",
+                                f.dev_mem, r.target_off
+                            ));
+                        }
+                    }
+                }
+                if r.window_off
+                    .checked_add(r.size)
+                    .is_none_or(|e| e > self.window)
+                {
+                    v.push(format!(
+                        "{what} lies outside the {:#x}-byte window",
+                        self.window
+                    ));
+                }
+                for o in &host.routes[i + 1..] {
+                    if r.window_off < o.end() && o.window_off < r.end() {
+                        v.push(format!(
+                            "{what} overlaps route {:#x}+{:#x}",
+                            o.window_off, o.size
+                        ));
+                    }
+                }
+            }
+        }
+        v
+    }
+}
+
+/// What every MEP's window and DMA engine reach: the fabric model (routes)
+/// and the functions' device memory.
+pub struct Shared {
+    model: Arc<Mutex<Model>>,
+    functions: Vec<Arc<FnDevice>>,
+    /// Window size in bytes.
+    pub window: u64,
+    /// Read side: a copy in progress; write side: see `quiesce`.
+    gate: RwLock<()>,
+}
+
+impl Shared {
+    pub fn new(model: Arc<Mutex<Model>>, functions: Vec<Arc<FnDevice>>, window: u64) -> Shared {
+        Shared {
+            model,
+            functions,
+            window,
+            gate: RwLock::new(()),
+        }
+    }
+
+    pub fn window_mib(&self) -> u32 {
+        (self.window >> 20) as u32
+    }
+
+    fn model(&self) -> MutexGuard<'_, Model> {
+        self.model.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn function(&self, pdfid: u16) -> Option<&Arc<FnDevice>> {
+        self.functions.iter().find(|f| f.pdfid == pdfid)
+    }
+
+    fn enter(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wait until every copy that already looked its route up is done.
+    pub fn quiesce(&self) {
+        drop(self.gate.write().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+fn window_check(sh: &Shared, off: u64, len: usize) -> Result<(), String> {
+    match off.checked_add(len as u64) {
+        Some(end) if end <= sh.window => Ok(()),
+        _ => Err(format!(
+            "BAR2 (P2P window) access of {len} bytes at {off:#x} is outside its {:#x} bytes",
+            sh.window
+        )),
+    }
+}
+
+/// A CPU read of the window (region 2 of the MEP).
+pub fn window_read(mep: &Mep, off: u64, buf: &mut [u8]) -> Result<(), String> {
+    let sh = &mep.p2p;
+    window_check(sh, off, buf.len())?;
+    if buf.is_empty() {
+        return Ok(());
+    }
+    {
+        let _copy = sh.enter();
+        let target = sh
+            .model()
+            .route_target(mep.partition as usize, off, buf.len() as u64);
+        if let Some((pdfid, toff)) = target {
+            if let Some(f) = sh.function(pdfid) {
+                match f.dev_read(toff, buf) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => info!("{}: P2P window read: {e}", mep.name),
+                }
+            }
+        }
+    }
+    buf.fill(0xff);
+    p2p_fault(mep, off, "read", buf.len());
+    Ok(())
+}
+
+/// A CPU write to the window (region 2 of the MEP).
+pub fn window_write(mep: &Mep, off: u64, data: &[u8]) -> Result<(), String> {
+    let sh = &mep.p2p;
+    window_check(sh, off, data.len())?;
+    if data.is_empty() {
+        return Ok(());
+    }
+    {
+        let _copy = sh.enter();
+        let target = sh
+            .model()
+            .route_target(mep.partition as usize, off, data.len() as u64);
+        if let Some((pdfid, toff)) = target {
+            if let Some(f) = sh.function(pdfid) {
+                match f.dev_write(toff, data) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => info!("{}: P2P window write: {e}", mep.name),
+                }
+            }
+        }
+    }
+    p2p_fault(mep, off, "write", data.len());
+    Ok(())
+}
+
+/// Record a refused window access.
+fn p2p_fault(mep: &Mep, off: u64, what: &str, len: usize) {
+    let mut inner = mep.lock();
+    let g = &mut inner.gas;
+    let n = g.p2p(P2P_FAULT_COUNT).wrapping_add(1);
+    g.set_p2p(P2P_FAULT_COUNT, n);
+    g.set_p2p(P2P_FAULT_ADDR_LO, off as u32);
+    g.set_p2p(P2P_FAULT_ADDR_HI, (off >> 32) as u32);
+    info!(
+        "{}: P2P fault {n}: {what} of {len} bytes at window offset {off:#x} is not inside one route",
+        mep.name
+    );
+    mep.raise_p2p(&mut inner, EV_P2P_FAULT, "P2P fault");
+}
+
+/// A DMA descriptor as the host wrote it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Desc {
+    pub control: u32,
+    pub len: u64,
+    pub src: u64,
+    pub dst: u64,
+}
+
+impl Desc {
+    pub fn parse(raw: &[u8; DESC_SIZE as usize]) -> Desc {
+        let u64_at = |o: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&raw[o..o + 8]);
+            u64::from_le_bytes(b)
+        };
+        Desc {
+            control: u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]),
+            len: u64_at(8),
+            src: u64_at(16),
+            dst: u64_at(24),
+        }
+    }
+
+    fn kinds(&self) -> (u32, u32) {
+        (self.control & 3, (self.control >> 2) & 3)
+    }
+}
+
+fn kind_name(k: u32) -> &'static str {
+    if k == KIND_HOST {
+        "HOST"
+    } else {
+        "WINDOW"
+    }
+}
+
+/// A resolved source or destination range.
+enum Span {
+    /// Guest memory: one piece per DMA mapping the range crosses.
+    Host(Vec<HostSpan>),
+    /// Device memory of a function (which lives as long as the fabric).
+    Dev(*mut u8, usize),
+}
+
+impl Span {
+    /// The pieces of the range: our address and length of each, in order.
+    fn pieces(&self) -> Vec<(*mut u8, usize)> {
+        match self {
+            Span::Host(v) => v.iter().map(|h| (h.ptr(), h.len())).collect(),
+            Span::Dev(p, n) => vec![(*p, *n)],
+        }
+    }
+}
+
+/// Copies between two resolved ranges of equal length, piece by piece.
+///
+/// # Safety
+///
+/// Every piece of both spans must be valid for its length (a `HostSpan` keeps its mapping
+/// alive; device memory lives as long as the fabric).
+unsafe fn copy_spans(src: &Span, dst: &Span) {
+    let (s, d) = (src.pieces(), dst.pieces());
+    let (mut i, mut j, mut si, mut dj) = (0, 0, 0usize, 0usize);
+    while i < s.len() && j < d.len() {
+        let n = (s[i].1 - si).min(d[j].1 - dj);
+        // SAFETY: within piece i of the source and piece j of the destination, by the
+        // caller's guarantee; ptr::copy allows overlap.
+        unsafe { std::ptr::copy(s[i].0.add(si), d[j].0.add(dj), n) };
+        si += n;
+        dj += n;
+        if si == s[i].1 {
+            (i, si) = (i + 1, 0);
+        }
+        if dj == d[j].1 {
+            (j, dj) = (j + 1, 0);
+        }
+    }
+}
+
+/// Look `len` bytes at `addr` of kind `kind` up, for access `need`. Errors
+/// are descriptor status values.
+fn resolve(mep: &Mep, kind: u32, addr: u64, len: u64, need: u32) -> Result<Span, u32> {
+    let n = usize::try_from(len).map_err(|_| ST_BAD)?;
+    if kind == KIND_HOST {
+        let span = mep.lock().dma.resolve(addr, n, need);
+        return span.map(Span::Host).map_err(|_| ST_HOST_FAULT);
+    }
+    let sh = &mep.p2p;
+    let (pdfid, toff) = sh
+        .model()
+        .route_target(mep.partition as usize, addr, len)
+        .ok_or(ST_ROUTE_FAULT)?;
+    let f = sh.function(pdfid).ok_or(ST_ROUTE_FAULT)?;
+    f.dev_ptr(toff, n)
+        .map(|p| Span::Dev(p, n))
+        .map_err(|_| ST_ROUTE_FAULT)
+}
+
+/// Carry one descriptor out: (status, bytes copied).
+fn run(mep: &Mep, d: &Desc) -> (u32, u64) {
+    let (sk, dk) = d.kinds();
+    if sk > KIND_WINDOW || dk > KIND_WINDOW || d.len == 0 || d.len > MAX_DMA_LEN {
+        return (ST_BAD, 0);
+    }
+    // The whole ranges first: a descriptor that fails writes nothing.
+    for (kind, addr, need) in [(sk, d.src, FLAG_READ), (dk, d.dst, FLAG_WRITE)] {
+        if let Err(st) = resolve(mep, kind, addr, d.len, need) {
+            return (st, 0);
+        }
+    }
+    let mut done = 0;
+    while done < d.len {
+        let n = (d.len - done).min(CHUNK);
+        let delay = mep.faults().dma_delay_ms;
+        if delay > 0 {
+            std::thread::sleep(Duration::from_millis(delay));
+        }
+        let _copy = mep.p2p.enter();
+        let src = match resolve(mep, sk, d.src.saturating_add(done), n, FLAG_READ) {
+            Ok(s) => s,
+            Err(st) => return (st, done),
+        };
+        let dst = match resolve(mep, dk, d.dst.saturating_add(done), n, FLAG_WRITE) {
+            Ok(s) => s,
+            Err(st) => return (st, done),
+        };
+        // SAFETY: both spans were just resolved for n bytes inside live
+        // mappings (a HostSpan keeps its mapping alive, device memory lives
+        // as long as the fabric).
+        unsafe { copy_spans(&src, &dst) };
+        done += n;
+    }
+    (ST_OK, done)
+}
+
+/// Stop the engine until RESET: HALTED and DMA_ERROR.
+fn halt(mep: &Mep, inner: &mut Inner, why: &str) {
+    let st = inner.gas.p2p(DMA_STATUS);
+    inner.gas.set_p2p(DMA_STATUS, st | DMA_STATUS_HALTED);
+    info!("{}: DMA engine halted: {why}", mep.name);
+    mep.raise_p2p(inner, EV_DMA_ERROR, "DMA error");
+}
+
+/// The next descriptor to carry out: (DMA epoch, its IOVA, its index).
+fn next(mep: &Mep) -> Option<(u64, u64, u32)> {
+    let mut inner = mep.lock();
+    let g = &inner.gas;
+    if g.p2p(DMA_CTRL) & DMA_CTRL_ENABLE == 0 || g.p2p(DMA_STATUS) & DMA_STATUS_HALTED != 0 {
+        return None;
+    }
+    let ring = u64::from(g.p2p(DMA_RING_LO)) | u64::from(g.p2p(DMA_RING_HI)) << 32;
+    let Some(size) = g.dma_ring_size() else {
+        let why = format!(
+            "DMA_RING_SIZE {} is not a power of two from 2 to 4096",
+            g.p2p(DMA_RING_SIZE)
+        );
+        halt(mep, &mut inner, &why);
+        return None;
+    };
+    if ring % DESC_SIZE != 0 {
+        halt(
+            mep,
+            &mut inner,
+            &format!("ring IOVA {ring:#x} is not 64-byte aligned"),
+        );
+        return None;
+    }
+    inner.gas.update_dma_busy();
+    let head = inner.gas.p2p(DMA_HEAD) % size;
+    let tail = inner.gas.p2p(DMA_TAIL) % size;
+    if head == tail {
+        return None;
+    }
+    match ring.checked_add(u64::from(head) * DESC_SIZE) {
+        Some(addr) => {
+            inner.gas.dma_in_flight = true;
+            Some((inner.dma_epoch, addr, head))
+        }
+        None => {
+            halt(
+                mep,
+                &mut inner,
+                &format!("descriptor {head} of ring {ring:#x} wraps"),
+            );
+            None
+        }
+    }
+}
+
+/// The descriptor in flight is finished (whatever became of it).
+fn landed(inner: &mut Inner) {
+    inner.gas.dma_in_flight = false;
+    inner.gas.update_dma_busy();
+}
+
+/// Carry out descriptors from HEAD to TAIL until none is pending, the
+/// engine is disabled or halted.
+pub fn process(mep: &Mep) {
+    while let Some((epoch, addr, index)) = next(mep) {
+        let mut raw = [0u8; DESC_SIZE as usize];
+        let fetched = mep.lock().dma.read(addr, &mut raw);
+        if let Err(e) = fetched {
+            let mut inner = mep.lock();
+            landed(&mut inner);
+            if inner.dma_epoch == epoch {
+                halt(
+                    mep,
+                    &mut inner,
+                    &format!("descriptor {index} at {addr:#x} could not be fetched: {e}"),
+                );
+            }
+            continue;
+        }
+        let d = Desc::parse(&raw);
+        let (status, done) = run(mep, &d);
+        let mut inner = mep.lock();
+        let written = inner
+            .dma
+            .write(addr + 32, &done.to_le_bytes())
+            .and_then(|()| {
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+                inner.dma.write(addr + 4, &status.to_le_bytes())
+            });
+        landed(&mut inner);
+        let (sk, dk) = d.kinds();
+        info!(
+            "{}: DMA descriptor {index}: {} {:#x} -> {} {:#x}, {} bytes: {} ({done} copied)",
+            mep.name,
+            kind_name(sk),
+            d.src,
+            kind_name(dk),
+            d.dst,
+            d.len,
+            status_name(status)
+        );
+        if inner.dma_epoch != epoch {
+            info!(
+                "{}: DMA engine was reset during descriptor {index}; registers left alone",
+                mep.name
+            );
+            continue;
+        }
+        if let Err(e) = written {
+            halt(
+                mep,
+                &mut inner,
+                &format!("status of descriptor {index} at {addr:#x} could not be written: {e}"),
+            );
+            continue;
+        }
+        let g = &mut inner.gas;
+        let size = g.dma_ring_size().unwrap_or(1);
+        g.set_p2p(DMA_HEAD, (index + 1) % size);
+        let n = g.p2p(DMA_COMPLETED).wrapping_add(1);
+        g.set_p2p(DMA_COMPLETED, n);
+        g.update_dma_busy();
+        if d.control & DESC_IRQ != 0 {
+            mep.raise_p2p(&mut inner, EV_DMA_DONE, "DMA done");
+        }
+    }
+}
+
+/// The DMA engine thread of one MEP: wait for a kick, work, repeat.
+pub fn engine(mep: &Mep) {
+    loop {
+        mep.wait_dma_kick();
+        process(mep);
+    }
+}
+
+/// The `mem-fill` pattern: a xorshift64 stream seeded with `seed | 1`,
+/// each state emitted as 8 little-endian bytes.
+pub struct Pattern {
+    state: u64,
+    /// Bytes of the current word not yet emitted.
+    word: [u8; 8],
+    used: usize,
+}
+
+impl Pattern {
+    pub fn new(seed: u64) -> Pattern {
+        Pattern {
+            state: seed | 1,
+            word: [0; 8],
+            used: 8,
+        }
+    }
+
+    /// The next `buf.len()` bytes of the stream.
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for b in buf {
+            if self.used == 8 {
+                let mut x = self.state;
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                self.state = x;
+                self.word = x.to_le_bytes();
+                self.used = 0;
+            }
+            *b = self.word[self.used];
+            self.used += 1;
+        }
+    }
+}
+
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+pub const FNV_PRIME: u64 = 0x100_0000_01b3;
+
+/// FNV-1a 64: continue hash `h` over `data` (start with FNV_OFFSET).
+pub fn fnv1a(mut h: u64, data: &[u8]) -> u64 {
+    for &b in data {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(FNV_PRIME);
+    }
+    h
+}
+
+fn check_dev_range(f: &FnDevice, off: u64, len: u64) -> Result<(), String> {
+    match off.checked_add(len) {
+        Some(end) if end <= f.dev_mem_size() => Ok(()),
+        _ => Err(format!(
+            "range {off:#x}+{len:#x} is outside the {:#x} bytes of device memory of {}",
+            f.dev_mem_size(),
+            f.name
+        )),
+    }
+}
+
+/// Fill `len` bytes of device memory at `off` with the pattern of `seed`.
+pub fn mem_fill(f: &FnDevice, off: u64, len: u64, seed: u64) -> Result<(), String> {
+    check_dev_range(f, off, len)?;
+    let mut p = Pattern::new(seed);
+    let mut buf = vec![0u8; CHUNK.min(len) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(CHUNK) as usize;
+        p.fill(&mut buf[..n]);
+        f.dev_write(off + done, &buf[..n])?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// FNV-1a 64 of `len` bytes of device memory at `off`.
+pub fn mem_hash(f: &FnDevice, off: u64, len: u64) -> Result<u64, String> {
+    check_dev_range(f, off, len)?;
+    let mut buf = vec![0u8; CHUNK.min(len) as usize];
+    let (mut h, mut done) = (FNV_OFFSET, 0);
+    while done < len {
+        let n = (len - done).min(CHUNK) as usize;
+        f.dev_read(off + done, &mut buf[..n])?;
+        h = fnv1a(h, &buf[..n]);
+        done += n as u64;
+    }
+    Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::control::handle;
+    use crate::dma::tests::memfd;
+    use crate::mep::{Fabric, REGION_BAR0, REGION_BAR2};
+    use crate::mrpc::{self, Exec, MrpcOutcome};
+    use crate::vfio_user::Device;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    // h0 holds gpu1's PF (0x0400), h1 gpu0's PF (0x0300); gpu0's VFs are free.
+    const CFG: &str = "p2p_window_mib = 16\n\
+        [[hosts]]\nname = \"h0\"\n[[hosts]]\nname = \"h1\"\n\
+        [[endpoints]]\nname = \"gpu0\"\nport = 16\nvendor_id = 1\ndevice_id = 2\nclass = 1\n\
+        vfs = 2\nmem_mib = 1\ndev_mem_mib = 4\nvf_mem_mib = 1\n\
+        [[endpoints]]\nname = \"gpu1\"\nport = 24\nvendor_id = 1\ndevice_id = 2\nclass = 1\n\
+        mem_mib = 2\n\
+        [[bindings]]\nendpoint = \"gpu0\"\nhost = \"h1\"\nlogical_port = 0\n\
+        [[bindings]]\nendpoint = \"gpu1\"\nhost = \"h0\"\nlogical_port = 0\n";
+    const MIB: u64 = 1 << 20;
+    const HOST: u64 = 0x1000_0000;
+
+    fn fabric() -> Fabric {
+        Fabric::new(Config::parse(CFG).expect("config"))
+    }
+
+    fn route_in(sub: u8, pdfid: u16, woff: u64, size: u64, toff: u64) -> Vec<u8> {
+        let mut v = vec![1, 0, 32, 0, sub, 0];
+        v.extend_from_slice(&pdfid.to_le_bytes());
+        for x in [woff, size, toff] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v
+    }
+
+    fn mrpc(f: &Fabric, host: usize, input: &[u8]) -> MrpcOutcome {
+        let mut m = f.model();
+        Exec {
+            model: &mut m,
+            partition: host,
+            bad_length: false,
+            notices: Vec::new(),
+            deferred: None,
+        }
+        .run(mrpc::MRPC_P2P_ROUTE, input)
+    }
+
+    fn ret(f: &Fabric, host: usize, input: &[u8]) -> u32 {
+        mrpc(f, host, input).ret
+    }
+
+    fn add(f: &Fabric, host: usize, pdfid: u16, woff: u64, size: u64, toff: u64) {
+        let r = mrpc(f, host, &route_in(1, pdfid, woff, size, toff));
+        assert_eq!(r.ret, 0, "ADD {pdfid:#x} {woff:#x}+{size:#x}");
+    }
+
+    fn reg(mep: &Mep, r: u64) -> u32 {
+        let mut b = [0u8; 4];
+        mep.region_read(REGION_BAR0, P2P + r, &mut b).expect("read");
+        u32::from_le_bytes(b)
+    }
+
+    fn set(mep: &Mep, r: u64, v: u32) {
+        mep.region_write(REGION_BAR0, P2P + r, &v.to_le_bytes())
+            .expect("write");
+    }
+
+    /// An eventfd on MSI-X vector `v`; returns a reader of its count.
+    fn msix(mep: &Mep, v: usize) -> impl Fn() -> u64 {
+        // SAFETY: plain system call; the fd is owned right away.
+        let fd = unsafe {
+            OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))
+        };
+        let reader = fd.try_clone().expect("dup");
+        mep.irqs(&mut |i| i.set(crate::irq::MSIX, v, fd.try_clone().ok()));
+        move || {
+            let mut n = 0u64;
+            // SAFETY: reads 8 bytes into a live u64 from an fd we own.
+            let r = unsafe { libc::read(reader.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
+            if r == 8 {
+                n
+            } else {
+                0
+            }
+        }
+    }
+
+    /// 8 MiB of fake guest memory mapped read/write at HOST.
+    fn map_host(mep: &Mep) {
+        let fd = memfd(8 << 20);
+        mep.lock()
+            .dma
+            .map(HOST, 8 << 20, 0, FLAG_READ | FLAG_WRITE, Some(fd))
+            .expect("map");
+    }
+
+    fn host_write(mep: &Mep, iova: u64, data: &[u8]) {
+        mep.lock().dma.write(iova, data).expect("host write");
+    }
+
+    fn host_read(mep: &Mep, iova: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        mep.lock().dma.read(iova, &mut v).expect("host read");
+        v
+    }
+
+    fn pattern(seed: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        Pattern::new(seed).fill(&mut v);
+        v
+    }
+
+    fn desc(control: u32, len: u64, src: u64, dst: u64) -> Vec<u8> {
+        let mut d = vec![0u8; 64];
+        d[0..4].copy_from_slice(&control.to_le_bytes());
+        d[8..16].copy_from_slice(&len.to_le_bytes());
+        d[16..24].copy_from_slice(&src.to_le_bytes());
+        d[24..32].copy_from_slice(&dst.to_le_bytes());
+        d[40..48].copy_from_slice(&0xc00c1e_u64.to_le_bytes());
+        d
+    }
+
+    const RING: u64 = HOST + 0x7f_0000;
+
+    /// Enable the engine with a 16-entry ring at RING.
+    fn start_engine(mep: &Mep) {
+        set(mep, DMA_RING_LO, RING as u32);
+        set(mep, DMA_RING_HI, (RING >> 32) as u32);
+        set(mep, DMA_RING_SIZE, 16);
+        set(mep, DMA_CTRL, DMA_CTRL_ENABLE);
+    }
+
+    /// Queue one descriptor at TAIL, run the engine; (status, done).
+    fn submit(mep: &Mep, d: &[u8]) -> (u32, u64) {
+        let tail = reg(mep, DMA_TAIL);
+        let at = RING + u64::from(tail % 16) * 64;
+        host_write(mep, at, d);
+        set(mep, DMA_TAIL, (tail + 1) % 16);
+        process(mep);
+        let back = host_read(mep, at, 64);
+        let st = u32::from_le_bytes(back[4..8].try_into().expect("4"));
+        let done = u64::from_le_bytes(back[32..40].try_into().expect("8"));
+        assert_eq!(back[40..48], d[40..48], "cookie untouched");
+        (st, done)
+    }
+
+    const H2W: u32 = KIND_HOST | KIND_WINDOW << 2;
+    const W2W: u32 = KIND_WINDOW | KIND_WINDOW << 2;
+    const W2H: u32 = KIND_WINDOW | KIND_HOST << 2;
+
+    #[test]
+    fn route_add_del_list_layouts() {
+        let f = fabric();
+        let r = mrpc(&f, 0, &route_in(1, 0x0300, 0x10000, 0x2000, 0x30_0000));
+        assert_eq!((r.status, r.ret), (2, 0));
+        assert_eq!(r.output, [1, 0, 8, 0, 1, 0, 0, 0]);
+        add(&f, 0, 0x0400, 0, 0x1000, 0);
+        // A larger size header is accepted, the extra bytes ignored.
+        let mut big = route_in(3, 0, 0, 0, 0);
+        big[2] = 40;
+        big.extend_from_slice(&[0xee; 8]);
+        let r = mrpc(&f, 0, &big);
+        assert_eq!(r.ret, 0);
+        let mut want = vec![1, 0, 72, 0, 2, 0, 32, 0];
+        for (w, s, t, p, h) in [
+            (0u64, 0x1000u64, 0u64, 0x0400u16, 0u8),
+            (0x10000, 0x2000, 0x30_0000, 0x0300, 1),
+        ] {
+            want.extend_from_slice(&w.to_le_bytes());
+            want.extend_from_slice(&s.to_le_bytes());
+            want.extend_from_slice(&t.to_le_bytes());
+            want.extend_from_slice(&p.to_le_bytes());
+            want.extend_from_slice(&[h, 0, 0, 0, 0, 0]);
+        }
+        assert_eq!(r.output, want, "LIST, ascending window_off");
+        // Routes are per MEP.
+        assert_eq!(
+            mrpc(&f, 1, &route_in(3, 0, 0, 0, 0)).output,
+            [1, 0, 8, 0, 0, 0, 32, 0]
+        );
+        let r = mrpc(&f, 0, &route_in(2, 0, 0, 0, 0));
+        assert_eq!((r.ret, r.output), (0, vec![1, 0, 8, 0, 1, 0, 0, 0]), "DEL");
+        assert_eq!(
+            ret(&f, 0, &route_in(2, 0, 0, 0, 0)),
+            model::PCIFAB_ERR_NO_ROUTE
+        );
+        assert_eq!(
+            ret(&f, 0, &route_in(2, 0, 0x11000, 0, 0)),
+            model::PCIFAB_ERR_NO_ROUTE,
+            "DEL inside a route, not at its start"
+        );
+        assert!(f.model().invariants().is_empty());
+        let s = handle("routes h0", &f);
+        assert_eq!(
+            s,
+            "{\"ok\":true,\"routes\":[{\"window_off\":65536,\"size\":8192,\"target_off\":3145728,\"pdfid\":768,\"target_host\":\"h1\"}]}"
+        );
+        assert_eq!(handle("routes h1", &f), "{\"ok\":true,\"routes\":[]}");
+    }
+
+    #[test]
+    fn route_errors_in_order() {
+        let f = fabric();
+        let w = 16 * MIB;
+        use model::*;
+        let mut short = route_in(1, 0x0300, 0, 0x1000, 0);
+        short.pop();
+        let mut v2 = route_in(1, 0x0300, 0, 0x1000, 0);
+        v2[0] = 2;
+        let mut small = route_in(1, 0x0300, 0, 0x1000, 0);
+        small[2] = 28;
+        for (input, want, why) in [
+            (vec![1, 0, 32], ERR_PARAM_INVALID, "no header"),
+            (short, ERR_PARAM_INVALID, "31 of 32 bytes"),
+            (v2, ERR_PARAM_INVALID, "version 2"),
+            (small, ERR_PARAM_INVALID, "size 28"),
+            (
+                route_in(0, 0x0300, 0, 0x1000, 0),
+                mrpc::ERR_SUBCMD_INVALID,
+                "sub 0",
+            ),
+            (
+                route_in(4, 0x0300, 0, 0x1000, 0),
+                mrpc::ERR_SUBCMD_INVALID,
+                "sub 4",
+            ),
+            (
+                route_in(1, 0x0999, 0x800, 0x1000, 0),
+                ERR_PARAM_INVALID,
+                "window_off unaligned first",
+            ),
+            (
+                route_in(1, 0x0300, 0, 0x1800, 0),
+                ERR_PARAM_INVALID,
+                "size unaligned",
+            ),
+            (
+                route_in(1, 0x0300, 0, 0x1000, 0x10),
+                ERR_PARAM_INVALID,
+                "target_off unaligned",
+            ),
+            (route_in(1, 0x0300, 0, 0, 0), ERR_PARAM_INVALID, "size 0"),
+            (
+                route_in(1, 0x0300, w - 0x1000, 0x2000, 0),
+                ERR_PARAM_INVALID,
+                "past the window",
+            ),
+            (
+                route_in(1, 0x0300, 0x1000, u64::MAX - 0xfff, 0),
+                ERR_PARAM_INVALID,
+                "wraps",
+            ),
+            (
+                route_in(1, 0x0999, 0, 0x1000, 0),
+                PCIFAB_ERR_PDFID_UNKNOWN,
+                "unknown pdfid",
+            ),
+            (
+                route_in(1, 0x0301, 0, 0x1000, 1 << 40),
+                PCIFAB_ERR_NOT_BOUND,
+                "unbound before range",
+            ),
+            (
+                route_in(1, 0x0300, 0, 0x1000, 4 * MIB),
+                PCIFAB_ERR_RANGE,
+                "past device memory",
+            ),
+            (
+                route_in(1, 0x0400, 0, 0x1000, 2 * MIB),
+                PCIFAB_ERR_RANGE,
+                "past gpu1's 2 MiB",
+            ),
+            (
+                route_in(1, 0x0300, 0, 0x1000, u64::MAX - 0xfff),
+                PCIFAB_ERR_RANGE,
+                "target wraps",
+            ),
+        ] {
+            let r = mrpc(&f, 0, &input);
+            assert_eq!((r.status, r.ret), (0xff, want), "{why}");
+        }
+        // All of the device memory is reachable, not only BAR2's 1 MiB.
+        add(&f, 0, 0x0300, 0, 0x1000, 4 * MIB - 0x1000);
+        assert_eq!(
+            ret(&f, 0, &route_in(1, 0x0400, 0, 0x2000, 0)),
+            PCIFAB_ERR_ROUTE_CONFLICT
+        );
+        for i in 1..16u64 {
+            add(&f, 0, 0x0400, i * 0x1000, 0x1000, 0);
+        }
+        assert_eq!(
+            ret(&f, 0, &route_in(1, 0x0400, 0xf000, 0x1000, 0)),
+            PCIFAB_ERR_ROUTE_CONFLICT,
+            "conflict is checked before full"
+        );
+        assert_eq!(
+            ret(&f, 0, &route_in(1, 0x0400, 0x10_0000, 0x1000, 0)),
+            PCIFAB_ERR_ROUTE_FULL
+        );
+        assert_eq!(mrpc(&f, 0, &route_in(3, 0, 0, 0, 0)).output[4], 16);
+        assert!(f.model().invariants().is_empty());
+        assert_eq!(mrpc::mrpc_name(0xf004), "P2P_ROUTE");
+    }
+
+    #[test]
+    fn window_accesses() {
+        let f = fabric();
+        let mep = &f.meps[0];
+        let irq = msix(mep, 2);
+        set(mep, DMA_IRQ, DMA_IRQ_ENABLE | 2);
+        add(&f, 0, 0x0300, 0x10000, 0x2000, 0x30_0000);
+        mep.region_write(REGION_BAR2, 0x10010, b"hello")
+            .expect("write");
+        let pf = f.function_dev(0x0300).expect("PF");
+        let mut b = [0u8; 5];
+        pf.dev_read(0x30_0010, &mut b).expect("dev read");
+        assert_eq!(&b, b"hello", "landed beyond BAR2, in device memory");
+        let mut r = [0u8; 5];
+        mep.region_read(REGION_BAR2, 0x10010, &mut r).expect("read");
+        assert_eq!(&r, b"hello");
+        assert_eq!(reg(mep, P2P_FAULT_COUNT), 0);
+        // Straddling the route's end: all ones, a fault, nothing written.
+        let mut r = [0u8; 4];
+        mep.region_read(REGION_BAR2, 0x11ffe, &mut r).expect("read");
+        assert_eq!(r, [0xff; 4]);
+        assert_eq!(reg(mep, P2P_FAULT_COUNT), 1);
+        assert_eq!(reg(mep, P2P_FAULT_ADDR_LO), 0x11ffe);
+        assert_eq!(reg(mep, P2P_EVENT_STATUS), EV_P2P_FAULT);
+        assert_eq!(irq(), 1, "P2P_FAULT interrupts on DMA_IRQ's vector");
+        mep.region_write(REGION_BAR2, 0xff_f000, &[1; 8])
+            .expect("write");
+        assert_eq!(reg(mep, P2P_FAULT_COUNT), 2);
+        assert_eq!(reg(mep, P2P_FAULT_ADDR_LO), 0xff_f000);
+        assert_eq!(irq(), 0, "bit already set: no new interrupt");
+        set(mep, P2P_EVENT_STATUS, EV_P2P_FAULT);
+        assert_eq!(reg(mep, P2P_EVENT_STATUS), 0, "write 1 to clear");
+        // h1's MEP has no routes: its window faults.
+        let mut r = [0u8; 2];
+        f.meps[1]
+            .region_read(REGION_BAR2, 0x10010, &mut r)
+            .expect("read");
+        assert_eq!(r, [0xff; 2]);
+        assert_eq!(reg(&f.meps[1], P2P_FAULT_COUNT), 1);
+        // Beyond the BAR: an error reply, no fault.
+        assert!(mep.region_read(REGION_BAR2, 16 * MIB - 1, &mut r).is_err());
+        assert_eq!(mep.region_size(REGION_BAR2), 16 * MIB);
+        assert_eq!(reg(mep, P2P_FAULT_COUNT), 2);
+        assert_eq!(reg(mep, P2P_CAPS), 0x0010_0301, "v1, window, DMA, 16 MiB");
+        let s = handle("p2p h0", &f);
+        assert_eq!(s, "{\"ok\":true,\"fault_count\":2,\"fault_addr\":16773120,\"dma_completed\":0,\"head\":0,\"tail\":0,\"status\":0,\"event_status\":0}");
+    }
+
+    #[test]
+    fn dma_host_window_host() {
+        let f = fabric();
+        let mep = &f.meps[0];
+        map_host(mep);
+        let irq = msix(mep, 3);
+        set(mep, DMA_IRQ, DMA_IRQ_ENABLE | 3);
+        add(&f, 0, 0x0300, 0, 2 * MIB, 2 * MIB); // gpu0 PF, owned by h1
+        add(&f, 0, 0x0400, 4 * MIB, 2 * MIB, 0); // gpu1 PF, owned by h0
+        start_engine(mep);
+        let len = MIB + 0x1234; // two chunks, the last one short
+        let data = pattern(7, len as usize);
+        host_write(mep, HOST, &data);
+        assert_eq!(
+            submit(mep, &desc(H2W | DESC_IRQ, len, HOST, 0x10)),
+            (ST_OK, len)
+        );
+        let mut got = vec![0u8; len as usize];
+        let pf0 = f.function_dev(0x0300).expect("PF");
+        pf0.dev_read(2 * MIB + 0x10, &mut got).expect("read");
+        assert!(got == data, "host -> window");
+        assert_eq!((reg(mep, DMA_HEAD), reg(mep, DMA_COMPLETED)), (1, 1));
+        assert_eq!(reg(mep, DMA_STATUS), 0, "idle");
+        assert_eq!(reg(mep, P2P_EVENT_STATUS), EV_DMA_DONE);
+        assert_eq!(irq(), 1);
+        // Window -> window: function to function.
+        assert_eq!(
+            submit(mep, &desc(W2W, len, 0x10, 4 * MIB + 0x20)),
+            (ST_OK, len)
+        );
+        let pf1 = f.function_dev(0x0400).expect("PF");
+        pf1.dev_read(0x20, &mut got).expect("read");
+        assert!(got == data, "window -> window");
+        assert_eq!(irq(), 0, "no IRQ bit: no interrupt");
+        // Window -> host.
+        assert_eq!(
+            submit(mep, &desc(W2H, len, 4 * MIB + 0x20, HOST + 4 * MIB)),
+            (ST_OK, len)
+        );
+        assert!(
+            host_read(mep, HOST + 4 * MIB, len as usize) == data,
+            "window -> host"
+        );
+        assert_eq!(reg(mep, DMA_COMPLETED), 3);
+        assert_eq!(
+            mep.p2p.model().hosts[0].routes.len(),
+            2,
+            "copies leave the routes alone"
+        );
+        let s = handle("dma-maps h0", &f);
+        assert_eq!(s, "{\"ok\":true,\"maps\":[{\"iova\":268435456,\"size\":8388608,\"flags\":3,\"mmapped\":true}]}");
+        assert_eq!(handle("dma-maps h1", &f), "{\"ok\":true,\"maps\":[]}");
+    }
+
+    #[test]
+    fn dma_faults_write_nothing() {
+        let f = fabric();
+        let mep = &f.meps[0];
+        map_host(mep);
+        let ro = memfd(0x10000);
+        mep.lock()
+            .dma
+            .map(0x4000_0000, 0x10000, 0, FLAG_READ, Some(ro))
+            .expect("map ro");
+        add(&f, 0, 0x0300, 0, 0x10000, 0);
+        start_engine(mep);
+        let pf = f.function_dev(0x0300).expect("PF");
+        pf.dev_write(0, &[0x5a; 0x10000]).expect("fill");
+        host_write(mep, HOST, &[0xa5; 0x20000]);
+        let unchanged = |what: &str| {
+            let mut b = vec![0u8; 0x10000];
+            pf.dev_read(0, &mut b).expect("read");
+            assert!(b.iter().all(|&x| x == 0x5a), "{what}: window written");
+            assert!(
+                host_read(mep, HOST, 0x20000).iter().all(|&x| x == 0xa5),
+                "{what}: host written"
+            );
+        };
+        for (d, st, why) in [
+            (
+                desc(H2W, 0x1000, 0x2000_0000, 0),
+                ST_HOST_FAULT,
+                "unmapped source",
+            ),
+            (
+                desc(H2W, 0x2000, HOST + 8 * MIB - 0x1000, 0),
+                ST_HOST_FAULT,
+                "past the mapping",
+            ),
+            (
+                desc(W2H, 0x1000, 0, 0x4000_0000),
+                ST_HOST_FAULT,
+                "read-only destination",
+            ),
+            (
+                desc(W2H, 0x1000, 0, 0x2000_0000),
+                ST_HOST_FAULT,
+                "unmapped destination",
+            ),
+            (
+                desc(H2W, 0x1000, HOST, 0xf800),
+                ST_ROUTE_FAULT,
+                "straddles the route's end",
+            ),
+            (desc(H2W, 0x1000, HOST, 0x20000), ST_ROUTE_FAULT, "no route"),
+            (
+                desc(W2H, 0x1000, 0x10000, HOST),
+                ST_ROUTE_FAULT,
+                "source without route",
+            ),
+            (desc(H2W, 0, HOST, 0), ST_BAD, "length 0"),
+            (desc(H2W, MAX_DMA_LEN + 1, HOST, 0), ST_BAD, "too long"),
+            (
+                desc(2 | KIND_WINDOW << 2, 0x1000, HOST, 0),
+                ST_BAD,
+                "source kind 2",
+            ),
+            (
+                desc(KIND_HOST | 3 << 2, 0x1000, HOST, 0),
+                ST_BAD,
+                "destination kind 3",
+            ),
+        ] {
+            assert_eq!(submit(mep, &d), (st, 0), "{why}");
+            unchanged(why);
+        }
+        assert_eq!(reg(mep, DMA_COMPLETED), 11, "failed descriptors complete");
+        assert_eq!(reg(mep, DMA_STATUS), 0, "not halted");
+        assert_eq!(
+            reg(mep, P2P_FAULT_COUNT),
+            0,
+            "DMA faults are not window faults"
+        );
+    }
+
+    #[test]
+    fn dma_halts_and_resets() {
+        let f = fabric();
+        let mep = &f.meps[0];
+        map_host(mep);
+        let irq = msix(mep, 1);
+        set(mep, DMA_IRQ, DMA_IRQ_ENABLE | 1);
+        // A ring that is not mapped: the fetch fails.
+        set(mep, DMA_RING_LO, 0x2000_0000);
+        set(mep, DMA_RING_SIZE, 4);
+        set(mep, DMA_CTRL, DMA_CTRL_ENABLE);
+        set(mep, DMA_TAIL, 1);
+        assert_eq!(reg(mep, DMA_STATUS), DMA_STATUS_BUSY);
+        process(mep);
+        assert_eq!(reg(mep, DMA_STATUS), DMA_STATUS_BUSY | DMA_STATUS_HALTED);
+        assert_eq!(reg(mep, P2P_EVENT_STATUS), EV_DMA_ERROR);
+        assert_eq!(irq(), 1);
+        assert_eq!(reg(mep, DMA_HEAD), 0);
+        // RESET: HEAD = TAIL = 0, STATUS = 0, reads 0; ENABLE as written.
+        set(mep, DMA_CTRL, DMA_CTRL_RESET | DMA_CTRL_ENABLE);
+        assert_eq!(reg(mep, DMA_CTRL), DMA_CTRL_ENABLE);
+        assert_eq!(
+            (reg(mep, DMA_STATUS), reg(mep, DMA_HEAD), reg(mep, DMA_TAIL)),
+            (0, 0, 0)
+        );
+        // Bad ring sizes and a misaligned ring halt at once.
+        for (size, ring) in [(3, RING), (1, RING), (8192, RING), (16, RING + 8)] {
+            set(mep, DMA_CTRL, DMA_CTRL_RESET | DMA_CTRL_ENABLE);
+            set(mep, DMA_RING_LO, ring as u32);
+            set(mep, DMA_RING_HI, (ring >> 32) as u32);
+            set(mep, DMA_RING_SIZE, size);
+            set(mep, DMA_TAIL, 1);
+            process(mep);
+            assert_eq!(
+                reg(mep, DMA_STATUS) & DMA_STATUS_HALTED,
+                DMA_STATUS_HALTED,
+                "size {size} ring {ring:#x}"
+            );
+        }
+        // A ring whose write-back fails (read-only mapping) halts too, and
+        // the descriptor does not complete.
+        let ro = memfd(0x1000);
+        mep.lock()
+            .dma
+            .map(0x4000_0000, 0x1000, 0, FLAG_READ, Some(ro))
+            .expect("map ro");
+        set(mep, DMA_CTRL, DMA_CTRL_RESET);
+        set(mep, P2P_EVENT_STATUS, EV_ALL);
+        set(mep, DMA_RING_LO, 0x4000_0000);
+        set(mep, DMA_RING_HI, 0);
+        set(mep, DMA_RING_SIZE, 2);
+        set(mep, DMA_TAIL, 1);
+        process(mep);
+        assert_eq!(
+            reg(mep, DMA_STATUS),
+            DMA_STATUS_BUSY,
+            "disabled: nothing done"
+        );
+        set(mep, DMA_CTRL, DMA_CTRL_ENABLE);
+        process(mep);
+        assert_eq!(reg(mep, DMA_STATUS), DMA_STATUS_BUSY | DMA_STATUS_HALTED);
+        assert_eq!(reg(mep, DMA_COMPLETED), 0);
+        // Read-only registers stay.
+        for r in [
+            DMA_STATUS,
+            DMA_HEAD,
+            P2P_FAULT_COUNT,
+            DMA_COMPLETED,
+            P2P_CAPS,
+        ] {
+            let before = reg(mep, r);
+            set(mep, r, 0x1234_5678);
+            assert_eq!(reg(mep, r), before, "register {r:#x}");
+        }
+        // A device reset brings power-on values back.
+        mep.reset();
+        assert_eq!(reg(mep, DMA_STATUS), 0);
+        assert_eq!(reg(mep, P2P_CAPS), 0x0010_0301);
+    }
+
+    #[test]
+    fn route_deleted_mid_copy() {
+        let f = Arc::new(fabric());
+        let mep = Arc::clone(&f.meps[0]);
+        map_host(&mep);
+        add(&f, 0, 0x0300, 0, 4 * MIB, 0);
+        start_engine(&mep);
+        assert_eq!(handle("fault h0 dma-delay 100", &f), "{\"ok\":true}");
+        assert!(handle("state", &f).contains("\"dma-delay 100\""));
+        let data = pattern(3, 3 * MIB as usize);
+        host_write(&mep, HOST, &data);
+        host_write(&mep, RING, &desc(H2W, 3 * MIB, HOST, 0));
+        set(&mep, DMA_TAIL, 1);
+        let m = Arc::clone(&mep);
+        let t = std::thread::spawn(move || process(&m));
+        // Chunk 0 goes at ~100 ms, chunk 1 would at ~200 ms.
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(ret(&f, 0, &route_in(2, 0, 0, 0, 0)), 0, "DEL");
+        t.join().expect("engine");
+        let back = host_read(&mep, RING, 64);
+        assert_eq!(
+            u32::from_le_bytes(back[4..8].try_into().expect("4")),
+            ST_ROUTE_FAULT
+        );
+        assert_eq!(u64::from_le_bytes(back[32..40].try_into().expect("8")), MIB);
+        let pf = f.function_dev(0x0300).expect("PF");
+        let mut got = vec![0u8; 2 * MIB as usize];
+        pf.dev_read(0, &mut got).expect("read");
+        assert!(
+            got[..MIB as usize] == data[..MIB as usize],
+            "first chunk arrived"
+        );
+        assert!(
+            got[MIB as usize..].iter().all(|&b| b == 0),
+            "second did not"
+        );
+        assert_eq!((reg(&mep, DMA_HEAD), reg(&mep, DMA_COMPLETED)), (1, 1));
+        assert_eq!(handle("fault clear h0", &f), "{\"ok\":true}");
+        assert_eq!(mep.faults().dma_delay_ms, 0);
+    }
+
+    #[test]
+    fn reset_waits_for_the_descriptor_in_flight() {
+        let f = Arc::new(fabric());
+        let mep = Arc::clone(&f.meps[0]);
+        map_host(&mep);
+        add(&f, 0, 0x0300, 0, 4 * MIB, 0);
+        start_engine(&mep);
+        handle("fault h0 dma-delay 60", &f);
+        host_write(&mep, RING, &desc(H2W, 2 * MIB, HOST, 0));
+        set(&mep, DMA_TAIL, 1);
+        let m = Arc::clone(&mep);
+        let t = std::thread::spawn(move || process(&m));
+        std::thread::sleep(Duration::from_millis(30));
+        set(&mep, DMA_CTRL, DMA_CTRL_RESET | DMA_CTRL_ENABLE);
+        assert_eq!(
+            (
+                reg(&mep, DMA_STATUS),
+                reg(&mep, DMA_HEAD),
+                reg(&mep, DMA_TAIL)
+            ),
+            (DMA_STATUS_BUSY, 0, 0),
+            "BUSY until the current descriptor is done"
+        );
+        t.join().expect("engine");
+        assert_eq!(reg(&mep, DMA_STATUS), 0, "idle");
+        assert_eq!((reg(&mep, DMA_HEAD), reg(&mep, DMA_COMPLETED)), (0, 0));
+        let back = host_read(&mep, RING, 64);
+        assert_eq!(u32::from_le_bytes(back[4..8].try_into().expect("4")), ST_OK);
+    }
+
+    #[test]
+    fn unbind_removes_routes_everywhere() {
+        let f = fabric();
+        add(&f, 0, 0x0300, 0, 0x1000, 0);
+        add(&f, 0, 0x0400, 0x1000, 0x1000, 0);
+        add(&f, 1, 0x0300, 0x8000, 0x1000, 0);
+        let pf = f.function_dev(0x0300).expect("PF");
+        pf.dev_write(4 * MIB - 8, &[9; 8]).expect("write");
+        let irq0 = msix(&f.meps[0], 0);
+        set(&f.meps[0], DMA_IRQ, DMA_IRQ_ENABLE);
+        let r = handle("unbind 0x0300", &f);
+        assert!(r.starts_with("{\"ok\":true,\"ret\":0"), "{r}");
+        let m = f.model();
+        assert_eq!(m.hosts[0].routes.len(), 1, "the route to gpu1 stays");
+        assert_eq!(m.hosts[0].routes[0].pdfid, 0x0400);
+        assert!(m.hosts[1].routes.is_empty());
+        assert!(m.invariants().is_empty());
+        drop(m);
+        for mep in &f.meps {
+            assert_eq!(
+                reg(mep, P2P_EVENT_STATUS),
+                EV_ROUTES_CHANGED,
+                "{}",
+                mep.name
+            );
+        }
+        assert_eq!(irq0(), 1);
+        let mut b = [1u8; 8];
+        pf.dev_read(4 * MIB - 8, &mut b).expect("read");
+        assert_eq!(b, [0; 8], "all device memory scrubbed");
+        // ADD to the now free function: NOT_BOUND.
+        assert_eq!(
+            ret(&f, 0, &route_in(1, 0x0300, 0, 0x1000, 0)),
+            model::PCIFAB_ERR_NOT_BOUND
+        );
+        // An unbind of a function without routes changes no MEP's routes.
+        set(&f.meps[1], P2P_EVENT_STATUS, EV_ALL);
+        handle("unbind 0x0400", &f);
+        assert_eq!(reg(&f.meps[1], P2P_EVENT_STATUS), 0);
+        assert_eq!(reg(&f.meps[0], P2P_EVENT_STATUS), EV_ROUTES_CHANGED);
+    }
+
+    #[test]
+    fn invariants_cover_routes() {
+        let f = fabric();
+        add(&f, 0, 0x0300, 0, 0x2000, 0);
+        let mut m = f.model();
+        let bad = |window_off, size, target_off, pdfid| Route {
+            window_off,
+            size,
+            target_off,
+            pdfid,
+        };
+        m.hosts[0].routes.push(bad(0x1000, 0x1000, 0, 0x0300));
+        m.hosts[0].routes.push(bad(0x10_0000, 0x1000, 0, 0x0301));
+        m.hosts[0]
+            .routes
+            .push(bad(16 * MIB, 0x1000, 4 * MIB, 0x0300));
+        let v = m.invariants();
+        assert_eq!(v.len(), 4, "{v:?}");
+        assert!(v[0].contains("overlaps route 0x1000+0x1000"), "{v:?}");
+        assert!(
+            v[1].contains("to 0x0301 targets an unbound function"),
+            "{v:?}"
+        );
+        assert!(v[2].contains("reaches past its device memory"), "{v:?}");
+        assert!(v[3].contains("outside the 0x1000000-byte window"), "{v:?}");
+        drop(m);
+        assert!(handle("invariants", &f).contains("targets an unbound function"));
+    }
+
+    #[test]
+    fn pattern_and_hash() {
+        // The definition in emulator.rst, written out.
+        let reference = |seed: u64, n: usize| {
+            let mut state = seed | 1;
+            let mut out = Vec::new();
+            while out.len() < n {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                out.extend_from_slice(&state.to_le_bytes());
+            }
+            out.truncate(n);
+            out
+        };
+        // seed 1: state 1 -> 0x40822041 after one xorshift64 step.
+        assert_eq!(pattern(1, 8), [0x41, 0x20, 0x82, 0x40, 0, 0, 0, 0]);
+        for (seed, n) in [(1, 21), (0xdead_beef, 64), (u64::MAX, 3)] {
+            assert_eq!(pattern(seed, n), reference(seed, n));
+        }
+        assert_eq!(pattern(0, 16), pattern(1, 16), "seed | 1");
+        let mut p = Pattern::new(99);
+        let mut a = vec![0u8; 13];
+        p.fill(&mut a[..5]);
+        p.fill(&mut a[5..]);
+        assert_eq!(a, pattern(99, 13), "a stream, however it is cut");
+        assert_eq!(fnv1a(FNV_OFFSET, b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(FNV_OFFSET, b"foobar"), 0x8594_4171_f739_67e8);
+
+        let f = fabric();
+        let len = MIB + 13;
+        assert_eq!(
+            handle(&format!("mem-fill 0x0300 0x200000 {len} 42"), &f),
+            "{\"ok\":true}"
+        );
+        let want = fnv1a(FNV_OFFSET, &pattern(42, len as usize));
+        assert_eq!(
+            handle(&format!("mem-hash 0x300 2097152 {len}"), &f),
+            format!("{{\"ok\":true,\"fnv1a64\":\"{want:016x}\"}}")
+        );
+        assert_eq!(
+            handle("mem-hash 0x0301 0 0", &f),
+            "{\"ok\":true,\"fnv1a64\":\"cbf29ce484222325\"}"
+        );
+        for (bad, why) in [
+            ("mem-fill 0x0300 0 1", "usage: mem-fill"),
+            ("mem-fill 0x0999 0 1 1", "no function with pdfid 0x0999"),
+            ("mem-fill 0x0300 0x3fffff 2 1", "outside the 0x400000 bytes"),
+            ("mem-fill 0x0301 0 0x100001 1", "outside the 0x100000 bytes"),
+            ("mem-hash 0x0300 x 1", "offset 'x' is not a number"),
+            ("mem-hash 0x0300 0 18446744073709551615", "outside"),
+            ("mem-hash 0x10000 0 1", "pdfid 0x10000 is out of range"),
+            ("routes", "usage: routes <host>"),
+            ("routes h9", "no host 'h9'"),
+            ("dma-maps h0 h1", "usage: dma-maps"),
+            ("p2p nobody", "no host 'nobody'"),
+            ("fault h0 dma-delay 700000", "at most 600000"),
+            ("fault h0 dma-delay", "usage: fault"),
+        ] {
+            let r = handle(bad, &f);
+            assert!(
+                r.starts_with("{\"ok\":false,\"error\":") && r.contains(why),
+                "{bad}: {r}"
+            );
+        }
+    }
+}

@@ -1,0 +1,889 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! `pcifab p2p`: the routes of this host's P2P window, copies with the management endpoint's
+//! DMA engine, and the distance between two functions (uAPI 1.4, Documentation/uapi.rst).
+
+use std::{
+    fmt,
+    fs::File,
+    io::{Read, Write},
+    path::PathBuf,
+    time::Instant,
+};
+
+use pcifab_uapi::{
+    dev::{self, CopyDst, CopySrc, P2pError, P2pOp},
+    Route,
+};
+use serde_json::{json, Value};
+
+use super::{failure, open, pdfid, pdfid_str, usage_error, Cli, Error, Progress};
+
+/// The options only `p2p` commands take; each needs a value.
+pub const OPTIONS: [&str; 6] = [
+    "--size",
+    "--target-off",
+    "--window-off",
+    "--from",
+    "--to",
+    "--len",
+];
+
+/// The `p2p` options of the command line, parsed.
+#[derive(Debug, Default)]
+pub struct Opts {
+    size: Option<u64>,
+    target_off: Option<u64>,
+    window_off: Option<u64>,
+    from: Option<End>,
+    to: Option<End>,
+    len: Option<u64>,
+}
+
+impl Opts {
+    /// Takes option `opt` (one of [`OPTIONS`]) with value `v`.
+    pub fn set(&mut self, opt: &str, v: &str) -> Result<(), Error> {
+        match opt {
+            "--size" => self.size = Some(size(opt, v)?),
+            "--target-off" => self.target_off = Some(size(opt, v)?),
+            "--window-off" if v.eq_ignore_ascii_case("any") => {
+                self.window_off = Some(pcifab_uapi::ROUTE_ANY_WINDOW)
+            }
+            "--window-off" => self.window_off = Some(size(opt, v)?),
+            "--from" => self.from = Some(end(opt, v)?),
+            "--to" => self.to = Some(end(opt, v)?),
+            _ => self.len = Some(size(opt, v)?),
+        }
+        Ok(())
+    }
+
+    /// The options given, by name.
+    fn given(&self) -> Vec<&'static str> {
+        let set = [
+            self.size.is_some(),
+            self.target_off.is_some(),
+            self.window_off.is_some(),
+            self.from.is_some(),
+            self.to.is_some(),
+            self.len.is_some(),
+        ];
+        OPTIONS
+            .iter()
+            .zip(set)
+            .filter_map(|(o, s)| s.then_some(*o))
+            .collect()
+    }
+}
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// Parses a size, offset or address: decimal or 0x hex, optionally with a binary K, M or G
+/// suffix (`16M`, `0x1000`, `4k`).
+pub fn size(what: &str, s: &str) -> Result<u64, Error> {
+    let bad = || {
+        usage_error(format!(
+            "{what} '{s}' is not a size (decimal or 0x hex, optionally with K, M or G: 16M, \
+             0x1000, 4k)"
+        ))
+    };
+    let (digits, unit) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], KIB),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], MIB),
+        Some(b'g' | b'G') => (&s[..s.len() - 1], GIB),
+        _ => (s, 1),
+    };
+    let n = match digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
+        Some(hex) if !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            u64::from_str_radix(hex, 16).map_err(|_| bad())?
+        }
+        Some(_) => return Err(bad()),
+        None if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
+            digits.parse::<u64>().map_err(|_| bad())?
+        }
+        None => return Err(bad()),
+    };
+    n.checked_mul(unit)
+        .ok_or_else(|| usage_error(format!("{what} '{s}' does not fit in 64 bits")))
+}
+
+/// One end of a copy, as the command line names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// `PDFID:OFF`: the function's device memory at OFF, through a route.
+    Function { pdfid: u16, off: u64 },
+    /// `file:PATH`: host memory, read from or written to PATH.
+    File(PathBuf),
+    /// `iova:ADDR`: a raw bus address.
+    Iova(u64),
+}
+
+impl fmt::Display for End {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            End::Function { pdfid, off } => write!(f, "{}:{off:#x}", pdfid_str(*pdfid)),
+            End::File(p) => write!(f, "file:{}", p.display()),
+            End::Iova(a) => write!(f, "iova:{a:#x}"),
+        }
+    }
+}
+
+/// Parses an end of a copy: `PDFID:OFF`, `file:PATH` or `iova:ADDR`.
+pub fn end(what: &str, s: &str) -> Result<End, Error> {
+    let context = |e: Error| usage_error(format!("{what} '{s}': {e}"));
+    if let Some(path) = s.strip_prefix("file:") {
+        if path.is_empty() {
+            return Err(usage_error(format!(
+                "{what} '{s}' needs a path after 'file:'"
+            )));
+        }
+        return Ok(End::File(PathBuf::from(path)));
+    }
+    if let Some(addr) = s.strip_prefix("iova:") {
+        return Ok(End::Iova(size("address", addr).map_err(context)?));
+    }
+    let (f, off) = s.split_once(':').ok_or_else(|| {
+        usage_error(format!(
+            "{what} '{s}' is not an end: write PDFID:OFF (device memory, e.g. 0x0300:0), \
+             file:PATH or iova:ADDR"
+        ))
+    })?;
+    Ok(End::Function {
+        pdfid: pdfid(f).map_err(context)?,
+        off: size("offset", off).map_err(context)?,
+    })
+}
+
+/// Writes a byte count the way people read it: `16 MiB`, `4 KiB`, `4097 bytes`.
+fn human(n: u64) -> String {
+    match n {
+        0 => "0 bytes".into(),
+        n if n % GIB == 0 => format!("{} GiB", n / GIB),
+        n if n % MIB == 0 => format!("{} MiB", n / MIB),
+        n if n % KIB == 0 => format!("{} KiB", n / KIB),
+        n => format!("{n} bytes"),
+    }
+}
+
+/// Refuses the `p2p` options that `sub` does not take.
+fn only(cli: &Cli, sub: &str, allowed: &[&str]) -> Result<(), Error> {
+    match cli.p2p.given().into_iter().find(|o| !allowed.contains(o)) {
+        Some(o) => Err(usage_error(format!(
+            "{o} does not apply to `pcifab p2p {sub}`"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Refuses positional arguments beyond the first `n`.
+fn at_most(cli: &Cli, n: usize) -> Result<(), Error> {
+    match cli.args.get(n) {
+        Some(extra) => Err(usage_error(format!("unexpected argument '{extra}'"))),
+        None => Ok(()),
+    }
+}
+
+/// Runs `pcifab p2p ...`.
+pub fn run(cli: &Cli) -> Result<(), Error> {
+    match cli.args.first().map(String::as_str) {
+        Some("route") => match cli.args.get(1).map(String::as_str) {
+            Some("add") => route_add(cli),
+            Some("del") => route_del(cli),
+            Some("list") => route_list(cli),
+            Some(other) => Err(usage_error(format!(
+                "unknown command 'p2p route {other}': use add, del or list"
+            ))),
+            None => Err(usage_error("p2p route needs add, del or list")),
+        },
+        Some("copy") => copy(cli),
+        Some("distance") => distance(cli),
+        Some(other) => Err(usage_error(format!(
+            "unknown command 'p2p {other}': use route, copy or distance"
+        ))),
+        None => Err(usage_error("p2p needs route, copy or distance")),
+    }
+}
+
+/// Names the firmware's return codes of P2P_ROUTE (Documentation/mrpc.rst).
+fn fw_reason(ret: u32) -> Option<&'static str> {
+    Some(match ret {
+        0 => return None,
+        0x64006 => "invalid parameter",
+        0xf0_0001 => "no function with this PDFID",
+        0xf0_0002 => "beyond the function's device memory",
+        0xf0_000a => "the function is not bound to any host",
+        0xf0_000b => "the MEP already has 16 routes",
+        0xf0_000c => "the window range overlaps a route",
+        0xf0_000d => "no route starts at this window offset",
+        _ => "firmware error",
+    })
+}
+
+/// The error of a failed P2P ioctl: what was asked, the errno and its meaning, the firmware's
+/// reason, and `hint` (what to do). With `--json` it also prints a failure object.
+fn p2p_error(cli: &Cli, what: &str, e: &P2pError, hint: Option<String>) -> Error {
+    let mut msg = format!("{what} on {} failed", cli.device);
+    if e.op == P2pOp::Copy && (e.done != 0 || e.dma_status != pcifab_uapi::DMA_STATUS_NONE) {
+        msg.push_str(&format!(
+            " after {} bytes (engine status {})",
+            e.done,
+            dev::dma_status_name(e.dma_status)
+        ));
+    }
+    msg.push_str(&format!(": {}", e.err));
+    if let Some(m) = e.meaning() {
+        msg.push_str(&format!(" ({m})"));
+    }
+    if let Some(r) = fw_reason(e.fw_ret) {
+        msg.push_str(&format!(" ({r}; firmware code {:#x})", e.fw_ret));
+    }
+    if let Some(h) = hint {
+        msg.push_str(&format!("; {h}"));
+    }
+    if cli.json {
+        let mut o = json!({
+            "ok": false,
+            "command": what,
+            "ioctl": e.op.ioctl_name(),
+            "error": e.err.to_string(),
+            "errno": e.err.raw_os_error(),
+        });
+        match e.op {
+            P2pOp::RouteAdd | P2pOp::RouteDel => o["fw_ret"] = json!(format!("{:#x}", e.fw_ret)),
+            P2pOp::Copy => {
+                o["done"] = json!(e.done);
+                o["dma_status"] = json!(dev::dma_status_name(e.dma_status));
+            }
+            _ => {}
+        }
+        println!("{o}");
+    }
+    Error {
+        msg,
+        usage: false,
+        code: if e.refused() { super::EXIT_REFUSED } else { 1 },
+    }
+}
+
+fn route_json(r: &Route) -> Value {
+    json!({
+        "window_off": r.window_off,
+        "size": r.size,
+        "pdfid": pdfid_str(r.pdfid),
+        "target_off": r.target_off,
+        "target_host": r.target_host,
+    })
+}
+
+/// Checks that a route offset or size is a multiple of the route granule (4 KiB).
+fn aligned(what: &str, n: u64) -> Result<(), Error> {
+    if n % pcifab_uapi::ROUTE_ALIGN == 0 {
+        Ok(())
+    } else {
+        Err(usage_error(format!(
+            "{what} {n} ({n:#x}) is not a multiple of 4096 (4k): routes map whole 4 KiB pages"
+        )))
+    }
+}
+
+fn route_add(cli: &Cli) -> Result<(), Error> {
+    only(
+        cli,
+        "route add",
+        &["--size", "--target-off", "--window-off"],
+    )?;
+    at_most(cli, 3)?;
+    let arg = cli
+        .args
+        .get(2)
+        .ok_or_else(|| usage_error("p2p route add needs a PDFID, e.g. 0x0300"))?;
+    let target = pdfid(arg)?;
+    let size = cli.p2p.size.ok_or_else(|| {
+        usage_error("p2p route add needs --size N, the bytes to route (e.g. 16M)")
+    })?;
+    if size == 0 {
+        return Err(usage_error("--size must be more than 0"));
+    }
+    aligned("--size", size)?;
+    let target_off = cli.p2p.target_off.unwrap_or(0);
+    aligned("--target-off", target_off)?;
+    let window_off = cli.p2p.window_off.unwrap_or(pcifab_uapi::ROUTE_ANY_WINDOW);
+    if window_off != pcifab_uapi::ROUTE_ANY_WINDOW {
+        aligned("--window-off", window_off)?;
+    }
+    let dev = open(&cli.device)?;
+    let route = Route {
+        window_off,
+        size,
+        target_off,
+        pdfid: target,
+        ..Route::default()
+    };
+    let r = dev::route_add(&dev, &route).map_err(|e| {
+        let hint = match e.err.raw_os_error() {
+            Some(libc::ENOENT) => Some("`pcifab list` shows the functions".to_string()),
+            Some(libc::ENOLINK) => Some(format!(
+                "bind it to a host first: `pcifab bind {} --host H`",
+                pdfid_str(target)
+            )),
+            Some(libc::ERANGE) => Some("use a smaller --size or --target-off".into()),
+            Some(libc::EEXIST | libc::ENOSPC) => Some(
+                "`pcifab p2p route list` shows the routes, `pcifab p2p route del OFF` frees one"
+                    .into(),
+            ),
+            Some(libc::EINVAL) if window_off != pcifab_uapi::ROUTE_ANY_WINDOW => Some(
+                "`pcifab p2p route list` shows the window's size; leave --window-off out to \
+                 take the lowest free offset"
+                    .into(),
+            ),
+            _ => None,
+        };
+        p2p_error(
+            cli,
+            &format!("p2p route add {}", pdfid_str(target)),
+            &e,
+            hint,
+        )
+    })?;
+    let added = r.route;
+    if cli.json {
+        let mut o = route_json(&added);
+        o["ok"] = json!(true);
+        o["nr_routes"] = json!(r.nr_routes);
+        println!("{o}");
+    } else {
+        println!(
+            "route added: window {:#x}-{:#x} ({}) -> {} at {:#x} (bound to host {}); {} of {} \
+             routes",
+            added.window_off,
+            added
+                .window_off
+                .saturating_add(added.size)
+                .saturating_sub(1),
+            human(added.size),
+            pdfid_str(added.pdfid),
+            added.target_off,
+            added.target_host,
+            r.nr_routes,
+            pcifab_uapi::MAX_ROUTES
+        );
+    }
+    Ok(())
+}
+
+fn route_del(cli: &Cli) -> Result<(), Error> {
+    only(cli, "route del", &[])?;
+    at_most(cli, 3)?;
+    let arg = cli.args.get(2).ok_or_else(|| {
+        usage_error("p2p route del needs the window offset of the route (`pcifab p2p route list`)")
+    })?;
+    let off = size("window offset", arg)?;
+    aligned("window offset", off)?;
+    let dev = open(&cli.device)?;
+    let r = dev::route_del(&dev, off).map_err(|e| {
+        let hint = (e.err.raw_os_error() == Some(libc::ENOENT))
+            .then(|| "`pcifab p2p route list` shows where the routes start".to_string());
+        p2p_error(cli, &format!("p2p route del {off:#x}"), &e, hint)
+    })?;
+    if cli.json {
+        println!(
+            "{}",
+            json!({"ok": true, "window_off": off, "nr_routes": r.nr_routes})
+        );
+    } else {
+        println!(
+            "route at window offset {off:#x} deleted; {} routes left",
+            r.nr_routes
+        );
+    }
+    Ok(())
+}
+
+fn route_list(cli: &Cli) -> Result<(), Error> {
+    only(cli, "route list", &[])?;
+    at_most(cli, 2)?;
+    let dev = open(&cli.device)?;
+    let t = dev::routes(&dev).map_err(|e| p2p_error(cli, "p2p route list", &e, None))?;
+    if cli.json {
+        println!(
+            "{}",
+            json!({
+                "window_size": t.window_size,
+                "max_routes": pcifab_uapi::MAX_ROUTES,
+                "routes": t.routes.iter().map(route_json).collect::<Vec<_>>(),
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "P2P window: {} ({:#x} bytes); {} of {} routes",
+        human(t.window_size),
+        t.window_size,
+        t.routes.len(),
+        pcifab_uapi::MAX_ROUTES
+    );
+    println!("\nWINDOW OFF    SIZE          TARGET  TARGET OFF    HOST");
+    for r in &t.routes {
+        println!(
+            "{:<13} {:<13} {:<7} {:<13} {}",
+            format!("{:#x}", r.window_off),
+            human(r.size),
+            pdfid_str(r.pdfid),
+            format!("{:#x}", r.target_off),
+            r.target_host
+        );
+    }
+    if t.routes.is_empty() {
+        println!("(none; `pcifab p2p route add PDFID --size N` adds one)");
+    }
+    Ok(())
+}
+
+/// The route that would cover `len` bytes at `off` of a function, as a command to add it.
+fn route_suggestion(pdfid: u16, off: u64, len: u64) -> String {
+    let a = pcifab_uapi::ROUTE_ALIGN;
+    let start = off - off % a;
+    let end = off.saturating_add(len).div_ceil(a).saturating_mul(a);
+    let mut s = format!(
+        "pcifab p2p route add {} --size {:#x}",
+        pdfid_str(pdfid),
+        end - start
+    );
+    if start != 0 {
+        s.push_str(&format!(" --target-off {start:#x}"));
+    }
+    s
+}
+
+fn copy(cli: &Cli) -> Result<(), Error> {
+    only(cli, "copy", &["--from", "--to", "--len"])?;
+    at_most(cli, 1)?;
+    let from = cli.p2p.from.clone().ok_or_else(|| {
+        usage_error("p2p copy needs --from END (PDFID:OFF, file:PATH, iova:ADDR)")
+    })?;
+    let to =
+        cli.p2p.to.clone().ok_or_else(|| {
+            usage_error("p2p copy needs --to END (PDFID:OFF, file:PATH, iova:ADDR)")
+        })?;
+    let len = cli
+        .p2p
+        .len
+        .ok_or_else(|| usage_error("p2p copy needs --len N, the bytes to copy (e.g. 4M)"))?;
+    if len == 0 || len > pcifab_uapi::P2P_MAX_LEN {
+        return Err(usage_error(format!(
+            "--len {len} is out of range: copies are 1 byte to {}",
+            human(pcifab_uapi::P2P_MAX_LEN)
+        )));
+    }
+    match (&from, &to) {
+        (End::File(_), End::File(_)) => {
+            return Err(usage_error(
+                "--from and --to are both files: one end of a copy must be device memory \
+                 (PDFID:OFF); use cp for file to file",
+            ))
+        }
+        (End::Iova(_), End::Iova(_)) => {
+            return Err(usage_error(
+                "--from and --to are both IOVAs: one end of a copy must be device memory \
+                 (PDFID:OFF)",
+            ))
+        }
+        _ => {}
+    }
+    let n = usize::try_from(len).map_err(|_| usage_error("--len is too large for this host"))?;
+
+    // Host memory for the file ends: read the source now, open the destination now (so a
+    // path we cannot write fails before the copy), write it only after a copy that succeeded.
+    let mut src_buf = Vec::new();
+    if let End::File(p) = &from {
+        let f = File::open(p)
+            .map_err(|e| failure(format!("cannot open {} (--from): {e}", p.display())))?;
+        src_buf.reserve_exact(n);
+        f.take(len)
+            .read_to_end(&mut src_buf)
+            .map_err(|e| failure(format!("cannot read {} (--from): {e}", p.display())))?;
+        if src_buf.len() < n {
+            return Err(failure(format!(
+                "{} holds only {} bytes but --len asks for {len}: copy fewer bytes or use a \
+                 larger file",
+                p.display(),
+                src_buf.len()
+            )));
+        }
+    }
+    let mut dst_buf = Vec::new();
+    let mut dst_file = None;
+    if let End::File(p) = &to {
+        let existed = p.exists();
+        let f = File::options()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(p)
+            .map_err(|e| failure(format!("cannot open {} (--to): {e}", p.display())))?;
+        dst_file = Some((f, existed));
+        dst_buf = vec![0u8; n];
+    }
+
+    let dev = open(&cli.device)?;
+    let src = match &from {
+        End::Function { pdfid, off } => CopySrc::Function {
+            pdfid: *pdfid,
+            off: *off,
+        },
+        End::File(_) => CopySrc::User(&src_buf),
+        End::Iova(a) => CopySrc::Iova(*a),
+    };
+    let dst = match &to {
+        End::Function { pdfid, off } => CopyDst::Function {
+            pdfid: *pdfid,
+            off: *off,
+        },
+        End::File(_) => CopyDst::User(&mut dst_buf),
+        End::Iova(a) => CopyDst::Iova(*a),
+    };
+    let what = format!("p2p copy {from} -> {to}");
+    let progress = Progress::start(format!("copying {}", human(len)), cli.json);
+    let start = Instant::now();
+    let r = dev::p2p_copy(&dev, src, dst, len, cli.timeout_ms);
+    let elapsed = start.elapsed();
+    drop(progress);
+    let c = r.map_err(|e| {
+        let mut hint = match e.err.raw_os_error() {
+            Some(libc::ENOENT) => {
+                let adds: Vec<String> = [&from, &to]
+                    .into_iter()
+                    .filter_map(|end| match end {
+                        End::Function { pdfid, off } => Some(route_suggestion(*pdfid, *off, len)),
+                        _ => None,
+                    })
+                    .collect();
+                Some(format!(
+                    "add a route that covers it: `{}` (`pcifab p2p route list` shows the routes)",
+                    adds.join("` or `")
+                ))
+            }
+            Some(libc::EREMOTEIO) => {
+                Some("a route was deleted, or its function unbound, while the copy ran".into())
+            }
+            Some(libc::ETIMEDOUT) => Some("retry with a longer --timeout MS".into()),
+            _ => None,
+        };
+        if let (End::File(p), Some((_, existed))) = (&to, &dst_file) {
+            if !existed {
+                let _ = std::fs::remove_file(p);
+            }
+            let note = format!("nothing was written to {}", p.display());
+            hint = Some(match hint {
+                Some(h) => format!("{h}; {note}"),
+                None => note,
+            });
+        }
+        p2p_error(cli, &what, &e, hint)
+    })?;
+    if c.done != len {
+        return Err(failure(format!(
+            "{what} on {}: the kernel reported success but only {} of {len} bytes copied \
+             (engine status {})",
+            cli.device,
+            c.done,
+            dev::dma_status_name(c.dma_status)
+        )));
+    }
+    if let (Some((mut f, _)), End::File(p)) = (dst_file, &to) {
+        let write = |f: &mut File| -> std::io::Result<()> {
+            if f.metadata()?.is_file() {
+                f.set_len(0)?;
+            }
+            f.write_all(&dst_buf)
+        };
+        write(&mut f).map_err(|e| {
+            failure(format!(
+                "the copy succeeded but writing {} failed: {e}",
+                p.display()
+            ))
+        })?;
+    }
+    let secs = elapsed.as_secs_f64();
+    let rate = if secs > 0.0 {
+        len as f64 / MIB as f64 / secs
+    } else {
+        0.0
+    };
+    if cli.json {
+        println!(
+            "{}",
+            json!({
+                "ok": true,
+                "from": from.to_string(),
+                "to": to.to_string(),
+                "bytes": c.done,
+                "elapsed_us": elapsed.as_micros() as u64,
+                "mib_per_s": (rate * 10.0).round() / 10.0,
+                "dma_status": dev::dma_status_name(c.dma_status),
+            })
+        );
+    } else {
+        println!(
+            "copied {} bytes ({}) {from} -> {to} in {:.3} ms: {rate:.1} MiB/s",
+            c.done,
+            human(c.done),
+            secs * 1000.0
+        );
+    }
+    Ok(())
+}
+
+fn path_name(path: u32) -> (&'static str, &'static str) {
+    match path {
+        pcifab_uapi::P2P_PATH_SAME => ("same", "the same function"),
+        pcifab_uapi::P2P_PATH_SWITCH => ("switch", "both on this host, through its virtual switch"),
+        pcifab_uapi::P2P_PATH_FABRIC => (
+            "fabric",
+            "through the fabric, by a route of this host's management endpoint",
+        ),
+        _ => ("unknown", "a path this tool does not know"),
+    }
+}
+
+/// The info bits of a distance: name, JSON key and what it says (with `a`, `b` filled in).
+fn info_flags(info: u32, a: u16, b: u16) -> Vec<(&'static str, &'static str, String)> {
+    let (a, b) = (pdfid_str(a), pdfid_str(b));
+    let mut out: Vec<_> = [
+        (
+            pcifab_uapi::P2P_A_LOCAL,
+            "A_LOCAL",
+            "a_local",
+            format!("{a} is bound to and enumerated on this host"),
+        ),
+        (
+            pcifab_uapi::P2P_B_LOCAL,
+            "B_LOCAL",
+            "b_local",
+            format!("{b} is bound to and enumerated on this host"),
+        ),
+        (
+            pcifab_uapi::P2P_A_ROUTED,
+            "A_ROUTED",
+            "a_routed",
+            format!("a route of this host reaches {a}"),
+        ),
+        (
+            pcifab_uapi::P2P_B_ROUTED,
+            "B_ROUTED",
+            "b_routed",
+            format!("a route of this host reaches {b}"),
+        ),
+        (
+            pcifab_uapi::P2P_ACS_REDIRECT,
+            "ACS_REDIRECT",
+            "acs_redirect",
+            "a downstream port redirects peer requests upstream".to_string(),
+        ),
+    ]
+    .into_iter()
+    .filter(|(bit, ..)| info & bit != 0)
+    .map(|(_, name, key, text)| (name, key, text))
+    .collect();
+    let known = pcifab_uapi::P2P_A_LOCAL
+        | pcifab_uapi::P2P_B_LOCAL
+        | pcifab_uapi::P2P_A_ROUTED
+        | pcifab_uapi::P2P_B_ROUTED
+        | pcifab_uapi::P2P_ACS_REDIRECT;
+    if info & !known != 0 {
+        out.push((
+            "UNKNOWN",
+            "unknown",
+            format!("bits {:#x} this tool does not know", info & !known),
+        ));
+    }
+    out
+}
+
+fn distance(cli: &Cli) -> Result<(), Error> {
+    only(cli, "distance", &[])?;
+    at_most(cli, 3)?;
+    let (Some(a), Some(b)) = (cli.args.get(1), cli.args.get(2)) else {
+        return Err(usage_error(
+            "p2p distance needs two PDFIDs, e.g. 0x0300 0x0400",
+        ));
+    };
+    let (a, b) = (pdfid(a)?, pdfid(b)?);
+    let dev = open(&cli.device)?;
+    let d = dev::p2p_distance(&dev, a, b).map_err(|e| {
+        let hint = (e.err.raw_os_error() == Some(libc::ENOENT))
+            .then(|| "`pcifab list` shows the functions".to_string());
+        p2p_error(
+            cli,
+            &format!("p2p distance {} {}", pdfid_str(a), pdfid_str(b)),
+            &e,
+            hint,
+        )
+    })?;
+    let (path, path_text) = path_name(d.path);
+    let flags = info_flags(d.info, a, b);
+    if cli.json {
+        let mut info = serde_json::Map::new();
+        for (_, key, _) in &flags {
+            info.insert(key.to_string(), json!(true));
+        }
+        println!(
+            "{}",
+            json!({
+                "a": pdfid_str(a),
+                "b": pdfid_str(b),
+                "path": path,
+                "hops": d.hops,
+                "pci_distance": d.pci_distance,
+                "info": format!("{:#x}", d.info),
+                "flags": flags.iter().map(|(_, key, _)| *key).collect::<Vec<_>>(),
+            })
+        );
+        return Ok(());
+    }
+    println!("between:       {} and {}", pdfid_str(a), pdfid_str(b));
+    println!("path:          {path} ({path_text})");
+    println!("hops:          {} switch ports", d.hops);
+    if d.pci_distance < 0 {
+        println!(
+            "pci distance:  {} (the kernel would refuse P2P, or one of them is not local)",
+            d.pci_distance
+        );
+    } else {
+        println!("pci distance:  {}", d.pci_distance);
+    }
+    if flags.is_empty() {
+        println!("info:          none");
+    }
+    for (i, (name, _, text)) in flags.iter().enumerate() {
+        let label = if i == 0 { "info:" } else { "" };
+        println!("{label:<14} {name}: {text}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(size("n", "16M").ok(), Some(16 << 20));
+        assert_eq!(size("n", "0x1000").ok(), Some(0x1000));
+        assert_eq!(size("n", "4k").ok(), Some(4096));
+        assert_eq!(size("n", "4K").ok(), Some(4096));
+        assert_eq!(size("n", "1g").ok(), Some(1 << 30));
+        assert_eq!(size("n", "0x10M").ok(), Some(16 << 20));
+        assert_eq!(size("n", "0").ok(), Some(0));
+        assert_eq!(size("n", "12345").ok(), Some(12345));
+        assert_eq!(size("n", "0XFF").ok(), Some(255));
+        for bad in [
+            "",
+            "k",
+            "0x",
+            "0xk",
+            "-1",
+            "1.5M",
+            "16 M",
+            "16MB",
+            "0xg",
+            "+4",
+            "1T",
+            "99999999999999999999",
+            "17179869184G",
+        ] {
+            let e = size("--size", bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?}"));
+            assert!(e.usage, "{bad}");
+            assert!(e.msg.starts_with("--size '"), "{}", e.msg);
+        }
+    }
+
+    #[test]
+    fn ends() {
+        assert_eq!(
+            end("--from", "0x0300:16M").ok(),
+            Some(End::Function {
+                pdfid: 0x300,
+                off: 16 << 20
+            })
+        );
+        assert_eq!(
+            end("--from", "768:0").ok(),
+            Some(End::Function { pdfid: 768, off: 0 })
+        );
+        assert_eq!(
+            end("--to", "file:/tmp/a:b").ok(),
+            Some(End::File(PathBuf::from("/tmp/a:b")))
+        );
+        assert_eq!(
+            end("--to", "iova:0x8000_0000".replace('_', "").as_str()).ok(),
+            Some(End::Iova(0x8000_0000))
+        );
+        for bad in [
+            "0x0300",
+            "file:",
+            "iova:",
+            "iova:zz",
+            "0x10000:0",
+            "0x0300:",
+            "gpu:0",
+            ":0x1000",
+            "0x0300:4q",
+        ] {
+            let e = end("--from", bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?}"));
+            assert!(e.usage, "{bad}");
+            assert!(e.msg.contains(bad), "{bad}: {}", e.msg);
+        }
+    }
+
+    #[test]
+    fn ends_print_as_parsed() {
+        for s in ["0x0300:0x1000", "file:/tmp/x", "iova:0x80000000"] {
+            assert_eq!(
+                end("--from", s).ok().map(|e| e.to_string()).as_deref(),
+                Some(s)
+            );
+        }
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(16 << 20), "16 MiB");
+        assert_eq!(human(4096), "4 KiB");
+        assert_eq!(human(1 << 30), "1 GiB");
+        assert_eq!(human(4097), "4097 bytes");
+        assert_eq!(human(0), "0 bytes");
+    }
+
+    #[test]
+    fn route_suggestions_cover_the_range() {
+        assert_eq!(
+            route_suggestion(0x300, 0, 4096),
+            "pcifab p2p route add 0x0300 --size 0x1000"
+        );
+        assert_eq!(
+            route_suggestion(0x300, 0x1800, 0x1000),
+            "pcifab p2p route add 0x0300 --size 0x2000 --target-off 0x1000"
+        );
+    }
+
+    #[test]
+    fn info_flags_are_spelled_out() {
+        let f = info_flags(
+            pcifab_uapi::P2P_A_LOCAL | pcifab_uapi::P2P_B_ROUTED | 0x100,
+            0x300,
+            0x400,
+        );
+        let names: Vec<_> = f.iter().map(|(n, ..)| *n).collect();
+        assert_eq!(names, ["A_LOCAL", "B_ROUTED", "UNKNOWN"]);
+        assert!(f[1].2.contains("0x0400"));
+    }
+}
