@@ -11,7 +11,7 @@
 //! driver owns. Host memory is named by bus address: user buffers are pinned and mapped with
 //! the DMA API for the length of one batch, so with an IOMMU the engine reaches only those
 //! pages, and they are unmapped and unpinned on every exit path (the guard's `Drop`).
-//! Copies are serialised per endpoint ([`P2p::engine`]); each batch is submitted, then waited
+//! Copies are serialised per endpoint ([`P2p::copying`]); each batch is submitted, then waited
 //! for; a timeout, a signal or unbind resets the engine and waits until it is idle before
 //! the batch's pages are released.
 
@@ -133,6 +133,10 @@ struct Engine {
 /// P2P state of one endpoint.
 #[pin_data]
 pub(crate) struct P2p {
+    /// Held for a whole copy: the engine runs one copy's batches at a time. Separate from
+    /// `engine`, which a waiting copy releases while it sleeps on `done`.
+    #[pin]
+    copying: Mutex<()>,
     #[pin]
     engine: Mutex<Engine>,
     /// Serialises route changes (the free-window search and the add).
@@ -160,6 +164,7 @@ pub(crate) struct Counters {
 impl P2p {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
+            copying <- new_mutex!(()),
             engine <- new_mutex!(Engine { ring: None, tail: 0, dead: false }),
             routes <- new_mutex!(()),
             done <- new_condvar!(),
@@ -225,15 +230,21 @@ pub(crate) fn init(mep: &Mep, dev: &Device<Bound>, vector: usize) -> Result {
     Ok(())
 }
 
-/// Stops copies for unbind: the running one aborts, later ones fail with `ENODEV`.
+/// Stops copies for unbind: the running one aborts (and has released its pages when this
+/// returns), later ones fail with `ENODEV`.
 pub(crate) fn shut_down(mep: &Mep) {
     mep.p2p.abort.store(true, Relaxed);
     mep.p2p.done.notify_all();
+    let _copying = mep.p2p.copying.lock();
     let mut e = mep.p2p.engine.lock();
     e.dead = true;
-    let _ = mep.with_bar(|bar| {
-        bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_RESET));
-    });
+    // Stopped and idle before the ring goes: the engine writes statuses back into it.
+    reset(mep, &mut e);
+    // The ring's DMA mapping must not outlive the binding (the IOMMU domain and the DMA ops
+    // of the device go with it), while open files may keep the `Mep` for longer.
+    let ring = e.ring.take();
+    drop(e);
+    drop(ring);
 }
 
 /// Runs `P2P_ROUTE` with `input`'s fields after the header.
@@ -374,7 +385,7 @@ pub(crate) fn copy(
     }
     let timeout_ms = match timeout_ms {
         0 => DEFAULT_COPY_TIMEOUT_MS,
-        t if t > 600_000 => return Err(EINVAL),
+        t if t > uapi::P2P_MAX_TIMEOUT_MS => return Err(EINVAL),
         t => t,
     };
     let routes = routes(mep)?;
@@ -396,7 +407,8 @@ pub(crate) fn copy(
     };
     let (s, d) = (resolve(src)?, resolve(dst)?);
 
-    let deadline = Instant::<Monotonic>::now();
+    let start = Instant::<Monotonic>::now();
+    let _copying = mep.p2p.copying.lock();
     let mut e = mep.p2p.engine.lock();
     if e.dead || mep.p2p.abort.load(Relaxed) {
         return Err(ENODEV);
@@ -449,7 +461,7 @@ pub(crate) fn copy(
             }
             at
         };
-        let r = run_batch(mep, &mut e, &batch, deadline, timeout_ms);
+        let r = run_batch(mep, &mut e, &batch, start, timeout_ms);
         drop(pinned);
         match r {
             Ok((bytes, status, err)) => {
@@ -614,7 +626,7 @@ fn reset(mep: &Mep, e: &mut Engine) {
 ///
 /// `pages` holds `npages` pages pinned with `pin_user_pages_fast()`; `sgt` is a table over
 /// them mapped with `dma_map_sgtable()` for `dev`, which stays bound while this exists (the
-/// caller holds [`P2p::engine`], which unbind takes before the device goes).
+/// caller holds [`P2p::copying`], which unbind takes before the device goes).
 struct UserDma {
     dev: *mut bindings::device,
     pages: KVec<*mut bindings::page>,

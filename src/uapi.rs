@@ -42,6 +42,8 @@ pub(crate) const P2P_USER: u32 = 1;
 pub(crate) const P2P_IOVA: u32 = 2;
 /// `PCIFAB_P2P_MAX_LEN`.
 pub(crate) const P2P_MAX_LEN: u64 = 1 << 30;
+/// `PCIFAB_P2P_MAX_TIMEOUT_MS`.
+pub(crate) const P2P_MAX_TIMEOUT_MS: u32 = 600_000;
 /// `PCIFAB_P2P_PATH_*`.
 pub(crate) const P2P_PATH_SAME: u32 = 0;
 pub(crate) const P2P_PATH_SWITCH: u32 = 1;

@@ -432,6 +432,18 @@ struct pcifab_p2p_end {
 
 /* Largest PCIFAB_IOCTL_P2P_COPY length. */
 #define PCIFAB_P2P_MAX_LEN	(1ULL << 30)
+/* Longest PCIFAB_IOCTL_P2P_COPY timeout in milliseconds; 0 means 60000. */
+#define PCIFAB_P2P_MAX_TIMEOUT_MS 600000
+/* Routes a host's window holds at most; routes map whole 4 KiB pages. */
+#define PCIFAB_P2P_MAX_ROUTES	16
+#define PCIFAB_P2P_ROUTE_ALIGN	4096
+
+/* struct pcifab_p2p_copy.dma_status: the engine's status of a descriptor. */
+#define PCIFAB_P2P_DMA_NONE		0	/* no descriptor ran */
+#define PCIFAB_P2P_DMA_OK		1
+#define PCIFAB_P2P_DMA_HOST_FAULT	2	/* host memory the IOMMU did not map */
+#define PCIFAB_P2P_DMA_ROUTE_FAULT	3	/* no route, or it went away mid-copy */
+#define PCIFAB_P2P_DMA_BAD		4	/* a descriptor the engine rejected */
 
 /**
  * struct pcifab_p2p_copy - PCIFAB_IOCTL_P2P_COPY argument: copy with the MEP's DMA engine
@@ -441,9 +453,10 @@ struct pcifab_p2p_end {
  * @dst: in: where it goes (not both ends user buffers or IOVAs)
  * @len: in: bytes, 1 to PCIFAB_P2P_MAX_LEN
  * @done: out: bytes copied; less than @len after an error
- * @dma_status: out: the engine's status of the last descriptor (1 OK,
- *	2 HOST_FAULT, 3 ROUTE_FAULT, 4 BAD), 0 if none ran
- * @timeout_ms: in: bound on the whole copy, 0 means 60000
+ * @dma_status: out: the engine's status of the last descriptor
+ *	(PCIFAB_P2P_DMA_*), PCIFAB_P2P_DMA_NONE if none ran
+ * @timeout_ms: in: bound on the whole copy, 0 means 60000, at most
+ *	PCIFAB_P2P_MAX_TIMEOUT_MS
  *
  * A function end must lie wholly inside one route of this host. User
  * buffers are pinned and DMA-mapped for the copy and unmapped before the

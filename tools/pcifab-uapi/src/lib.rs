@@ -73,9 +73,11 @@ pub const UNBOUND: u8 = 0xff;
 
 /// `PCIFAB_ROUTE_ANY_WINDOW`: [`Route::window_off`] for ROUTE_ADD: the lowest free offset.
 pub const ROUTE_ANY_WINDOW: u64 = !0;
-/// Granule of route offsets and sizes (the header's "a multiple of 4096").
+/// `PCIFAB_P2P_ROUTE_ALIGN`: granule of route offsets and sizes.
 pub const ROUTE_ALIGN: u64 = 4096;
-/// Most routes a host's MEP holds (the header's "16 routes").
+/// `PCIFAB_P2P_MAX_TIMEOUT_MS`.
+pub const P2P_MAX_TIMEOUT_MS: u32 = 600_000;
+/// `PCIFAB_P2P_MAX_ROUTES`: most routes a host's MEP holds.
 pub const MAX_ROUTES: usize = 16;
 /// `PCIFAB_P2P_*`: [`P2pEnd::kind`].
 pub const P2P_FUNCTION: u32 = 0;
@@ -83,7 +85,7 @@ pub const P2P_USER: u32 = 1;
 pub const P2P_IOVA: u32 = 2;
 /// `PCIFAB_P2P_MAX_LEN`: largest copy.
 pub const P2P_MAX_LEN: u64 = 1 << 30;
-/// [`P2pCopy::dma_status`] values (the header's comment; 0: no descriptor ran).
+/// `PCIFAB_P2P_DMA_*`: [`P2pCopy::dma_status`] values (0: no descriptor ran).
 pub const DMA_STATUS_NONE: u32 = 0;
 pub const DMA_STATUS_OK: u32 = 1;
 pub const DMA_STATUS_HOST_FAULT: u32 = 2;
