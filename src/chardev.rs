@@ -288,6 +288,9 @@ impl OpenFile {
             .write_slice(&output)?;
         write_arg(arg, &m, len)?;
 
+        if m.cmd & 0xffff == 0xf004 {
+            self.mep.p2p.routes_changed();
+        }
         let reply = self
             .mep
             .mrpc
@@ -500,6 +503,8 @@ impl OpenFile {
         }
         let n = l.nr_routes as usize;
         let bytes = n.checked_mul(rsize).ok_or(EINVAL)?;
+        // Prove the argument writable before asking the firmware.
+        write_arg(arg, &l, len)?;
         let routes = p2p::routes(&self.mep)?;
         let mut w = UserSlice::new(UserPtr::from_addr(l.routes_ptr as usize), bytes).writer();
         for r in routes.iter().take(n) {
@@ -577,6 +582,8 @@ pub(crate) fn mrpc_class(cmd: u32) -> MrpcClass {
     match cmd {
         // Die temperature, echo, PAX id, topology dump, fabric database dump, GFMS events.
         0x04 | 0x41 | 0x81 | 0x82 | 0x83 | 0x89 => MrpcClass::ReadOnly,
+        // P2P routes: adding and deleting them changes what this host can reach.
+        0xf004 => MrpcClass::Configuration,
         // pcifab's read-only extensions.
         0xf000..=0xf07f => MrpcClass::ReadOnly,
         // GFMS bind/unbind, device management, port configuration, port control.

@@ -142,6 +142,14 @@ pub(crate) struct P2p {
     /// Serialises route changes (the free-window search and the add).
     #[pin]
     routes: Mutex<()>,
+    /// The routes as last read from the firmware, for copies: reading them is a firmware
+    /// command of several hundred bytes, which would dominate a small copy. Only a hint: the
+    /// engine checks every range against the firmware's own routes.
+    #[pin]
+    cache: Mutex<Option<KVec<uapi::Route>>>,
+    /// The cache may be out of date: set by route changes and by the firmware's
+    /// ROUTES_CHANGED event (from the interrupt handler, which cannot take `cache`).
+    stale: Atomic<bool>,
     /// Woken by the interrupt handler when a descriptor completes.
     #[pin]
     done: CondVar,
@@ -167,6 +175,8 @@ impl P2p {
             copying <- new_mutex!(()),
             engine <- new_mutex!(Engine { ring: None, tail: 0, dead: false }),
             routes <- new_mutex!(()),
+            cache <- new_mutex!(None),
+            stale: Atomic::new(true),
             done <- new_condvar!(),
             abort: Atomic::new(false),
             window: Atomic::new(0),
@@ -184,6 +194,11 @@ impl P2p {
         }
     }
 
+    /// Marks the cached routes out of date (someone changed them).
+    pub(crate) fn routes_changed(&self) {
+        self.stale.store(true, Relaxed);
+    }
+
     /// Size of the P2P window in bytes (0: none).
     pub(crate) fn window_size(&self) -> u64 {
         self.window.load(Relaxed)
@@ -193,6 +208,9 @@ impl P2p {
     pub(crate) fn on_events(&self, ev: u32) {
         if ev & regs::P2P_EV_FAULT != 0 {
             self.faults.fetch_add(1, Relaxed);
+        }
+        if ev & regs::P2P_EV_ROUTES_CHANGED != 0 {
+            self.stale.store(true, Relaxed);
         }
         // A route the firmware removed may be the one a copy is using: wake it too.
         if ev & (regs::P2P_EV_DMA_DONE | regs::P2P_EV_DMA_ERROR | regs::P2P_EV_ROUTES_CHANGED) != 0
@@ -295,6 +313,27 @@ pub(crate) fn routes(mep: &Mep) -> Result<KVec<uapi::Route>> {
     Ok(v)
 }
 
+/// The routes for a copy: the cached list unless it is out of date, else read again.
+fn cached_routes(mep: &Mep, refresh: bool) -> Result<KVec<uapi::Route>> {
+    let mut cache = mep.p2p.cache.lock();
+    let stale = mep.p2p.stale.xchg(false, Relaxed);
+    if let (Some(c), false, false) = (cache.as_ref(), stale, refresh) {
+        let mut v = KVec::with_capacity(c.len(), GFP_KERNEL)?;
+        v.extend_from_slice(c, GFP_KERNEL)?;
+        return Ok(v);
+    }
+    let fresh = routes(mep);
+    match &fresh {
+        Ok(r) => {
+            let mut v = KVec::with_capacity(r.len(), GFP_KERNEL)?;
+            v.extend_from_slice(r, GFP_KERNEL)?;
+            *cache = Some(v);
+        }
+        Err(_) => mep.p2p.stale.store(true, Relaxed),
+    }
+    fresh
+}
+
 fn le64(b: &[u8], at: usize) -> Result<u64> {
     Ok(u64::from(fabric::le32(b, at)?) | (u64::from(fabric::le32(b, at + 4)?) << 32))
 }
@@ -322,6 +361,7 @@ pub(crate) fn route_add(mep: &Mep, mut r: uapi::Route) -> Result<(uapi::Route, u
         r.window_off = at;
     }
     let mut out = [0u8; 8];
+    mep.p2p.routes_changed();
     route_cmd(mep, SUB_ADD, &r, &mut out)?;
     let count = u32::from(fabric::le16(&out, 4)?);
     // The firmware says which host the target is bound to in its list.
@@ -339,6 +379,7 @@ pub(crate) fn route_del(mep: &Mep, window_off: u64) -> Result<u32, Failure> {
         ..uapi::Route::default()
     };
     let mut out = [0u8; 8];
+    mep.p2p.routes_changed();
     route_cmd(mep, SUB_DEL, &r, &mut out)?;
     Ok(u32::from(fabric::le16(&out, 4)?))
 }
@@ -388,7 +429,19 @@ pub(crate) fn copy(
         t if t > uapi::P2P_MAX_TIMEOUT_MS => return Err(EINVAL),
         t => t,
     };
-    let routes = routes(mep)?;
+    let known =
+        |e: &uapi::P2pEnd| matches!(e.kind, uapi::P2P_FUNCTION | uapi::P2P_USER | uapi::P2P_IOVA);
+    if !known(src) || !known(dst) {
+        return Err(EINVAL);
+    }
+    // A route added behind the driver's back (raw MRPC) is found by reading them again.
+    let mut routes = cached_routes(mep, false)?;
+    let covered = |routes: &[uapi::Route], e: &uapi::P2pEnd| {
+        e.kind != uapi::P2P_FUNCTION || window_of(routes, e.pdfid, e.addr, len).is_some()
+    };
+    if !covered(&routes, src) || !covered(&routes, dst) {
+        routes = cached_routes(mep, true)?;
+    }
     let resolve = |e: &uapi::P2pEnd| -> Result<End> {
         match e.kind {
             uapi::P2P_FUNCTION => window_of(&routes, e.pdfid, e.addr, len)

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use pcifab_uapi::{Arg, Identity, Mrpc, Stats, Version};
+use pcifab_uapi::{Arg, Identity, Mrpc, P2pCopy, P2pRoutes, Stats, Version};
 
 #[path = "selftest/p2p.rs"]
 mod p2p;
@@ -871,6 +871,18 @@ fn cmd_abi(o: &Opts) -> Res<()> {
             valid: as_bytes(&Stats::new()),
             starts: 0,
         },
+        Ioctl {
+            // Room for no routes: the firmware's route list is one command.
+            name: "P2P_ROUTES",
+            nr: pcifab_uapi::PCIFAB_IOCTL_P2P_ROUTES,
+            size: std::mem::size_of::<P2pRoutes>(),
+            valid: as_bytes(&{
+                let mut l = P2pRoutes::new();
+                l.route_size = std::mem::size_of::<pcifab_uapi::Route>() as u32;
+                l
+            }),
+            starts: 1,
+        },
     ];
     for io in &ioctls {
         let (n, sz, v) = (io.name, io.size, &io.valid);
@@ -1130,6 +1142,63 @@ fn cmd_abi(o: &Opts) -> Res<()> {
             b.as_mut_ptr()
         })?;
     }
+    // P2P_COPY: every bad argument is refused before the firmware is asked.
+    let copy_nr = pcifab_uapi::PCIFAB_IOCTL_P2P_COPY;
+    let mut c = P2pCopy::new();
+    (c.src.kind, c.src.pdfid) = (pcifab_uapi::P2P_FUNCTION, 0x0300);
+    (c.dst.kind, c.dst.pdfid) = (pcifab_uapi::P2P_FUNCTION, 0x0400);
+    c.len = 1;
+    let copy_valid = as_bytes(&c);
+    // Offsets in struct pcifab_p2p_copy.
+    const SRC_KIND: usize = 8;
+    const SRC_RSVD: usize = 14;
+    const DST_KIND: usize = 24;
+    const LEN: usize = 40;
+    const COPY_TIMEOUT: usize = 60;
+    let copy_cases: Vec<(&str, Edit)> = vec![
+        ("P2P_COPY len 0", Box::new(|b| put_u64(b, LEN, 0))),
+        (
+            "P2P_COPY len PCIFAB_P2P_MAX_LEN + 1",
+            Box::new(|b| put_u64(b, LEN, pcifab_uapi::P2P_MAX_LEN + 1)),
+        ),
+        (
+            "P2P_COPY source kind 3",
+            Box::new(|b| put_u32(b, SRC_KIND, 3)),
+        ),
+        (
+            "P2P_COPY destination kind 0xffffffff",
+            Box::new(|b| put_u32(b, DST_KIND, u32::MAX)),
+        ),
+        (
+            "P2P_COPY both ends user buffers",
+            Box::new(|b| {
+                put_u32(b, SRC_KIND, pcifab_uapi::P2P_USER);
+                put_u32(b, DST_KIND, pcifab_uapi::P2P_USER);
+            }),
+        ),
+        (
+            "P2P_COPY user buffer to IOVA",
+            Box::new(|b| {
+                put_u32(b, SRC_KIND, pcifab_uapi::P2P_USER);
+                put_u32(b, DST_KIND, pcifab_uapi::P2P_IOVA);
+            }),
+        ),
+        (
+            "P2P_COPY reserved field of an end",
+            Box::new(|b| b[SRC_RSVD] = 1),
+        ),
+        (
+            "P2P_COPY timeout_ms PCIFAB_P2P_MAX_TIMEOUT_MS + 1",
+            Box::new(|b| put_u32(b, COPY_TIMEOUT, pcifab_uapi::P2P_MAX_TIMEOUT_MS + 1)),
+        ),
+    ];
+    for (name, edit) in copy_cases {
+        r.case(name, copy_nr, libc::EINVAL, 0, |b, _| {
+            b[..copy_valid.len()].copy_from_slice(&copy_valid);
+            edit(b);
+            b.as_mut_ptr()
+        })?;
+    }
     // Unknown ioctl numbers.
     for (name, nr) in [
         ("unknown ioctl 0xfa7f", pcifab_uapi::io(0xfa, 0x7f)),
@@ -1258,6 +1327,7 @@ fn cmd_unpriv(o: &Opts) -> Res<()> {
         ("bind 0x84", 0x84),
         ("unbind 0x85", 0x85),
         ("pcifab configuration extension 0xf080", 0xf080),
+        ("P2P route 0xf004", 0xf004),
         ("debug-write 0x87", 0x87),
         ("unknown id 0x1234", 0x1234),
         ("bind with bits 16-31 set 0x10084", 0x1_0084),
@@ -1284,6 +1354,45 @@ fn cmd_unpriv(o: &Opts) -> Res<()> {
             fails.push(format!(
                 "{name}: STATS mrpc_commands: expected +0 for a refused command, got +{}",
                 after.mrpc_commands - before.mrpc_commands
+            ));
+        }
+    }
+    // P2P: changing routes and copying need CAP_SYS_ADMIN; the route list is open.
+    let mut add = pcifab_uapi::P2pRoute::new();
+    (add.route.pdfid, add.route.size) = (0x0300, 4096);
+    let mut copy = P2pCopy::new();
+    (copy.src.pdfid, copy.dst.pdfid, copy.len) = (0x0300, 0x0400, 1);
+    let mut list = P2pRoutes::new();
+    list.route_size = std::mem::size_of::<pcifab_uapi::Route>() as u32;
+    for (name, r, want) in [
+        (
+            "P2P_ROUTE_ADD",
+            d.ioctl(pcifab_uapi::PCIFAB_IOCTL_P2P_ROUTE_ADD, &mut add),
+            libc::EPERM,
+        ),
+        (
+            "P2P_COPY",
+            d.ioctl(pcifab_uapi::PCIFAB_IOCTL_P2P_COPY, &mut copy),
+            libc::EPERM,
+        ),
+        (
+            "P2P_ROUTES",
+            d.ioctl(pcifab_uapi::PCIFAB_IOCTL_P2P_ROUTES, &mut list),
+            0,
+        ),
+    ] {
+        let got = r.err().unwrap_or(0);
+        rows.push(format!(
+            "{{\"cmd\":{},\"expected\":{},\"got\":{}}}",
+            json_str(name),
+            json_str(&errno_name(want)),
+            json_str(&errno_name(got))
+        ));
+        if got != want {
+            fails.push(format!(
+                "{name}: expected {}, got {}",
+                errno_name(want),
+                errno_name(got)
             ));
         }
     }
