@@ -457,7 +457,7 @@ impl Run {
              [ $i -ge 100 ]; do sleep 0.1; i=$((i+1)); done; \
              for d in /sys/bus/pci/devices/*; do [ $(cat $d/vendor) = 0x10de ] && \
              echo \"$(basename $d) $(cat $d/vendor):$(cat $d/device)\"; done; true";
-        let steps: [(usize, &str, &str); 8] = [
+        let steps: [(usize, &str, &str); 12] = [
             (0, "the pool, as host 0 sees it", "pcifab list"),
             (
                 0,
@@ -482,6 +482,22 @@ impl Run {
                 "pcifab bind 0x0402 --host 1",
             ),
             (1, "the fabric now, from host 1", "pcifab list"),
+            (
+                0,
+                "host 0 routes its P2P window to VF 1 (its own) and to GPU0 (on host 1)",
+                "pcifab p2p route add 0x0401 --size 1M && pcifab p2p route add 0x0300 --size 1M",
+            ),
+            (0, "host 0's routes", "pcifab p2p route list"),
+            (
+                0,
+                "host 0 copies 1 MiB from GPU0 on host 1 into its VF 1, through the fabric",
+                "pcifab p2p copy --from 0x0300:0 --to 0x0401:0 --len 1M",
+            ),
+            (
+                0,
+                "how the data travelled",
+                "pcifab p2p distance 0x0300 0x0401",
+            ),
         ];
         for (host, what, cmd) in steps {
             let h = &mut fabric.hosts[host];
