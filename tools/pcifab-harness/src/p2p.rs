@@ -145,6 +145,26 @@ pub fn p2p_copies(f: &mut Fabric) -> Result<(), String> {
         LONG,
     )?;
 
+    // samples/p2p.c reads the cross-host function back into host memory: its hash must be
+    // the emulator's hash of that device memory.
+    let out = h0.run_ok("pcifab-p2p 0x0402 0 0x100000")?;
+    let hash = out
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("fnv1a64="))
+        .unwrap_or("")
+        .to_string();
+    expect_eq(
+        "h0: samples/p2p.c hash of 0x0402 [0, 1 MiB) vs the emulator's",
+        mem_hash(&emu, GPU1_VF2, 0, MIB)?,
+        hash,
+    )?;
+    if !out.contains("routes=3 ") {
+        return Err(format!(
+            "h0: samples/p2p.c: expected routes=3, got: {}",
+            out.trim()
+        ));
+    }
+
     // The CPU through the window: h0 reads h1's function at window 161 MiB.
     let mep = mep_bdf(h0)?;
     selftest_json(
