@@ -113,6 +113,13 @@ impl Registration {
         unsafe { &*container_of!(misc.cast::<Opaque<bindings::miscdevice>>(), Self, misc) }
     }
 
+    /// The kobject of the registered misc device (`/sys/class/misc/pcifabN`).
+    pub(crate) fn kobject(&self) -> *mut bindings::kobject {
+        // SAFETY: By the type invariants `misc` is registered, so `this_device` is set and
+        // lives until `misc_deregister()` in drop.
+        unsafe { &raw mut (*(*self.misc.get()).this_device).kobj }
+    }
+
     /// Returns the endpoint whose misc device is `dev`.
     ///
     /// # Safety

@@ -23,6 +23,7 @@ mod chardev;
 mod compose;
 mod event;
 mod fabric;
+mod fnsysfs;
 mod hotplug;
 mod mrpc;
 mod p2p;
@@ -135,6 +136,8 @@ fn read_bytes(bar: &Bar0<'_>, gas_offset: usize, out: &mut [u8]) -> Result {
 /// first (no new users), then the interrupt handler, then the vectors it runs on.
 #[pin_data]
 struct PcifabData<'bound> {
+    /// Dropped first: the per-function directories live under the character device's.
+    fndirs: Option<fnsysfs::FnDirs>,
     #[pin]
     chardev: chardev::Registration,
     #[pin]
@@ -327,7 +330,17 @@ impl pci::Driver for PcifabDriver {
                 },
                 chardev <- {
                     event::enable(&chardev_mep, true)?;
-                    chardev::Registration::new(pdev.as_ref(), chardev_mep)
+                    chardev::Registration::new(pdev.as_ref(), chardev_mep.clone())
+                },
+                fndirs: {
+                    // SAFETY: `chardev` is initialised before this field (initialisers run in
+                    // the order written) and lives in the same pinned allocation.
+                    let chardev = unsafe { &*core::ptr::addr_of!((*this.as_ptr()).chardev) };
+                    fnsysfs::FnDirs::new(chardev_mep, chardev.kobject())
+                        .inspect_err(|e| {
+                            dev_warn!(pdev, "no per-function sysfs directories: {:?}\n", e)
+                        })
+                        .ok()
                 },
             }))
         })

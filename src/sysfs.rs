@@ -75,7 +75,7 @@ impl Attr {
 
 /// Wrapper making the static C tables shareable.
 #[repr(transparent)]
-pub(crate) struct SyncStatic<T>(T);
+pub(crate) struct SyncStatic<T>(pub(crate) T);
 
 // SAFETY: The wrapped tables are immutable after compile time; the C side only reads them
 // (the attributes are static, so lockdep never writes a key into them).
@@ -96,8 +96,18 @@ impl Write for PageWriter<'_> {
     }
 }
 
-impl PageWriter<'_> {
-    fn emit(&mut self, args: fmt::Arguments<'_>) -> Result {
+impl<'a> PageWriter<'a> {
+    /// A writer filling `buf` from its start.
+    pub(crate) fn new(buf: &'a mut [u8]) -> Self {
+        Self { buf, len: 0 }
+    }
+
+    /// Bytes written so far.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn emit(&mut self, args: fmt::Arguments<'_>) -> Result {
         self.write_fmt(args).map_err(|_| EINVAL)
     }
 

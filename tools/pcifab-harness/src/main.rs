@@ -11,6 +11,7 @@ mod p2p;
 mod procs;
 mod qmp;
 mod scenarios;
+mod telemetry;
 
 use std::fs::File;
 use std::io::Write;

@@ -156,6 +156,11 @@ pub fn all() -> Vec<Scenario> {
             300,
             crate::p2p::p2p_races,
         ),
+        s(
+            "sysfs: per-function telemetry in every host follows the firmware",
+            120,
+            crate::telemetry::sysfs_telemetry,
+        ),
         s("rmmod pcifab in every host", 120, rmmod_pcifab),
         s(
             "MEP hot removal with a command in flight: ENODEV",
@@ -660,7 +665,7 @@ const CONCURRENT_PROCS: u64 = 4;
 
 /// Loads pcifab if needed and empties the kernel log, so the scenario's own end check sees
 /// only what the scenario caused.
-fn begin(h: &mut Host) -> Result<(), String> {
+pub(crate) fn begin(h: &mut Host) -> Result<(), String> {
     ensure_pcifab(h)?;
     check_bound_pcifab(h)?;
     h.run_ok("dmesg -c >/dev/null")?;

@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! The per-function telemetry directories in sysfs
+//! (`/sys/class/misc/pcifabN/functions/0xPDFID/`), checked against what the emulator's
+//! firmware is told to report.
+
+use crate::fabric::Fabric;
+use crate::scenarios::{begin, expect_eq, Checks};
+
+/// Reads the four telemetry files of `pdfid` in one command.
+fn read(h: &mut crate::fabric::Host, pdfid: u16) -> Result<Vec<String>, String> {
+    let d = format!("/sys/class/misc/pcifab0/functions/{pdfid:#06x}");
+    let out = h.run_ok(&format!(
+        "cat {d}/temperature {d}/power {d}/utilisation {d}/health"
+    ))?;
+    Ok(out.lines().map(|l| l.trim().to_string()).collect())
+}
+
+/// Every host has a directory per function of the fabric (bound anywhere or not), and the
+/// files follow the firmware's telemetry, converted to hwmon units.
+pub fn sysfs_telemetry(f: &mut Fabric) -> Result<(), String> {
+    f.each_host(|h, _| begin(h))?;
+    let e = f.expected.clone();
+    let emu = f.emu();
+    let want: Vec<String> = e
+        .functions()
+        .iter()
+        .map(|fi| format!("{:#06x}", fi.pdfid))
+        .collect();
+    for h in &mut f.hosts {
+        let out = h.run_ok("ls /sys/class/misc/pcifab0/functions")?;
+        let mut got: Vec<String> = out.split_whitespace().map(str::to_string).collect();
+        got.sort();
+        let mut w = want.clone();
+        w.sort();
+        expect_eq(&format!("{}: function directories", h.name), w, got)?;
+    }
+    // gpu0's PF: 91.50 C, 800 W (above its 700 W limit), 42 %; a VF gets a fifth of the power.
+    let before = read(&mut f.hosts[0], 0x0300)?;
+    emu.request("telemetry 0x0300 9150 800000 42")?;
+    let result = (|| -> Result<(), String> {
+        for h in &mut f.hosts {
+            let mut c = Checks::new(&format!("{}: sysfs telemetry of 0x0300", h.name));
+            let pf = read(h, 0x0300)?;
+            c.eq(
+                "temperature (m°C)",
+                "91500",
+                pf.first().map_or("", String::as_str),
+            );
+            c.eq(
+                "power (µW)",
+                "800000000",
+                pf.get(1).map_or("", String::as_str),
+            );
+            c.eq(
+                "utilisation (%)",
+                "42",
+                pf.get(2).map_or("", String::as_str),
+            );
+            // Bit 1 temperature >= 85 C, bit 2 power above the limit.
+            c.eq("health", "0x6", pf.get(3).map_or("", String::as_str));
+            let vf = read(h, 0x0301)?;
+            c.eq(
+                "VF 0x0301 temperature",
+                "91500",
+                vf.first().map_or("", String::as_str),
+            );
+            c.eq(
+                "VF 0x0301 power (a fifth)",
+                "160000000",
+                vf.get(1).map_or("", String::as_str),
+            );
+            c.finish()?;
+        }
+        Ok(())
+    })();
+    // Put back what the configuration said (read from sysfs before the change).
+    let num = |i: usize, div: i64| -> i64 {
+        before
+            .get(i)
+            .and_then(|s| s.parse::<i64>().ok())
+            .unwrap_or(0)
+            / div
+    };
+    emu.request(&format!(
+        "telemetry 0x0300 {} {} {}",
+        num(0, 10),
+        num(1, 1000),
+        num(2, 1)
+    ))?;
+    result?;
+    let again = read(&mut f.hosts[0], 0x0300)?;
+    expect_eq("h0: 0x0300 telemetry restored", before, again)
+}
