@@ -128,7 +128,7 @@ fn occurred(hdr: u32) -> bool {
 /// Reads every enabled event header and clears those whose event occurred.
 ///
 /// Writing a header back clears "occurred" and keeps its interrupt enabled.
-fn scan(bar: &Bar0<'_>, partition: usize) -> Result<Found> {
+fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool) -> Result<Found> {
     let mut found = Found::default();
 
     let mrpc_loc = || regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL);
@@ -138,7 +138,12 @@ fn scan(bar: &Bar0<'_>, partition: usize) -> Result<Found> {
         found.mrpc = true;
     }
 
-    let p2p: u32 = bar.read(regs::P2P_EVENT_STATUS).value().into();
+    // The P2P block exists only where the firmware said so (`P2P_CAPS`, read at probe).
+    let p2p: u32 = if p2p {
+        bar.read(regs::P2P_EVENT_STATUS).value().into()
+    } else {
+        0
+    };
     if p2p != 0 {
         bar.write_reg(regs::P2P_EVENT_STATUS::zeroed().with_value(p2p));
         found.p2p = p2p;
@@ -199,7 +204,8 @@ pub(crate) struct Handler {
 impl irq::Handler for Handler {
     fn handle(&self) -> IrqReturn {
         let mep = &self.mep;
-        let found = match mep.with_bar(|bar| scan(bar, mep.partition)) {
+        let p2p = mep.p2p.window_size() != 0;
+        let found = match mep.with_bar(|bar| scan(bar, mep.partition, p2p)) {
             Ok(Ok(found)) => found,
             _ => return IrqReturn::None,
         };
