@@ -43,9 +43,9 @@ kernel: deps
 
 tools: deps
 	$(CARGO) build -q --release $(TOOLS) -p pcifab-emu -p pcifab-harness
-	$(CARGO) build -q --release $(TOOLS) --target $(MUSL) -p pcifab -p pcifab-agent
+	$(CARGO) build -q --release $(TOOLS) --target $(MUSL) -p pcifab -p pcifab-agent -p pcifab-manager
 	@mkdir -p $(GUEST_BIN)
-	cp $(MUSL_BIN)/pcifab $(MUSL_BIN)/pcifab-agent $(MUSL_BIN)/pcifab-selftest $(GUEST_BIN)/
+	cp $(MUSL_BIN)/pcifab $(MUSL_BIN)/pcifab-agent $(MUSL_BIN)/pcifab-selftest $(MUSL_BIN)/pcifab-manager $(GUEST_BIN)/
 	cp samples/identity.sh $(GUEST_BIN)/pcifab-identity.sh
 	$(CC) -static -O2 -Wall -Wextra -Werror -Iinclude/uapi -o $(GUEST_BIN)/pcifab-identity samples/identity.c
 	$(CC) -static -O2 -Wall -Wextra -Werror -Iinclude/uapi -o $(GUEST_BIN)/pcifab-move samples/move.c

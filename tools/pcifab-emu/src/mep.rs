@@ -608,7 +608,13 @@ pub struct Mep {
     /// The DMA engine has been kicked and not yet looked.
     dma_kick: Mutex<bool>,
     dma_cv: Condvar,
+    /// Called with true when a vfio-user client (the host's QEMU) connects and with false
+    /// when it goes away: the fabric follows with the host's upstream port link.
+    link_hook: LinkHook,
 }
+
+/// What [`Mep::set_link_hook`] installs.
+type LinkHook = Mutex<Option<Box<dyn Fn(bool) + Send + Sync>>>;
 
 impl Mep {
     pub fn new(
@@ -643,6 +649,19 @@ impl Mep {
             p2p,
             dma_kick: Mutex::new(false),
             dma_cv: Condvar::new(),
+            link_hook: Mutex::new(None),
+        }
+    }
+
+    /// Installs what runs when the host's QEMU connects (true) or disconnects (false).
+    pub fn set_link_hook(&self, hook: Box<dyn Fn(bool) + Send + Sync>) {
+        *self.link_hook.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
+    }
+
+    fn run_link_hook(&self, up: bool) {
+        let hook = self.link_hook.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = hook.as_ref() {
+            h(up);
         }
     }
 
@@ -909,12 +928,16 @@ impl Mep {
         info!("{}: device reset", self.name);
     }
 
-    /// The client went away: drop its eventfds and DMA mappings.
+    /// The client went away: drop its eventfds and DMA mappings; the host's upstream port
+    /// link goes down (the host is gone as far as the fabric can tell).
     pub fn disconnect(&self) {
-        let mut inner = self.lock();
-        inner.irqs.clear();
-        inner.dma.clear();
-        self.connected.store(false, Ordering::Relaxed);
+        {
+            let mut inner = self.lock();
+            inner.irqs.clear();
+            inner.dma.clear();
+            self.connected.store(false, Ordering::Relaxed);
+        }
+        self.run_link_hook(false);
     }
 }
 
@@ -942,6 +965,9 @@ impl crate::vfio_user::Device for Mep {
     }
     fn set_connected(&self, on: bool) {
         self.connected.store(on, Ordering::Relaxed);
+        if on {
+            self.run_link_hook(true);
+        }
     }
     fn disconnect(&self) {
         Mep::disconnect(self)
@@ -1139,6 +1165,16 @@ impl Fabric {
             } else if let Some(q) = qmp {
                 match q.device_del_wait(&id, UNBIND_TIMEOUT) {
                     Ok(()) => 0,
+                    Err(QmpError::Unreachable(e))
+                        if !self.meps[req.host].connected.load(Ordering::Relaxed) =>
+                    {
+                        // The host's QEMU is gone (its MEP client disconnected and its QMP
+                        // does not answer): nothing is left to remove the device from.
+                        why = format!(
+                            "{host}'s QEMU is gone (MEP disconnected; {e}): treated as removed"
+                        );
+                        0
+                    }
                     Err(QmpError::Timeout) => {
                         why = "no DEVICE_DELETED in time".into();
                         model::PCIFAB_ERR_UNBIND_TIMEOUT
@@ -1261,9 +1297,33 @@ impl Fabric {
         self.model.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The host's QEMU connected to its MEP (`up`) or went away: the host's upstream port
+    /// link follows, with the events of a `link` control request.
+    pub fn host_link(&self, host: usize, up: bool) {
+        let Some(port) = self.model().hosts.get(host).map(|h| h.port) else {
+            return;
+        };
+        let name = &self.meps[host].name;
+        match self.set_link(port, up) {
+            Ok(true) => info!(
+                "{name}: MEP client {}: upstream port {port} link {}",
+                if up { "connected" } else { "gone" },
+                if up { "up" } else { "down" }
+            ),
+            Ok(false) => {}
+            Err(e) => info!("{name}: cannot set upstream port {port} link: {e}"),
+        }
+    }
+
     /// Start one MRPC worker thread per MEP.
     pub fn start(self: &Arc<Self>) -> Result<(), String> {
         for (i, m) in self.meps.iter().enumerate() {
+            let weak = Arc::downgrade(self);
+            m.set_link_hook(Box::new(move |up| {
+                if let Some(f) = weak.upgrade() {
+                    f.host_link(i, up);
+                }
+            }));
             let (tx, rx) = mpsc::channel();
             *m.jobs.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
             let fabric = Arc::clone(self);
@@ -1472,5 +1532,45 @@ mod tests {
             .expect("clear, enable");
         assert_eq!(g.get32(SW_EVENT + SW_GLOBAL_SUMMARY), 0);
         assert!(g.raise_gfms(4));
+    }
+
+    /// A host's QEMU going away takes its upstream port link down (events on the other
+    /// MEPs), and an unbind of a function it held completes without QEMU.
+    #[test]
+    fn host_gone_link_down_and_unbind_without_qemu() {
+        use crate::vfio_user::Device;
+        let cfg = Config::parse(
+            "[[hosts]]\nname = \"a\"\n[[hosts]]\nname = \"b\"\nusp_port = 8\n\
+             [[endpoints]]\nname = \"g\"\nport = 16\nvendor_id = 0x10de\n\
+             device_id = 0x2330\nclass = 0x030200\n\
+             [[bindings]]\nendpoint = \"g\"\nhost = \"b\"\nlogical_port = 0\n",
+        )
+        .expect("config");
+        let dir = std::env::temp_dir().join(format!("pcifab-emu-gone-{}", std::process::id()));
+        let qmp = [("b".to_string(), dir.join("no-such-qmp.sock"))];
+        let f = Arc::new(Fabric::with(cfg, dir, &qmp).expect("fabric"));
+        f.start().expect("start");
+        let gen0 = f.model().generation;
+        Device::set_connected(&*f.meps[1], true);
+        assert!(f.model().link_up(8));
+        assert_eq!(f.model().generation, gen0, "already up: no change");
+        Device::disconnect(&*f.meps[1]);
+        assert!(!f.model().link_up(8), "b's upstream link follows its QEMU");
+        assert_ne!(f.model().generation, gen0);
+        assert!(f.model().pending()[0] > 0, "a got the HOST_LINK_DOWN event");
+        // The function b holds was really added to its QEMU; QEMU is gone now.
+        let pdfid = 0x0300;
+        let req = {
+            let mut m = f.model();
+            if let Some(x) = m.functions.iter_mut().find(|x| x.pdfid == pdfid) {
+                x.phantom = false;
+            }
+            m.begin_unbind(Requester::Host(0), 1, 0, pdfid)
+                .expect("unbind accepted")
+        };
+        assert_eq!(f.execute(req), 0, "unbind from a gone host completes");
+        assert_eq!(f.model().function(pdfid).and_then(|x| x.binding), None);
+        Device::set_connected(&*f.meps[1], true);
+        assert!(f.model().link_up(8), "a new QEMU brings the link back");
     }
 }

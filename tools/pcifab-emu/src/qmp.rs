@@ -20,8 +20,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, PartialEq)]
 pub enum QmpError {
-    /// QEMU refused, or could not be reached; the text says why.
+    /// QEMU refused; the text says why.
     Failed(String),
+    /// QEMU could not be reached (nothing listens on the socket, or the connection broke
+    /// before the reply): its process is probably gone.
+    Unreachable(String),
     /// No answer or event in time.
     Timeout,
 }
@@ -29,7 +32,7 @@ pub enum QmpError {
 impl std::fmt::Display for QmpError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            QmpError::Failed(e) => write!(f, "{e}"),
+            QmpError::Failed(e) | QmpError::Unreachable(e) => write!(f, "{e}"),
             QmpError::Timeout => write!(f, "timed out"),
         }
     }
@@ -175,7 +178,7 @@ impl Qmp {
     pub fn execute(self: &Arc<Self>, cmd: &str, args: Value) -> Result<Value, QmpError> {
         let mut st = self.lock();
         if st.writer.is_none() {
-            self.connect(&mut st).map_err(QmpError::Failed)?;
+            self.connect(&mut st).map_err(QmpError::Unreachable)?;
         }
         st.next_id += 1;
         let id = st.next_id;
@@ -187,7 +190,7 @@ impl Qmp {
         };
         if let Err(e) = sent {
             st.writer = None;
-            return Err(QmpError::Failed(format!("QMP of {}: {e}", self.host)));
+            return Err(QmpError::Unreachable(format!("QMP of {}: {e}", self.host)));
         }
         let deadline = Instant::now() + REPLY_TIMEOUT;
         loop {
@@ -195,7 +198,7 @@ impl Qmp {
                 return r.map_err(QmpError::Failed);
             }
             if st.conn_gen != gen || st.writer.is_none() {
-                return Err(QmpError::Failed(format!(
+                return Err(QmpError::Unreachable(format!(
                     "QMP of {}: connection lost before the reply",
                     self.host
                 )));

@@ -94,6 +94,27 @@ pub struct Host {
     /// End of the current scenario's time budget.
     pub deadline: Option<Instant>,
     log: Arc<CmdLog>,
+    /// How this host's QEMU was started, so [`Host::reboot`] can start it again.
+    launch: Launch,
+    /// A QEMU started by [`Host::reboot`] (the first one belongs to [`Children`]).
+    rebooted: Option<std::process::Child>,
+}
+
+/// A host's QEMU command line and where its agent connects.
+#[derive(Clone, Debug, Default)]
+struct Launch {
+    program: OsString,
+    args: Vec<OsString>,
+    qemu_log: PathBuf,
+    agent_sock: PathBuf,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(c) = self.rebooted.as_mut() {
+            procs::kill_and_reap_child(c);
+        }
+    }
 }
 
 impl Host {
@@ -179,6 +200,138 @@ impl Host {
             }
         }
         result.map_err(|e| format!("{}: `{}`: {e}", self.name, short(script)))
+    }
+
+    /// SIGKILLs this host's QEMU (its process group) as a crash would, waits until it is
+    /// gone, and marks the host dead: every later command to it fails at once.
+    pub fn kill_qemu(&mut self) -> Result<(), String> {
+        let pid = self.qemu_pid;
+        procs::kill_group(pid);
+        let t = Instant::now();
+        while !procs::has_exited(pid) {
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(format!(
+                    "{}: QEMU (pid {pid}) still running 10 s after SIGKILL",
+                    self.name
+                ));
+            }
+            sleep(Duration::from_millis(20));
+        }
+        if let Some(c) = self.rebooted.as_mut() {
+            procs::kill_and_reap_child(c);
+            self.rebooted = None;
+        }
+        self.conn = None;
+        self.broken = Some(format!("its QEMU (pid {pid}) was killed by the scenario"));
+        self.log_note(&format!("QEMU pid {pid} killed with SIGKILL (host dead)"));
+        Ok(())
+    }
+
+    /// True once the host's QEMU was killed (or its agent stream broke).
+    pub fn is_dead(&self) -> bool {
+        self.broken.is_some()
+    }
+
+    /// Starts a killed host's QEMU again with the same command line (console and QEMU log
+    /// appended to) and waits for its agent. Must run on the main thread (scenario code, not
+    /// inside [`Fabric::each_host`]). Returns the boot time.
+    pub fn reboot(&mut self) -> Result<Duration, String> {
+        if !procs::has_exited(self.qemu_pid) {
+            return Err(format!(
+                "{}: reboot: QEMU (pid {}) is still running; kill it first",
+                self.name, self.qemu_pid
+            ));
+        }
+        let l = self.launch.clone();
+        let _ = fs::remove_file(&l.agent_sock);
+        let listener = UnixListener::bind(&l.agent_sock)
+            .map_err(|e| format!("cannot listen on {}: {e}", l.agent_sock.display()))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("{}: {e}", l.agent_sock.display()))?;
+        let args: Vec<OsString> = l
+            .args
+            .iter()
+            .map(|a| match a.to_str() {
+                // Keep the first boot's console log.
+                Some(t) if t.starts_with("file,id=con,") => {
+                    OsString::from(t.replacen("file,id=con,", "file,id=con,append=on,", 1))
+                }
+                _ => a.clone(),
+            })
+            .collect();
+        let qlog = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&l.qemu_log)
+            .map_err(|e| format!("cannot open {}: {e}", l.qemu_log.display()))?;
+        let qlog2 = qlog
+            .try_clone()
+            .map_err(|e| format!("cannot duplicate log handle: {e}"))?;
+        let mut cmd = Command::new(&l.program);
+        cmd.args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(qlog))
+            .stderr(Stdio::from(qlog2));
+        let spawned = Instant::now();
+        let child = procs::spawn_guarded(&format!("qemu-{}", self.name), &mut cmd)?;
+        let pid = child.id();
+        self.rebooted = Some(child);
+        self.qemu_pid = pid;
+        self.log_note(&format!("QEMU started again, pid {pid}"));
+        let deadline = spawned + BOOT_TIMEOUT;
+        let stream = loop {
+            if procs::interrupted() {
+                return Err(procs::INTERRUPTED_MSG.to_string());
+            }
+            match listener.accept() {
+                Ok((st, _)) => break st,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(format!("{}: accept on agent socket: {e}", self.name)),
+            }
+            if procs::has_exited(pid) {
+                return Err(format!(
+                    "{}: QEMU exited during start-up; see {}{}",
+                    self.name,
+                    l.qemu_log.display(),
+                    tail(&l.qemu_log, 3)
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{}: QEMU never connected the agent socket",
+                    self.name
+                ));
+            }
+            sleep(Duration::from_millis(20));
+        };
+        stream
+            .set_nonblocking(false)
+            .map_err(|e| format!("{}: agent socket: {e}", self.name))?;
+        let mut conn = Conn::new(stream, Some(pid), &format!("{} agent", self.name))?;
+        let line = conn.read_line(deadline).map_err(|e| {
+            format!(
+                "{}: no READY from the agent after the reboot ({e}); see {}",
+                self.name,
+                self.console.display()
+            )
+        })?;
+        let line = String::from_utf8_lossy(&line).into_owned();
+        let Some(release) = line.strip_prefix("READY ") else {
+            return Err(format!(
+                "{}: agent greeted with {line:?}, expected READY",
+                self.name
+            ));
+        };
+        self.kernel_release = release.trim().to_string();
+        self.boot_time = spawned.elapsed();
+        self.conn = Some(conn);
+        self.broken = None;
+        self.log_note(&format!(
+            "agent ready again in {:.2} s",
+            self.boot_time.as_secs_f64()
+        ));
+        Ok(self.boot_time)
     }
 
     /// A QMP session with this host's QEMU (for device_add, device_del, ...).
@@ -645,6 +798,7 @@ pub fn boot_hosts(
         listener: UnixListener,
         pid: u32,
         spawned: Instant,
+        launch: Launch,
     }
     let mut pending = Vec::new();
     for (index, name) in names.iter().enumerate() {
@@ -672,6 +826,12 @@ pub fn boot_hosts(
             .collect::<Vec<_>>()
             .join(" ");
         let _ = fs::write(opts.results.join(format!("{name}.cmdline")), line + "\n");
+        let launch = Launch {
+            program: cmd.get_program().to_owned(),
+            args: cmd.get_args().map(|a| a.to_owned()).collect(),
+            qemu_log: qlog_path.clone(),
+            agent_sock: agent.clone(),
+        };
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(qlog))
             .stderr(Stdio::from(qlog2));
@@ -684,6 +844,7 @@ pub fn boot_hosts(
             listener,
             pid,
             spawned,
+            launch,
         });
     }
 
@@ -758,6 +919,8 @@ pub fn boot_hosts(
                         next_id: 0,
                         deadline: None,
                         log,
+                        launch: p.launch,
+                        rebooted: None,
                     })
                 })
             })

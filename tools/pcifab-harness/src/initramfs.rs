@@ -109,7 +109,7 @@ exec /bin/pcifab-agent
 pub struct Inputs<'a> {
     pub busybox: &'a Path,
     /// Every regular file in here goes to the guest's /bin (ELF ones must be static);
-    /// `pcifab` and `pcifab-agent` must be among them.
+    /// `pcifab`, `pcifab-agent` and `pcifab-manager` must be among them.
     pub guest_bin: &'a Path,
     pub pcifab_ko: &'a Path,
     pub switchtec_ko: &'a Path,
@@ -198,7 +198,8 @@ fn static_binary(path: &Path, what: &str) -> Result<Vec<u8>, String> {
 pub fn build(inp: &Inputs, out: &Path) -> Result<PathBuf, String> {
     let busybox = static_binary(inp.busybox, "busybox")?;
     let bins = guest_files(inp.guest_bin)?;
-    for need in ["pcifab", "pcifab-agent"] {
+    // pcifab-manager: the manager scenarios run it inside the fabric-manager host.
+    for need in ["pcifab", "pcifab-agent", "pcifab-manager"] {
         if !bins.iter().any(|(n, _)| n == need) {
             return Err(format!(
                 "{need} is missing from {}; `make tools` puts it there",

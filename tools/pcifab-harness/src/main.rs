@@ -7,6 +7,7 @@ mod config;
 mod conn;
 mod fabric;
 mod initramfs;
+mod manager;
 mod p2p;
 mod procs;
 mod qmp;

@@ -99,45 +99,9 @@ impl Children {
         cmd: &mut Command,
         take: impl FnOnce(&mut Child),
     ) -> Result<u32, String> {
-        // SAFETY: getpid has no preconditions.
-        let parent = unsafe { libc::getpid() };
-        cmd.process_group(0);
-        // SAFETY: the closure runs between fork and exec and only makes
-        // async-signal-safe syscalls (prctl, getppid, _exit); it allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The parent may have died before prctl took effect.
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().map_err(|e| {
-            format!(
-                "cannot start {name} ({:?}): {e}; check the path and that it is executable",
-                cmd.get_program()
-            )
-        })?;
+        let mut child = spawn_guarded(name, cmd)?;
         let pid = child.id();
         take(&mut child);
-        for g in &GROUPS {
-            if g.compare_exchange(0, pid as i32, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-            {
-                break;
-            }
-        }
         self.procs.push(Proc {
             name: name.to_string(),
             child,
@@ -196,6 +160,75 @@ impl Children {
         kill_and_reap(p);
         p.done
     }
+}
+
+/// Spawns `cmd` in its own process group with a parent-death SIGKILL and registers the
+/// group, so a second signal kills it too. Must run on the main thread (the death signal
+/// follows the thread that forked). The caller owns the child: reap it, or [`kill_group`].
+pub fn spawn_guarded(name: &str, cmd: &mut Command) -> Result<Child, String> {
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: gettid has no preconditions.
+    if unsafe { libc::gettid() } != parent {
+        return Err(format!(
+            "cannot start {name} from a worker thread: its parent-death signal would fire \
+             when the thread ends (harness bug)"
+        ));
+    }
+    cmd.process_group(0);
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe syscalls (prctl, getppid, _exit); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| {
+        format!(
+            "cannot start {name} ({:?}): {e}; check the path and that it is executable",
+            cmd.get_program()
+        )
+    })?;
+    let pid = child.id();
+    for g in &GROUPS {
+        if g.compare_exchange(0, pid as i32, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            break;
+        }
+    }
+    Ok(child)
+}
+
+/// SIGKILL to the process group of `pid` (a child started in its own group); does not reap.
+pub fn kill_group(pid: u32) {
+    // SAFETY: signals a process group one of our children leads; ESRCH is harmless.
+    unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+}
+
+/// Kills a child started with [`spawn_guarded`] (its whole group) and reaps it.
+pub fn kill_and_reap_child(child: &mut Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        forget_group(child.id());
+        return;
+    }
+    kill_group(child.id());
+    let _ = child.wait();
+    forget_group(child.id());
 }
 
 fn forget_group(pid: u32) {

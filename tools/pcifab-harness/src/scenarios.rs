@@ -161,6 +161,31 @@ pub fn all() -> Vec<Scenario> {
             120,
             crate::telemetry::sysfs_telemetry,
         ),
+        s(
+            "manager: four requests at three priorities, queue and hand-overs",
+            300,
+            crate::manager::four_requests,
+        ),
+        s(
+            "manager: time-sliced GPU visits both hosts, scrubbed between them",
+            240,
+            crate::manager::time_sliced,
+        ),
+        s(
+            "manager: kill -9 and restart mid-lease lose nothing",
+            300,
+            crate::manager::kill_9,
+        ),
+        s(
+            "manager: endpoint failure moves the lease to a healthy GPU",
+            240,
+            crate::manager::endpoint_failure,
+        ),
+        s(
+            "manager: host killed, its GPUs reclaimed for the queue",
+            300,
+            crate::manager::host_killed,
+        ),
         s("rmmod pcifab in every host", 120, rmmod_pcifab),
         s(
             "MEP hot removal with a command in flight: ENODEV",
@@ -1203,14 +1228,14 @@ const RANDOM_SEED: u64 = 0x00c0_ffee;
 /// sized for TCG, see testing.rst).
 pub const RANDOM_ROUNDS: usize = 100;
 /// How long a function may take to appear in (or leave) a host after the fabric bound it.
-const APPEAR_SECS: u64 = 20;
+pub(crate) const APPEAR_SECS: u64 = 20;
 
 fn hex_u16(v: &Value) -> Option<u16> {
     let s = v.as_str()?;
     u16::from_str_radix(s.trim_start_matches("0x"), 16).ok()
 }
 
-fn owners_text(e: &Expected, o: &Owners) -> String {
+pub(crate) fn owners_text(e: &Expected, o: &Owners) -> String {
     if o.is_empty() {
         return "{} (nothing bound)".into();
     }
@@ -1236,7 +1261,7 @@ pub(crate) fn check_invariants(emu: &EmuControl, step: &str) -> Result<(), Strin
 
 /// The emulator's bindings (owner per function) and generation; fails while an operation is
 /// still in flight.
-fn emu_owners(emu: &EmuControl, e: &Expected) -> Result<(Owners, Value), String> {
+pub(crate) fn emu_owners(emu: &EmuControl, e: &Expected) -> Result<(Owners, Value), String> {
     let v = emu.request("state")?;
     let mut o = Owners::new();
     let bindings = v
@@ -1262,7 +1287,7 @@ fn emu_owners(emu: &EmuControl, e: &Expected) -> Result<(Owners, Value), String>
 }
 
 /// `pcifab list --json` in `h`: owners, and the functions array as printed.
-fn list_owners(h: &mut Host) -> Result<(Owners, Value), String> {
+pub(crate) fn list_owners(h: &mut Host) -> Result<(Owners, Value), String> {
     let out = h.run_ok("pcifab list --json")?;
     let v: Value = serde_json::from_str(out.trim()).map_err(|e| {
         format!(
@@ -1288,15 +1313,15 @@ fn list_owners(h: &mut Host) -> Result<(Owners, Value), String> {
 
 /// A fabric function as one guest sees it: BDF, ids from config space and from BAR0.
 #[derive(Debug, Clone, PartialEq)]
-struct SeenFn {
-    bdf: String,
+pub(crate) struct SeenFn {
+    pub(crate) bdf: String,
     vendor: String,
     device: String,
     bar0_id: String,
 }
 
 /// Every function of vendor 0x10de in `h`, keyed by the PDFID its BAR0 reports.
-fn fns_seen(h: &mut Host) -> Result<BTreeMap<u16, SeenFn>, String> {
+pub(crate) fn fns_seen(h: &mut Host) -> Result<BTreeMap<u16, SeenFn>, String> {
     let out = h.run_ok(
         r#"for d in /sys/bus/pci/devices/*; do
   [ "$(cat $d/vendor 2>/dev/null)" = 0x10de ] || continue
@@ -1354,7 +1379,12 @@ done; true"#,
 }
 
 /// What `h` should see for `want`: the PDFIDs it holds, with ids from the configuration.
-fn check_seen(h: &Host, e: &Expected, want: &Owners, seen: &BTreeMap<u16, SeenFn>) -> Vec<String> {
+pub(crate) fn check_seen(
+    h: &Host,
+    e: &Expected,
+    want: &Owners,
+    seen: &BTreeMap<u16, SeenFn>,
+) -> Vec<String> {
     let mine: Vec<u16> = want
         .iter()
         .filter(|(_, o)| **o == h.index)
@@ -1389,7 +1419,7 @@ fn check_seen(h: &Host, e: &Expected, want: &Owners, seen: &BTreeMap<u16, SeenFn
 /// After a step: emulator invariants hold, its bindings are `want`, both hosts' inventories
 /// say the same, each host sees exactly its own functions (waiting up to [`APPEAR_SECS`] for
 /// hot-plug to settle) and dmesg is clean.
-fn check_world(f: &mut Fabric, want: &Owners, step: &str) -> Result<(), String> {
+pub(crate) fn check_world(f: &mut Fabric, want: &Owners, step: &str) -> Result<(), String> {
     check_world_except(f, want, &[], step)
 }
 
@@ -1544,7 +1574,7 @@ fn check_bar_id(h: &mut Host, e: &Expected, bdf: &str, pdfid: u16) -> Result<(),
     c.finish()
 }
 
-fn bar_pattern(
+pub(crate) fn bar_pattern(
     h: &mut Host,
     e: &Expected,
     bdf: &str,
@@ -1560,7 +1590,7 @@ fn bar_pattern(
     )
 }
 
-fn owners(pairs: &[(u16, usize)]) -> Owners {
+pub(crate) fn owners(pairs: &[(u16, usize)]) -> Owners {
     pairs.iter().copied().collect()
 }
 

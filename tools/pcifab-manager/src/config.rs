@@ -112,6 +112,10 @@ pub struct FailoverConfig {
     pub host_timeout_s: u64,
     /// Leases of a down host are reclaimed this long after it was declared down.
     pub reclaim_after_s: u64,
+    /// Physical port of each host's upstream port, by partition (the driver executor reads
+    /// these links as heartbeats); empty: the inventory's host ports in ascending port order
+    /// are partitions 0, 1, ...
+    pub host_ports: Vec<u8>,
 }
 
 impl Default for FailoverConfig {
@@ -119,6 +123,7 @@ impl Default for FailoverConfig {
         Self {
             host_timeout_s: 30,
             reclaim_after_s: 10,
+            host_ports: Vec::new(),
         }
     }
 }
@@ -192,6 +197,17 @@ impl Config {
         if m.max_functions_per_host == 0 {
             return Err("[manager] max_functions_per_host must be at least 1".into());
         }
+        let ports = &self.failover.host_ports;
+        if !ports.is_empty() && ports.len() != usize::from(m.hosts) {
+            return Err(format!(
+                "[failover] host_ports names {} ports for {} hosts; give one per host or none",
+                ports.len(),
+                m.hosts
+            ));
+        }
+        if ports.iter().any(|p| *p >= 64) {
+            return Err("[failover] host_ports: physical ports are 0-63".into());
+        }
         let mut seen = std::collections::BTreeSet::new();
         let mut names = std::collections::BTreeSet::new();
         for p in &self.pools {
@@ -258,6 +274,11 @@ mod tests {
         "#;
         assert!(Config::parse(dup).unwrap_err().contains("twice"));
         assert!(Config::parse("[manager]\nhostz = 1\n").is_err());
+        assert!(Config::parse("[failover]\nhost_ports = [0]\n")
+            .unwrap_err()
+            .contains("one per host"));
+        let c = Config::parse("[failover]\nhost_ports = [8, 0]\n").expect("two hosts");
+        assert_eq!(c.failover.host_ports, vec![8, 0]);
         assert!(Config::parse("[[pools]]\nname='a'\nmode='weird'\ndevices=[]\n").is_err());
     }
 }

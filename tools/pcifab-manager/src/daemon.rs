@@ -16,8 +16,9 @@ use serde_json::{json, Value};
 use crate::{
     config::Config,
     executor::Executor,
+    liveness::Liveness,
     protocol::{self, Request},
-    scheduler::{Action, Pdfid, Scheduler, Secs},
+    scheduler::{Action, Host, Pdfid, Scheduler, Secs},
     store::{LogEntry, Store},
     telemetry::{Judge, Sample, Source, Verdict},
 };
@@ -51,6 +52,12 @@ pub struct Daemon {
     pub telemetry: Option<Telemetry>,
     /// Failed actions, most recent last (also in the log).
     pub failures: Vec<String>,
+    /// The hosts' upstream links, read before every decision (the driver executor's
+    /// inventory): up counts as a heartbeat.
+    pub liveness: Option<Box<dyn Liveness + Send>>,
+    /// The link states last seen, to log changes; the last read error, to log it once.
+    links: BTreeMap<Host, bool>,
+    link_error: Option<String>,
     saved: Vec<u8>,
 }
 
@@ -88,6 +95,9 @@ impl Daemon {
             clock,
             telemetry: None,
             failures: Vec::new(),
+            liveness: None,
+            links: BTreeMap::new(),
+            link_error: None,
             saved: Vec::new(),
         };
         if !fix.is_empty() {
@@ -108,7 +118,11 @@ impl Daemon {
                 return;
             }
             for a in &actions {
-                if let Err(e) = self.exec.apply(a) {
+                let r = self.exec.apply(a);
+                if r.is_ok() && self.exec.name() == "driver" {
+                    eprintln!("pcifab-manager: done: {}", action_text(a));
+                }
+                if let Err(e) = r {
                     let pdfid = match a {
                         Action::Bind { pdfid, .. }
                         | Action::Unbind { pdfid, .. }
@@ -159,7 +173,9 @@ impl Daemon {
 
     pub fn handle(&mut self, req: &Request) -> Value {
         let now = (self.clock)();
-        // Time first, so the answer reflects expiry and failover up to now.
+        // Time first, so the answer reflects expiry and failover up to now; the links first
+        // of all, so a host is not timed out for the time this daemon spent on other work.
+        self.observe_links(now);
         self.sched.tick(now);
         let reply = match req {
             Request::Telemetry => {
@@ -213,6 +229,7 @@ impl Daemon {
     /// Time passes: expiry, failover, time slices, telemetry.
     pub fn tick(&mut self) {
         let now = (self.clock)();
+        self.observe_links(now);
         self.poll_telemetry(now);
         self.sched.tick(now);
         let actions = self.sched.take_actions();
@@ -222,6 +239,37 @@ impl Daemon {
         self.run_actions(actions);
         if let Err(e) = self.commit(None) {
             eprintln!("pcifab-manager: {e}");
+        }
+    }
+
+    /// Reads the hosts' upstream links and gives the scheduler a heartbeat for every host
+    /// whose link is up. Changes and read errors are logged once.
+    pub fn observe_links(&mut self, now: Secs) {
+        let Some(l) = self.liveness.as_mut() else {
+            return;
+        };
+        match l.links(&self.sched.config.failover.host_ports) {
+            Ok(links) => {
+                self.link_error = None;
+                for (host, up) in links {
+                    if host >= self.sched.config.manager.hosts {
+                        continue;
+                    }
+                    if self.links.insert(host, up) != Some(up) {
+                        eprintln!(
+                            "pcifab-manager: host {host}: upstream link {}",
+                            if up { "up" } else { "down" }
+                        );
+                    }
+                    self.sched.link_seen(host, up, now);
+                }
+            }
+            Err(e) => {
+                if self.link_error.as_ref() != Some(&e) {
+                    eprintln!("pcifab-manager: cannot read the hosts' links: {e}");
+                    self.link_error = Some(e);
+                }
+            }
         }
     }
 
@@ -265,6 +313,15 @@ impl Daemon {
     }
 }
 
+/// One action as a log line.
+fn action_text(a: &Action) -> String {
+    match a {
+        Action::Bind { pdfid, host } => format!("bind {pdfid:#06x} to host {host}"),
+        Action::Unbind { pdfid, host } => format!("unbind {pdfid:#06x} from host {host}"),
+        Action::Move { pdfid, from, to } => format!("move {pdfid:#06x} from host {from} to {to}"),
+    }
+}
+
 /// Serves the control socket until the process is killed; ticks once a second.
 pub fn serve(daemon: Daemon, socket: &Path) -> Result<(), String> {
     if socket.exists() {
@@ -281,8 +338,11 @@ pub fn serve(daemon: Daemon, socket: &Path) -> Result<(), String> {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
-    let listener = UnixListener::bind(socket)
-        .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+    let listener = match UnixListener::bind(socket) {
+        Ok(l) => Some(l),
+        Err(e) if crate::spool::no_unix_sockets(&e) => None,
+        Err(e) => return Err(format!("cannot listen on {}: {e}", socket.display())),
+    };
     let d = Arc::new(Mutex::new(daemon));
     {
         let d = d.clone();
@@ -294,6 +354,9 @@ pub fn serve(daemon: Daemon, socket: &Path) -> Result<(), String> {
             }
         });
     }
+    let Some(listener) = listener else {
+        return crate::spool::serve(d, &crate::spool::dir_for(socket));
+    };
     eprintln!("pcifab-manager: listening on {}", socket.display());
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };

@@ -4,7 +4,7 @@
 
 use std::fs::File;
 
-use pcifab_uapi::{dev, Arg, Bind, Function, Move, Unbind};
+use pcifab_uapi::{dev, Arg, Bind, Function, Move, Port, Unbind};
 
 /// An open `/dev/pcifabN`.
 pub struct Driver {
@@ -74,6 +74,13 @@ impl Driver {
     pub fn functions(&self) -> Result<Vec<Function>, String> {
         dev::inventory(&self.file)
             .map(|(_, _, functions)| functions)
+            .map_err(|e| format!("PCIFAB_IOCTL_INVENTORY on {} failed: {e}", self.path))
+    }
+
+    /// Every physical port of the fabric with its link state (INVENTORY).
+    pub fn ports(&self) -> Result<Vec<Port>, String> {
+        dev::inventory(&self.file)
+            .map(|(_, ports, _)| ports)
             .map_err(|e| format!("PCIFAB_IOCTL_INVENTORY on {} failed: {e}", self.path))
     }
 

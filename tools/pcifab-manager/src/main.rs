@@ -9,6 +9,8 @@ use pcifab_manager::{
     daemon::{self, Daemon, Telemetry},
     driver::Driver,
     executor::{DriverExecutor, Executor, SimExecutor},
+    liveness::Liveness,
+    spool,
     store::Store,
     telemetry::{Judge, Source},
 };
@@ -25,6 +27,8 @@ options:
   --socket PATH     the control socket (default /run/pcifab-manager.sock)
   --executor KIND   driver (default: bind/unbind/move through --device) or sim (no fabric)
   --device PATH     the pcifab device (default /dev/pcifab0)
+  --ask JSON        do not run: send one request to the manager at --socket, print the
+                    reply (exit 0 if it succeeded, 3 if refused, 1 otherwise)
   -h, --help        this text
 ";
 
@@ -34,6 +38,7 @@ struct Args {
     socket: PathBuf,
     executor: String,
     device: String,
+    ask: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Option<Args>, String> {
@@ -43,6 +48,7 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
         socket: "/run/pcifab-manager.sock".into(),
         executor: "driver".into(),
         device: "/dev/pcifab0".into(),
+        ask: None,
     };
     let mut it = args.iter();
     while let Some(o) = it.next() {
@@ -57,6 +63,7 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
             "--state" => a.state = val()?.into(),
             "--socket" => a.socket = val()?.into(),
             "--device" => a.device = val()?,
+            "--ask" => a.ask = Some(val()?),
             "--executor" => {
                 a.executor = val()?;
                 if a.executor != "driver" && a.executor != "sim" {
@@ -66,7 +73,7 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
             other => return Err(format!("unexpected argument '{other}'")),
         }
     }
-    if a.config.is_none() {
+    if a.config.is_none() && a.ask.is_none() {
         return Err("--config FILE is needed".into());
     }
     Ok(Some(a))
@@ -74,7 +81,22 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
 
 fn run(a: Args) -> Result<(), String> {
     let mut config = Config::load(a.config.as_deref().unwrap_or_default())?;
+    // Before the database is opened and the fabric touched: one manager per socket.
+    if std::os::unix::net::UnixStream::connect(&a.socket).is_ok() {
+        return Err(format!(
+            "another manager answers on {}; stop it or use another --socket",
+            a.socket.display()
+        ));
+    }
+    let spool = spool::dir_for(&a.socket);
+    if let Some(pid) = spool::daemon_pid(&spool) {
+        return Err(format!(
+            "another manager (pid {pid}) serves {}; stop it or use another --socket",
+            spool.display()
+        ));
+    }
     let store = Store::open(&a.state)?;
+    let mut liveness: Option<Box<dyn Liveness + Send>> = None;
     let (exec, telemetry): (Box<dyn Executor + Send>, Option<Telemetry>) = if a.executor == "driver"
     {
         let drv = Driver::open(&a.device)?;
@@ -106,6 +128,7 @@ fn run(a: Args) -> Result<(), String> {
             last_poll: None,
             samples: Default::default(),
         };
+        liveness = Some(Box::new(Driver::open(&a.device)?));
         (Box::new(DriverExecutor { driver: drv }), Some(tel))
     } else {
         // The simulated fabric starts as the stored state left it.
@@ -123,7 +146,48 @@ fn run(a: Args) -> Result<(), String> {
     };
     let mut d = Daemon::start(config, store, exec, Box::new(daemon::unix_now))?;
     d.telemetry = telemetry;
+    d.liveness = liveness;
     daemon::serve(d, &a.socket)
+}
+
+/// `--ask`: one request to a running manager; the exit status says how it went.
+fn ask(socket: &std::path::Path, request: &str) -> ExitCode {
+    use std::io::{BufRead, BufReader, Write};
+    let reply = (|| -> Result<String, String> {
+        let mut s = match std::os::unix::net::UnixStream::connect(socket) {
+            Ok(s) => s,
+            Err(e) if spool::no_unix_sockets(&e) => {
+                return spool::ask(&spool::dir_for(socket), request);
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot reach the manager at {}: {e}; is it running?",
+                    socket.display()
+                ))
+            }
+        };
+        writeln!(s, "{}", request.trim()).map_err(|e| format!("cannot send: {e}"))?;
+        let mut line = String::new();
+        BufReader::new(s)
+            .read_line(&mut line)
+            .map_err(|e| format!("no reply: {e}"))?;
+        Ok(line)
+    })();
+    match reply {
+        Ok(line) => {
+            print!("{line}");
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            match (v.get("ok"), v.get("refused")) {
+                (Some(serde_json::Value::Bool(true)), _) => ExitCode::SUCCESS,
+                (_, Some(serde_json::Value::Bool(true))) => ExitCode::from(3),
+                _ => ExitCode::from(1),
+            }
+        }
+        Err(e) => {
+            eprintln!("pcifab-manager: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -137,6 +201,7 @@ fn main() -> ExitCode {
             eprintln!("pcifab-manager: {e}\n\n{USAGE}");
             ExitCode::from(2)
         }
+        Ok(Some(a)) if a.ask.is_some() => ask(&a.socket, a.ask.as_deref().unwrap_or_default()),
         Ok(Some(a)) => match run(a) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

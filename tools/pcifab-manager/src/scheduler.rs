@@ -148,6 +148,10 @@ pub struct HostState {
     pub last_seen: Option<Secs>,
     /// Declared down at.
     pub down_since: Option<Secs>,
+    /// Declared down by a `host-down` request (not by a heartbeat time-out): the host's link
+    /// being up does not cancel it, only a heartbeat from its agent does.
+    #[serde(default)]
+    pub declared: bool,
 }
 
 /// A request the scheduler will not take, with the reason.
@@ -895,6 +899,22 @@ impl Scheduler {
         let h = self.hosts.entry(host).or_default();
         h.last_seen = Some(now);
         h.down_since = None;
+        h.declared = false;
+    }
+
+    /// The host's upstream port link as the fabric reports it (the daemon reads it with the
+    /// driver executor): up counts as a heartbeat, down as none. It does not cancel a
+    /// `host-down` an operator declared.
+    pub fn link_seen(&mut self, host: Host, up: bool, now: Secs) {
+        if !up || host >= self.config.manager.hosts {
+            return;
+        }
+        let h = self.hosts.entry(host).or_default();
+        if h.down_since.is_some() && h.declared {
+            return;
+        }
+        h.last_seen = Some(now);
+        h.down_since = None;
     }
 
     /// Declares a host down; its leases are reclaimed `reclaim_after_s` later.
@@ -902,6 +922,7 @@ impl Scheduler {
         let h = self.hosts.entry(host).or_default();
         if h.down_since.is_none() {
             h.down_since = Some(now);
+            h.declared = true;
         }
     }
 

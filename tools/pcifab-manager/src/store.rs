@@ -28,6 +28,44 @@ pub struct LogEntry {
     pub summary: String,
 }
 
+/// False when the kernel has no file locking at all (`flock` is ENOSYS).
+fn file_locks_work(path: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(f) = std::fs::File::open(path) else {
+        return true;
+    };
+    // SAFETY: flock on a descriptor we own; LOCK_UN of a lock not held changes nothing.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS)
+}
+
+/// The database file without any locks (for kernels without file locking): plain positioned
+/// reads and writes, `fdatasync` for durability.
+#[derive(Debug)]
+struct UnlockedFile(std::fs::File);
+
+impl redb::StorageBackend for UnlockedFile {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, out, offset)
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.0.set_len(len)
+    }
+
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.0.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
+    }
+}
+
 pub struct Store {
     db: Database,
     path: String,
@@ -44,13 +82,35 @@ impl Store {
             .map_err(|e| format!("cannot create state directory {}: {e}", dir.display()))?;
         let path = dir.join("manager.redb");
         let p = path.display().to_string();
-        let db = Database::create(&path).map_err(|e| {
-            err(
-                &p,
-                "cannot open",
-                format!("{e}; is another pcifab-manager using this --state directory?"),
-            )
-        })?;
+        let db = match Database::create(&path) {
+            Ok(db) => db,
+            // A kernel without file locking (CONFIG_FILE_LOCKING=n, like the test guests')
+            // fails every lock, which redb cannot tell from a lock held by someone else.
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) if !file_locks_work(&path) => {
+                eprintln!(
+                    "pcifab-manager: this kernel has no file locks (CONFIG_FILE_LOCKING is \
+                     off): opening {p} without redb's lock; make sure only one manager uses \
+                     this --state directory"
+                );
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+                    .map_err(|e| err(&p, "cannot open", e))?;
+                redb::Builder::new()
+                    .create_with_backend(UnlockedFile(file))
+                    .map_err(|e| err(&p, "cannot open", e))?
+            }
+            Err(e) => {
+                return Err(err(
+                    &p,
+                    "cannot open",
+                    format!("{e}; is another pcifab-manager using this --state directory?"),
+                ))
+            }
+        };
         Ok(Self { db, path: p })
     }
 
@@ -166,6 +226,41 @@ mod tests {
         let tail = store.log_tail(2).expect("tail");
         assert_eq!(tail.len(), 2);
         assert_eq!(tail[1].summary, "entry 2");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The lock-free file backend (kernels without file locking) keeps what was saved.
+    #[test]
+    fn unlocked_file_round_trip() {
+        let dir = std::env::temp_dir().join(format!("pcifab-store-nolock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("manager.redb");
+        let open = || {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .expect("file");
+            Store {
+                db: redb::Builder::new()
+                    .create_with_backend(UnlockedFile(f))
+                    .expect("database"),
+                path: path.display().to_string(),
+            }
+        };
+        let store = open();
+        let mut s = Scheduler::new(Config::default());
+        s.next_id = 7;
+        store.save(&s, None).expect("save");
+        drop(store);
+        assert_eq!(open().load().expect("load"), Some(s));
+        assert!(
+            file_locks_work(&path),
+            "the build machine's kernel has flock"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

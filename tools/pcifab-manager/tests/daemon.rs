@@ -269,3 +269,108 @@ fn host_down_over_the_socket() {
     let pool = w.ask(json!({"op": "pool"}));
     assert_eq!(pool["devices"][1]["healthy"], json!(false), "{pool}");
 }
+
+/// Links as a test sets them.
+#[derive(Clone, Default)]
+struct SimLinks(Arc<Mutex<Vec<(u8, bool)>>>);
+
+impl pcifab_manager::liveness::Liveness for SimLinks {
+    fn links(&mut self, _host_ports: &[u8]) -> Result<Vec<(u8, bool)>, String> {
+        Ok(self.0.lock().expect("links").clone())
+    }
+}
+
+/// With the driver executor the hosts' upstream links are the heartbeats: a host whose link
+/// stays down for host_timeout_s is down, its devices go to the queue reclaim_after_s later;
+/// a link that is up does not cancel an operator's host-down.
+#[test]
+fn link_down_host_is_reclaimed() {
+    let mut w = world("links", "whole");
+    let links = SimLinks::default();
+    *links.0.lock().expect("links") = vec![(0, true), (1, true), (2, true)];
+    w.d.liveness = Some(Box::new(links.clone()));
+    let a = w.ask(req(1, 2, 1));
+    assert_eq!(a["granted"], json!(true));
+    let q = w.ask(req(0, 1, 5));
+    assert_eq!(q["granted"], json!(false));
+    w.ask(json!({"op": "host-down", "host": 2}));
+    w.at(1001);
+    links.0.lock().expect("links")[1].1 = false;
+    // Last seen at 1001; host_timeout_s = 20: down at 1021, reclaimed at 1026.
+    for t in 1002..1026 {
+        w.at(t);
+        assert_eq!(
+            w.log().len(),
+            2,
+            "t={t}: nothing changes before the reclaim"
+        );
+    }
+    let pool = w.ask(json!({"op": "pool"}));
+    assert_eq!(pool["hosts"]["1"]["down_since"], json!(1021), "{pool}");
+    assert_eq!(pool["hosts"]["2"]["declared"], json!(true), "{pool}");
+    assert!(
+        pool["hosts"]["2"]["down_since"].is_u64(),
+        "link up, still down: {pool}"
+    );
+    w.at(1026);
+    assert_eq!(
+        w.log()[2..],
+        [unbind(0x120, 1), unbind(0x140, 1), bind(0x120, 0)]
+    );
+    let ev = w.ask(json!({"op": "events", "host": 1}));
+    let kinds: Vec<&str> = ev["events"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e["kind"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(kinds, ["granted", "reclaimed"]);
+    // The link comes back: the host is up again and may be given devices.
+    links.0.lock().expect("links")[1].1 = true;
+    w.at(1027);
+    let pool = w.ask(json!({"op": "pool"}));
+    assert_eq!(pool["hosts"]["1"]["down_since"], json!(null), "{pool}");
+    let b = w.ask(req(1, 1, 1));
+    assert_eq!(b["granted"], json!(true), "{b}");
+}
+
+/// The spool directory (kernels without UNIX sockets) carries the same protocol; a client
+/// whose daemon is not running fails at once.
+#[test]
+fn spool_serves_the_protocol() {
+    use pcifab_manager::spool;
+    let base = tempdir("spool");
+    let dir = base.join("socket.d");
+    assert!(spool::ask(&dir, r#"{"op":"queue"}"#)
+        .unwrap_err()
+        .contains("no manager is running"));
+    let c = config("hybrid");
+    let sim = Arc::new(Mutex::new(sim_for(&c)));
+    let d = Daemon::start(
+        c,
+        Store::open(&base.join("state")).expect("store"),
+        Box::new(sim),
+        Box::new(|| 1000),
+    )
+    .expect("daemon");
+    let d = Arc::new(Mutex::new(d));
+    let sdir = dir.clone();
+    std::thread::spawn(move || spool::serve(d, &sdir));
+    let t = Instant::now();
+    while spool::daemon_pid(&dir).is_none() {
+        assert!(t.elapsed() < Duration::from_secs(5), "spool not served");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r: Value = serde_json::from_str(&spool::ask(&dir, &req(0, 1, 1).to_string()).expect("ask"))
+        .expect("json");
+    assert_eq!(r["granted"], json!(true), "{r}");
+    let q: Value =
+        serde_json::from_str(&spool::ask(&dir, r#"{"op":"leases"}"#).expect("ask")).expect("json");
+    assert_eq!(q["leases"][0]["functions"], json!(["0x0120"]), "{q}");
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != "pid")
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let _ = std::fs::remove_dir_all(&base);
+}

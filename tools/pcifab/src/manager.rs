@@ -153,20 +153,77 @@ fn parse(args: &[String]) -> Result<Opts, Error> {
 }
 
 /// One request to the manager, one reply.
+/// One request through the manager's spool directory `SOCKET.d`, which it serves instead of
+/// the socket on a kernel without UNIX sockets (Documentation/manager.rst, "Control socket").
+fn ask_spool(dir: &str, req: &Value) -> Result<String, String> {
+    let dir = std::path::Path::new(dir);
+    let alive = || {
+        std::fs::read_to_string(dir.join("pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+            // SAFETY: signal 0 only checks that the process exists.
+            .is_some_and(|p| p > 0 && unsafe { libc::kill(p, 0) } == 0)
+    };
+    if !alive() {
+        return Err(format!("no manager is running for {}", dir.display()));
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let name = format!("{nanos:024}-{}-0", std::process::id());
+    let (tmp, path, reply) = (
+        dir.join(format!("{name}.tmp")),
+        dir.join(format!("{name}.req")),
+        dir.join(format!("{name}.reply")),
+    );
+    std::fs::write(&tmp, format!("{req}\n"))
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(|e| format!("cannot write a request into {}: {e}", dir.display()))?;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&reply) {
+            let _ = std::fs::remove_file(&reply);
+            return Ok(text);
+        }
+        if !alive() {
+            let _ = std::fs::remove_file(&path);
+            return Err(format!(
+                "the manager for {} stopped before it answered",
+                dir.display()
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 fn ask(o: &Opts, req: Value) -> Result<Value, Error> {
     let hint = "; is pcifab-manager running (--manager-socket PATH names another socket)?";
-    let mut s = UnixStream::connect(&o.socket).map_err(|e| {
-        failure(format!(
-            "cannot reach the manager at {}: {e}{hint}",
-            o.socket
-        ))
-    })?;
-    writeln!(s, "{req}")
-        .map_err(|e| failure(format!("cannot send to the manager at {}: {e}", o.socket)))?;
-    let mut line = String::new();
-    BufReader::new(s)
-        .read_line(&mut line)
-        .map_err(|e| failure(format!("no reply from the manager at {}: {e}", o.socket)))?;
+    let line = match UnixStream::connect(&o.socket) {
+        Ok(mut s) => {
+            writeln!(s, "{req}")
+                .map_err(|e| failure(format!("cannot send to the manager at {}: {e}", o.socket)))?;
+            let mut line = String::new();
+            BufReader::new(s)
+                .read_line(&mut line)
+                .map_err(|e| failure(format!("no reply from the manager at {}: {e}", o.socket)))?;
+            line
+        }
+        // No UNIX sockets in this kernel: the manager serves SOCKET.d instead.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EAFNOSUPPORT)) => {
+            ask_spool(&format!("{}.d", o.socket), &req).map_err(|e| {
+                failure(format!(
+                    "cannot reach the manager at {}.d: {e}{hint}",
+                    o.socket
+                ))
+            })?
+        }
+        Err(e) => {
+            return Err(failure(format!(
+                "cannot reach the manager at {}: {e}{hint}",
+                o.socket
+            )))
+        }
+    };
     let v: Value = serde_json::from_str(&line).map_err(|e| {
         failure(format!(
             "the manager at {} answered something that is not JSON ({e}): {line:?}",

@@ -1,0 +1,849 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! The fabric manager across the guests: `pcifab-manager --executor driver` runs inside h0
+//! (the fabric-manager host), requests go through the `pcifab request|release|queue|leases`
+//! CLI there, and every change is checked from inside both guests and in the emulator.
+//! Documentation/testing.rst ("The manager scenarios") lists what each one asserts.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::fabric::{EmuControl, Fabric, Host};
+use crate::scenarios::{
+    bar_pattern, check_invariants, check_seen, check_world, compose_begin, dmesg_clean, emu_owners,
+    fns_seen, list_owners, owners, owners_text, Owners, APPEAR_SECS,
+};
+
+/// Where the daemon keeps its database in h0 (emptied at the start of every scenario).
+const STATE_DIR: &str = "/tmp/pcifab-manager";
+const CONFIG: &str = "/tmp/pcifab-manager.toml";
+/// The daemon's stderr (appended to; shown in failure messages).
+const LOG: &str = "/tmp/pcifab-manager.log";
+const PIDFILE: &str = "/tmp/pcifab-manager.pid";
+/// The daemon's default control socket, which the CLI uses by default too.
+const SOCKET: &str = "/run/pcifab-manager.sock";
+
+/// Failover settings of every scenario (seconds): short, so a host kill is noticed quickly.
+const HOST_TIMEOUT_S: u64 = 3;
+const RECLAIM_AFTER_S: u64 = 2;
+/// Time-slice length of the time-sliced scenario.
+const SLICE_S: u64 = 20;
+/// Lease of the priority-9 request, whose expiry hands its GPU over.
+const R3_LEASE_S: u64 = 30;
+/// Pattern seeds written into BAR2 by the time-sliced scenario.
+const SEED_H0: u64 = 0x5eed_0000;
+const SEED_H1: u64 = 0x5eed_0001;
+/// gpu0's telemetry in the harness fabric.toml (the emulator's defaults: 55.00 C, 0 %).
+const GPU0_TELEMETRY: &str = "5500 250000 0";
+
+/// PF and VF `k` of the configuration's endpoint `name` (gpu0: 0x0300.., gpu1: 0x0400..).
+fn pdfid(f: &Fabric, name: &str, k: u32) -> u16 {
+    let fallback = if name == "gpu0" { 0x0300 } else { 0x0400 };
+    f.expected
+        .endpoint(name)
+        .map_or(fallback + k as u16, |e| e.pdfid(k))
+}
+
+/// The manager configuration for a scenario: hosts 0 and 1, one pool of gpu0 and gpu1 (VFs
+/// from the inventory) in `mode`, telemetry every `telemetry_s` (0: off).
+fn config_text(f: &Fabric, mode: &str, telemetry_s: u64) -> String {
+    let (g0, g1) = (pdfid(f, "gpu0", 0), pdfid(f, "gpu1", 0));
+    let devices = if mode == "time-slice" {
+        format!("[[pools.devices]]\npf = {g0:#06x}\n")
+    } else {
+        format!(
+            "[[pools.devices]]\npf = {g0:#06x}\nprofile = \"quarter\"\n\
+             [[pools.devices]]\npf = {g1:#06x}\nprofile = \"quarter\"\n"
+        )
+    };
+    format!(
+        "[manager]\nhosts = {}\nmax_priority = 9\naging_s = 1000\ndefault_lease_s = 600\n\
+         max_lease_s = 3600\nmax_functions_per_host = 4\n\n\
+         [failover]\nhost_timeout_s = {HOST_TIMEOUT_S}\nreclaim_after_s = {RECLAIM_AFTER_S}\n\n\
+         [telemetry]\ninterval_s = {telemetry_s}\nmax_temp_c = 90.0\nbad_samples = 2\n\n\
+         [[pools]]\nname = \"gpus\"\nmode = \"{mode}\"\nslice_s = {SLICE_S}\n\n{devices}",
+        f.expected.hosts.len()
+    )
+}
+
+/// Starts the daemon in h0 with `config` (a fresh state directory unless `keep_state`) and
+/// waits until it answers `pcifab queue`.
+fn start_manager(h0: &mut Host, config: Option<&str>, keep_state: bool) -> Result<(), String> {
+    let mut script = String::new();
+    if !keep_state {
+        script.push_str(&format!("rm -rf {STATE_DIR}; : > {LOG}\n"));
+    }
+    if let Some(c) = config {
+        script.push_str(&format!("cat > {CONFIG} <<'EOF'\n{c}EOF\n"));
+    }
+    script.push_str(&format!(
+        "setsid pcifab-manager --config {CONFIG} --state {STATE_DIR} --socket {SOCKET} \
+         --executor driver \
+         </dev/null >>{LOG} 2>&1 &\n\
+         echo $! > {PIDFILE}\n\
+         i=0\n\
+         until pcifab queue >/dev/null 2>&1; do\n\
+           kill -0 $(cat {PIDFILE}) 2>/dev/null || {{ echo 'pcifab-manager exited:'; tail -20 {LOG}; exit 1; }}\n\
+           [ $i -ge 300 ] && {{ echo 'pcifab-manager did not answer within 60 s:'; tail -20 {LOG}; exit 1; }}\n\
+           sleep 0.2; i=$((i+1))\n\
+         done\n\
+         echo started pid $(cat {PIDFILE})"
+    ));
+    h0.run_ok_timeout(&script, Duration::from_secs(90))
+        .map(|_| ())
+        .map_err(|e| format!("starting pcifab-manager in h0: {e}"))
+}
+
+/// Stops the daemon (`signal` TERM or KILL) and waits until it is gone.
+fn stop_manager(h0: &mut Host, signal: &str) -> Result<(), String> {
+    h0.run_ok(&format!(
+        "[ -f {PIDFILE} ] || exit 0\n\
+         p=$(cat {PIDFILE}); kill -{signal} $p 2>/dev/null\n\
+         i=0; while kill -0 $p 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done\n\
+         if kill -0 $p 2>/dev/null; then echo \"pcifab-manager (pid $p) still running after SIG{signal}\"; exit 1; fi\n\
+         rm -f {PIDFILE}"
+    ))
+    .map(|_| ())
+}
+
+/// The daemon's log, for failure messages.
+fn manager_log(h0: &mut Host) -> String {
+    h0.run(&format!("tail -15 {LOG}"))
+        .map(|o| o.out)
+        .unwrap_or_default()
+}
+
+/// `pcifab ARGS --json` in h0 through the daemon: (exit code, the reply).
+fn cli(h0: &mut Host, args: &str) -> Result<(i64, Value), String> {
+    let o = h0.run(&format!("pcifab {args} --json"))?;
+    let v = o
+        .out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    Ok((o.code, v))
+}
+
+/// Like [`cli`] but the reply must be `{"ok":true,...}` with exit 0.
+fn cli_ok(h0: &mut Host, args: &str) -> Result<Value, String> {
+    let (code, v) = cli(h0, args)?;
+    if code != 0 || v.get("ok") != Some(&Value::Bool(true)) {
+        let log = manager_log(h0);
+        return Err(format!(
+            "h0: `pcifab {args}`: expected exit 0 and {{\"ok\":true,...}}, got exit {code}: {v}\n\
+             manager log:\n{log}"
+        ));
+    }
+    Ok(v)
+}
+
+/// One request to the daemon's socket with `pcifab-manager --ask` (ops the CLI has no
+/// command for: pool, events, state).
+fn ask(h0: &mut Host, request: &str) -> Result<Value, String> {
+    let o = h0.run(&format!("pcifab-manager --ask '{request}'"))?;
+    let v: Value = serde_json::from_str(o.out.trim()).map_err(|e| {
+        format!(
+            "h0: `pcifab-manager --ask {request}`: expected one JSON line, got {:?} ({e})",
+            o.out.trim()
+        )
+    })?;
+    if o.code != 0 || v.get("ok") != Some(&Value::Bool(true)) {
+        return Err(format!(
+            "h0: `pcifab-manager --ask {request}`: expected exit 0 and ok, got exit {}: {v}",
+            o.code
+        ));
+    }
+    Ok(v)
+}
+
+/// A request through the CLI; returns (id, granted, the reply).
+fn request(h0: &mut Host, args: &str) -> Result<(u64, bool, Value), String> {
+    let v = cli_ok(h0, &format!("request {args}"))?;
+    let id = v["id"]
+        .as_u64()
+        .ok_or_else(|| format!("`pcifab request {args}`: no id in the reply {v}"))?;
+    Ok((id, v["granted"] == Value::Bool(true), v))
+}
+
+fn lease_functions(v: &Value) -> Vec<String> {
+    v["functions"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn hexes(p: &[u16]) -> Vec<String> {
+    p.iter().map(|x| format!("{x:#06x}")).collect()
+}
+
+/// Lease id -> its functions, from `pcifab leases --json`.
+fn leases(h0: &mut Host) -> Result<Vec<(u64, Vec<String>)>, String> {
+    let v = cli_ok(h0, "leases")?;
+    Ok(v["leases"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|l| (l["id"].as_u64().unwrap_or(0), lease_functions(l)))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// Queued request ids in rank order, from `pcifab queue --json`.
+fn queue(h0: &mut Host) -> Result<Vec<u64>, String> {
+    let v = cli_ok(h0, "queue")?;
+    Ok(v["queue"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|q| q["id"].as_u64()).collect())
+        .unwrap_or_default())
+}
+
+/// (lease, kind) of every notice for `host`, in order.
+fn notices(h0: &mut Host, host: usize) -> Result<Vec<(u64, String)>, String> {
+    let v = ask(h0, &format!("{{\"op\":\"events\",\"host\":{host}}}"))?;
+    Ok(v["events"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|n| {
+                    (
+                        n["lease"].as_u64().unwrap_or(0),
+                        n["kind"].as_str().unwrap_or("?").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+fn notes(v: &[(u64, &str)]) -> Vec<(u64, String)> {
+    v.iter().map(|(i, k)| (*i, k.to_string())).collect()
+}
+
+/// Waits until the emulator's bindings are `want` (a change the daemon makes on its own,
+/// at a tick); returns how long it took.
+fn wait_owners(f: &Fabric, want: &Owners, secs: u64, what: &str) -> Result<Duration, String> {
+    let emu = f.emu();
+    let t = Instant::now();
+    loop {
+        let got = emu_owners(&emu, &f.expected).map(|(o, _)| o);
+        if got.as_ref() == Ok(want) {
+            return Ok(t.elapsed());
+        }
+        if t.elapsed() > Duration::from_secs(secs) {
+            return Err(format!(
+                "{what}: emulator bindings: expected {} within {secs} s, got {}",
+                owners_text(&f.expected, want),
+                match got {
+                    Ok(o) => owners_text(&f.expected, &o),
+                    Err(e) => e,
+                }
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// [`check_world`] restricted to the hosts that are alive (a killed host has nothing to
+/// look at): invariants, emulator bindings, each live host's `pcifab list` and the
+/// functions it sees.
+fn check_live_world(f: &mut Fabric, want: &Owners, step: &str) -> Result<(), String> {
+    let emu = f.emu();
+    check_invariants(&emu, step)?;
+    let e = f.expected.clone();
+    let (got, _) = emu_owners(&emu, &e).map_err(|err| format!("after {step}: {err}"))?;
+    if &got != want {
+        return Err(format!(
+            "after {step}: emulator bindings: expected {}, got {}",
+            owners_text(&e, want),
+            owners_text(&e, &got)
+        ));
+    }
+    for h in f.hosts.iter_mut().filter(|h| !h.is_dead()) {
+        let (listed, _) = list_owners(h)?;
+        if &listed != want {
+            return Err(format!(
+                "{}: after {step}: `pcifab list --json` bindings: expected {}, got {}",
+                h.name,
+                owners_text(&e, want),
+                owners_text(&e, &listed)
+            ));
+        }
+        let t = Instant::now();
+        loop {
+            let seen = fns_seen(h)?;
+            let errs = check_seen(h, &e, want, &seen);
+            if errs.is_empty() {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(APPEAR_SECS) {
+                return Err(format!(
+                    "{}: after {step} (waited {APPEAR_SECS} s): {}",
+                    h.name,
+                    errs.join("; ")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        dmesg_clean(h).map_err(|err| format!("after {step}: {err}"))?;
+    }
+    Ok(())
+}
+
+/// Runs `body` with a fresh daemon in h0 (configuration `mode`, telemetry every
+/// `telemetry_s`), starting from every function free; afterwards, whatever happened, stops
+/// the daemon and frees every function; the body's error comes first.
+fn with_manager(
+    f: &mut Fabric,
+    mode: &str,
+    telemetry_s: u64,
+    body: impl FnOnce(&mut Fabric) -> Result<(), String>,
+) -> Result<(), String> {
+    compose_begin(f)?;
+    let cfg = config_text(f, mode, telemetry_s);
+    f.hosts[0].log_note(&format!("manager configuration:\n{cfg}"));
+    start_manager(&mut f.hosts[0], Some(&cfg), false)?;
+    let r = body(f);
+    let r = match r {
+        Ok(()) => Ok(()),
+        Err(e) => Err(format!(
+            "{e}\nmanager log (h0 {LOG}):\n{}",
+            manager_log(&mut f.hosts[0])
+        )),
+    };
+    let stop = stop_manager(&mut f.hosts[0], "TERM");
+    let emu = f.emu();
+    let mut free = Ok(());
+    if let Ok((o, _)) = emu_owners(&emu, &f.expected) {
+        for p in o.keys() {
+            if let Err(e) = emu.request(&format!("unbind {p:#06x}")) {
+                free = Err(format!("cleaning up (every function free): {e}"));
+            }
+        }
+    }
+    r?;
+    stop?;
+    free?;
+    check_live_world(
+        f,
+        &Owners::new(),
+        "the end (daemon stopped, every function free)",
+    )
+}
+
+// ----------------------------------------------------------------------- scenarios
+
+/// Issue 6, test 1: four requests at three priorities on a hybrid pool of two GPUs with
+/// four VFs each, in the order Documentation/manager.rst documents.
+pub fn four_requests(f: &mut Fabric) -> Result<(), String> {
+    with_manager(f, "hybrid", 0, |f| {
+        let g0 = pdfid(f, "gpu0", 0);
+        let g1 = pdfid(f, "gpu1", 0);
+        let g1_vfs: Vec<u16> = (1..=4).map(|k| pdfid(f, "gpu1", k)).collect();
+
+        // R1: h0, one whole GPU, priority 5: the first whole-free device, gpu0.
+        let h0 = &mut f.hosts[0];
+        let (r1, granted, v) = request(h0, "--gpus 1 --host 0 --priority 5 --duration 600")?;
+        let mut c = crate::scenarios::Checks::new("R1 (h0, 1 GPU, priority 5)");
+        c.eq("granted", true, granted);
+        c.eq("functions", hexes(&[g0]), lease_functions(&v["lease"]));
+        c.finish()?;
+        check_world(f, &owners(&[(g0, 0)]), "R1 granted")?;
+
+        // R2: h1, four VFs, priority 1, pre-emptible: gpu1's VFs (gpu0 is taken whole).
+        let h0 = &mut f.hosts[0];
+        let (r2, granted, v) = request(
+            h0,
+            "--vfs 4 --profile quarter --host 1 --priority 1 --duration 600 \
+             --preemptible-by-higher",
+        )?;
+        let mut c = crate::scenarios::Checks::new("R2 (h1, 4 VFs, priority 1, pre-emptible)");
+        c.eq("granted", true, granted);
+        c.eq("functions", hexes(&g1_vfs), lease_functions(&v["lease"]));
+        c.finish()?;
+        let mut want = owners(&[(g0, 0)]);
+        want.extend(g1_vfs.iter().map(|v| (*v, 1)));
+        check_world(f, &want, "R2 granted")?;
+
+        // R3: h0, one GPU, priority 9: nothing is free; R2 allows pre-emption: its VFs leave
+        // h1, gpu1's PF goes to h0, R2 is queued again.
+        let h0 = &mut f.hosts[0];
+        let (r3, granted, v) = request(
+            h0,
+            &format!("--gpus 1 --host 0 --priority 9 --duration {R3_LEASE_S}"),
+        )?;
+        let mut c = crate::scenarios::Checks::new("R3 (h0, 1 GPU, priority 9)");
+        c.eq("granted", true, granted);
+        c.eq("functions", hexes(&[g1]), lease_functions(&v["lease"]));
+        c.eq("queue after R3 (R2 pre-empted)", vec![r2], queue(h0)?);
+        c.finish()?;
+
+        // R4: h1, two VFs, priority 5: nothing free, nothing pre-emptible below 5: queued,
+        // ahead of R2 (priority 1).
+        let (r4, granted, v) = request(
+            h0,
+            "--vfs 2 --profile quarter --host 1 --priority 5 --duration 600",
+        )?;
+        let mut c = crate::scenarios::Checks::new("R4 (h1, 2 VFs, priority 5)");
+        c.eq("granted", false, granted);
+        c.eq("position", Some(0), v["position"].as_u64());
+        c.eq("queue in rank order", vec![r4, r2], queue(h0)?);
+        c.finish()?;
+        check_world(
+            f,
+            &owners(&[(g0, 0), (g1, 0)]),
+            "R3 granted (R2 pre-empted), R4 queued",
+        )?;
+
+        // R3 expires: gpu1 leaves h0; R4 gets two of its VFs; R2 (four VFs) still waits.
+        let want = owners(&[(g0, 0), (g1_vfs[0], 1), (g1_vfs[1], 1)]);
+        let took = wait_owners(f, &want, R3_LEASE_S + 30, "R3's lease expiring")?;
+        f.hosts[0].log_note(&format!("hand-over at R3's expiry seen after {took:?}"));
+        check_world(f, &want, "R3 expired, R4 granted")?;
+        let h0 = &mut f.hosts[0];
+        let mut c = crate::scenarios::Checks::new("after R3 expired");
+        c.eq(
+            "leases",
+            vec![(r1, hexes(&[g0])), (r4, hexes(&[g1_vfs[0], g1_vfs[1]]))],
+            leases(h0)?,
+        );
+        c.eq("queue", vec![r2], queue(h0)?);
+        c.finish()?;
+
+        // R4 released: R2 gets its four VFs back on h1.
+        cli_ok(h0, &format!("release {r4}"))?;
+        let mut want = owners(&[(g0, 0)]);
+        want.extend(g1_vfs.iter().map(|v| (*v, 1)));
+        check_world(f, &want, "R4 released, R2 granted again")?;
+        let h0 = &mut f.hosts[0];
+        expect(
+            "leases after R4's release",
+            vec![(r1, hexes(&[g0])), (r2, hexes(&g1_vfs))],
+            leases(h0)?,
+        )?;
+        expect("queue after R4's release", Vec::<u64>::new(), queue(h0)?)?;
+        cli_ok(h0, &format!("release {r1}"))?;
+        cli_ok(h0, &format!("release {r2}"))?;
+        check_world(f, &Owners::new(), "R1 and R2 released")?;
+
+        // Each holder was told, in order.
+        let h0 = &mut f.hosts[0];
+        let mut c = crate::scenarios::Checks::new("notices");
+        c.eq(
+            "host 0",
+            notes(&[
+                (r1, "granted"),
+                (r3, "granted"),
+                (r3, "expired"),
+                (r1, "released"),
+            ]),
+            notices(h0, 0)?,
+        );
+        c.eq(
+            "host 1",
+            notes(&[
+                (r2, "granted"),
+                (r2, "preempted"),
+                (r4, "granted"),
+                (r4, "released"),
+                (r2, "granted"),
+                (r2, "released"),
+            ]),
+            notices(h0, 1)?,
+        );
+        c.finish()
+    })
+}
+
+fn expect<T: PartialEq + std::fmt::Debug>(what: &str, want: T, got: T) -> Result<(), String> {
+    crate::scenarios::expect_eq(what, want, got)
+}
+
+/// The emulator's scrub count of `pdfid`.
+fn scrubs(emu: &EmuControl, pdfid: u16) -> Result<u64, String> {
+    let v = emu.request("state")?;
+    v["bindings"]
+        .as_array()
+        .and_then(|a| a.iter().find(|b| b["pdfid"] == pdfid))
+        .and_then(|b| b["scrubs"].as_u64())
+        .ok_or_else(|| format!("emulator state has no scrub count for {pdfid:#06x}"))
+}
+
+/// BDF of `pdfid` in `h` (it must be visible there).
+fn bdf_in(h: &mut Host, pdfid: u16) -> Result<String, String> {
+    fns_seen(h)?
+        .get(&pdfid)
+        .map(|s| s.bdf.clone())
+        .ok_or_else(|| format!("{}: {pdfid:#06x} is not visible", h.name))
+}
+
+/// Issue 6, test 2: a time-sliced GPU visits both hosts in turn, its memory scrubbed on
+/// every hand-over.
+pub fn time_sliced(f: &mut Fabric) -> Result<(), String> {
+    with_manager(f, "time-slice", 0, |f| {
+        let g0 = pdfid(f, "gpu0", 0);
+        let e = f.expected.clone();
+        let emu = f.emu();
+        let h0 = &mut f.hosts[0];
+        let (ra, granted, v) = request(h0, "--gpus 1 --host 0 --priority 5 --duration 600")?;
+        let mut c = crate::scenarios::Checks::new("Ra (h0, 1 GPU, time-sliced pool)");
+        c.eq("granted", true, granted);
+        c.eq("functions", hexes(&[g0]), lease_functions(&v["lease"]));
+        c.eq(
+            "time_sliced",
+            Some(true),
+            v["lease"]["time_sliced"].as_bool(),
+        );
+        c.finish()?;
+        check_world(f, &owners(&[(g0, 0)]), "Ra granted (gpu0 on h0)")?;
+        let bdf = bdf_in(&mut f.hosts[0], g0)?;
+        bar_pattern(
+            &mut f.hosts[0],
+            &e,
+            &bdf,
+            g0,
+            &format!("--write {SEED_H0:#x}"),
+        )?;
+        let h0 = &mut f.hosts[0];
+        let (rb, granted, v) = request(h0, "--gpus 1 --host 1 --priority 5 --duration 600")?;
+        let mut c = crate::scenarios::Checks::new("Rb (h1, 1 GPU, time-sliced pool)");
+        c.eq("granted (as the second sharer)", true, granted);
+        c.eq(
+            "resident (waits for its slice)",
+            Some(false),
+            v["lease"]["resident"][0].as_bool(),
+        );
+        c.finish()?;
+
+        // Two hand-overs: h0 -> h1 -> h0. Each time the new holder must see zeros, not the
+        // pattern the previous one left, and then leaves its own.
+        for (to, seed) in [(1usize, SEED_H1), (0, SEED_H0)] {
+            let before = scrubs(&emu, g0)?;
+            let want = owners(&[(g0, to)]);
+            let took = wait_owners(f, &want, SLICE_S + 20, "the time slice ending")?;
+            f.hosts[0].log_note(&format!("slice hand-over to host {to} seen after {took:?}"));
+            check_world(f, &want, &format!("the slice moving gpu0 to host {to}"))?;
+            expect(
+                "emulator scrubs of gpu0 on the hand-over",
+                before + 1,
+                scrubs(&emu, g0)?,
+            )?;
+            let h = &mut f.hosts[to];
+            let bdf = bdf_in(h, g0)?;
+            bar_pattern(h, &e, &bdf, g0, "--check-zero")?;
+            bar_pattern(h, &e, &bdf, g0, &format!("--write {seed:#x}"))?;
+        }
+        let h0 = &mut f.hosts[0];
+        let mut c = crate::scenarios::Checks::new("notices");
+        c.eq(
+            "host 1",
+            notes(&[(rb, "granted"), (rb, "slice-in"), (rb, "slice-out")]),
+            notices(h0, 1)?,
+        );
+        c.eq(
+            "host 0",
+            notes(&[(ra, "granted"), (ra, "slice-out"), (ra, "slice-in")]),
+            notices(h0, 0)?,
+        );
+        c.finish()?;
+        cli_ok(h0, &format!("release {ra}"))?;
+        // The resident sharer left: the other one gets the device at once.
+        check_world(f, &owners(&[(g0, 1)]), "Ra released (gpu0 to h1 at once)")?;
+        let h1 = &mut f.hosts[1];
+        let bdf = bdf_in(h1, g0)?;
+        bar_pattern(h1, &e, &bdf, g0, "--check-zero")?;
+        cli_ok(&mut f.hosts[0], &format!("release {rb}"))?;
+        check_world(f, &Owners::new(), "Rb released")
+    })
+}
+
+/// The parts of the daemon's state that must survive a restart unchanged.
+fn durable_state(h0: &mut Host) -> Result<Value, String> {
+    let v = ask(h0, "{\"op\":\"state\"}")?;
+    let s = &v["state"];
+    Ok(serde_json::json!({
+        "leases": s["leases"],
+        "queue": s["queue"],
+        "holders": s["holders"],
+        "devices": s["devices"],
+        "next_id": s["next_id"],
+    }))
+}
+
+/// Issue 6, test 3: the daemon killed with SIGKILL and restarted mid-lease loses nothing.
+pub fn kill_9(f: &mut Fabric) -> Result<(), String> {
+    with_manager(f, "hybrid", 0, |f| {
+        let g0 = pdfid(f, "gpu0", 0);
+        let v = |k| pdfid(f, "gpu1", k);
+        let (v1, v2, v3, v4) = (v(1), v(2), v(3), v(4));
+        let h0 = &mut f.hosts[0];
+        let (r1, g, _) = request(h0, "--gpus 1 --host 0 --priority 5 --duration 600")?;
+        expect("R1 (h0, 1 GPU) granted", true, g)?;
+        let (r2, g, _) = request(h0, "--vfs 2 --host 1 --priority 3 --duration 600")?;
+        expect("R2 (h1, 2 VFs) granted", true, g)?;
+        // h1 would hold six functions: queued behind R4.
+        let (r3, g, _) = request(h0, "--vfs 4 --host 1 --priority 2 --duration 600")?;
+        expect("R3 (h1, 4 VFs) granted", false, g)?;
+        // gpu1 is partitioned, gpu0 taken: queued.
+        let (r4, g, _) = request(h0, "--gpus 1 --host 0 --priority 4 --duration 600")?;
+        expect("R4 (h0, 1 GPU) granted", false, g)?;
+        let want = owners(&[(g0, 0), (v1, 1), (v2, 1)]);
+        check_world(f, &want, "two leases granted, two requests queued")?;
+        let h0 = &mut f.hosts[0];
+        expect("queue before the kill", vec![r4, r3], queue(h0)?)?;
+        let leases_before = leases(h0)?;
+        let state_before = durable_state(h0)?;
+
+        stop_manager(h0, "KILL")?;
+        h0.log_note("pcifab-manager killed with SIGKILL");
+        // Nothing happens to the fabric while no manager runs.
+        std::thread::sleep(Duration::from_secs(2));
+        check_world(f, &want, "the manager killed (-9)")?;
+        let h0 = &mut f.hosts[0];
+        start_manager(h0, None, true)?;
+        let mut c = crate::scenarios::Checks::new("after the restart");
+        c.eq_json("durable state", state_before, durable_state(h0)?);
+        c.eq("leases", leases_before, leases(h0)?);
+        c.eq("queue", vec![r4, r3], queue(h0)?);
+        let fixed = h0.run(&format!("grep -c 'differs from the stored state' {LOG}"))?;
+        c.eq(
+            "restarts that had to fix the fabric (log lines)",
+            "0",
+            fixed.out.trim(),
+        );
+        c.finish()?;
+        check_world(f, &want, "the manager restarted")?;
+
+        // The queue still works: R2 released; gpu1 is whole again and R4 (priority 4) ranks
+        // before R3 (priority 2): R4 gets gpu1's PF, R3 still waits.
+        let g1 = pdfid(f, "gpu1", 0);
+        cli_ok(&mut f.hosts[0], &format!("release {r2}"))?;
+        let want = owners(&[(g0, 0), (g1, 0)]);
+        check_world(f, &want, "R2 released after the restart, R4 granted")?;
+        let h0 = &mut f.hosts[0];
+        expect(
+            "leases",
+            vec![(r1, hexes(&[g0])), (r4, hexes(&[g1]))],
+            leases(h0)?,
+        )?;
+        expect("queue", vec![r3], queue(h0)?)?;
+
+        // Killed again while it carries out a release (R4's gpu1 leaves h0, then R3's four
+        // VFs go to h1): the restart brings the fabric to what was committed before the
+        // actions ran.
+        let bg = h0.run(&format!(
+            "setsid pcifab release {r4} </dev/null >/tmp/release.out 2>&1 & sleep 0.3; \
+             kill -9 $(cat {PIDFILE}); rm -f {PIDFILE}; sleep 3"
+        ))?;
+        h0.log_note(&format!("killed during a release: exit {}", bg.code));
+        start_manager(h0, None, true)?;
+        let st = durable_state(h0)?;
+        let holders: Owners = st["holders"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.parse().ok()?, v.as_u64()? as usize)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let fixed = h0.run(&format!("grep 'action(s) to fix it' {LOG} | tail -1"))?;
+        h0.log_note(&format!(
+            "restart after a kill during a release: {}",
+            fixed.out.trim()
+        ));
+        let want = owners(&[(g0, 0), (v1, 1), (v2, 1), (v3, 1), (v4, 1)]);
+        expect(
+            "committed bindings after the release (R4 ended, R3 granted gpu1's VFs)",
+            owners_text(&f.expected, &want),
+            owners_text(&f.expected, &holders),
+        )?;
+        check_world(
+            f,
+            &want,
+            "restart after a kill during a release (fabric = committed state)",
+        )?;
+        let h0 = &mut f.hosts[0];
+        expect(
+            "queue after the second restart",
+            Vec::<u64>::new(),
+            queue(h0)?,
+        )?;
+        expect(
+            "leases after the second restart",
+            vec![(r1, hexes(&[g0])), (r3, hexes(&[v1, v2, v3, v4]))],
+            leases(h0)?,
+        )?;
+        Ok(())
+    })
+}
+
+/// Issue 6, test 5: an endpoint fails (its telemetry over the threshold in the emulator):
+/// it leaves the pool and its lease moves to the healthy GPU.
+pub fn endpoint_failure(f: &mut Fabric) -> Result<(), String> {
+    with_manager(f, "hybrid", 1, |f| {
+        let g0 = pdfid(f, "gpu0", 0);
+        let g1 = pdfid(f, "gpu1", 0);
+        let emu = f.emu();
+        let h0 = &mut f.hosts[0];
+        let (r1, g, v) = request(h0, "--gpus 1 --host 1 --priority 5 --duration 600")?;
+        expect("R1 (h1, 1 GPU) granted", true, g)?;
+        expect("R1's functions", hexes(&[g0]), lease_functions(&v["lease"]))?;
+        check_world(f, &owners(&[(g0, 1)]), "R1 granted (gpu0 on h1)")?;
+
+        // gpu0 overheats: 99 C, above max_temp_c 90, two polls in a row.
+        emu.request(&format!("telemetry {g0:#06x} 9900 250000 100"))?;
+        let r = (|| {
+            let want = owners(&[(g1, 1)]);
+            let took = wait_owners(f, &want, 20, "gpu0 overheating")?;
+            f.hosts[0].log_note(&format!("lease moved {took:?} after the fault"));
+            check_world(f, &want, "gpu0 unhealthy, R1 moved to gpu1")?;
+            let h0 = &mut f.hosts[0];
+            let pool = ask(h0, "{\"op\":\"pool\"}")?;
+            let d0 = &pool["devices"][0];
+            let mut c = crate::scenarios::Checks::new("pool after the fault");
+            c.eq("gpu0 healthy", Some(false), d0["healthy"].as_bool());
+            let reason = d0["reason"].as_str().unwrap_or("");
+            if !reason.contains("telemetry") || !reason.contains("99.00") {
+                c.fail(format!(
+                    "gpu0 reason: expected the telemetry reading (99.00 C), got {reason:?}"
+                ));
+            }
+            c.eq("R1", vec![(r1, hexes(&[g1]))], leases(h0)?);
+            c.eq(
+                "host 1 notices",
+                notes(&[(r1, "granted"), (r1, "moved")]),
+                notices(h0, 1)?,
+            );
+            c.finish()?;
+            // Out of the pool: a request for a GPU waits although gpu0 is free.
+            let (r2, g, _) = request(h0, "--gpus 1 --host 0 --priority 5 --duration 600")?;
+            expect("R2 (h0, 1 GPU) granted while gpu0 is out", false, g)?;
+            Ok::<u64, String>(r2)
+        })();
+        // Cooled down: one good poll puts gpu0 back; R2 gets it.
+        emu.request(&format!("telemetry {g0:#06x} {GPU0_TELEMETRY}"))?;
+        let r2 = r?;
+        let want = owners(&[(g1, 1), (g0, 0)]);
+        wait_owners(f, &want, 20, "gpu0 back in the pool")?;
+        check_world(f, &want, "gpu0 healthy again, R2 granted")?;
+        let h0 = &mut f.hosts[0];
+        let pool = ask(h0, "{\"op\":\"pool\"}")?;
+        expect(
+            "gpu0 healthy again",
+            Some(true),
+            pool["devices"][0]["healthy"].as_bool(),
+        )?;
+        cli_ok(h0, &format!("release {r1}"))?;
+        cli_ok(h0, &format!("release {r2}"))?;
+        check_world(f, &Owners::new(), "R1 and R2 released")
+    })
+}
+
+/// The emulator's link state of `host`'s upstream port.
+fn host_link(emu: &EmuControl, host: &str) -> Result<String, String> {
+    let v = emu.request("state")?;
+    v["ports"]
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .find(|p| p["type"] == "host" && p["name"] == host)
+                .and_then(|p| p["link"].as_str())
+        })
+        .map(str::to_string)
+        .ok_or_else(|| format!("emulator state has no host port for {host}: {v}"))
+}
+
+/// Issue 6, test 4: host h1's QEMU is killed (SIGKILL): its upstream link goes down, the
+/// manager declares it down after host_timeout_s, reclaims its GPUs reclaim_after_s later
+/// and a queued request of h0 gets one. Then h1 boots again for the scenarios after this.
+pub fn host_killed(f: &mut Fabric) -> Result<(), String> {
+    let r = with_manager(f, "hybrid", 0, |f| {
+        let g0 = pdfid(f, "gpu0", 0);
+        let g1 = pdfid(f, "gpu1", 0);
+        let emu = f.emu();
+        let h0 = &mut f.hosts[0];
+        let (r1, g, _) = request(h0, "--gpus 2 --host 1 --priority 5 --duration 600")?;
+        expect("R1 (h1, 2 GPUs) granted", true, g)?;
+        let (r2, g, _) = request(h0, "--gpus 1 --host 0 --priority 5 --duration 600")?;
+        expect("R2 (h0, 1 GPU) granted", false, g)?;
+        check_world(f, &owners(&[(g0, 1), (g1, 1)]), "R1 granted, R2 queued")?;
+        let h1_name = f.hosts[1].name.clone();
+        expect(
+            "h1's upstream link",
+            "up".to_string(),
+            host_link(&emu, &h1_name)?,
+        )?;
+
+        f.hosts[1].kill_qemu()?;
+        let killed = Instant::now();
+        // The emulator notices the MEP client going and takes the link down.
+        loop {
+            if host_link(&emu, &h1_name)? == "down" {
+                break;
+            }
+            if killed.elapsed() > Duration::from_secs(5) {
+                return Err("h1's upstream link: expected down within 5 s of the kill".into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        check_invariants(&emu, "h1 killed")?;
+        let limit = HOST_TIMEOUT_S + RECLAIM_AFTER_S + 20;
+        let want = owners(&[(g0, 0)]);
+        wait_owners(f, &want, limit, "h1's GPUs reclaimed and R2 granted")?;
+        let took = killed.elapsed();
+        f.hosts[0].log_note(&format!("reclaimed and re-granted {took:?} after the kill"));
+        if took < Duration::from_secs(HOST_TIMEOUT_S) {
+            return Err(format!(
+                "h1's GPUs were reclaimed {took:?} after the kill, before host_timeout_s \
+                 ({HOST_TIMEOUT_S} s) had passed"
+            ));
+        }
+        check_live_world(f, &want, "h1's GPUs reclaimed, R2 granted")?;
+        let h0 = &mut f.hosts[0];
+        let mut c = crate::scenarios::Checks::new("after the reclaim");
+        c.eq("leases", vec![(r2, hexes(&[g0]))], leases(h0)?);
+        c.eq("queue", Vec::<u64>::new(), queue(h0)?);
+        c.eq(
+            "host 1 notices",
+            notes(&[(r1, "granted"), (r1, "reclaimed")]),
+            notices(h0, 1)?,
+        );
+        let pool = ask(h0, "{\"op\":\"pool\"}")?;
+        if !pool["hosts"]["1"]["down_since"].is_u64() {
+            c.fail(format!(
+                "host 1: expected down (down_since set), got {}",
+                pool["hosts"]["1"]
+            ));
+        }
+        c.finish()?;
+        cli_ok(h0, &format!("release {r2}"))?;
+        check_live_world(f, &Owners::new(), "R2 released")
+    });
+    // Bring h1 back for the scenarios after this one, whatever happened.
+    let reboot = if f.hosts[1].is_dead() {
+        f.hosts[1]
+            .reboot()
+            .map(|t| f.hosts[1].log_note(&format!("rebooted in {t:?}")))
+    } else {
+        Ok(())
+    };
+    r?;
+    reboot?;
+    let emu = f.emu();
+    let h1_name = f.hosts[1].name.clone();
+    let t = Instant::now();
+    while host_link(&emu, &h1_name)? != "up" {
+        if t.elapsed() > Duration::from_secs(10) {
+            return Err("h1 rebooted: its upstream link is not up again after 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    compose_begin(f)
+}
