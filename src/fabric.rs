@@ -90,7 +90,7 @@ pub(crate) fn le32(b: &[u8], at: usize) -> Result<u32> {
     Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
 }
 
-fn le64(b: &[u8], at: usize) -> Result<u64> {
+pub(crate) fn le64(b: &[u8], at: usize) -> Result<u64> {
     Ok(u64::from(le32(b, at)?) | (u64::from(le32(b, at + 4)?) << 32))
 }
 

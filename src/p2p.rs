@@ -32,7 +32,7 @@ use kernel::{
     transmute::{AsBytes, FromBytes},
 };
 
-use crate::{fabric, hotplug, mrpc, regs, uapi, Mep};
+use crate::{compose::Failure, fabric, hotplug, mrpc, regs, uapi, Mep};
 
 const CMD_P2P_ROUTE: u32 = 0xf004;
 const SUB_ADD: u8 = 1;
@@ -95,18 +95,6 @@ const _: () = assert!(size_of::<Desc>() == 64);
 unsafe impl FromBytes for Desc {}
 // SAFETY: As above.
 unsafe impl AsBytes for Desc {}
-
-/// A firmware refusal: the errno and the firmware's return code.
-pub(crate) struct Failure {
-    pub(crate) err: Error,
-    pub(crate) fw_ret: u32,
-}
-
-impl From<Error> for Failure {
-    fn from(err: Error) -> Self {
-        Self { err, fw_ret: 0 }
-    }
-}
 
 fn fw_errno(ret: u32) -> Error {
     match ret {
@@ -300,9 +288,9 @@ pub(crate) fn routes(mep: &Mep) -> Result<KVec<uapi::Route>> {
         let e = out.get(at..at + ROUTE_ENTRY).ok_or(EIO)?;
         v.push(
             uapi::Route {
-                window_off: le64(e, 0)?,
-                size: le64(e, 8)?,
-                target_off: le64(e, 16)?,
+                window_off: fabric::le64(e, 0)?,
+                size: fabric::le64(e, 8)?,
+                target_off: fabric::le64(e, 16)?,
                 pdfid: fabric::le16(e, 24)?,
                 target_host: fabric::byte(e, 26)?,
                 ..uapi::Route::default()
@@ -332,10 +320,6 @@ fn cached_routes(mep: &Mep, refresh: bool) -> Result<KVec<uapi::Route>> {
         Err(_) => mep.p2p.stale.store(true, Relaxed),
     }
     fresh
-}
-
-fn le64(b: &[u8], at: usize) -> Result<u64> {
-    Ok(u64::from(fabric::le32(b, at)?) | (u64::from(fabric::le32(b, at + 4)?) << 32))
 }
 
 /// Adds a route; `PCIFAB_ROUTE_ANY_WINDOW` picks the lowest free window range.

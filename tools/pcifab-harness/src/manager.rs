@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use crate::fabric::{EmuControl, Fabric, Host};
 use crate::scenarios::{
-    bar_pattern, check_invariants, check_seen, check_world, compose_begin, dmesg_clean, emu_owners,
-    fns_seen, list_owners, owners, owners_text, Owners, APPEAR_SECS,
+    bar_pattern, check_invariants, check_world, compose_begin, emu_owners, fns_seen, owners,
+    owners_text, Owners,
 };
 
 /// Where the daemon keeps its database in h0 (emptied at the start of every scenario).
@@ -251,52 +251,6 @@ fn wait_owners(f: &Fabric, want: &Owners, secs: u64, what: &str) -> Result<Durat
     }
 }
 
-/// [`check_world`] restricted to the hosts that are alive (a killed host has nothing to
-/// look at): invariants, emulator bindings, each live host's `pcifab list` and the
-/// functions it sees.
-fn check_live_world(f: &mut Fabric, want: &Owners, step: &str) -> Result<(), String> {
-    let emu = f.emu();
-    check_invariants(&emu, step)?;
-    let e = f.expected.clone();
-    let (got, _) = emu_owners(&emu, &e).map_err(|err| format!("after {step}: {err}"))?;
-    if &got != want {
-        return Err(format!(
-            "after {step}: emulator bindings: expected {}, got {}",
-            owners_text(&e, want),
-            owners_text(&e, &got)
-        ));
-    }
-    for h in f.hosts.iter_mut().filter(|h| !h.is_dead()) {
-        let (listed, _) = list_owners(h)?;
-        if &listed != want {
-            return Err(format!(
-                "{}: after {step}: `pcifab list --json` bindings: expected {}, got {}",
-                h.name,
-                owners_text(&e, want),
-                owners_text(&e, &listed)
-            ));
-        }
-        let t = Instant::now();
-        loop {
-            let seen = fns_seen(h)?;
-            let errs = check_seen(h, &e, want, &seen);
-            if errs.is_empty() {
-                break;
-            }
-            if t.elapsed() > Duration::from_secs(APPEAR_SECS) {
-                return Err(format!(
-                    "{}: after {step} (waited {APPEAR_SECS} s): {}",
-                    h.name,
-                    errs.join("; ")
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        }
-        dmesg_clean(h).map_err(|err| format!("after {step}: {err}"))?;
-    }
-    Ok(())
-}
-
 /// Runs `body` with a fresh daemon in h0 (configuration `mode`, telemetry every
 /// `telemetry_s`), starting from every function free; afterwards, whatever happened, stops
 /// the daemon and frees every function; the body's error comes first.
@@ -331,7 +285,7 @@ fn with_manager(
     r?;
     stop?;
     free?;
-    check_live_world(
+    check_world(
         f,
         &Owners::new(),
         "the end (daemon stopped, every function free)",
@@ -805,7 +759,7 @@ pub fn host_killed(f: &mut Fabric) -> Result<(), String> {
                  ({HOST_TIMEOUT_S} s) had passed"
             ));
         }
-        check_live_world(f, &want, "h1's GPUs reclaimed, R2 granted")?;
+        check_world(f, &want, "h1's GPUs reclaimed, R2 granted")?;
         let h0 = &mut f.hosts[0];
         let mut c = crate::scenarios::Checks::new("after the reclaim");
         c.eq("leases", vec![(r2, hexes(&[g0]))], leases(h0)?);
@@ -824,7 +778,7 @@ pub fn host_killed(f: &mut Fabric) -> Result<(), String> {
         }
         c.finish()?;
         cli_ok(h0, &format!("release {r2}"))?;
-        check_live_world(f, &Owners::new(), "R2 released")
+        check_world(f, &Owners::new(), "R2 released")
     });
     // Bring h1 back for the scenarios after this one, whatever happened.
     let reboot = if f.hosts[1].is_dead() {
