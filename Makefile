@@ -5,8 +5,16 @@
 
 PCIFAB_CACHE ?= /var/cache/pcifab
 export PCIFAB_CACHE
-# The kernel tree the module is built against: any tree with CONFIG_RUST=y.
+# The kernel tree the module is built against: any tree with CONFIG_RUST=y. The default is
+# the fast test kernel of `make demo` and `make bench`.
 KDIR ?= $(PCIFAB_CACHE)/kbuild
+# The sanitizer kernel every QEMU scenario of `make test` runs on, and the module built for it
+# outside the checkout, so that neither build throws away the other's objects.
+DEBUG_KDIR := $(PCIFAB_CACHE)/kbuild-debug
+DEBUG_MO := $(PCIFAB_CACHE)/module-debug
+# What a module build against a kernel tree must pass besides M= (LLVM=-19 for the debug
+# kernel), as tools/scripts/kernel.sh recorded it.
+kmake-args = $(shell cat $(1)/pcifab-kmake-args 2>/dev/null)
 export CARGO_TARGET_DIR ?= $(PCIFAB_CACHE)/target
 export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 
@@ -19,18 +27,20 @@ RESULTS ?= $(CURDIR)/results
 CARGO := cargo
 TOOLS := --manifest-path tools/Cargo.toml
 
-.PHONY: modules clean deps kernel tools lint check-module cargo-test qemu-test test demo bench help
+.PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
+	cargo-test qemu-test test demo bench help
 
 modules:
-	$(MAKE) -C $(KDIR) M=$(CURDIR) modules
+	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) modules
 
 clean:
-	$(MAKE) -C $(KDIR) M=$(CURDIR) clean
+	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) clean
 
 help:
 	@echo "make            build src/pcifab.ko against KDIR=$(KDIR)"
 	@echo "make deps       prepare this machine (packages, QEMU, Linux source) in $(PCIFAB_CACHE)"
-	@echo "make kernel     build the test kernel and the in-tree switchtec.ko"
+	@echo "make kernel     build the fast test kernel and the in-tree switchtec.ko (demo, bench)"
+	@echo "make kernel-debug  build the sanitizer kernel (KASAN, lockdep, ...) make test runs on"
 	@echo "make test       lint + cargo test + QEMU scenarios; prints 'N passed, N failed'"
 	@echo "make demo       boot the two-host fabric and show what pcifab sees"
 	@echo "make bench      MRPC echo vs switchtec, bind/unbind vs raw hot-plug, manager scheduling"
@@ -39,7 +49,10 @@ deps:
 	@tools/scripts/deps.sh
 
 kernel: deps
-	@tools/scripts/kernel.sh
+	@tools/scripts/kernel.sh test
+
+kernel-debug: deps
+	@tools/scripts/kernel.sh debug
 
 tools: deps
 	$(CARGO) build -q --release $(TOOLS) -p pcifab-emu -p pcifab-harness
@@ -52,32 +65,47 @@ tools: deps
 	$(CC) -static -O2 -Wall -Wextra -Werror -Iinclude/uapi -o $(GUEST_BIN)/pcifab-p2p samples/p2p.c
 	cp samples/move-gpu.sh $(GUEST_BIN)/pcifab-move-gpu.sh
 
-# The module with clippy; any warning fails.
-check-module: kernel
-	@$(MAKE) -s -C $(KDIR) M=$(CURDIR) clean
-	@$(MAKE) -s -C $(KDIR) M=$(CURDIR) CLIPPY=1 modules 2>&1 | tee $(PCIFAB_CACHE)/module-build.log
+# The module with clippy; any warning fails. $(1): kernel tree, $(2): extra make arguments.
+define clippy-module
+	@$(MAKE) -s -C $(1) M=$(CURDIR) $(call kmake-args,$(1)) $(2) clean
+	@$(MAKE) -s -C $(1) M=$(CURDIR) $(call kmake-args,$(1)) $(2) CLIPPY=1 modules 2>&1 \
+		| tee $(PCIFAB_CACHE)/module-build.log
 	@! grep -q -E 'warning|error' $(PCIFAB_CACHE)/module-build.log || \
 		{ echo "module build is not warning-free (make CLIPPY=1)"; exit 1; }
+endef
+
+check-module: kernel
+	$(call clippy-module,$(KDIR))
+
+check-module-debug: kernel-debug
+	@mkdir -p $(DEBUG_MO)
+	$(call clippy-module,$(DEBUG_KDIR),MO=$(DEBUG_MO))
 
 lint: deps
-	rustfmt --check --edition 2021 --config-path $(PCIFAB_CACHE)/linux-src/.rustfmt.toml src/*.rs
+	rustfmt --check --edition 2021 --config-path $(PCIFAB_CACHE)/linux-src/.rustfmt.toml $(shell find src -name "*.rs")
 	$(CARGO) fmt $(TOOLS) --all --check
 	$(CARGO) clippy -q $(TOOLS) --workspace --all-targets -- -D warnings
 
 cargo-test: deps
 	$(CARGO) test -q $(TOOLS) --workspace
 
-HARNESS_ARGS = --kernel $(KDIR)/arch/x86/boot/bzImage --module $(CURDIR)/src/pcifab.ko \
-	--switchtec $(KDIR)/drivers/pci/switch/switchtec.ko --guest-bin $(GUEST_BIN) \
+COMMON_ARGS = --guest-bin $(GUEST_BIN) \
 	--emu $(HOST_BIN)/pcifab-emu --emu-config $(CURDIR)/tools/pcifab-harness/fabric.toml \
 	--qemu-root $(PCIFAB_CACHE)/trixie --results $(RESULTS)
+# The fast kernel and the module in src/ (demo, bench).
+HARNESS_ARGS = --kernel $(KDIR)/arch/x86/boot/bzImage --module $(CURDIR)/src/pcifab.ko \
+	--switchtec $(KDIR)/drivers/pci/switch/switchtec.ko $(COMMON_ARGS)
+# The sanitizer kernel and the module built for it (test).
+DEBUG_HARNESS_ARGS = --kernel $(DEBUG_KDIR)/arch/x86/boot/bzImage \
+	--module $(DEBUG_MO)/src/pcifab.ko --debug-kernel \
+	--switchtec $(DEBUG_KDIR)/drivers/pci/switch/switchtec.ko $(COMMON_ARGS)
 
-qemu-test: check-module tools
-	$(HOST_BIN)/pcifab-harness test $(HARNESS_ARGS)
+qemu-test: check-module-debug tools
+	$(HOST_BIN)/pcifab-harness test $(DEBUG_HARNESS_ARGS)
 
 # The order matters: cheap checks first, the QEMU scenarios print the final summary line.
-test: deps kernel lint check-module cargo-test tools
-	$(HOST_BIN)/pcifab-harness test $(HARNESS_ARGS)
+test: deps kernel-debug lint check-module-debug cargo-test tools
+	$(HOST_BIN)/pcifab-harness test $(DEBUG_HARNESS_ARGS)
 
 demo: kernel check-module tools
 	$(HOST_BIN)/pcifab-harness demo $(HARNESS_ARGS)
