@@ -23,7 +23,11 @@ use kernel::{
     uaccess::{UserPtr, UserSlice, UserSliceWriter},
 };
 
-use crate::{compose, mrpc, p2p, sysfs, uapi, Mep};
+use crate::{
+    compose,
+    kext::security::{self, capable, Capability, Lockdown},
+    mrpc, p2p, sysfs, uapi, Mep,
+};
 
 /// Names of the character devices, one per bound management endpoint.
 const NAMES: [&CStr; 8] = [
@@ -193,7 +197,7 @@ unsafe extern "C" fn poll(
     // SAFETY: `table` is the poll table the VFS passed for this call.
     let pt = unsafe { PollTable::from_raw(table) };
     pt.register_wait(f, me.mep.events.poll_cv());
-    if !me.mep.present() {
+    if me.mep.events.gone() || !me.mep.present() {
         return EPOLLERR | EPOLLHUP;
     }
     if me.mep.events.counts().total != me.seen.load(Relaxed) {
@@ -243,6 +247,9 @@ impl MiscDevice for OpenFile {
             uapi::PCIFAB_IOCTL_P2P_ROUTES => me.routes(arg),
             uapi::PCIFAB_IOCTL_P2P_COPY => me.p2p_copy(arg),
             uapi::PCIFAB_IOCTL_P2P_DISTANCE => me.p2p_distance(arg),
+            uapi::PCIFAB_IOCTL_P2P_GRANT => me.p2p_grant(arg, true),
+            uapi::PCIFAB_IOCTL_P2P_REVOKE => me.p2p_grant(arg, false),
+            uapi::PCIFAB_IOCTL_P2P_GRANTS => me.p2p_grants(arg),
             _ => Err(ENOTTY),
         }
         .map(|()| 0)
@@ -279,13 +286,12 @@ impl OpenFile {
         {
             return Err(EINVAL);
         }
-        if !allowed(mrpc_class(m.cmd)) {
-            return Err(EPERM);
-        }
         let mut input = KVec::from_elem(0u8, in_len, GFP_KERNEL)?;
         UserSlice::new(UserPtr::from_addr(m.in_ptr as usize), in_len)
             .reader()
             .read_slice(&mut input)?;
+        // The class is decided on the bytes the firmware will see: read once, above.
+        allow(mrpc_class(m.cmd, &input), Lockdown::PciAccess)?;
         let mut output = KVec::from_elem(0u8, out_len, GFP_KERNEL)?;
         // Prove both destinations writable before the command runs, so a bad pointer cannot
         // leave a configuration command done but unreported.
@@ -298,10 +304,14 @@ impl OpenFile {
         if m.cmd & 0xffff == 0xf004 {
             self.mep.p2p.routes_changed();
         }
+        // A raw step of a dump session never lands inside the driver's own session.
+        let session = (m.cmd == 0x82 || m.cmd == 0x83).then(|| self.mep.fabric.session());
         let reply = self
             .mep
             .mrpc
-            .run(&self.mep, m.cmd, &input, &mut output, m.timeout_ms)?;
+            .run(&self.mep, m.cmd, &input, &mut output, m.timeout_ms);
+        drop(session);
+        let reply = reply?;
         UserSlice::new(out_ptr, out_len)
             .writer()
             .write_slice(&output)?;
@@ -392,18 +402,15 @@ impl OpenFile {
     fn bind(&self, arg: usize) -> Result {
         let (mut b, len) = read_arg::<uapi::Bind>(arg)?;
         let timeout = bind_timeout(b.timeout_ms)?;
-        if !allowed(MrpcClass::Configuration) {
-            return Err(EPERM);
-        }
+        allowed_config()?;
         let port = (b.port != uapi::ANY_PORT).then_some(b.port);
         let wait = b.flags & uapi::BIND_NO_WAIT == 0;
         match self.mep.bind(b.pdfid, b.host, port, timeout, wait) {
             Ok(bound) => {
                 b.port = bound.port;
                 b.fw_ret = 0;
-                if let Some(f) = bound.local {
-                    (b.vendor, b.device, b.name) = (f.vendor, f.device, f.name);
-                }
+                // Never hand the caller's own bytes back as if the kernel had found them.
+                (b.vendor, b.device, b.name) = local_ids(bound.local.as_ref());
                 write_arg(arg, &b, len)
             }
             Err(f) => {
@@ -420,9 +427,7 @@ impl OpenFile {
         if u.reserved0 != 0 {
             return Err(EINVAL);
         }
-        if !allowed(MrpcClass::Configuration) {
-            return Err(EPERM);
-        }
+        allowed_config()?;
         match self.mep.unbind(u.pdfid, timeout) {
             Ok((host, port)) => {
                 (u.host, u.port, u.fw_ret) = (host, port, 0);
@@ -442,17 +447,13 @@ impl OpenFile {
         if m.reserved0 != 0 {
             return Err(EINVAL);
         }
-        if !allowed(MrpcClass::Configuration) {
-            return Err(EPERM);
-        }
+        allowed_config()?;
         let port = (m.port != uapi::ANY_PORT).then_some(m.port);
         match self.mep.move_to(m.pdfid, m.host, port, timeout) {
             Ok((bound, (from_host, from_port))) => {
                 m.port = bound.port;
                 (m.from_host, m.from_port, m.fw_ret) = (from_host, from_port, 0);
-                if let Some(f) = bound.local {
-                    (m.vendor, m.device, m.name) = (f.vendor, f.device, f.name);
-                }
+                (m.vendor, m.device, m.name) = local_ids(bound.local.as_ref());
                 write_arg(arg, &m, len)
             }
             Err(f) => {
@@ -468,9 +469,7 @@ impl OpenFile {
         if r.route.reserved0 != 0 || r.route.reserved1 != 0 {
             return Err(EINVAL);
         }
-        if !allowed(MrpcClass::Configuration) {
-            return Err(EPERM);
-        }
+        allowed_config()?;
         match p2p::route_add(&self.mep, r.route) {
             Ok((route, count)) => {
                 (r.route, r.nr_routes, r.fw_ret) = (route, count, 0);
@@ -486,9 +485,7 @@ impl OpenFile {
 
     fn route_del(&self, arg: usize) -> Result {
         let (mut r, len) = read_arg::<uapi::P2pRoute>(arg)?;
-        if !allowed(MrpcClass::Configuration) {
-            return Err(EPERM);
-        }
+        allowed_config()?;
         match p2p::route_del(&self.mep, r.route.window_off) {
             Ok(count) => {
                 (r.nr_routes, r.fw_ret) = (count, 0);
@@ -524,12 +521,11 @@ impl OpenFile {
 
     fn p2p_copy(&self, arg: usize) -> Result {
         let (mut c, len) = read_arg::<uapi::P2pCopy>(arg)?;
-        if !allowed(MrpcClass::Configuration) {
-            return Err(EPERM);
-        }
+        allowed_config()?;
+        // A raw bus address reaches whatever the IOMMU lets the MEP reach: fwctl's rules.
         let raw = |e: &uapi::P2pEnd| e.kind == uapi::P2P_IOVA;
-        if (raw(&c.src) || raw(&c.dst)) && !allowed(MrpcClass::DebugWrite) {
-            return Err(EPERM);
+        if raw(&c.src) || raw(&c.dst) {
+            allow(MrpcClass::DebugWrite, Lockdown::DevMem)?;
         }
         // Prove the argument writable before data moves, so the outcome can be reported.
         write_arg(arg, &c, len)?;
@@ -552,6 +548,44 @@ impl OpenFile {
         write_arg(arg, &d, len)
     }
 
+    fn p2p_grant(&self, arg: usize, grant: bool) -> Result {
+        let (mut g, len) = read_arg::<uapi::P2pGrant>(arg)?;
+        if g.reserved0 != 0 || g.reserved1 != 0 {
+            return Err(EINVAL);
+        }
+        allowed_config()?;
+        match p2p::grant(&self.mep, g.pdfid, g.grantee, grant) {
+            Ok(count) => {
+                (g.nr_grants, g.fw_ret) = (count, 0);
+                write_arg(arg, &g, len)
+            }
+            Err(f) => {
+                (g.nr_grants, g.fw_ret) = (0, f.fw_ret);
+                write_arg(arg, &g, len)?;
+                Err(f.err)
+            }
+        }
+    }
+
+    fn p2p_grants(&self, arg: usize) -> Result {
+        let (mut l, len) = read_arg::<uapi::P2pGrants>(arg)?;
+        let gsize = l.grant_size as usize;
+        if gsize < size_of::<uapi::Grant>() || gsize > MAX_ARG_SIZE {
+            return Err(EINVAL);
+        }
+        let n = l.nr_grants as usize;
+        let bytes = n.checked_mul(gsize).ok_or(EINVAL)?;
+        // Prove the argument writable before asking the firmware.
+        write_arg(arg, &l, len)?;
+        let grants = p2p::grants(&self.mep)?;
+        let mut w = UserSlice::new(UserPtr::from_addr(l.grants_ptr as usize), bytes).writer();
+        for g in grants.iter().take(n) {
+            write_entry(&mut w, g.as_bytes(), gsize)?;
+        }
+        l.nr_grants = u32::try_from(grants.len()).map_err(|_| EIO)?;
+        write_arg(arg, &l, len)
+    }
+
     fn stats(&self, arg: usize) -> Result {
         let (mut out, len) = read_arg::<uapi::Stats>(arg)?;
         let s = self.mep.mrpc.stats();
@@ -562,6 +596,11 @@ impl OpenFile {
         out.event_irqs = self.mep.events.counts().irqs;
         write_arg(arg, &out, len)
     }
+}
+
+/// Vendor, device and name of the function this host enumerated; zeros if none.
+fn local_ids(f: Option<&crate::hotplug::Found>) -> (u16, u16, [u8; 16]) {
+    f.map_or((0, 0, [0; 16]), |f| (f.vendor, f.device, f.name))
 }
 
 /// The bound on a bind, unbind or move: 0 is the default, more than the maximum `EINVAL`.
@@ -576,41 +615,66 @@ fn bind_timeout(ms: u32) -> Result<u32> {
 /// Which privilege an MRPC command needs, as fwctl classes its RPCs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum MrpcClass {
-    /// Reads state: open to anyone who can open the device.
+    /// Reads state and changes nothing, not even a session of the driver's: open to anyone
+    /// who can open the device.
     ReadOnly,
-    /// Changes the fabric's configuration: `CAP_SYS_ADMIN`.
+    /// Changes the fabric's configuration or firmware state the driver relies on (event
+    /// queues, dump sessions): `CAP_SYS_ADMIN`.
     Configuration,
-    /// Anything else, unknown commands included: `CAP_SYS_RAWIO`.
+    /// Anything else, unknown commands included: `CAP_SYS_RAWIO`, refused under lockdown,
+    /// and it taints the kernel (`TAINT_FWCTL`), as fwctl's debug-write RPCs do.
     DebugWrite,
 }
 
-/// Classes an MRPC command id (`Documentation/uapi.rst` lists them).
-pub(crate) fn mrpc_class(cmd: u32) -> MrpcClass {
+/// Classes an MRPC command by its id and, where a command has them, its sub-command
+/// (`Documentation/uapi.rst` lists them). `input` is the caller's input; missing bytes read
+/// as zero, as the firmware reads them.
+pub(crate) fn mrpc_class(cmd: u32, input: &[u8]) -> MrpcClass {
+    let byte = |at: usize| input.get(at).copied().unwrap_or(0);
     match cmd {
-        // Die temperature, echo, PAX id, topology dump, fabric database dump, GFMS events.
-        0x04 | 0x41 | 0x81 | 0x82 | 0x83 | 0x89 => MrpcClass::ReadOnly,
-        // P2P routes: adding and deleting them changes what this host can reach.
+        // Echo, PAX id.
+        0x41 | 0x81 => MrpcClass::ReadOnly,
+        // Die temperature: GET reads; SET_CLOCK, SET_MEAS and STOP change the sensor.
+        0x04 if input.get(..4).unwrap_or(&[]) == [2, 0, 0, 0] => MrpcClass::ReadOnly,
+        // Fabric database dump: the single-shot sections (FABRIC, PAX_ALL, PAX general, HVD,
+        // FAB_PORT, EP_PORT, HVD_DETAIL) only read; the chunked start/get/finish steps own
+        // a dump session in the firmware.
+        0x83 if byte(0) <= 6 => MrpcClass::ReadOnly,
+        // Other die-temperature and database-dump sub-commands, the topology dump (a session
+        // the driver's inventory read uses), GFMS events (GET consumes the queue the driver
+        // reads UNBIND_REQUEST from; CLEAR empties it), bind/unbind, device management, port
+        // configuration, port control.
+        0x04 | 0x82 | 0x83 | 0x84 | 0x85 | 0x88 | 0x89 | 0x8d => MrpcClass::Configuration,
+        // P2P routes: LIST and GRANT_LIST read; adding and deleting routes and grants
+        // change what a host can reach.
+        0xf004 if matches!(byte(4), 3 | 6) => MrpcClass::ReadOnly,
         0xf004 => MrpcClass::Configuration,
         // pcifab's read-only extensions.
         0xf000..=0xf07f => MrpcClass::ReadOnly,
-        // GFMS bind/unbind, device management, port configuration, port control.
-        0x84 | 0x85 | 0x88 | 0x8d => MrpcClass::Configuration,
         // pcifab's configuration extensions.
         0xf080..=0xf0ff => MrpcClass::Configuration,
         _ => MrpcClass::DebugWrite,
     }
 }
 
-/// Whether the calling task may run a command of `class`.
-fn allowed(class: MrpcClass) -> bool {
-    let cap = match class {
-        MrpcClass::ReadOnly => return true,
-        MrpcClass::Configuration => bindings::CAP_SYS_ADMIN,
-        MrpcClass::DebugWrite => bindings::CAP_SYS_RAWIO,
-    };
-    // SAFETY: `capable()` only reads the current task's credentials; `cap` is a valid
-    // capability number.
-    unsafe { bindings::capable(cap as i32) }
+/// Whether the calling task may run a command of `class`: `EPERM` if not. A debug write
+/// that is allowed taints the kernel.
+fn allow(class: MrpcClass, lockdown: Lockdown) -> Result {
+    match class {
+        MrpcClass::ReadOnly => Ok(()),
+        MrpcClass::Configuration if capable(Capability::SysAdmin) => Ok(()),
+        MrpcClass::DebugWrite if capable(Capability::SysRawio) => {
+            security::locked_down(lockdown)?;
+            security::taint_fwctl();
+            Ok(())
+        }
+        _ => Err(EPERM),
+    }
+}
+
+/// Whether the calling task may change the fabric's configuration (`CAP_SYS_ADMIN`).
+fn allowed_config() -> Result {
+    allow(MrpcClass::Configuration, Lockdown::PciAccess)
 }
 
 /// An ioctl argument struct: `size` and `flags` first, as `include/uapi/linux/pcifab.h` says.

@@ -10,17 +10,16 @@
 //! which clears "occurred" and keeps the interrupt enabled, counts it and wakes whoever waits.
 
 use kernel::{
-    bindings,
     io::{register::Array, Io},
     irq::{self, IrqReturn},
     new_poll_condvar, new_spinlock_irq,
     prelude::*,
     sync::{poll::PollCondVar, Arc, CondVarTimeoutResult, SpinLockIrq},
     time::{msecs_to_jiffies, Instant, Monotonic},
-    workqueue::{self, impl_has_work, Work, WorkItem},
+    workqueue::{impl_has_work, WorkItem},
 };
 
-use crate::{regs, Bar0, Mep};
+use crate::{kext, regs, Bar0, Mep};
 
 /// Event counters since probe.
 #[derive(Clone, Copy, Default)]
@@ -35,12 +34,19 @@ pub(crate) struct Counts {
     pub(crate) gfms: u64,
 }
 
+/// What [`Events::state`] guards.
+struct State {
+    counts: Counts,
+    /// The endpoint is going away: waiters and pollers get `ENODEV` / error and hang-up.
+    gone: bool,
+}
+
 /// Event state of one endpoint.
 #[pin_data]
 pub(crate) struct Events {
     #[pin]
-    counts: SpinLockIrq<Counts>,
-    /// Woken on every event; `poll()` waits on it too.
+    state: SpinLockIrq<State>,
+    /// Woken on every event and when the endpoint goes away; `poll()` waits on it too.
     #[pin]
     changed: PollCondVar,
 }
@@ -48,13 +54,21 @@ pub(crate) struct Events {
 impl Events {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
-            counts <- new_spinlock_irq!(Counts::default()),
+            state <- new_spinlock_irq!(State {
+                counts: Counts::default(),
+                gone: false,
+            }),
             changed <- new_poll_condvar!(),
         })
     }
 
     pub(crate) fn counts(&self) -> Counts {
-        *self.counts.lock()
+        self.state.lock().counts
+    }
+
+    /// Whether the endpoint is going away.
+    pub(crate) fn gone(&self) -> bool {
+        self.state.lock().gone
     }
 
     /// The condition variable `poll()` registers on.
@@ -66,16 +80,22 @@ impl Events {
     ///
     /// # Errors
     ///
-    /// `EINTR` if a signal arrived first. A timeout is not an error: the counts say nothing
-    /// new happened.
+    /// `EINTR` if a signal arrived first, `ENODEV` once the endpoint is going away. A timeout
+    /// is not an error: the counts say nothing new happened.
     pub(crate) fn wait(&self, seen: u64, timeout_ms: u32) -> Result<Counts> {
         let start = Instant::<Monotonic>::now();
-        let mut guard = self.counts.lock();
-        while guard.total <= seen {
+        let mut guard = self.state.lock();
+        loop {
+            if guard.gone {
+                return Err(ENODEV);
+            }
+            if guard.counts.total > seen {
+                break;
+            }
             let left = if timeout_ms == 0 {
                 i64::from(u32::MAX)
             } else {
-                i64::from(timeout_ms) - start.elapsed().as_millis()
+                i64::from(timeout_ms).saturating_sub(start.elapsed().as_millis())
             };
             if left <= 0 {
                 break;
@@ -87,11 +107,13 @@ impl Events {
                 return Err(EINTR);
             }
         }
-        Ok(*guard)
+        Ok(guard.counts)
     }
 
-    /// Wakes every waiter, e.g. because the device is going away.
-    pub(crate) fn wake_all(&self) {
+    /// Ends every wait with `ENODEV` and makes `poll()` report error and hang-up, for good:
+    /// the endpoint is going away.
+    pub(crate) fn shut_down(&self) {
+        self.state.lock().gone = true;
         self.changed.notify_all();
     }
 }
@@ -209,7 +231,7 @@ impl irq::Handler for Handler {
             Ok(Ok(found)) => found,
             _ => return IrqReturn::None,
         };
-        let other = found.link + found.gfms;
+        let other = found.link.saturating_add(found.gfms);
         if found.p2p != 0 {
             mep.p2p.on_events(found.p2p);
         }
@@ -221,11 +243,13 @@ impl irq::Handler for Handler {
             };
         }
         {
-            let mut c = mep.events.counts.lock();
-            c.irqs += 1;
-            c.link += found.link;
-            c.gfms += found.gfms;
-            c.total += other;
+            // Counters of events since probe: they cannot wrap in the life of a machine, and
+            // wrapping would only confuse a reader, so no check can fail here.
+            let c = &mut mep.events.state.lock().counts;
+            c.irqs = c.irqs.wrapping_add(1);
+            c.link = c.link.wrapping_add(found.link);
+            c.gfms = c.gfms.wrapping_add(found.gfms);
+            c.total = c.total.wrapping_add(other);
         }
         if found.mrpc {
             mep.mrpc.complete();
@@ -236,7 +260,7 @@ impl irq::Handler for Handler {
         }
         if found.gfms != 0 {
             // Already queued is fine: the running or queued work reads every event.
-            let _ = workqueue::system_unbound().enqueue(mep.clone());
+            let _ = kext::workqueue::system_dfl().enqueue(mep.clone());
         }
         IrqReturn::Handled
     }
@@ -257,6 +281,5 @@ impl WorkItem for Mep {
 /// Waits until the fabric-event work is not running; called on unbind, after which it can
 /// no longer be queued (the interrupt is gone).
 pub(crate) fn flush_work(mep: &Mep) {
-    // SAFETY: `gfms_work` is an initialised work item that lives as long as `mep`.
-    unsafe { bindings::flush_work(Work::raw_get(&mep.gfms_work)) };
+    kext::workqueue::flush(&mep.gfms_work);
 }

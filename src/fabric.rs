@@ -15,7 +15,7 @@ use kernel::{
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
-        Mutex,
+        Mutex, MutexGuard,
     },
 };
 
@@ -77,6 +77,10 @@ pub(crate) struct Fabric {
     view: Mutex<View>,
     /// A fabric event arrived since the view was read.
     stale: Atomic<bool>,
+    /// Held across a multi-step firmware dump session (the topology dump's START to FINISH),
+    /// the driver's and a raw caller's, so that neither runs a step inside the other's.
+    #[pin]
+    session: Mutex<()>,
 }
 
 /// Little-endian field readers that fail with `EIO` instead of reading past a reply.
@@ -146,6 +150,7 @@ fn summary(mep: &Mep) -> Result<Summary> {
 
 /// Reads the topology dump: one [`Port`] per physical port.
 fn read_ports(mep: &Mep, link_up_map: u64) -> Result<KVec<Port>> {
+    let _session = mep.fabric.session();
     let mut out = [0u8; mrpc::PAYLOAD];
     // START, then STATUS for the size.
     call(mep, CMD_TOPO_INFO_DUMP, &[1, 0, 0, 0], &mut out[..4])?;
@@ -264,7 +269,13 @@ impl Fabric {
                 valid: false,
             }),
             stale: Atomic::new(true),
+            session <- new_mutex!(()),
         })
+    }
+
+    /// Excludes every other dump session while the guard lives.
+    pub(crate) fn session(&self) -> MutexGuard<'_, ()> {
+        self.session.lock()
     }
 
     /// Marks the view out of date; called from the event interrupt.

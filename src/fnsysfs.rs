@@ -3,7 +3,8 @@
 //! Per-function telemetry in sysfs: `/sys/class/misc/pcifabN/functions/0xPDFID/`, one
 //! directory for every function of the fabric (not only those bound to this host), each with
 //! `temperature`, `power`, `utilisation` and `health`, read through the MEP with the
-//! `FUNCTION_TELEMETRY` extension command (0xF002) when the file is read.
+//! `FUNCTION_TELEMETRY` extension command (0xF002) when the file is read, at most once a
+//! second per function ([`crate::telemetry`]).
 //!
 //! The kernel crate has no kobject abstraction: [`FnDirs`] owns the directories, each a
 //! `struct kobject` embedded in a [`FnDir`] that is freed by the kobject's release callback.
@@ -19,39 +20,12 @@ use kernel::{
 };
 
 use crate::{
-    fabric,
     sysfs::{PageWriter, SyncStatic},
-    Mep,
+    telemetry, Mep,
 };
 
-/// `FUNCTION_TELEMETRY`.
-const EXT_FUNCTION_TELEMETRY: u32 = 0xf002;
-
-/// One function's telemetry, as the firmware reports it.
-struct Telemetry {
-    temp_centi: i32,
-    power_mw: u32,
-    utilisation: u8,
-    health: u32,
-}
-
-fn telemetry(mep: &Mep, pdfid: u16) -> Result<Telemetry> {
-    let mut input = [0u8; 8];
-    input[0..2].copy_from_slice(&1u16.to_le_bytes());
-    input[2..4].copy_from_slice(&8u16.to_le_bytes());
-    input[4..6].copy_from_slice(&pdfid.to_le_bytes());
-    let mut out = [0u8; 24];
-    fabric::call(mep, EXT_FUNCTION_TELEMETRY, &input, &mut out)?;
-    Ok(Telemetry {
-        temp_centi: fabric::le32(&out, 8)? as i32,
-        power_mw: fabric::le32(&out, 12)?,
-        utilisation: fabric::byte(&out, 16)?,
-        health: fabric::le32(&out, 20)?,
-    })
-}
-
 /// Formats one file from the telemetry.
-type ShowFn = fn(&Telemetry, &mut PageWriter<'_>) -> Result;
+type ShowFn = fn(&telemetry::Function, &mut PageWriter<'_>) -> Result;
 
 /// A read-only attribute of a function directory.
 #[repr(C)]
@@ -173,7 +147,11 @@ unsafe extern "C" fn show_trampoline(
     // SAFETY: sysfs passes a zeroed, writable buffer of `PAGE_SIZE` bytes.
     let buf = unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), PAGE_SIZE) };
     let mut out = PageWriter::new(buf);
-    match telemetry(mep, dir.pdfid).and_then(|t| (attr.show)(&t, &mut out)) {
+    match mep
+        .telemetry
+        .function(mep, dir.pdfid)
+        .and_then(|t| (attr.show)(&t, &mut out))
+    {
         Ok(()) => out.len() as isize,
         Err(e) => e.to_errno() as isize,
     }

@@ -13,8 +13,10 @@
 //! the endpoint's PCI device id; if it does not, the firmware is not running and the caller
 //! gets `EIO` at once. A firmware that is alive but slow gets until the caller's timeout
 //! (`ETIMEDOUT`). A command left unfinished (timeout, dead firmware, signal) marks the mailbox
-//! stale: the next caller first gives it [`STALE_WAIT_MS`] to finish, then starts its own
-//! command regardless, which the firmware takes as a new command.
+//! stale. As in the C driver, the mailbox is not used again until the firmware finished that
+//! command: the next caller waits for it (within its own timeout, and failing at once with
+//! `EIO` while the firmware is not running) and never sees its output or its completion,
+//! since that caller may be less privileged than the one who gave up.
 
 use kernel::{
     io::{register::Array, Io},
@@ -41,8 +43,6 @@ pub(crate) const MAX_TIMEOUT_MS: u32 = 60_000;
 const POLL_MS: u32 = 50;
 /// Firmware liveness check interval while a command runs.
 const WATCHDOG_MS: i64 = 500;
-/// How long a new command waits for a stale one to finish before taking the mailbox.
-const STALE_WAIT_MS: i64 = 100;
 
 /// Outcome of a command the firmware finished.
 #[derive(Clone, Copy)]
@@ -103,7 +103,10 @@ impl Mrpc {
 
     /// Called from the interrupt handler when the MRPC completion event occurred.
     pub(crate) fn complete(&self) {
-        *self.completions.lock() += 1;
+        {
+            let mut n = self.completions.lock();
+            *n = n.wrapping_add(1);
+        }
         self.completed.notify_all();
     }
 
@@ -152,9 +155,22 @@ impl Mrpc {
             return Err(ENODEV);
         }
         if mb.stale {
-            // Give the abandoned command a moment; then take the mailbox anyway.
-            let _ = self.wait_done(mep, STALE_WAIT_MS);
-            mb.stale = false;
+            // The abandoned command owns the mailbox until the firmware finishes it.
+            if !mep.firmware_running()? {
+                self.firmware_dead.fetch_add(1, Relaxed);
+                return Err(EIO);
+            }
+            match self.wait_done(mep, i64::from(timeout_ms)) {
+                Ok(_) => mb.stale = false,
+                Err(e) => {
+                    if e == ETIMEDOUT {
+                        self.timeouts.fetch_add(1, Relaxed);
+                    } else if e == EIO {
+                        self.firmware_dead.fetch_add(1, Relaxed);
+                    }
+                    return Err(e);
+                }
+            }
         }
 
         mep.with_bar(|bar| -> Result {

@@ -38,6 +38,12 @@ const CMD_P2P_ROUTE: u32 = 0xf004;
 const SUB_ADD: u8 = 1;
 const SUB_DEL: u8 = 2;
 const SUB_LIST: u8 = 3;
+const SUB_GRANT: u8 = 4;
+const SUB_REVOKE: u8 = 5;
+const SUB_GRANT_LIST: u8 = 6;
+/// Bytes of one grant in the firmware's GRANT_LIST, and the most one reply holds.
+const GRANT_ENTRY: usize = 8;
+const MAX_GRANTS: usize = (mrpc::PAYLOAD - 8) / GRANT_ENTRY;
 /// Routes a MEP holds at most.
 pub(crate) const MAX_ROUTES: usize = 16;
 const ROUTE_ENTRY: usize = 32;
@@ -52,6 +58,9 @@ const FW_NOT_BOUND: u32 = 0xf0_000a;
 const FW_ROUTE_FULL: u32 = 0xf0_000b;
 const FW_ROUTE_CONFLICT: u32 = 0xf0_000c;
 const FW_NO_ROUTE: u32 = 0xf0_000d;
+const FW_NOT_HOLDER: u32 = 0xf0_000e;
+const FW_NO_GRANT: u32 = 0xf0_000f;
+const FW_NOT_GRANTED: u32 = 0xf0_0010;
 
 /// Descriptors in the ring.
 const RING_ENTRIES: usize = 256;
@@ -99,7 +108,9 @@ unsafe impl AsBytes for Desc {}
 fn fw_errno(ret: u32) -> Error {
     match ret {
         FW_PARAM_INVALID => EINVAL,
-        FW_PDFID_UNKNOWN | FW_NO_ROUTE => ENOENT,
+        FW_PDFID_UNKNOWN | FW_NO_ROUTE | FW_NO_GRANT => ENOENT,
+        // Not this host's function to share, or not shared with this host.
+        FW_NOT_HOLDER | FW_NOT_GRANTED => EACCES,
         FW_NOT_BOUND => ENOLINK,
         FW_RANGE => ERANGE,
         FW_ROUTE_CONFLICT => EEXIST,
@@ -253,17 +264,19 @@ pub(crate) fn shut_down(mep: &Mep) {
     drop(ring);
 }
 
-/// Runs `P2P_ROUTE` with `input`'s fields after the header.
-fn route_cmd(mep: &Mep, sub: u8, r: &uapi::Route, out: &mut [u8]) -> Result<(), Failure> {
+/// The input of a `P2P_ROUTE` sub-command: the header (version 1, size 32), `sub` and `pdfid`.
+fn p2p_input(sub: u8, pdfid: u16) -> [u8; 32] {
     let mut input = [0u8; 32];
     input[0..2].copy_from_slice(&1u16.to_le_bytes());
     input[2..4].copy_from_slice(&32u16.to_le_bytes());
     input[4] = sub;
-    input[6..8].copy_from_slice(&r.pdfid.to_le_bytes());
-    input[8..16].copy_from_slice(&r.window_off.to_le_bytes());
-    input[16..24].copy_from_slice(&r.size.to_le_bytes());
-    input[24..32].copy_from_slice(&r.target_off.to_le_bytes());
-    let reply = mep.mrpc.run(mep, CMD_P2P_ROUTE, &input, out, 0)?;
+    input[6..8].copy_from_slice(&pdfid.to_le_bytes());
+    input
+}
+
+/// Runs `P2P_ROUTE` with `input`; a firmware refusal is a [`Failure`] with its return code.
+fn p2p_cmd(mep: &Mep, input: &[u8; 32], out: &mut [u8]) -> Result<(), Failure> {
+    let reply = mep.mrpc.run(mep, CMD_P2P_ROUTE, input, out, 0)?;
     if reply.status != mrpc::STATUS_DONE {
         return Err(Failure {
             err: fw_errno(reply.ret),
@@ -271,6 +284,58 @@ fn route_cmd(mep: &Mep, sub: u8, r: &uapi::Route, out: &mut [u8]) -> Result<(), 
         });
     }
     Ok(())
+}
+
+/// Runs `P2P_ROUTE` with `r`'s fields after the header.
+fn route_cmd(mep: &Mep, sub: u8, r: &uapi::Route, out: &mut [u8]) -> Result<(), Failure> {
+    let mut input = p2p_input(sub, r.pdfid);
+    input[8..16].copy_from_slice(&r.window_off.to_le_bytes());
+    input[16..24].copy_from_slice(&r.size.to_le_bytes());
+    input[24..32].copy_from_slice(&r.target_off.to_le_bytes());
+    p2p_cmd(mep, &input, out)
+}
+
+/// Lets host `grantee` route to `pdfid` (`grant`) or takes that back with every route it
+/// allowed (`!grant`). Returns the number of grants on `pdfid` now.
+pub(crate) fn grant(mep: &Mep, pdfid: u16, grantee: u8, grant: bool) -> Result<u32, Failure> {
+    let mut input = p2p_input(if grant { SUB_GRANT } else { SUB_REVOKE }, pdfid);
+    input[8] = grantee;
+    let mut out = [0u8; 8];
+    if !grant {
+        mep.p2p.routes_changed();
+    }
+    p2p_cmd(mep, &input, &mut out)?;
+    Ok(u32::from(fabric::le16(&out, 4)?))
+}
+
+/// The grants this host may see, ascending PDFID.
+pub(crate) fn grants(mep: &Mep) -> Result<KVec<uapi::Grant>> {
+    let mut out = [0u8; mrpc::PAYLOAD];
+    p2p_cmd(mep, &p2p_input(SUB_GRANT_LIST, 0), &mut out).map_err(|f| f.err)?;
+    let count = usize::from(fabric::le16(&out, 4)?);
+    let entry = usize::from(fabric::le16(&out, 6)?);
+    if entry < GRANT_ENTRY {
+        return Err(EIO);
+    }
+    let mut v = KVec::with_capacity(count.min(MAX_GRANTS), GFP_KERNEL)?;
+    for i in 0..count {
+        // A count the reply cannot hold is a firmware bug: `EIO`, never a read past it.
+        let at = i
+            .checked_mul(entry)
+            .and_then(|a| a.checked_add(8))
+            .ok_or(EIO)?;
+        let e = out.get(at..at.saturating_add(GRANT_ENTRY)).ok_or(EIO)?;
+        v.push(
+            uapi::Grant {
+                pdfid: fabric::le16(e, 0)?,
+                holder: fabric::byte(e, 2)?,
+                grantee: fabric::byte(e, 3)?,
+                reserved: 0,
+            },
+            GFP_KERNEL,
+        )?;
+    }
+    Ok(v)
 }
 
 /// The routes of this host, ascending window offset.
@@ -282,21 +347,39 @@ pub(crate) fn routes(mep: &Mep) -> Result<KVec<uapi::Route>> {
     if count > MAX_ROUTES || entry < ROUTE_ENTRY {
         return Err(EIO);
     }
+    let window = mep.p2p.window_size();
     let mut v = KVec::with_capacity(count, GFP_KERNEL)?;
     for i in 0..count {
-        let at = 8 + i * entry;
-        let e = out.get(at..at + ROUTE_ENTRY).ok_or(EIO)?;
-        v.push(
-            uapi::Route {
-                window_off: fabric::le64(e, 0)?,
-                size: fabric::le64(e, 8)?,
-                target_off: fabric::le64(e, 16)?,
-                pdfid: fabric::le16(e, 24)?,
-                target_host: fabric::byte(e, 26)?,
-                ..uapi::Route::default()
-            },
-            GFP_KERNEL,
-        )?;
+        let at = i
+            .checked_mul(entry)
+            .and_then(|a| a.checked_add(8))
+            .ok_or(EIO)?;
+        let e = out.get(at..at.saturating_add(ROUTE_ENTRY)).ok_or(EIO)?;
+        let r = uapi::Route {
+            window_off: fabric::le64(e, 0)?,
+            size: fabric::le64(e, 8)?,
+            target_off: fabric::le64(e, 16)?,
+            pdfid: fabric::le16(e, 24)?,
+            target_host: fabric::byte(e, 26)?,
+            ..uapi::Route::default()
+        };
+        // A route must lie inside the window and its target range must not wrap; anything
+        // else is a firmware bug, and every sum made with these values below stays in range.
+        let in_window = r
+            .window_off
+            .checked_add(r.size)
+            .is_some_and(|end| end <= window);
+        if r.size == 0 || !in_window || r.target_off.checked_add(r.size).is_none() {
+            dev_warn!(
+                mep.pdev,
+                "firmware reported an impossible P2P route: window {:#x}+{:#x}, target {:#x}\n",
+                r.window_off,
+                r.size,
+                r.target_off
+            );
+            return Err(EIO);
+        }
+        v.push(r, GFP_KERNEL)?;
     }
     Ok(v)
 }
@@ -372,10 +455,13 @@ pub(crate) fn route_del(mep: &Mep, window_off: u64) -> Result<u32, Failure> {
 /// them.
 fn window_of(routes: &[uapi::Route], pdfid: u16, off: u64, len: u64) -> Option<u64> {
     let end = off.checked_add(len)?;
-    routes
-        .iter()
-        .find(|r| r.pdfid == pdfid && r.target_off <= off && end <= r.target_off + r.size)
-        .map(|r| r.window_off + (off - r.target_off))
+    routes.iter().find_map(|r| {
+        let target_end = r.target_off.checked_add(r.size)?;
+        if r.pdfid != pdfid || off < r.target_off || end > target_end {
+            return None;
+        }
+        r.window_off.checked_add(off.checked_sub(r.target_off)?)
+    })
 }
 
 /// One end of a copy once resolved: a window offset, a bus address, or a user buffer.
@@ -502,7 +588,8 @@ pub(crate) fn copy(
         drop(pinned);
         match r {
             Ok((bytes, status, err)) => {
-                copied.done += bytes;
+                // `collect` counts at most what the batch asked for: at most `part`.
+                copied.done = copied.done.saturating_add(bytes.min(part));
                 copied.status = status;
                 copied.err = err;
                 if err.is_none() && bytes < part {
@@ -517,12 +604,13 @@ pub(crate) fn copy(
     Ok(copied)
 }
 
-/// `end` moved forward by `by` bytes.
+/// `end` moved forward by `by` bytes, within the copy's checked range (the start plus the
+/// copy's length does not wrap, see [`copy`]), so the sum cannot wrap either.
 fn advance(end: End, by: u64) -> End {
     match end {
-        End::Window(a) => End::Window(a + by),
-        End::Iova(a) => End::Iova(a + by),
-        End::User(a) => End::User(a + by),
+        End::Window(a) => End::Window(a.wrapping_add(by)),
+        End::Iova(a) => End::Iova(a.wrapping_add(by)),
+        End::User(a) => End::User(a.wrapping_add(by)),
     }
 }
 
@@ -604,24 +692,32 @@ fn run_batch(
     if let Some(err) = failed {
         reset(mep, e);
         // What completed before the reset still counts.
-        let (bytes, status, _) = collect(e, first, n)?;
+        let (bytes, status, _) = collect(e, first, batch)?;
         return Ok((bytes, status, Some(err)));
     }
-    collect(e, first, n)
+    collect(e, first, batch)
 }
 
-/// Reads back the statuses of `n` descriptors from `first`.
-fn collect(e: &Engine, first: u32, n: u32) -> Result<(u64, u32, Option<Error>)> {
+/// Reads back the statuses of the descriptors of `batch`, written from `first`.
+///
+/// The engine's write-back is device input: a descriptor's bytes-done counts at most the
+/// length it was given, and a short one ends the batch.
+fn collect(e: &Engine, first: u32, batch: &[(End, End, u64)]) -> Result<(u64, u32, Option<Error>)> {
     let ring = e.ring.as_ref().ok_or(EOPNOTSUPP)?;
     let (mut bytes, mut last) = (0u64, 0u32);
-    for i in 0..n {
-        let slot = ((first + i) as usize) % RING_ENTRIES;
+    for (i, &(_, _, len)) in batch.iter().enumerate() {
+        let slot = (first as usize).wrapping_add(i) % RING_ENTRIES;
         let status: u32 = io_read!(ring, [try: slot].status);
         if status == 0 {
             break;
         }
-        bytes += io_read!(ring, [try: slot].done);
+        let done: u64 = io_read!(ring, [try: slot].done);
+        // Both are at most `P2P_MAX_LEN`, so the sum cannot overflow.
+        bytes = bytes.saturating_add(done.min(len));
         last = status;
+        if status == DMA_OK && done < len {
+            return Ok((bytes, status, Some(EIO)));
+        }
         if status != DMA_OK {
             let err = match status {
                 DMA_HOST_FAULT => EFAULT,

@@ -25,10 +25,12 @@ mod event;
 mod fabric;
 mod fnsysfs;
 mod hotplug;
+mod kext;
 mod mrpc;
 mod p2p;
 mod regs;
 mod sysfs;
+mod telemetry;
 mod uapi;
 
 /// The BAR0 mapping, sized so that every fixed register offset is checked at compile time.
@@ -71,6 +73,9 @@ pub(crate) struct Mep {
     pub(crate) compose: compose::Compose,
     #[pin]
     pub(crate) p2p: p2p::P2p,
+    /// Telemetry answers, cached so that sysfs readers cannot monopolise the mailbox.
+    #[pin]
+    pub(crate) telemetry: telemetry::Cache,
     /// Reads fabric-manager events in process context ([`event`]).
     #[pin]
     gfms_work: Work<Mep>,
@@ -143,23 +148,32 @@ struct PcifabData<'bound> {
     #[pin]
     irq: irq::Registration<'bound, event::Handler>,
     vectors: pci::IrqVectorRegistration<'bound>,
-    /// Dropped last: waits for fabric-event work an interrupt queued before it was freed.
-    mep: FlushOnDrop,
+    /// Dropped last: quiets the device and waits for fabric-event work an interrupt queued
+    /// before it was freed.
+    mep: MepGuard,
 }
 
-/// Holds the endpoint; on drop waits for its fabric-event work, so none runs after the
-/// driver (or the module) is gone.
-struct FlushOnDrop(Arc<Mep>);
+/// Holds the endpoint for the binding. On drop (at unbind, or when probe fails after the
+/// endpoint was set up) it leaves the device quiet before anything the device could still
+/// write to or raise goes away: the DMA engine reset and idle before its ring is freed, the
+/// event interrupts off, waiters woken with `ENODEV`, and no fabric-event work running, so
+/// none runs after the driver (or the module) is gone. Every step is idempotent: at unbind
+/// [`PcifabDriver::quiesce`] already did them.
+struct MepGuard(Arc<Mep>);
 
-impl core::ops::Deref for FlushOnDrop {
+impl core::ops::Deref for MepGuard {
     type Target = Arc<Mep>;
     fn deref(&self) -> &Arc<Mep> {
         &self.0
     }
 }
 
-impl Drop for FlushOnDrop {
+impl Drop for MepGuard {
     fn drop(&mut self) {
+        self.0.mrpc.kill();
+        p2p::shut_down(&self.0);
+        let _ = event::enable(&self.0, false);
+        self.0.events.shut_down();
         event::flush_work(&self.0);
     }
 }
@@ -241,6 +255,7 @@ impl pci::Driver for PcifabDriver {
                     fabric <- fabric::Fabric::new(),
                     compose <- compose::Compose::new(),
                     p2p <- p2p::P2p::new(),
+                    telemetry <- telemetry::Cache::new(),
                     gfms_work <- new_work!("pcifab::gfms_work"),
                 }),
                 GFP_KERNEL,
@@ -307,7 +322,7 @@ impl pci::Driver for PcifabDriver {
             let chardev_mep = mep.clone();
             Ok(try_pin_init!(&this in PcifabData {
                 vectors,
-                mep: FlushOnDrop(mep),
+                mep: MepGuard(mep),
                 irq <- {
                     // `vectors` is initialised before this field (initialisers run in the
                     // order written), lives in the same pinned allocation as `irq`, and is
@@ -356,7 +371,7 @@ impl PcifabDriver {
         data.mep.compose.shut_down();
         p2p::shut_down(&data.mep);
         let _ = event::enable(&data.mep, false);
-        data.mep.events.wake_all();
+        data.mep.events.shut_down();
         event::flush_work(&data.mep);
     }
 }

@@ -16,7 +16,7 @@ use kernel::{
     bindings, container_of, page::PAGE_SIZE, prelude::*, str::as_char_ptr_in_const_context,
 };
 
-use crate::{chardev::Registration, compose, fabric, uapi::UNBOUND, Mep};
+use crate::{chardev::Registration, compose, uapi::UNBOUND, Mep};
 
 /// Formats one attribute's value into `out`.
 type ShowFn = fn(&Mep, &mut PageWriter<'_>) -> Result;
@@ -247,7 +247,7 @@ attrs! {
     c"partition_count" => |m, o| o.emit(format_args!("{}\n", m.identity()?.partition_count)),
     // Die temperature in millidegrees Celsius, as hwmon reports temperatures.
     c"temperature" => |m, o| {
-        o.emit(format_args!("{}\n", u64::from(fabric::die_temperature(m)?) * 10))
+        o.emit(format_args!("{}\n", u64::from(m.telemetry.die_temperature(m)?) * 10))
     },
     c"generation" => |m, o| {
         let g = m.fabric.with_view(m, |v| v.generation)?;

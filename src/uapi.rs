@@ -16,7 +16,7 @@ use kernel::{
 use crate::chardev::SizedArg;
 
 pub(crate) const VERSION_MAJOR: u32 = 1;
-pub(crate) const VERSION_MINOR: u32 = 4;
+pub(crate) const VERSION_MINOR: u32 = 5;
 
 const IOCTL_TYPE: u32 = 0xFA;
 pub(crate) const PCIFAB_IOCTL_VERSION: u32 = _IO(IOCTL_TYPE, 0x00);
@@ -33,6 +33,9 @@ pub(crate) const PCIFAB_IOCTL_P2P_ROUTE_DEL: u32 = _IO(IOCTL_TYPE, 0x0a);
 pub(crate) const PCIFAB_IOCTL_P2P_ROUTES: u32 = _IO(IOCTL_TYPE, 0x0b);
 pub(crate) const PCIFAB_IOCTL_P2P_COPY: u32 = _IO(IOCTL_TYPE, 0x0c);
 pub(crate) const PCIFAB_IOCTL_P2P_DISTANCE: u32 = _IO(IOCTL_TYPE, 0x0d);
+pub(crate) const PCIFAB_IOCTL_P2P_GRANT: u32 = _IO(IOCTL_TYPE, 0x0e);
+pub(crate) const PCIFAB_IOCTL_P2P_REVOKE: u32 = _IO(IOCTL_TYPE, 0x0f);
+pub(crate) const PCIFAB_IOCTL_P2P_GRANTS: u32 = _IO(IOCTL_TYPE, 0x10);
 
 /// `PCIFAB_ROUTE_ANY_WINDOW`.
 pub(crate) const ROUTE_ANY_WINDOW: u64 = u64::MAX;
@@ -312,6 +315,45 @@ pub(crate) struct P2pDistance {
     pub(crate) reserved0: u32,
 }
 
+/// `struct pcifab_p2p_grant`.
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct P2pGrant {
+    pub(crate) size: u32,
+    pub(crate) flags: u32,
+    pub(crate) pdfid: u16,
+    pub(crate) grantee: u8,
+    pub(crate) reserved0: u8,
+    pub(crate) fw_ret: u32,
+    pub(crate) nr_grants: u32,
+    pub(crate) reserved1: u32,
+}
+
+/// `struct pcifab_grant`.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Grant {
+    pub(crate) pdfid: u16,
+    pub(crate) holder: u8,
+    pub(crate) grantee: u8,
+    pub(crate) reserved: u32,
+}
+
+/// `struct pcifab_p2p_grants`.
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct P2pGrants {
+    pub(crate) size: u32,
+    pub(crate) flags: u32,
+    pub(crate) nr_grants: u32,
+    pub(crate) grant_size: u32,
+    pub(crate) grants_ptr: u64,
+}
+
+const _: () = assert!(size_of::<P2pGrant>() == 24);
+const _: () = assert!(size_of::<Grant>() == 8);
+const _: () = assert!(size_of::<P2pGrants>() == 24);
+const _: () = assert!(PCIFAB_IOCTL_P2P_GRANTS == 0xfa10);
 const _: () = assert!(size_of::<Route>() == 32);
 const _: () = assert!(size_of::<P2pRoute>() == 48);
 const _: () = assert!(size_of::<P2pRoutes>() == 32);
@@ -364,6 +406,8 @@ sized_args!(
     P2pRoutes,
     P2pCopy,
     P2pDistance,
+    P2pGrant,
+    P2pGrants,
 );
 
 impl SizedArg for Bind {
@@ -399,3 +443,5 @@ unsafe impl AsBytes for Function {}
 unsafe impl AsBytes for Route {}
 // SAFETY: As above.
 unsafe impl FromBytes for Route {}
+// SAFETY: `repr(C)`, integers only, no padding (size asserted above).
+unsafe impl AsBytes for Grant {}

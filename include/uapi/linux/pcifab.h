@@ -17,7 +17,7 @@
 #include <linux/types.h>
 
 #define PCIFAB_UAPI_VERSION_MAJOR 1
-#define PCIFAB_UAPI_VERSION_MINOR 4
+#define PCIFAB_UAPI_VERSION_MINOR 5
 
 #define PCIFAB_IOCTL_TYPE 0xFA
 
@@ -513,6 +513,64 @@ struct pcifab_p2p_distance {
 	__u32 __reserved0;
 };
 
+/**
+ * struct pcifab_p2p_grant - PCIFAB_IOCTL_P2P_GRANT and _REVOKE argument (since 1.5)
+ * @size: sizeof(struct pcifab_p2p_grant)
+ * @flags: 0
+ * @pdfid: in: the function; it must be bound to this host, or this host must be the
+ *	fabric-manager host
+ * @grantee: in: the partition (host) that may then route to @pdfid
+ * @__reserved0: zero
+ * @fw_ret: out: the firmware's return code when it refused, else 0
+ * @nr_grants: out: grants on @pdfid now
+ * @__reserved1: zero
+ *
+ * A host may add P2P routes only onto functions bound to itself, or onto a function whose
+ * holder (or the fabric-manager host) granted it. The firmware drops a grant, and every
+ * route it allowed, when the function is unbound; REVOKE drops them at once.
+ */
+struct pcifab_p2p_grant {
+	__u32 size;
+	__u32 flags;
+	__u16 pdfid;
+	__u8 grantee;
+	__u8 __reserved0;
+	__u32 fw_ret;
+	__u32 nr_grants;
+	__u32 __reserved1;
+};
+
+/**
+ * struct pcifab_grant - one P2P grant (PCIFAB_IOCTL_P2P_GRANTS)
+ * @pdfid: the function
+ * @holder: the partition the function is bound to
+ * @grantee: the partition that may route to it
+ * @__reserved: zero
+ */
+struct pcifab_grant {
+	__u16 pdfid;
+	__u8 holder;
+	__u8 grantee;
+	__u32 __reserved;
+};
+
+/**
+ * struct pcifab_p2p_grants - PCIFAB_IOCTL_P2P_GRANTS argument: list grants (since 1.5)
+ * @size: sizeof(struct pcifab_p2p_grants)
+ * @flags: 0
+ * @nr_grants: in: entries @grants_ptr has room for; out: grants that exist (those on
+ *	functions this host holds or was granted; the fabric-manager host sees all)
+ * @grant_size: in: sizeof(struct pcifab_grant) as the caller knows it (at least 8)
+ * @grants_ptr: in: array of @nr_grants entries of @grant_size bytes
+ */
+struct pcifab_p2p_grants {
+	__u32 size;
+	__u32 flags;
+	__u32 nr_grants;
+	__u32 grant_size;
+	__aligned_u64 grants_ptr;
+};
+
 #define PCIFAB_IOCTL_VERSION	_IO(PCIFAB_IOCTL_TYPE, 0x00)
 #define PCIFAB_IOCTL_IDENTITY	_IO(PCIFAB_IOCTL_TYPE, 0x01)
 #define PCIFAB_IOCTL_MRPC	_IO(PCIFAB_IOCTL_TYPE, 0x02)
@@ -527,5 +585,8 @@ struct pcifab_p2p_distance {
 #define PCIFAB_IOCTL_P2P_ROUTES		_IO(PCIFAB_IOCTL_TYPE, 0x0b)
 #define PCIFAB_IOCTL_P2P_COPY		_IO(PCIFAB_IOCTL_TYPE, 0x0c)
 #define PCIFAB_IOCTL_P2P_DISTANCE	_IO(PCIFAB_IOCTL_TYPE, 0x0d)
+#define PCIFAB_IOCTL_P2P_GRANT		_IO(PCIFAB_IOCTL_TYPE, 0x0e)
+#define PCIFAB_IOCTL_P2P_REVOKE		_IO(PCIFAB_IOCTL_TYPE, 0x0f)
+#define PCIFAB_IOCTL_P2P_GRANTS		_IO(PCIFAB_IOCTL_TYPE, 0x10)
 
 #endif /* _UAPI_LINUX_PCIFAB_H */
