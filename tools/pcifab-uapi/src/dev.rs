@@ -5,7 +5,8 @@
 use std::{fs::File, io, os::fd::AsRawFd};
 
 use crate::{
-    Arg, Function, Inventory, Mrpc, P2pCopy, P2pDistance, P2pEnd, P2pRoute, P2pRoutes, Port, Route,
+    Arg, Function, Grant, Inventory, Mrpc, P2pCopy, P2pDistance, P2pEnd, P2pGrant, P2pGrants,
+    P2pRoute, P2pRoutes, Port, Route,
 };
 
 /// Issues `cmd` with `arg`.
@@ -82,6 +83,9 @@ pub enum P2pOp {
     Routes,
     Copy,
     Distance,
+    Grant,
+    Revoke,
+    Grants,
 }
 
 impl P2pOp {
@@ -93,6 +97,9 @@ impl P2pOp {
             P2pOp::Routes => "PCIFAB_IOCTL_P2P_ROUTES",
             P2pOp::Copy => "PCIFAB_IOCTL_P2P_COPY",
             P2pOp::Distance => "PCIFAB_IOCTL_P2P_DISTANCE",
+            P2pOp::Grant => "PCIFAB_IOCTL_P2P_GRANT",
+            P2pOp::Revoke => "PCIFAB_IOCTL_P2P_REVOKE",
+            P2pOp::Grants => "PCIFAB_IOCTL_P2P_GRANTS",
         }
     }
 }
@@ -143,6 +150,19 @@ impl P2pError {
             (RouteAdd, libc::EEXIST) => "the window range overlaps a route",
             (RouteAdd, libc::ENOSPC) => "the window holds 16 routes or has no free space left",
             (RouteDel, libc::ENOENT) => "no route starts at this window offset",
+            (RouteAdd, libc::EACCES) => {
+                "the function is bound to another host that has not granted this host access \
+                 (its holder runs `pcifab p2p grant`)"
+            }
+            (Grant | Revoke, libc::EPERM) => "grants are changed with CAP_SYS_ADMIN",
+            (Grant | Revoke, libc::EACCES) => {
+                "only the host the function is bound to, or the fabric-manager host, may \
+                 grant or revoke access to it"
+            }
+            (Grant | Revoke, libc::ENOLINK) => "the function is not bound to any host",
+            (Grant | Revoke, libc::EINVAL) => "the grantee is not a host of this fabric",
+            (Grant, libc::ENOENT) => "no function has this PDFID",
+            (Revoke, libc::ENOENT) => "no such grant (or no function has this PDFID)",
             (RouteDel, libc::EINVAL) => "the window offset is not a multiple of 4096",
             (Copy, libc::EINVAL) => {
                 "the length is 0 or above 1 GiB, or the ends are not a valid pair (both in \
@@ -166,7 +186,14 @@ impl P2pError {
     pub fn refused(&self) -> bool {
         matches!(
             self.err.raw_os_error(),
-            Some(libc::ENOENT | libc::ENOLINK | libc::ERANGE | libc::EEXIST | libc::ENOSPC)
+            Some(
+                libc::ENOENT
+                    | libc::ENOLINK
+                    | libc::ERANGE
+                    | libc::EEXIST
+                    | libc::ENOSPC
+                    | libc::EACCES
+            )
         )
     }
 }
@@ -221,6 +248,52 @@ pub fn route_del(dev: &File, window_off: u64) -> Result<P2pRoute, P2pError> {
         ..P2pError::new(P2pOp::RouteDel, err)
     })?;
     Ok(r)
+}
+
+/// Lets host `grantee` route to function `pdfid` (`PCIFAB_IOCTL_P2P_GRANT`), or with
+/// `grant == false` takes that back with every route it allowed (`PCIFAB_IOCTL_P2P_REVOKE`).
+/// Returns the struct as the kernel filled it (`nr_grants`: grants on `pdfid` now).
+pub fn grant(dev: &File, pdfid: u16, grantee: u8, grant: bool) -> Result<P2pGrant, P2pError> {
+    let mut g = P2pGrant::new();
+    g.pdfid = pdfid;
+    g.grantee = grantee;
+    let (nr, op) = if grant {
+        (crate::PCIFAB_IOCTL_P2P_GRANT, P2pOp::Grant)
+    } else {
+        (crate::PCIFAB_IOCTL_P2P_REVOKE, P2pOp::Revoke)
+    };
+    // SAFETY: `pcifab_p2p_grant` holds no user pointers.
+    unsafe { ioctl(dev, nr, &mut g) }.map_err(|err| P2pError {
+        fw_ret: g.fw_ret,
+        ..P2pError::new(op, err)
+    })?;
+    Ok(g)
+}
+
+/// Lists the P2P grants this host may see (`PCIFAB_IOCTL_P2P_GRANTS`), growing the array until
+/// it holds them. Fails with `EAGAIN` if they keep growing between calls.
+pub fn grants(dev: &File) -> Result<Vec<Grant>, P2pError> {
+    let mut n = 16;
+    for _ in 0..4 {
+        let mut grants = vec![Grant::default(); n];
+        let mut g = P2pGrants::new();
+        g.nr_grants = n as u32;
+        g.grant_size = std::mem::size_of::<Grant>() as u32;
+        g.grants_ptr = grants.as_mut_ptr() as u64;
+        // SAFETY: `g` points at `grants`, which holds `nr_grants` entries of `grant_size`
+        // bytes and outlives the call.
+        unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_GRANTS, &mut g) }
+            .map_err(|err| P2pError::new(P2pOp::Grants, err))?;
+        if g.nr_grants as usize <= n {
+            grants.truncate(g.nr_grants as usize);
+            return Ok(grants);
+        }
+        n = g.nr_grants as usize;
+    }
+    Err(P2pError::new(
+        P2pOp::Grants,
+        io::Error::from_raw_os_error(libc::EAGAIN),
+    ))
 }
 
 /// This host's routes and its P2P window.

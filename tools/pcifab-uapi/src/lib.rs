@@ -10,7 +10,7 @@ pub mod dev;
 /// Major version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MAJOR`).
 pub const VERSION_MAJOR: u32 = 1;
 /// Minor version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MINOR`).
-pub const VERSION_MINOR: u32 = 4;
+pub const VERSION_MINOR: u32 = 5;
 
 /// ioctl type byte of pcifab (`PCIFAB_IOCTL_TYPE`).
 pub const IOCTL_TYPE: u32 = 0xFA;
@@ -50,6 +50,12 @@ pub const PCIFAB_IOCTL_P2P_ROUTES: u32 = io(IOCTL_TYPE, 0x0b);
 pub const PCIFAB_IOCTL_P2P_COPY: u32 = io(IOCTL_TYPE, 0x0c);
 /// `PCIFAB_IOCTL_P2P_DISTANCE`: argument [`P2pDistance`].
 pub const PCIFAB_IOCTL_P2P_DISTANCE: u32 = io(IOCTL_TYPE, 0x0d);
+/// `PCIFAB_IOCTL_P2P_GRANT`: argument [`P2pGrant`] (since 1.5).
+pub const PCIFAB_IOCTL_P2P_GRANT: u32 = io(IOCTL_TYPE, 0x0e);
+/// `PCIFAB_IOCTL_P2P_REVOKE`: argument [`P2pGrant`] (since 1.5).
+pub const PCIFAB_IOCTL_P2P_REVOKE: u32 = io(IOCTL_TYPE, 0x0f);
+/// `PCIFAB_IOCTL_P2P_GRANTS`: argument [`P2pGrants`] (since 1.5).
+pub const PCIFAB_IOCTL_P2P_GRANTS: u32 = io(IOCTL_TYPE, 0x10);
 /// `PCIFAB_ANY_PORT`.
 pub const ANY_PORT: u8 = 0xff;
 /// `PCIFAB_BIND_NO_WAIT`.
@@ -367,6 +373,41 @@ pub struct P2pDistance {
     pub reserved0: u32,
 }
 
+/// `struct pcifab_p2p_grant`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pGrant {
+    pub size: u32,
+    pub flags: u32,
+    pub pdfid: u16,
+    pub grantee: u8,
+    pub reserved0: u8,
+    pub fw_ret: u32,
+    pub nr_grants: u32,
+    pub reserved1: u32,
+}
+
+/// `struct pcifab_grant`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Grant {
+    pub pdfid: u16,
+    pub holder: u8,
+    pub grantee: u8,
+    pub reserved: u32,
+}
+
+/// `struct pcifab_p2p_grants`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pGrants {
+    pub size: u32,
+    pub flags: u32,
+    pub nr_grants: u32,
+    pub grant_size: u32,
+    pub grants_ptr: u64,
+}
+
 macro_rules! impl_arg {
     ($($t:ty),*) => {$(
         // SAFETY: `repr(C)`, integers, byte arrays and structs of those only, no padding
@@ -391,7 +432,9 @@ impl_arg!(
     P2pRoute,
     P2pRoutes,
     P2pCopy,
-    P2pDistance
+    P2pDistance,
+    P2pGrant,
+    P2pGrants
 );
 
 /// A fixed-size register string as text: up to the first NUL, trailing spaces removed.

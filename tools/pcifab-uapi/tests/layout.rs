@@ -42,6 +42,9 @@ fn c_layout() -> Vec<(String, u64)> {
         "pcifab_p2p_end",
         "pcifab_p2p_copy",
         "pcifab_p2p_distance",
+        "pcifab_p2p_grant",
+        "pcifab_grant",
+        "pcifab_p2p_grants",
     ] {
         p(&format!("sizeof(struct {s})"));
     }
@@ -101,6 +104,9 @@ fn c_layout() -> Vec<(String, u64)> {
         "PCIFAB_IOCTL_P2P_ROUTES",
         "PCIFAB_IOCTL_P2P_COPY",
         "PCIFAB_IOCTL_P2P_DISTANCE",
+        "PCIFAB_IOCTL_P2P_GRANT",
+        "PCIFAB_IOCTL_P2P_REVOKE",
+        "PCIFAB_IOCTL_P2P_GRANTS",
         "PCIFAB_ROUTE_ANY_WINDOW",
         "PCIFAB_P2P_FUNCTION",
         "PCIFAB_P2P_USER",
@@ -351,6 +357,27 @@ const EXTRA_FIELDS: &[(&str, &[&str])] = &[
             "__reserved0",
         ],
     ),
+    (
+        "pcifab_p2p_grant",
+        &[
+            "size",
+            "flags",
+            "pdfid",
+            "grantee",
+            "__reserved0",
+            "fw_ret",
+            "nr_grants",
+            "__reserved1",
+        ],
+    ),
+    (
+        "pcifab_grant",
+        &["pdfid", "holder", "grantee", "__reserved"],
+    ),
+    (
+        "pcifab_p2p_grants",
+        &["size", "flags", "nr_grants", "grant_size", "grants_ptr"],
+    ),
 ];
 
 /// The same fields' offsets in Rust, in the same order.
@@ -501,7 +528,32 @@ fn extra_rust() -> Vec<(String, u64)> {
         offset_of!(P2pDistance, info),
         offset_of!(P2pDistance, reserved0),
     ];
-    let offsets: [&[usize]; 13] = [&e, &p, &f, &b, &u, &m, &i, &r, &pr, &prs, &pe, &pc, &pd];
+    let pg = [
+        offset_of!(P2pGrant, size),
+        offset_of!(P2pGrant, flags),
+        offset_of!(P2pGrant, pdfid),
+        offset_of!(P2pGrant, grantee),
+        offset_of!(P2pGrant, reserved0),
+        offset_of!(P2pGrant, fw_ret),
+        offset_of!(P2pGrant, nr_grants),
+        offset_of!(P2pGrant, reserved1),
+    ];
+    let g = [
+        offset_of!(Grant, pdfid),
+        offset_of!(Grant, holder),
+        offset_of!(Grant, grantee),
+        offset_of!(Grant, reserved),
+    ];
+    let pgs = [
+        offset_of!(P2pGrants, size),
+        offset_of!(P2pGrants, flags),
+        offset_of!(P2pGrants, nr_grants),
+        offset_of!(P2pGrants, grant_size),
+        offset_of!(P2pGrants, grants_ptr),
+    ];
+    let offsets: [&[usize]; 16] = [
+        &e, &p, &f, &b, &u, &m, &i, &r, &pr, &prs, &pe, &pc, &pd, &pg, &g, &pgs,
+    ];
     assert_eq!(
         offsets.len(),
         EXTRA_FIELDS.len(),
@@ -597,6 +649,30 @@ fn extra_rust() -> Vec<(String, u64)> {
         (
             "PCIFAB_IOCTL_P2P_DISTANCE".into(),
             PCIFAB_IOCTL_P2P_DISTANCE as u64,
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_GRANT".into(),
+            PCIFAB_IOCTL_P2P_GRANT as u64,
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_REVOKE".into(),
+            PCIFAB_IOCTL_P2P_REVOKE as u64,
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_GRANTS".into(),
+            PCIFAB_IOCTL_P2P_GRANTS as u64,
+        ),
+        (
+            "sizeof(struct pcifab_p2p_grant)".into(),
+            size_of::<P2pGrant>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_grant)".into(),
+            size_of::<Grant>() as u64,
+        ),
+        (
+            "sizeof(struct pcifab_p2p_grants)".into(),
+            size_of::<P2pGrants>() as u64,
         ),
         ("PCIFAB_ROUTE_ANY_WINDOW".into(), ROUTE_ANY_WINDOW),
         ("PCIFAB_P2P_FUNCTION".into(), P2P_FUNCTION as u64),

@@ -50,6 +50,12 @@ commands:
       --timeout MS      bound on the whole copy (default 60000)
   p2p distance PDFID PDFID
                         how data would travel between two functions
+  p2p grant PDFID --host N
+                        let host N route to a function this host holds (the
+                        fabric-manager host may grant any bound function)
+  p2p revoke PDFID --host N
+                        take that back; host N's routes to the function go too
+  p2p grants            the grants on functions this host holds or was granted
                         (sizes and offsets: decimal, 0x hex, K/M/G suffixes: 16M, 0x1000, 4k)
 
   request, release, queue, leases, top, stats --telemetry

@@ -201,10 +201,15 @@ pub fn run(cli: &Cli) -> Result<(), Error> {
         },
         Some("copy") => copy(cli),
         Some("distance") => distance(cli),
+        Some("grant") => grant(cli, true),
+        Some("revoke") => grant(cli, false),
+        Some("grants") => grant_list(cli),
         Some(other) => Err(usage_error(format!(
-            "unknown command 'p2p {other}': use route, copy or distance"
+            "unknown command 'p2p {other}': use route, copy, distance, grant, revoke or grants"
         ))),
-        None => Err(usage_error("p2p needs route, copy or distance")),
+        None => Err(usage_error(
+            "p2p needs route, copy, distance, grant, revoke or grants",
+        )),
     }
 }
 
@@ -219,6 +224,9 @@ fn fw_reason(ret: u32) -> Option<&'static str> {
         0xf0_000b => "the MEP already has 16 routes",
         0xf0_000c => "the window range overlaps a route",
         0xf0_000d => "no route starts at this window offset",
+        0xf0_000e => "this host neither holds the function nor is the fabric-manager host",
+        0xf0_000f => "no such grant",
+        0xf0_0010 => "the function's holder has not granted this host access",
         _ => "firmware error",
     })
 }
@@ -253,7 +261,9 @@ fn p2p_error(cli: &Cli, what: &str, e: &P2pError, hint: Option<String>) -> Error
             "errno": e.err.raw_os_error(),
         });
         match e.op {
-            P2pOp::RouteAdd | P2pOp::RouteDel => o["fw_ret"] = json!(format!("{:#x}", e.fw_ret)),
+            P2pOp::RouteAdd | P2pOp::RouteDel | P2pOp::Grant | P2pOp::Revoke => {
+                o["fw_ret"] = json!(format!("{:#x}", e.fw_ret))
+            }
             P2pOp::Copy => {
                 o["done"] = json!(e.done);
                 o["dma_status"] = json!(dev::dma_status_name(e.dma_status));
@@ -439,6 +449,72 @@ fn route_list(cli: &Cli) -> Result<(), Error> {
     }
     if t.routes.is_empty() {
         println!("(none; `pcifab p2p route add PDFID --size N` adds one)");
+    }
+    Ok(())
+}
+
+/// `p2p grant PDFID --host N` and `p2p revoke PDFID --host N`.
+fn grant(cli: &Cli, grant: bool) -> Result<(), Error> {
+    let verb = if grant { "grant" } else { "revoke" };
+    only(cli, verb, &[])?;
+    at_most(cli, 2)?;
+    let arg = cli.args.get(1).ok_or_else(|| {
+        usage_error(format!(
+            "p2p {verb} needs the PDFID of a function this host holds, e.g. 0x0300"
+        ))
+    })?;
+    let f = pdfid(arg)?;
+    let host = cli.host.ok_or_else(|| {
+        usage_error(format!(
+            "p2p {verb} needs --host N: the host (partition) that may route to {}",
+            pdfid_str(f)
+        ))
+    })?;
+    let dev = open(&cli.device)?;
+    let what = format!("p2p {verb} {} --host {host}", pdfid_str(f));
+    let g = dev::grant(&dev, f, host, grant).map_err(|e| p2p_error(cli, &what, &e, None))?;
+    if cli.json {
+        println!(
+            "{}",
+            json!({"ok": true, "pdfid": pdfid_str(f), "grantee": host, "granted": grant,
+                   "nr_grants": g.nr_grants})
+        );
+    } else if grant {
+        println!(
+            "host {host} may now route to {}; {} grants on it",
+            pdfid_str(f),
+            g.nr_grants
+        );
+    } else {
+        println!(
+            "host {host} may no longer route to {} (its routes to it are gone); {} grants left",
+            pdfid_str(f),
+            g.nr_grants
+        );
+    }
+    Ok(())
+}
+
+/// `p2p grants`: the grants this host may see.
+fn grant_list(cli: &Cli) -> Result<(), Error> {
+    only(cli, "grants", &[])?;
+    at_most(cli, 1)?;
+    let dev = open(&cli.device)?;
+    let grants = dev::grants(&dev).map_err(|e| p2p_error(cli, "p2p grants", &e, None))?;
+    if cli.json {
+        let list: Vec<Value> = grants
+            .iter()
+            .map(|g| json!({"pdfid": pdfid_str(g.pdfid), "holder": g.holder, "grantee": g.grantee}))
+            .collect();
+        println!("{}", json!({ "grants": list }));
+        return Ok(());
+    }
+    println!("FUNCTION  HOLDER  GRANTEE");
+    for g in &grants {
+        println!("{:<9} {:<7} {}", pdfid_str(g.pdfid), g.holder, g.grantee);
+    }
+    if grants.is_empty() {
+        println!("(none; `pcifab p2p grant PDFID --host N` shares a function this host holds)");
     }
     Ok(())
 }
