@@ -5,6 +5,7 @@
 
 mod config;
 mod conn;
+mod driver_trust;
 mod fabric;
 mod initramfs;
 mod manager;

@@ -186,6 +186,31 @@ pub fn all() -> Vec<Scenario> {
             300,
             crate::manager::host_killed,
         ),
+        s(
+            "mrpc classes: unprivileged callers cannot drain events or touch dump sessions",
+            120,
+            crate::driver_trust::mrpc_classes,
+        ),
+        s(
+            "mrpc: an abandoned command's output never reaches the next caller",
+            120,
+            crate::driver_trust::abandoned_output,
+        ),
+        s(
+            "events: a waiter without timeout gets ENODEV when the MEP is unbound",
+            120,
+            crate::driver_trust::waiter_enodev,
+        ),
+        s(
+            "p2p grants: a host routes to another's function only while granted",
+            300,
+            crate::driver_trust::p2p_grants,
+        ),
+        s(
+            "fwctl rules: raw firmware writes need CAP_SYS_RAWIO, taint, obey lockdown",
+            240,
+            crate::driver_trust::fwctl_rules,
+        ),
         s("rmmod pcifab in every host", 120, rmmod_pcifab),
         s(
             "MEP hot removal with a command in flight: ENODEV",
@@ -756,6 +781,14 @@ fn stats(h: &mut Host) -> Result<Value, String> {
         .map_err(|e| format!("{}: `pcifab stats --json`: {e}: {out:?}", h.name))
 }
 
+/// One counter of `pcifab stats --json`.
+pub(crate) fn stats_field(h: &mut Host, k: &str) -> Result<u64, String> {
+    let v = stats(h)?;
+    v.get(k)
+        .and_then(Value::as_u64)
+        .ok_or_else(|| format!("{}: `pcifab stats --json` has no counter {k}: {v}", h.name))
+}
+
 fn stat(v: &Value, k: &str) -> u64 {
     v.get(k).and_then(Value::as_u64).unwrap_or(u64::MAX)
 }
@@ -849,7 +882,7 @@ fn unprivileged(f: &mut Fabric) -> Result<(), String> {
 }
 
 /// Injects `fault` into host `h`'s MEP, runs `body`, and clears the fault whatever happened.
-fn with_fault(
+pub(crate) fn with_fault(
     emu: &EmuControl,
     h: &mut Host,
     fault: &str,
@@ -865,7 +898,7 @@ fn with_fault(
 }
 
 /// After a fault: a 64-byte echo works again and dmesg is clean.
-fn recovered(h: &mut Host) -> Result<(), String> {
+pub(crate) fn recovered(h: &mut Host) -> Result<(), String> {
     selftest_json(h, "echo --count 20 --size 64", CMD_TIMEOUT_SHORT)
         .map_err(|e| format!("after `fault clear`: {e}"))?;
     dmesg_clean(h)
@@ -874,7 +907,7 @@ fn recovered(h: &mut Host) -> Result<(), String> {
 const CMD_TIMEOUT_SHORT: Duration = Duration::from_secs(60);
 
 /// Runs `pcifab-selftest mrpc ...`; returns (errno name, elapsed ms, result).
-fn one_mrpc(h: &mut Host, args: &str) -> Result<(String, f64, Value), String> {
+pub(crate) fn one_mrpc(h: &mut Host, args: &str) -> Result<(String, f64, Value), String> {
     let v = selftest_json(h, &format!("mrpc {args}"), CMD_TIMEOUT_SHORT)?;
     let errno = v
         .get("errno")

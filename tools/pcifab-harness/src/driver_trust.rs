@@ -1,0 +1,487 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! Scenarios for what the driver must refuse or guarantee to callers it does not trust: the
+//! raw MRPC classes by sub-command, an abandoned command's output, fwctl's rules for raw
+//! firmware writes (capability, taint, lockdown), event waiters when the endpoint goes away,
+//! and tenant isolation of P2P routes by grants.
+//!
+//! Each scenario fails on the driver as it was before the matching fix: the reason is in the
+//! comment above it.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::fabric::{Fabric, Host};
+use crate::scenarios::{
+    begin, bind_here, compose_begin, dmesg_clean, ensure_pcifab, find_mep, one_mrpc, pcifab_cmd,
+    pcifab_ok, recovered, selftest_json, stats_field, with_fault, Checks,
+};
+
+const GPU0: u16 = 0x0300;
+const MIB: u64 = 1 << 20;
+const SEED: u64 = 0x0007_a5e1;
+
+/// `EACCES` as the CLI's JSON reports it.
+const EACCES: i64 = 13;
+
+/// Makes user `nobody` (65534) exist and `/dev/pcifab0` open to everyone, so that
+/// `as_nobody` can run commands unprivileged.
+fn nobody_setup(h: &mut Host) -> Result<(), String> {
+    h.run_ok(
+        "mkdir -p /etc; grep -q '^nobody:' /etc/passwd 2>/dev/null || \
+         echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >>/etc/passwd; \
+         grep -q '^nogroup:' /etc/group 2>/dev/null || echo 'nogroup:x:65534:' >>/etc/group; \
+         chmod 666 /dev/pcifab0; su -s /bin/sh nobody -c 'id -u'",
+    )
+    .and_then(|out| {
+        if out.trim() == "65534" {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}: `su nobody -c 'id -u'` printed {:?}, expected 65534",
+                h.name,
+                out.trim()
+            ))
+        }
+    })
+}
+
+/// Runs `pcifab ARGS --json` as user `nobody`; returns (exit code, JSON line, output).
+fn as_nobody(h: &mut Host, args: &str) -> Result<(i64, Value, String), String> {
+    let o = h.run(&format!("su -s /bin/sh nobody -c 'pcifab {args} --json'"))?;
+    let v = o
+        .out
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    h.log_note(&format!("as nobody: pcifab {args}: exit {}", o.code));
+    Ok((o.code, v, o.out))
+}
+
+/// Whether a failed CLI call reported `EPERM` (its message names "Operation not permitted").
+fn refused_eperm(out: &str) -> bool {
+    out.contains("Operation not permitted") || out.contains("EPERM")
+}
+
+/// Raw MRPC is classed by command and sub-command. Before, 0x82, 0x83 and 0x89 were
+/// read-only whatever the sub-command, so any user could drain the fabric-event queue (the
+/// owner would never see UNBIND_REQUEST) or start and finish the driver's dump sessions.
+pub fn mrpc_classes(f: &mut Fabric) -> Result<(), String> {
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    begin(h)?;
+    nobody_setup(h)?;
+    let commands_before = stats_field(h, "mrpc_commands")?;
+    let mut c = Checks::new(&format!("{}: unprivileged raw MRPC", h.name));
+    // Refused: each would change firmware state or disturb a session of the driver's.
+    let refused = [
+        (
+            "0x89 01000100 --out-len 16",
+            "GFMS_EVENT GET (consumes the event queue)",
+        ),
+        ("0x89 00000000", "GFMS_EVENT CLEAR"),
+        ("0x82 01 --out-len 4", "TOPO_INFO_DUMP START"),
+        ("0x82 03000000 --out-len 16", "TOPO_INFO_DUMP DATA_GET"),
+        ("0x82 04 --out-len 4", "TOPO_INFO_DUMP FINISH"),
+        (
+            "0x83 10 --out-len 16",
+            "GFMS_DB_DUMP chunked-session sub-command 0x10",
+        ),
+        ("0x04 00000000", "DIETEMP SET_CLOCK"),
+        ("0x04 03000000", "DIETEMP STOP"),
+        (
+            "0xf004 0100200001000000 --out-len 8",
+            "P2P_ROUTE ADD (sub-command 1)",
+        ),
+        (
+            "0xf004 0100200004000003 --out-len 8",
+            "P2P_ROUTE GRANT (sub-command 4)",
+        ),
+    ];
+    for (args, what) in refused {
+        let (code, _, out) = as_nobody(h, &format!("mrpc {args}"))?;
+        if code == 0 || !refused_eperm(&out) {
+            c.fail(format!(
+                "{what}: expected EPERM, got exit {code}: {}",
+                out.trim()
+            ));
+        }
+    }
+    let after_refused = stats_field(h, "mrpc_commands")?;
+    c.eq(
+        "STATS mrpc_commands after the refused calls (none reached the firmware)",
+        commands_before,
+        after_refused,
+    );
+    // Allowed: reads that change nothing.
+    let allowed = [
+        ("0x41 0102 --out-len 2", "ECHO"),
+        ("0x04 02000000 --out-len 4", "DIETEMP GET"),
+        (
+            "0x83 0300 --out-len 64",
+            "GFMS_DB_DUMP HVD (single-shot section)",
+        ),
+        (
+            "0xf004 0100200003000000 --out-len 64",
+            "P2P_ROUTE LIST (sub-command 3)",
+        ),
+    ];
+    for (args, what) in allowed {
+        let (code, _, out) = as_nobody(h, &format!("mrpc {args}"))?;
+        if refused_eperm(&out) {
+            c.fail(format!(
+                "{what}: expected to run for an unprivileged caller, got exit {code}: {}",
+                out.trim()
+            ));
+        }
+    }
+    c.eq(
+        "STATS mrpc_commands after the allowed calls",
+        after_refused + allowed.len() as u64,
+        stats_field(h, "mrpc_commands")?,
+    );
+    c.finish()?;
+    dmesg_clean(h)
+}
+
+/// A command the caller gave up on keeps the mailbox until the firmware finished it. Before,
+/// the next caller took the mailbox after 100 ms and read the abandoned command's output as
+/// its own (here: `aaaaaaaa` instead of `bbbbbbbb`).
+pub fn abandoned_output(f: &mut Fabric) -> Result<(), String> {
+    let emu = f.emu();
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    begin(h)?;
+    with_fault(&emu, h, "delay 1500", |h| {
+        let mut c = Checks::new(&format!("{}: abandoned MRPC command", h.name));
+        let (e, _, _) = one_mrpc(h, "0x41 --in aaaaaaaa --out-len 4 --timeout 300")?;
+        c.eq(
+            "first caller, timeout 300 ms < firmware 1500 ms",
+            "ETIMEDOUT",
+            e.as_str(),
+        );
+        let (e, ms, v) = one_mrpc(h, "0x41 --in bbbbbbbb --out-len 4 --timeout 10000")?;
+        c.eq("second caller", "ok", e.as_str());
+        c.eq_json(
+            "second caller's output (its own echo, not the abandoned one's)",
+            Value::from("bbbbbbbb"),
+            v["output"].clone(),
+        );
+        // It waited for the abandoned command (about 1.2 s left of it) and then its own.
+        if ms < 1500.0 {
+            c.fail(format!(
+                "second caller finished after {ms} ms: it cannot have waited for the abandoned \
+                 command (1.2 s left) and its own (1.5 s)"
+            ));
+        }
+        c.finish()
+    })?;
+    recovered(h)
+}
+
+/// Bit 19 of `/proc/sys/kernel/tainted`: TAINT_FWCTL.
+const TAINT_FWCTL: u64 = 1 << 19;
+
+fn tainted(h: &mut Host) -> Result<u64, String> {
+    let out = h.run_ok("cat /proc/sys/kernel/tainted")?;
+    out.trim()
+        .parse()
+        .map_err(|e| format!("{}: /proc/sys/kernel/tainted: {e}: {out:?}", h.name))
+}
+
+/// Raw firmware writes and raw-IOVA copies follow fwctl's rules: CAP_SYS_RAWIO, a taint,
+/// refused under lockdown. Before, they needed only CAP_SYS_RAWIO: no taint, no lockdown
+/// check. Lockdown cannot be lifted, so the host is rebooted afterwards.
+pub fn fwctl_rules(f: &mut Fabric) -> Result<(), String> {
+    let h = f
+        .hosts
+        .get_mut(1)
+        .ok_or("this scenario needs a second host")?;
+    begin(h)?;
+    let r = fwctl_rules_on(h);
+    // Whatever happened, give the later scenarios a host that is not locked down.
+    let boot = h.reboot().map(|t| {
+        h.log_note(&format!(
+            "rebooted after the lockdown test in {:.1} s",
+            t.as_secs_f64()
+        ))
+    });
+    r?;
+    boot?;
+    ensure_pcifab(h)
+}
+
+fn fwctl_rules_on(h: &mut Host) -> Result<(), String> {
+    let mut c = Checks::new(&format!("{}: fwctl rules", h.name));
+    let t0 = tainted(h)?;
+    if t0 & TAINT_FWCTL != 0 {
+        return Err(format!(
+            "{}: the kernel was already tainted by a raw firmware write before this scenario \
+             (tainted={t0}); the check below could not fail",
+            h.name
+        ));
+    }
+    nobody_setup(h)?;
+    // Unprivileged: refused, no taint.
+    let (code, _, out) = as_nobody(h, "mrpc 0x87 00000000")?;
+    if code == 0 || !refused_eperm(&out) {
+        c.fail(format!(
+            "unprivileged 0x87 (GAS write, debug-write class): expected EPERM, got exit {code}: {}",
+            out.trim()
+        ));
+    }
+    c.eq(
+        "TAINT_FWCTL after a refused debug write",
+        0,
+        tainted(h)? & TAINT_FWCTL,
+    );
+    // Root: the command runs (the firmware refuses an unknown id) and the kernel is tainted.
+    let (_, _, out) = pcifab_cmd(h, "mrpc 0x1234 00000000")?;
+    if refused_eperm(&out) {
+        c.fail(format!("root: debug write refused: {}", out.trim()));
+    }
+    c.eq(
+        "TAINT_FWCTL after root's debug write",
+        TAINT_FWCTL,
+        tainted(h)? & TAINT_FWCTL,
+    );
+    // Lockdown: refused even for root, before anything reaches the firmware.
+    let o = h.run(
+        "mkdir -p /sys/kernel/security; \
+         mountpoint -q /sys/kernel/security || mount -t securityfs none /sys/kernel/security; \
+         echo integrity >/sys/kernel/security/lockdown && cat /sys/kernel/security/lockdown",
+    )?;
+    if o.code != 0 || !o.out.contains("[integrity]") {
+        return Err(format!(
+            "{}: could not lock the kernel down (needs CONFIG_SECURITY_LOCKDOWN_LSM, which the \
+             debug kernel has): exit {}: {}",
+            h.name,
+            o.code,
+            o.out.trim()
+        ));
+    }
+    let before = stats_field(h, "mrpc_commands")?;
+    let (code, _, out) = pcifab_cmd(h, "mrpc 0x1234 00000000")?;
+    if code == 0 || !refused_eperm(&out) {
+        c.fail(format!(
+            "root, locked down: debug write: expected EPERM, got exit {code}: {}",
+            out.trim()
+        ));
+    }
+    let (code, _, out) = pcifab_cmd(
+        h,
+        "p2p copy --from iova:0x100000 --to file:/tmp/iova.out --len 4096",
+    )?;
+    if code == 0 || !refused_eperm(&out) {
+        c.fail(format!(
+            "root, locked down: copy from a raw IOVA: expected EPERM, got exit {code}: {}",
+            out.trim()
+        ));
+    }
+    c.eq(
+        "STATS mrpc_commands after the refused calls",
+        before,
+        stats_field(h, "mrpc_commands")?,
+    );
+    // What lockdown leaves alone still works: a read-only command.
+    let (e, _, _) = one_mrpc(h, "0x41 --in 01 --out-len 1")?;
+    c.eq("echo while locked down", "ok", e.as_str());
+    c.finish()
+}
+
+/// An event waiter without a timeout ends with ENODEV when the endpoint goes away, so it
+/// does not keep the module pinned. Before, unbind woke it, it found no new event and slept
+/// again, until a signal.
+pub fn waiter_enodev(f: &mut Fabric) -> Result<(), String> {
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    begin(h)?;
+    let mep = find_mep(h)?;
+    h.run_ok(
+        "rm -f /tmp/watch.out; (pcifab watch >/tmp/watch.out 2>&1; echo \"exit=$?\" \
+         >>/tmp/watch.out) & echo $! >/tmp/watch.pid",
+    )?;
+    // The watcher prints its banner just before its first wait; whether the unbind then
+    // meets it asleep or about to sleep, the answer must be ENODEV.
+    wait_until(
+        h,
+        "grep -q watching /tmp/watch.out",
+        20,
+        "the watcher to start",
+    )?;
+    let t = Instant::now();
+    h.run_ok_timeout(
+        &format!("echo {mep} >/sys/bus/pci/drivers/pcifab/unbind"),
+        Duration::from_secs(30),
+    )?;
+    let unbind_s = t.elapsed().as_secs_f64();
+    let mut c = Checks::new(&format!("{}: event waiter at unbind", h.name));
+    if unbind_s > 10.0 {
+        c.fail(format!("unbinding the MEP took {unbind_s:.1} s"));
+    }
+    let ended = h
+        .run("i=0; while ! grep -q exit= /tmp/watch.out && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; cat /tmp/watch.out")?
+        .out;
+    if !ended.contains("exit=1") || !ended.contains("No such device") {
+        c.fail(format!(
+            "the waiter: expected to end within 5 s with ENODEV (exit 1, \"No such device\"), got: {}",
+            ended.trim()
+        ));
+        // Do not leave it behind pinning the module.
+        let _ = h.run("kill $(cat /tmp/watch.pid) 2>/dev/null; sleep 0.2");
+    }
+    let o = h.run("rmmod pcifab")?;
+    if o.code != 0 {
+        c.fail(format!(
+            "rmmod after the waiter ended: exit {}: {}",
+            o.code,
+            o.out.trim()
+        ));
+    }
+    c.finish()?;
+    begin(h)
+}
+
+/// Runs `test` (a shell condition) until it holds, at most `secs`.
+fn wait_until(h: &mut Host, test: &str, secs: u32, what: &str) -> Result<(), String> {
+    let o = h.run(&format!(
+        "i=0; while ! {test} && [ $i -lt {} ]; do sleep 0.1; i=$((i+1)); done; {test}",
+        secs * 10
+    ))?;
+    if o.code == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: timed out after {secs} s waiting for {what}",
+            h.name
+        ))
+    }
+}
+
+/// The grants of the functions `h` may see, as (pdfid, holder, grantee).
+fn grants(h: &mut Host) -> Result<Vec<(String, u64, u64)>, String> {
+    let v = pcifab_cmd(h, "p2p grants")?.1;
+    let list = v["grants"].as_array().ok_or_else(|| {
+        format!(
+            "{}: `pcifab p2p grants --json`: no grants array: {v}",
+            h.name
+        )
+    })?;
+    Ok(list
+        .iter()
+        .map(|g| {
+            (
+                g["pdfid"].as_str().unwrap_or("?").to_string(),
+                g["holder"].as_u64().unwrap_or(u64::MAX),
+                g["grantee"].as_u64().unwrap_or(u64::MAX),
+            )
+        })
+        .collect())
+}
+
+fn route_count(h: &mut Host) -> Result<usize, String> {
+    let v = pcifab_cmd(h, "p2p route list")?.1;
+    v["routes"]
+        .as_array()
+        .map(Vec::len)
+        .ok_or_else(|| format!("{}: `pcifab p2p route list --json`: {v}", h.name))
+}
+
+/// Tenant isolation: h1 may route to a function h0 holds only after h0 granted it; the
+/// grant and the route go when h0 revokes or unbinds. Before, any host with CAP_SYS_ADMIN
+/// could route onto any bound function and read or write its memory.
+pub fn p2p_grants(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let e = f.expected.clone();
+    let emu = f.emu();
+    let (h0, rest) = f.hosts.split_first_mut().ok_or("no hosts")?;
+    let h1 = rest.first_mut().ok_or("this scenario needs two hosts")?;
+    let bdf = bind_here(h0, &e, GPU0)?;
+    selftest_json(
+        h0,
+        &format!("bar --device {bdf} --write {SEED:#x}"),
+        Duration::from_secs(120),
+    )?;
+    let add = format!("p2p route add {GPU0:#06x} --size {MIB:#x} --window-off 0");
+    let mut c = Checks::new("p2p grants");
+
+    // Not granted: refused, nothing added.
+    let (code, v, out) = pcifab_cmd(h1, &add)?;
+    c.eq(&format!("h1 `{add}` before a grant: exit"), 3, code);
+    c.eq(
+        "h1 route add before a grant: errno",
+        Some(EACCES),
+        v["errno"].as_i64(),
+    );
+    if code == 0 {
+        c.fail(format!(
+            "h1 routed to h0's function without a grant: {}",
+            out.trim()
+        ));
+    }
+    c.eq("h1 routes before a grant", 0, route_count(h1)?);
+    // Only the holder (or the manager host) may grant: h1 cannot grant itself.
+    let (code, v, _) = pcifab_cmd(h1, &format!("p2p grant {GPU0:#06x} --host 1"))?;
+    c.eq("h1 granting itself h0's function: exit", 3, code);
+    c.eq(
+        "h1 granting itself h0's function: errno",
+        Some(EACCES),
+        v["errno"].as_i64(),
+    );
+    c.finish()?;
+
+    // Granted: the route works and carries h0's data.
+    pcifab_ok(h0, &format!("p2p grant {GPU0:#06x} --host 1"))?;
+    let want = vec![("0x0300".to_string(), 0, 1)];
+    let mut c = Checks::new("p2p grants");
+    c.eq("grants h0 sees", want.clone(), grants(h0)?);
+    c.eq("grants h1 sees", want, grants(h1)?);
+    pcifab_ok(h1, &add)?;
+    let out = h1.run_ok(&format!("pcifab-p2p {GPU0:#06x} 0 {MIB:#x}"))?;
+    let hash = out
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("fnv1a64="))
+        .unwrap_or("")
+        .to_string();
+    let v = emu.request(&format!("mem-hash {GPU0:#06x} 0 {MIB:#x}"))?;
+    c.eq(
+        "h1 reading h0's function through the granted route: hash vs the emulator's",
+        v["fnv1a64"].as_str().unwrap_or("?").to_string(),
+        hash,
+    );
+
+    // Revoked: h1's route goes with the grant.
+    pcifab_ok(h0, &format!("p2p revoke {GPU0:#06x} --host 1"))?;
+    c.eq("h1 routes after the revoke", 0, route_count(h1)?);
+    c.eq("grants h1 sees after the revoke", vec![], grants(h1)?);
+    let (code, v, _) = pcifab_cmd(h1, &add)?;
+    c.eq("h1 route add after the revoke: exit", 3, code);
+    c.eq(
+        "h1 route add after the revoke: errno",
+        Some(EACCES),
+        v["errno"].as_i64(),
+    );
+
+    // Unbound: the firmware drops the grant and every route it allowed.
+    pcifab_ok(h0, &format!("p2p grant {GPU0:#06x} --host 1"))?;
+    pcifab_ok(h1, &add)?;
+    c.eq("h1 routes after a new grant", 1, route_count(h1)?);
+    pcifab_ok(h0, &format!("unbind {GPU0:#06x}"))?;
+    c.eq(
+        "h1 routes after h0 unbound the function",
+        0,
+        route_count(h1)?,
+    );
+    c.eq("grants h0 sees after the unbind", vec![], grants(h0)?);
+    c.eq("grants h1 sees after the unbind", vec![], grants(h1)?);
+    c.finish()?;
+    // Unprivileged callers cannot grant at all.
+    nobody_setup(h0)?;
+    let (code, _, out) = as_nobody(h0, &format!("p2p grant {GPU0:#06x} --host 1"))?;
+    if code == 0 || !refused_eperm(&out) {
+        return Err(format!(
+            "h0: unprivileged `p2p grant`: expected EPERM, got exit {code}: {}",
+            out.trim()
+        ));
+    }
+    dmesg_clean(h0)?;
+    dmesg_clean(h1)
+}
