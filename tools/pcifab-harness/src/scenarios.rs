@@ -192,6 +192,7 @@ pub fn all() -> Vec<Scenario> {
             240,
             hot_removal,
         ),
+        s("kmemleak: no leaks in any host", 900, kmemleak_clean),
     ]
 }
 
@@ -1215,6 +1216,151 @@ fn hot_removal(f: &mut Fabric) -> Result<(), String> {
     })
 }
 
+// ------------------------------------------------------ the debug kernel
+
+/// Options the debug kernel (`--debug-kernel`) must have, checked in /proc/config.gz.
+pub const DEBUG_CONFIG: &[&str] = &[
+    "KASAN",
+    "PROVE_LOCKING",
+    "PROVE_RCU",
+    "DEBUG_ATOMIC_SLEEP",
+    "DEBUG_OBJECTS",
+    "DEBUG_LIST",
+    "DMA_API_DEBUG",
+    "DEBUG_KMEMLEAK",
+    "DETECT_HUNG_TASK",
+    "WQ_WATCHDOG",
+    "DEBUG_SHIRQ",
+    "RUST_DEBUG_ASSERTIONS",
+    "RUST_OVERFLOW_CHECKS",
+    "DEBUG_FS",
+    "FAULT_INJECTION",
+];
+
+/// Files the debug kernel's checks provide, checked when it has no /proc/config.gz.
+const DEBUG_FILES: &[&str] = &[
+    "/sys/kernel/debug/kmemleak",
+    "/proc/lockdep",
+    "/sys/kernel/debug/dma-api",
+    "/proc/sys/kernel/hung_task_timeout_secs",
+];
+
+const KMEMLEAK: &str = "/sys/kernel/debug/kmemleak";
+
+/// `--debug-kernel`: the guest's kernel must have the sanitizers (by /proc/config.gz if it
+/// has one, else by the files they provide) and kmemleak must be reachable in debugfs.
+/// Returns how it was checked.
+pub fn debug_kernel_checks(h: &mut Host) -> Result<String, String> {
+    let opts = DEBUG_CONFIG.join(" ");
+    let files = DEBUG_FILES.join(" ");
+    let out = h.run_ok(&format!(
+        "if [ -r /proc/config.gz ]; then\n\
+           echo SOURCE /proc/config.gz\n\
+           zcat /proc/config.gz > /tmp/config || echo 'MISSING a readable /proc/config.gz'\n\
+           for o in {opts}; do grep -qx \"CONFIG_$o=y\" /tmp/config || echo \"MISSING CONFIG_$o=y\"; done\n\
+           rm -f /tmp/config\n\
+         else\n\
+           echo SOURCE files\n\
+           for f in {files}; do [ -e $f ] || echo \"MISSING $f\"; done\n\
+         fi\n\
+         [ -e {KMEMLEAK} ] || echo 'MISSING {KMEMLEAK} (debugfs not mounted, or no kmemleak)'\n\
+         true"
+    ))?;
+    let missing: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("MISSING "))
+        .collect();
+    let source = out
+        .lines()
+        .find_map(|l| l.strip_prefix("SOURCE "))
+        .unwrap_or("?")
+        .to_string();
+    if missing.is_empty() {
+        Ok(format!("checked by {source}"))
+    } else {
+        Err(format!(
+            "{}: checked by {source}: missing {}",
+            h.name,
+            missing.join(", ")
+        ))
+    }
+}
+
+/// At the end of the run: kmemleak scans twice in every live guest and must report nothing.
+/// Without kmemleak in the kernel it fails under `--debug-kernel` and is skipped (visibly)
+/// otherwise.
+fn kmemleak_clean(f: &mut Fabric) -> Result<(), String> {
+    let debug = f.debug_kernel;
+    let dead: Vec<String> = f
+        .hosts
+        .iter()
+        .filter(|h| h.is_dead())
+        .map(|h| {
+            format!(
+                "{}: dead, cannot be scanned ({})",
+                h.name,
+                h.dead_reason().unwrap_or("?")
+            )
+        })
+        .collect();
+    if !dead.is_empty() {
+        return Err(dead.join("; "));
+    }
+    let absent = std::sync::Mutex::new(Vec::new());
+    f.each_host(|h, _| {
+        if h.run(&format!("[ -e {KMEMLEAK} ]"))?.code != 0 {
+            let why = h
+                .run(
+                    "grep -qw debugfs /proc/filesystems && echo 'no kmemleak in this kernel' \
+                      || echo 'no debugfs in this kernel'",
+                )?
+                .out
+                .trim()
+                .to_string();
+            if debug {
+                return Err(format!(
+                    "{}: {KMEMLEAK} does not exist ({why}), but --debug-kernel says this is the \
+                     debug kernel, which has CONFIG_DEBUG_KMEMLEAK",
+                    h.name
+                ));
+            }
+            if let Ok(mut a) = absent.lock() {
+                a.push(format!("{}: {why}", h.name));
+            }
+            return Ok(());
+        }
+        // Two scans: an object must look unreferenced in both to be reported.
+        let out = h.run_ok_timeout(
+            &format!("echo scan > {KMEMLEAK} && echo scan > {KMEMLEAK} && cat {KMEMLEAK}"),
+            Duration::from_secs(400),
+        )?;
+        let objects = out
+            .lines()
+            .filter(|l| l.starts_with("unreferenced object"))
+            .count();
+        if out.trim().is_empty() {
+            return Ok(());
+        }
+        let lines: Vec<&str> = out.lines().collect();
+        let shown = lines[..lines.len().min(crate::splat::SPLAT_LINES)].join("\n  | ");
+        let path = h.console.with_file_name(format!("{}.kmemleak", h.name));
+        let _ = std::fs::write(&path, &out);
+        Err(format!(
+            "{}: kmemleak reports {objects} unreferenced object(s) (all of it in {}):\n  | {shown}",
+            h.name,
+            path.display()
+        ))
+    })?;
+    let absent = absent.into_inner().unwrap_or_default();
+    if !absent.is_empty() {
+        f.skip(&format!(
+            "no kmemleak in this kernel (not the debug kernel: {})",
+            absent.join("; ")
+        ));
+    }
+    Ok(())
+}
+
 // ------------------------------------------------------ composing hosts
 
 /// PDFID -> index of the host holding it.
@@ -1447,9 +1593,21 @@ fn check_world_except(
     }
     let want = want.clone();
     f.each_host(|h, e| {
-        // A host whose QEMU a scenario killed has nothing to look at.
+        // A host whose QEMU this scenario killed has nothing to look at: said so, visibly.
+        // A host that died by itself fails the check.
         if h.is_dead() {
-            return Ok(());
+            if h.killed_by_scenario() {
+                crate::say(&format!(
+                    "# {}: not checked after {step}: its QEMU was killed by the scenario",
+                    h.name
+                ));
+                return Ok(());
+            }
+            return Err(format!(
+                "{}: after {step}: the host is dead ({}), so what it sees cannot be checked",
+                h.name,
+                h.dead_reason().unwrap_or("?")
+            ));
         }
         let (listed, _) = list_owners(h)?;
         if listed != want {
