@@ -99,6 +99,39 @@ fn mep_bdf(h: &mut Host) -> Result<String, String> {
     crate::scenarios::find_mep(h)
 }
 
+/// Waits (at most 20 s) until `host`'s MEP has a DMA descriptor in flight.
+fn wait_dma_in_flight(emu: &EmuControl, host: &str, what: &str) -> Result<(), String> {
+    let t = std::time::Instant::now();
+    loop {
+        let v = emu.request(&format!("p2p {host}"))?;
+        if v["head"].as_u64() != v["tail"].as_u64() {
+            return Ok(());
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            return Err(format!(
+                "{host}: {what}: the copy never reached the DMA engine within 20 s \
+                 (emulator p2p state: {v})"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The emulator's DMA table for `host`'s MEP must be `baseline` again after `step`: nothing
+/// a copy mapped (its user buffer above all) may stay reachable by the device.
+fn dma_table_is(emu: &EmuControl, host: &str, baseline: &Value, step: &str) -> Result<(), String> {
+    let now = emu.request(&format!("dma-maps {host}"))?;
+    if now["maps"] == baseline["maps"] {
+        Ok(())
+    } else {
+        Err(format!(
+            "{host}: after {step}: the emulator's DMA table: expected only what was mapped \
+             before (the descriptor ring) {}, got {}",
+            baseline["maps"], now["maps"]
+        ))
+    }
+}
+
 /// Same-host and cross-host function-to-function copies, checked through the BARs of the
 /// guests that hold the functions; the CPU reaching a function through the window.
 pub fn p2p_copies(f: &mut Fabric) -> Result<(), String> {
@@ -313,6 +346,7 @@ pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
     }
     // From an IOVA never mapped into the function: refused, nothing written.
     let (_, v) = copy_fails(h0, "iova:0x1000", "0x0300:0", 4096)?;
+    dma_table_is(&emu, "h0", &maps, "the copy from iova:0x1000")?;
     let mut c = Checks::new("h0: copy from unmapped IOVA 0x1000");
     c.eq_json(
         "dma_status",
@@ -323,6 +357,7 @@ pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
     c.finish()?;
     // From the function to that IOVA: refused too.
     let (_, v) = copy_fails(h0, "0x0300:0", "iova:0x1000", 4096)?;
+    dma_table_is(&emu, "h0", &maps, "the copy to iova:0x1000")?;
     let mut c = Checks::new("h0: copy to unmapped IOVA 0x1000");
     c.eq_json(
         "dma_status",
@@ -332,6 +367,30 @@ pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
     c.eq_json("done", Value::from(0), v["done"].clone());
     c.finish()?;
     selftest_json(h0, &format!("bar --device {bdf} --check {SEED_A:#x}"), LONG)?;
+
+    // User buffers (the CLI's file: ends) are mapped for one copy only: after each copy in
+    // either direction, none of the buffer is left in the device's reach.
+    for (off, len) in [(0u64, 4096u64), (0x1003, MIB + 5)] {
+        h0.run_ok(&format!(
+            "head -c {len} /dev/urandom > /tmp/iso.in && rm -f /tmp/iso.out"
+        ))?;
+        copy_ok(h0, "file:/tmp/iso.in", &format!("0x0300:{off:#x}"), len)?;
+        dma_table_is(
+            &emu,
+            "h0",
+            &maps,
+            &format!("the copy of a {len}-byte user buffer to 0x0300:{off:#x}"),
+        )?;
+        copy_ok(h0, &format!("0x0300:{off:#x}"), "file:/tmp/iso.out", len)?;
+        dma_table_is(
+            &emu,
+            "h0",
+            &maps,
+            &format!("the copy of 0x0300:{off:#x} into a {len}-byte user buffer"),
+        )?;
+        h0.run_ok("cmp /tmp/iso.in /tmp/iso.out && rm -f /tmp/iso.in /tmp/iso.out")
+            .map_err(|e| format!("user buffer round trip through 0x0300: {e}"))?;
+    }
 
     // Without an IOMMU the emulator reaches all of h1's RAM (isolation cannot be proven
     // there), but not beyond it.
@@ -393,9 +452,13 @@ pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
             ("target unbound", "0x0400:0", "pcifab unbind 0x0400"),
         ] {
             h0.run_ok(&format!(
-                "(pcifab p2p copy --from 0x0300:0 --to {to} --len 64M --json > /tmp/race.json; \
-                 echo $? > /tmp/race.rc) & sleep 1.5; {cut} >/tmp/cut.out 2>&1; echo cut $?"
+                "rm -f /tmp/race.rc; (pcifab p2p copy --from 0x0300:0 --to {to} --len 64M --json \
+                 > /tmp/race.json; echo $? > /tmp/race.rc) >/dev/null 2>&1 &"
             ))?;
+            // The cut must land while the engine works on the copy: wait until the
+            // emulator's DMA engine has a descriptor in flight (HEAD != TAIL).
+            wait_dma_in_flight(&emu, "h0", what)?;
+            h0.run_ok(&format!("{cut} >/tmp/cut.out 2>&1; echo cut $?"))?;
             let o = h0.run_ok_timeout(
                 "for i in $(seq 100); do [ -s /tmp/race.rc ] && break; sleep 0.2; done; \
                  cat /tmp/race.rc; cat /tmp/race.json; rm -f /tmp/race.rc",

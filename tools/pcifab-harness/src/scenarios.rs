@@ -188,7 +188,7 @@ pub fn all() -> Vec<Scenario> {
         ),
         s("rmmod pcifab in every host", 120, rmmod_pcifab),
         s(
-            "MEP hot removal with a command in flight: ENODEV",
+            "MEP hot removal by QMP device_del with a command in flight: ENODEV",
             240,
             hot_removal,
         ),
@@ -547,18 +547,37 @@ fn ioctl_identity(f: &mut Fabric) -> Result<(), String> {
     })
 }
 
+/// Load/unload cycles of `load_unload_cycles`.
+const LOAD_CYCLES: u32 = 20;
+
 fn load_unload_cycles(f: &mut Fabric) -> Result<(), String> {
     f.each_host(|h, _| {
         ensure_pcifab(h)?;
+        let bdf = find_mep(h)?;
         h.run_ok("dmesg -c >/dev/null")?;
-        h.run_ok_timeout(
+        // Every cycle: the module goes and with it the device; insmod must really probe the
+        // MEP (driver link pcifab, /dev/pcifab0 within 5 s, VERSION and IDENTITY answer).
+        let out = h.run_ok_timeout(
             &format!(
-                "i=0; while [ $i -lt 20 ]; do\n\
-                 rmmod pcifab || {{ echo \"rmmod failed in cycle $i\"; exit 1; }}\n\
-                 insmod {PCIFAB_KO} || {{ echo \"insmod failed in cycle $i\"; exit 1; }}\n\
-                 i=$((i+1)); done"
+                "d=/sys/bus/pci/devices/{bdf}\n\
+                 i=0; while [ $i -lt {LOAD_CYCLES} ]; do\n\
+                 rmmod pcifab || {{ echo \"cycle $i: rmmod failed\"; exit 1; }}\n\
+                 [ -e $d/driver ] && {{ echo \"cycle $i: MEP still bound to $(readlink $d/driver) after rmmod\"; exit 1; }}\n\
+                 insmod {PCIFAB_KO} || {{ echo \"cycle $i: insmod failed\"; exit 1; }}\n\
+                 drv=$(readlink $d/driver); [ \"${{drv##*/}}\" = pcifab ] || \
+                   {{ echo \"cycle $i: MEP driver after insmod: expected pcifab, got '${{drv##*/}}'\"; exit 1; }}\n\
+                 n=0; while [ ! -c /dev/pcifab0 ] && [ $n -lt 50 ]; do sleep 0.1; n=$((n+1)); done\n\
+                 [ -c /dev/pcifab0 ] || {{ echo \"cycle $i: /dev/pcifab0 not a character device 5 s after insmod\"; exit 1; }}\n\
+                 pcifab info >/tmp/info.out 2>&1 || {{ echo \"cycle $i: pcifab info failed:\"; cat /tmp/info.out; exit 1; }}\n\
+                 i=$((i+1)); done\n\
+                 echo cycles $i"
             ),
             Duration::from_secs(500),
+        )?;
+        expect_eq(
+            &format!("{}: load/unload cycles with the MEP probed each time", h.name),
+            format!("cycles {LOAD_CYCLES}"),
+            out.trim().to_string(),
         )?;
         dmesg_clean(h)?;
         check_bound_pcifab(h)
@@ -965,7 +984,8 @@ fn fault_hang(f: &mut Fabric) -> Result<(), String> {
             start_hold(&emu, h, 30)?;
             // STATS must not wait for the command in flight.
             let probe = h.run_ok(
-                "rm -f /tmp/st.out; pcifab stats --json >/tmp/st.out 2>&1 & sleep 2; \
+                "rm -f /tmp/st.out; pcifab stats --json >/tmp/st.out 2>&1 & \
+                 i=0; while [ ! -s /tmp/st.out ] && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done; \
                  if [ -s /tmp/st.out ]; then echo answered; else echo blocked; fi",
             )?;
             c.eq(
@@ -1160,21 +1180,14 @@ fn fault_dead(f: &mut Fabric) -> Result<(), String> {
     })
 }
 
-/// How the hot-removal scenario removes the MEP (see testing.rst).
-fn remove_mep(h: &mut Host, bdf: &str) -> Result<String, String> {
-    match h
-        .qmp()?
+/// Hot removal of the MEP the way a cable pull reaches the guest: QMP `device_del` of the
+/// vfio-user device (QEMU presses the slot's attention button; pciehp powers it off). There
+/// is no fallback: if QEMU refuses, the scenario fails with QEMU's reason.
+fn remove_mep(h: &mut Host) -> Result<(), String> {
+    h.qmp()?
         .execute("device_del", Some(serde_json::json!({"id": "mep"})))
-    {
-        Ok(_) => Ok("QMP device_del".into()),
-        Err(qmp_err) => {
-            h.log_note(&format!(
-                "QMP device_del mep failed: {qmp_err}; using sysfs remove"
-            ));
-            h.run_ok(&format!("echo 1 > /sys/bus/pci/devices/{bdf}/remove"))?;
-            Ok(format!("sysfs remove (QMP device_del refused: {qmp_err})"))
-        }
-    }
+        .map(|_| ())
+        .map_err(|e| format!("{}: QMP device_del of the MEP refused: {e}", h.name))
 }
 
 fn hot_removal(f: &mut Fabric) -> Result<(), String> {
@@ -1185,26 +1198,30 @@ fn hot_removal(f: &mut Fabric) -> Result<(), String> {
         let r = with_fault(&emu, h, "mrpc-hang", |h| {
             start_hold(&emu, h, 40)?;
             let t = Instant::now();
-            let how = remove_mep(h, &bdf)?;
+            remove_mep(h)?;
             let v = wait_hold(h, 30)?;
+            let secs = t.elapsed().as_secs_f64();
             h.log_note(&format!(
-                "hot removal by {how}: held command ended after {:.1} s: {v}",
-                t.elapsed().as_secs_f64()
+                "hot removal by QMP device_del: held command ended after {secs:.1} s: {v}"
             ));
             expect_eq(
                 &format!(
-                    "{}: errno of the held command after removal ({how})",
+                    "{}: errno of the held command after removal by QMP device_del",
                     h.name
                 ),
                 Some("ENODEV"),
                 v.get("errno").and_then(Value::as_str),
-            )
+            )?;
+            crate::say(&format!(
+                "# {}: MEP removed by QMP device_del; the held command ended with ENODEV after \
+                 {secs:.1} s",
+                h.name
+            ));
+            Ok(())
         });
         let gone = h.run(&format!("[ -e /sys/bus/pci/devices/{bdf} ]"))?.code != 0;
         let rmmod = h.run_ok("rmmod pcifab");
         let dmesg = dmesg_clean(h);
-        // Bring a sysfs-removed MEP back for anything run after this.
-        let _ = h.run("echo 1 > /sys/bus/pci/rescan");
         r?;
         expect_eq(
             &format!("{}: MEP {bdf} gone after removal", h.name),
@@ -1991,6 +2008,16 @@ fn holder_alive(h: &mut Host, sig: &str) -> Result<bool, String> {
     )
 }
 
+/// Waits up to `secs` for the background hold-bar to end (the SIGBUS its next touch of a
+/// revoked mapping gets); true if it is still running then.
+fn holder_still_alive_after(h: &mut Host, secs: u32) -> Result<bool, String> {
+    Ok(!wait_for(
+        h,
+        "[ ! -e /proc/$(cat /tmp/holdbar.pid) ]",
+        secs,
+    )?)
+}
+
 fn compose_unbind_mapped(f: &mut Fabric) -> Result<(), String> {
     compose_begin(f)?;
     let e = f.expected.clone();
@@ -2008,7 +2035,7 @@ fn compose_unbind_mapped(f: &mut Fabric) -> Result<(), String> {
             out.trim()
         ));
     }
-    h0.run_ok("sleep 0.3")?;
+    // The holder touches BAR2 every 10 ms from the moment it printed `mapped`.
     let t = Instant::now();
     let (code, v, out) = pcifab_cmd(h0, &format!("unbind {GPU0:#06x}"))?;
     let secs = t.elapsed().as_secs_f64();
@@ -2020,20 +2047,19 @@ fn compose_unbind_mapped(f: &mut Fabric) -> Result<(), String> {
         ));
     }
     h0.log_note(&format!("unbind while mapped: {secs:.2} s: {v}"));
-    // Phase 1: after the unbind. SIGBUS ends the holder (the documented behaviour).
-    let mut alive = holder_alive(h0, "USR1")?;
+    // Phase 1: after the unbind. SIGBUS ends the holder at its next touch (the documented
+    // behaviour), i.e. within 10 ms; it gets 2 s.
+    let mut alive = holder_alive(h0, "USR1")? && holder_still_alive_after(h0, 2)?;
     let mut next_bdf = None;
     if alive {
-        h0.run_ok("sleep 1")?;
         // Phase 2: another function in the same slot, with its own data. A stale mapping
         // must not reach it.
         let v2 = pcifab_ok(h0, &format!("bind {:#06x} --host 0 --port 0", GPU0 + 1))?;
         let bdf2 = v2["device"].as_str().unwrap_or("").to_string();
         bar_pattern(h0, &e, &bdf2, GPU0 + 1, "--write 9")?;
         next_bdf = Some(bdf2);
-        alive = holder_alive(h0, "USR1")?;
+        alive = holder_alive(h0, "USR1")? && holder_still_alive_after(h0, 2)?;
         if alive {
-            h0.run_ok("sleep 1")?;
             holder_alive(h0, "TERM")?;
         }
     }
@@ -2060,6 +2086,13 @@ fn compose_unbind_mapped(f: &mut Fabric) -> Result<(), String> {
         ));
     } else if hv["sigbus"] == Value::Bool(true) {
         h0.log_note("unbind while mapped: the process got SIGBUS (documented behaviour)");
+        // It really used the mapping before the unbind took it away.
+        if hv["touches"].as_u64().unwrap_or(0) == 0 {
+            c.fail(format!(
+                "the mapping process: expected it to have touched BAR2 before the SIGBUS, \
+                 got {hv}"
+            ));
+        }
     } else {
         // The driver revokes user mappings of a leaving function's BARs: a process that
         // still reads them must fault, never reach the function bound next into the slot.
