@@ -461,6 +461,7 @@ pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
             h0.run_ok(&format!("{cut} >/tmp/cut.out 2>&1; echo cut $?"))?;
             let o = h0.run_ok_timeout(
                 "for i in $(seq 100); do [ -s /tmp/race.rc ] && break; sleep 0.2; done; \
+                 [ -s /tmp/race.rc ] || { echo 'the copy still runs 20 s after the cut'; exit 1; }; \
                  cat /tmp/race.rc; cat /tmp/race.json; rm -f /tmp/race.rc",
                 LONG,
             )?;
