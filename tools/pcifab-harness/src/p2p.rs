@@ -25,6 +25,8 @@ const MIB: u64 = 1 << 20;
 const SEED_A: u64 = 0x005e_ed0a;
 const SEED_B: u64 = 0x005e_ed0b;
 const LONG: Duration = Duration::from_secs(240);
+/// Source pattern of the race scenario.
+const RACE_SEED: u64 = 0x005e_ed0c;
 
 /// Adds a route to `pdfid` at `window_off` in `h`'s window; returns its window offset.
 fn route(
@@ -441,23 +443,50 @@ pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
     route(h0, GPU0, 64 * MIB, 0, 0)?;
     route(h0, GPU0, 64 * MIB, 64 * MIB, 64 * MIB)?;
     route(h0, GPU1, 64 * MIB, 0, 128 * MIB)?;
-    emu.request("fault h0 dma-delay 100")?;
+    // A source pattern, and other bytes where each copy's first MiB lands: the first MiB
+    // arriving is how the harness sees a copy under way.
+    emu.request(&format!(
+        "mem-fill {GPU0:#06x} 0 {:#x} {RACE_SEED:#x}",
+        64 * MIB
+    ))?;
+    emu.request(&format!("mem-fill {GPU0:#06x} {:#x} {MIB:#x} 1", 64 * MIB))?;
+    emu.request(&format!("mem-fill {GPU1:#06x} 0 {MIB:#x} 1"))?;
+    let first_mib = mem_hash(&emu, GPU0, 0, MIB)?;
+    // 400 ms before every 1 MiB chunk: a whole copy takes 25.6 s, far longer than an
+    // unbind under TCG (up to 7 s seen while the machine was busy).
+    emu.request("fault h0 dma-delay 400")?;
     let result = (|| -> Result<(), String> {
-        for (what, to, cut) in [
+        for (what, to, dst, cut) in [
             (
                 "route deleted",
                 "0x0300:0x4000000",
+                (GPU0, 64 * MIB),
                 "pcifab p2p route del 0x4000000",
             ),
-            ("target unbound", "0x0400:0", "pcifab unbind 0x0400"),
+            (
+                "target unbound",
+                "0x0400:0",
+                (GPU1, 0),
+                "pcifab unbind 0x0400",
+            ),
         ] {
             h0.run_ok(&format!(
                 "rm -f /tmp/race.rc; (pcifab p2p copy --from 0x0300:0 --to {to} --len 64M --json \
                  > /tmp/race.json; echo $? > /tmp/race.rc) >/dev/null 2>&1 &"
             ))?;
             // The cut must land while the engine works on the copy: wait until the
-            // emulator's DMA engine has a descriptor in flight (HEAD != TAIL).
+            // emulator's DMA engine has a descriptor in flight (HEAD != TAIL) and the
+            // copy's first MiB has arrived.
             wait_dma_in_flight(&emu, "h0", what)?;
+            let t = std::time::Instant::now();
+            while mem_hash(&emu, dst.0, dst.1, MIB)? != first_mib {
+                if t.elapsed() > Duration::from_secs(20) {
+                    return Err(format!(
+                        "h0: {what}: the copy's first MiB did not arrive within 20 s"
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
             h0.run_ok(&format!("{cut} >/tmp/cut.out 2>&1; echo cut $?"))?;
             let o = h0.run_ok_timeout(
                 "for i in $(seq 100); do [ -s /tmp/race.rc ] && break; sleep 0.2; done; \
@@ -478,9 +507,10 @@ pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
             if rc == "0" {
                 c.fail(format!("exit code: expected a failure, got 0 ({o})"));
             }
-            if done >= 64 * MIB || done % MIB != 0 {
+            if !(MIB..64 * MIB).contains(&done) || done % MIB != 0 {
                 c.fail(format!(
-                    "done: expected whole 1 MiB chunks short of 64 MiB, got {done}"
+                    "done: expected whole 1 MiB chunks, at least one (it arrived before the \
+                     cut) and short of 64 MiB, got {done}"
                 ));
             }
             c.finish()?;
