@@ -354,11 +354,22 @@ impl Host {
     /// Writes `mark` into the kernel log and waits (at most [`CONSOLE_MARK_TIMEOUT`]) until
     /// it is in the console file past what the log check has read.
     fn console_mark(&mut self, mark: &str) -> Result<(), String> {
-        self.run_ok_timeout(
+        let sent = self.run_ok_timeout(
             &format!("echo '<5>{mark}' > /dev/kmsg"),
             Duration::from_secs(20),
-        )
-        .map_err(|e| format!("console check: {e}"))?;
+        );
+        if let Err(e) = sent {
+            if procs::has_exited(self.qemu_pid) {
+                return Err(format!(
+                    "{}: console check: its QEMU (pid {}) has exited; see {}{}",
+                    self.name,
+                    self.qemu_pid,
+                    self.launch.qemu_log.display(),
+                    tail(&self.launch.qemu_log, 3)
+                ));
+            }
+            return Err(format!("console check: {e}"));
+        }
         let t = Instant::now();
         loop {
             let (text, _) = read_from(&self.console, self.console_seen, true)
