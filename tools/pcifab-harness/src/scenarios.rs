@@ -1221,12 +1221,14 @@ fn hot_removal(f: &mut Fabric) -> Result<(), String> {
             ));
             Ok(())
         });
-        let gone = h.run(&format!("[ -e /sys/bus/pci/devices/{bdf} ]"))?.code != 0;
+        // pciehp calls the driver's remove (the held command ends) before it deletes the
+        // device; give the deletion up to 10 s.
+        let gone = wait_for(h, &format!("[ ! -e /sys/bus/pci/devices/{bdf} ]"), 10)?;
         let rmmod = h.run_ok("rmmod pcifab");
         let dmesg = dmesg_clean(h);
         r?;
         expect_eq(
-            &format!("{}: MEP {bdf} gone after removal", h.name),
+            &format!("{}: MEP {bdf} gone within 10 s of the removal", h.name),
             true,
             gone,
         )?;
