@@ -38,6 +38,12 @@ pub struct Endpoint {
     pub vfs: u32,
     pub mem_mib: u32,
     pub vf_mem_mib: u32,
+    /// Telemetry the firmware reports for the PF (MRPC 0xF002): hundredths of a degree C,
+    /// mW, mW, percent.
+    pub temp_centi: i32,
+    pub power_mw: u32,
+    pub power_limit_mw: u32,
+    pub utilisation: u32,
 }
 
 impl Endpoint {
@@ -85,6 +91,12 @@ fn endpoint(i: usize, t: &toml::Value) -> Result<Endpoint, String> {
         vfs: opt("vfs", 0)?,
         mem_mib: opt("mem_mib", 16)?,
         vf_mem_mib: opt("vf_mem_mib", 4)?,
+        temp_centi: signed(t, "temp_centi", 5500)
+            .map_err(|e| format!("[[endpoints]] {name}: {e}"))?,
+        power_mw: opt("power_mw", 75_000)?,
+        power_limit_mw: opt("power_limit_mw", 300_000)?,
+        utilisation: int(t, "utilisation", 0, 100)
+            .map_err(|e| format!("[[endpoints]] {name}: {e}"))?,
         name,
     })
 }
@@ -108,6 +120,16 @@ fn int(table: &toml::Table, key: &str, default: u32, max: u64) -> Result<u32, St
             "{key} = {:?} is not an integer in 0..={max:#x}",
             table.get(key)
         )),
+    }
+}
+
+fn signed(table: &toml::Table, key: &str, default: i32) -> Result<i32, String> {
+    match table.get(key) {
+        None => Ok(default),
+        Some(toml::Value::Integer(i)) => {
+            i32::try_from(*i).map_err(|_| format!("{key} = {i} does not fit a 32-bit integer"))
+        }
+        Some(v) => Err(format!("{key} = {v} is not an integer")),
     }
 }
 

@@ -98,6 +98,10 @@ pub struct Host {
     launch: Launch,
     /// A QEMU started by [`Host::reboot`] (the first one belongs to [`Children`]).
     rebooted: Option<std::process::Child>,
+    /// Bytes of [`Host::console`] the log check has read.
+    pub(crate) console_seen: u64,
+    /// The host is dead because a scenario killed its QEMU (not because it broke).
+    killed: bool,
 }
 
 /// A host's QEMU command line and where its agent connects.
@@ -222,6 +226,7 @@ impl Host {
             self.rebooted = None;
         }
         self.conn = None;
+        self.killed = true;
         self.broken = Some(format!("its QEMU (pid {pid}) was killed by the scenario"));
         self.log_note(&format!("QEMU pid {pid} killed with SIGKILL (host dead)"));
         Ok(())
@@ -230,6 +235,17 @@ impl Host {
     /// True once the host's QEMU was killed (or its agent stream broke).
     pub fn is_dead(&self) -> bool {
         self.broken.is_some()
+    }
+
+    /// True while the host is dead because a scenario killed its QEMU on purpose
+    /// ([`Host::kill_qemu`]), false if it is alive or broke by itself.
+    pub fn killed_by_scenario(&self) -> bool {
+        self.killed && self.is_dead()
+    }
+
+    /// Why the host is dead, if it is.
+    pub fn dead_reason(&self) -> Option<&str> {
+        self.broken.as_deref()
     }
 
     /// Starts a killed host's QEMU again with the same command line (console and QEMU log
@@ -327,11 +343,50 @@ impl Host {
         self.boot_time = spawned.elapsed();
         self.conn = Some(conn);
         self.broken = None;
+        self.killed = false;
         self.log_note(&format!(
             "agent ready again in {:.2} s",
             self.boot_time.as_secs_f64()
         ));
         Ok(self.boot_time)
+    }
+
+    /// Writes `mark` into the kernel log and waits (at most [`CONSOLE_MARK_TIMEOUT`]) until
+    /// it is in the console file past what the log check has read.
+    fn console_mark(&mut self, mark: &str) -> Result<(), String> {
+        let sent = self.run_ok_timeout(
+            &format!("echo '<5>{mark}' > /dev/kmsg"),
+            Duration::from_secs(20),
+        );
+        if let Err(e) = sent {
+            if procs::has_exited(self.qemu_pid) {
+                return Err(format!(
+                    "{}: console check: its QEMU (pid {}) has exited; see {}{}",
+                    self.name,
+                    self.qemu_pid,
+                    self.launch.qemu_log.display(),
+                    tail(&self.launch.qemu_log, 3)
+                ));
+            }
+            return Err(format!("console check: {e}"));
+        }
+        let t = Instant::now();
+        loop {
+            let (text, _) = read_from(&self.console, self.console_seen, true)
+                .map_err(|e| format!("{}: {e}", self.name))?;
+            if text.contains(mark) {
+                return Ok(());
+            }
+            if t.elapsed() > CONSOLE_MARK_TIMEOUT {
+                return Err(format!(
+                    "{}: console check: the kernel log line `{mark}` did not reach {} within {} s",
+                    self.name,
+                    self.console.display(),
+                    CONSOLE_MARK_TIMEOUT.as_secs()
+                ));
+            }
+            sleep(Duration::from_millis(50));
+        }
     }
 
     /// A QMP session with this host's QEMU (for device_add, device_del, ...).
@@ -369,6 +424,33 @@ impl Host {
     }
 }
 
+/// How long a console mark may take from the guest's kernel log to the console file.
+const CONSOLE_MARK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The new part of a growing log from byte `seen` on: its complete lines (with `all`, also a
+/// last line without a newline) and the offset after them.
+fn read_from(path: &Path, seen: u64, all: bool) -> Result<(String, u64), String> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((String::new(), 0)),
+        Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
+    };
+    let len = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .len();
+    // A file that shrank was started anew: read it from the start.
+    let from = if len < seen { 0 } else { seen };
+    f.seek(SeekFrom::Start(from))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut data = Vec::new();
+    f.read_to_end(&mut data)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let (text, n) = crate::splat::complete_part(&data, all);
+    Ok((text, from + n as u64))
+}
+
 /// Output beyond this many bytes per command is not copied to commands.log.
 const LOG_OUTPUT_MAX: usize = 64 * 1024;
 
@@ -396,6 +478,19 @@ pub struct Fabric {
     pub expected: Expected,
     /// The run directory: sockets of the emulator, QEMU and agents.
     pub run_dir: PathBuf,
+    /// `--debug-kernel`: the guests run the sanitizer kernel, whose checks must be there.
+    pub debug_kernel: bool,
+    /// The results folder (`splats.log` goes there).
+    pub results: PathBuf,
+    /// `RESULTS/emu.log` when the emulator runs, and the bytes of it already checked.
+    pub emu_log: Option<PathBuf>,
+    pub(crate) emu_log_seen: u64,
+    /// Emulator error lines the current scenario provokes on purpose (substrings).
+    expected_emu_errors: Vec<String>,
+    /// Set by a scenario that does not apply to this run ([`Fabric::skip`]).
+    skip: Option<String>,
+    /// Log checks so far (numbers the console marks).
+    checks: u64,
 }
 
 /// The emulator's control socket, for scenarios.
@@ -435,6 +530,150 @@ impl EmuControl {
 }
 
 impl Fabric {
+    pub fn new(
+        hosts: Vec<Host>,
+        expected: Expected,
+        run_dir: PathBuf,
+        results: PathBuf,
+        debug_kernel: bool,
+        with_emu: bool,
+    ) -> Self {
+        Fabric {
+            hosts,
+            expected,
+            run_dir,
+            debug_kernel,
+            emu_log: with_emu.then(|| results.join("emu.log")),
+            results,
+            emu_log_seen: 0,
+            expected_emu_errors: Vec::new(),
+            skip: None,
+            checks: 0,
+        }
+    }
+
+    /// Declares that the current scenario provokes emulator error lines containing
+    /// `pattern` on purpose; the log check after the scenario accepts them. (No scenario
+    /// provokes one today: the emulator prints what a scenario provokes on purpose as
+    /// `pcifab-emu: note:`.)
+    #[allow(dead_code)]
+    pub fn expect_emu_error(&mut self, pattern: &str) {
+        self.expected_emu_errors.push(pattern.to_string());
+    }
+
+    /// Marks the current scenario as not applicable to this run; it is reported as
+    /// `ok N - name # SKIP reason` once it returns `Ok(())`.
+    pub fn skip(&mut self, reason: &str) {
+        self.skip = Some(reason.to_string());
+    }
+
+    /// Called before each scenario: no expected emulator errors, no skip.
+    pub fn begin_scenario(&mut self) {
+        self.expected_emu_errors.clear();
+        self.skip = None;
+    }
+
+    /// The skip reason the scenario set, if any.
+    pub fn take_skip(&mut self) -> Option<String> {
+        self.skip.take()
+    }
+
+    /// Reads what every guest wrote to its console and the emulator to `emu.log` since the
+    /// previous check: kernel splats and emulator error lines the scenario did not declare
+    /// fail it. Each live guest first writes a numbered mark into its kernel log and the
+    /// check waits for that mark on the console, so everything the kernel printed before
+    /// is there. Splats are appended to `RESULTS/splats.log`. `at_end`: also take a last
+    /// line that has no newline yet.
+    pub fn check_logs(&mut self, label: &str, at_end: bool) -> Result<(), String> {
+        self.checks += 1;
+        // Only a number: the mark lands in dmesg, which scenarios grep for bad words.
+        let mark = format!("pcifab-harness: console mark {} done", self.checks);
+        if let Some(h) = self.hosts.first() {
+            h.log_note(&format!("log check {}: {label}", self.checks));
+        }
+        let mut problems: Vec<String> = Vec::new();
+        let mut saved = String::new();
+        for h in &mut self.hosts {
+            if !h.is_dead() {
+                if let Err(e) = h.console_mark(&mark) {
+                    problems.push(e);
+                }
+            }
+            let (text, used) = match read_from(&h.console, h.console_seen, at_end) {
+                Ok(r) => r,
+                Err(e) => {
+                    problems.push(format!("{}: {e}", h.name));
+                    continue;
+                }
+            };
+            h.console_seen = used;
+            for s in crate::splat::find_splats(&text) {
+                saved.push_str(&format!(
+                    "=== {label}: {} in {} ({})\n{}\n\n",
+                    s.kind,
+                    h.name,
+                    h.console.display(),
+                    s.lines.join("\n")
+                ));
+                problems.push(format!(
+                    "kernel splat ({}) in {}'s console: {}\n  | {}",
+                    s.kind,
+                    h.name,
+                    s.first_line(),
+                    s.lines[1..].join("\n  | ")
+                ));
+            }
+        }
+        if let Some(path) = &self.emu_log {
+            match read_from(path, self.emu_log_seen, at_end) {
+                Ok((text, used)) => {
+                    self.emu_log_seen = used;
+                    let bad = crate::splat::unexpected_emu_errors(&text, &self.expected_emu_errors);
+                    if !bad.is_empty() {
+                        saved.push_str(&format!(
+                            "=== {label}: emulator error lines in {}\n{}\n\n",
+                            path.display(),
+                            bad.join("\n")
+                        ));
+                        let shown: Vec<&str> = bad.iter().copied().take(10).collect();
+                        let more = if bad.len() > shown.len() {
+                            format!(
+                                "\n  | ... {} more in {}",
+                                bad.len() - shown.len(),
+                                path.display()
+                            )
+                        } else {
+                            String::new()
+                        };
+                        problems.push(format!(
+                            "{} emulator error line(s) in emu.log that the scenario did not \
+                             declare:\n  | {}{more}",
+                            bad.len(),
+                            shown.join("\n  | ")
+                        ));
+                    }
+                }
+                Err(e) => problems.push(e),
+            }
+        }
+        if !saved.is_empty() {
+            let p = self.results.join("splats.log");
+            let w = fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&p)
+                .and_then(|mut f| f.write_all(saved.as_bytes()));
+            if let Err(e) = w {
+                problems.push(format!("cannot append to {}: {e}", p.display()));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+
     pub fn emu(&self) -> EmuControl {
         EmuControl {
             run_dir: self.run_dir.clone(),
@@ -674,6 +913,36 @@ pub fn iommu_host(index: usize) -> bool {
     index == 0
 }
 
+/// Guest memory in MiB: the debug kernel gets more, for KASAN's shadow (an eighth of RAM),
+/// its quarantine and kmemleak's object pool (Documentation/testing.rst, "The debug kernel").
+pub fn guest_mem_mib(debug_kernel: bool) -> u32 {
+    if debug_kernel {
+        1024
+    } else {
+        512
+    }
+}
+
+/// Kernel parameters of host `name`.
+pub fn kernel_cmdline(name: &str, iommu: bool, debug_kernel: bool) -> String {
+    let mut c = format!(
+        "console=ttyS0 panic=-1 pcifab_host={name} {}",
+        if iommu {
+            "intel_iommu=on iommu.strict=1"
+        } else {
+            "intel_iommu=off"
+        }
+    );
+    if debug_kernel {
+        // Every check reports and the guest lives on, so the harness collects every splat
+        // of the run (a panic would end the guest at the first one).
+        c.push_str(
+            " kmemleak=on hung_task_panic=0 softlockup_panic=0 panic_on_warn=0 kasan.fault=report",
+        );
+    }
+    c
+}
+
 /// QEMU arguments for host `name` (after the binary and -L options).
 pub fn qemu_args(
     opts: &Opts,
@@ -687,6 +956,7 @@ pub fn qemu_args(
     let qmp = sock_path(run_dir, &format!("qmp-{name}.sock"))?;
     let qmp_emu = sock_path(run_dir, &format!("qmp-emu-{name}.sock"))?;
     let console = opts.results.join(format!("{name}.console"));
+    let mem = guest_mem_mib(opts.debug_kernel);
     let mut a: Vec<String> = vec![
         "-M".into(),
         "q35".into(),
@@ -697,9 +967,9 @@ pub fn qemu_args(
         "-smp".into(),
         "1".into(),
         "-m".into(),
-        "512M".into(),
+        format!("{mem}M"),
         "-object".into(),
-        "memory-backend-memfd,id=mem,size=512M,share=on".into(),
+        format!("memory-backend-memfd,id=mem,size={mem}M,share=on"),
         "-machine".into(),
         "memory-backend=mem".into(),
         "-nodefaults".into(),
@@ -722,14 +992,7 @@ pub fn qemu_args(
         "-initrd".into(),
         initrd.display().to_string(),
         "-append".into(),
-        format!(
-            "console=ttyS0 panic=-1 pcifab_host={name} {}",
-            if iommu {
-                "intel_iommu=on iommu.strict=1"
-            } else {
-                "intel_iommu=off"
-            }
-        ),
+        kernel_cmdline(name, iommu, opts.debug_kernel),
         "-chardev".into(),
         format!("file,id=con,path={}", qopt(&console)),
         "-serial".into(),
@@ -921,6 +1184,8 @@ pub fn boot_hosts(
                         log,
                         launch: p.launch,
                         rebooted: None,
+                        console_seen: 0,
+                        killed: false,
                     })
                 })
             })

@@ -100,6 +100,11 @@ export PATH=/sbin:/usr/sbin:/bin:/usr/bin
 /bin/busybox mount -t devtmpfs devtmpfs /dev
 /bin/busybox --install -s
 mount -t tmpfs tmpfs /tmp
+# debugfs (kmemleak, dma-api, fault injection) where the kernel has it; a kernel without
+# CONFIG_DEBUG_FS has no /sys/kernel/debug and boots on without it.
+if [ -d /sys/kernel/debug ] && grep -qw debugfs /proc/filesystems; then
+    mount -t debugfs debugfs /sys/kernel/debug || echo "pcifab-init: debugfs mount failed"
+fi
 [ -n "$pcifab_host" ] && hostname "$pcifab_host"
 echo "pcifab-init: host ${pcifab_host:-?} up, starting /bin/pcifab-agent"
 exec /bin/pcifab-agent

@@ -13,6 +13,7 @@ mod p2p;
 mod procs;
 mod qmp;
 mod scenarios;
+mod splat;
 mod telemetry;
 
 use std::fs::File;
@@ -31,7 +32,8 @@ const USAGE: &str = "\
 usage: pcifab-harness <test|demo|bench|list|selftest> --kernel BZIMAGE --module PCIFAB_KO
          --switchtec SWITCHTEC_KO --guest-bin DIR --emu EMU_BIN --emu-config TOML
          --qemu-root TRIXIE_DIR --results DIR
-         [--hosts N] [--filter SUBSTR] [--keep-going] [--busybox PATH] [--no-emu]
+         [--hosts N] [--filter SUBSTR] [--keep-going] [--debug-kernel] [--busybox PATH]
+         [--no-emu]
 
   test        boot the fabric, run the scenarios, print `N passed, N failed`
   demo        boot the fabric, load pcifab in every host, print `pcifab info`
@@ -43,6 +45,9 @@ usage: pcifab-harness <test|demo|bench|list|selftest> --kernel BZIMAGE --module 
   --hosts N   boot the first N hosts of the config (default: all)
   --filter S  run only scenarios whose name contains S (case-insensitive)
   --keep-going  run every scenario even after a failure (default: stop)
+  --debug-kernel  the kernel is the sanitizer (debug) kernel: require its checks
+              (KASAN, lockdep, kmemleak, ...) in every guest, give the guests 1 GiB
+              and the kernel parameters those checks need
   --busybox   static busybox for the guest (default /bin/busybox)
   --no-emu    development aid: no emulator, a pci-testdev stands in for the MEP
 ";
@@ -72,6 +77,7 @@ pub struct Opts {
     pub filter: Option<String>,
     pub keep_going: bool,
     pub no_emu: bool,
+    pub debug_kernel: bool,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -92,9 +98,11 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
     let mut get = std::collections::HashMap::new();
     let mut keep_going = false;
     let mut no_emu = false;
+    let mut debug_kernel = false;
     while let Some(a) = it.next() {
         match a.as_str() {
             "--keep-going" => keep_going = true,
+            "--debug-kernel" => debug_kernel = true,
             "--no-emu" => no_emu = true,
             "-h" | "--help" => return Err(String::new()),
             "--kernel" | "--module" | "--switchtec" | "--guest-bin" | "--emu" | "--emu-config"
@@ -150,13 +158,14 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         filter: get.remove("filter"),
         keep_going,
         no_emu,
+        debug_kernel,
     })
 }
 
 static HARNESS_LOG: OnceLock<Mutex<File>> = OnceLock::new();
 
 /// Prints a line and copies it to RESULTS/harness.log.
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     println!("{line}");
     let _ = std::io::stdout().flush();
     if let Some(f) = HARNESS_LOG.get() {
@@ -274,7 +283,7 @@ impl Run {
                 }
             }
         }
-        let hosts = fabric::boot_hosts(o, children, run_dir, &initrd, names, &self.log)?;
+        let mut hosts = fabric::boot_hosts(o, children, run_dir, &initrd, names, &self.log)?;
         for h in &hosts {
             say(&format!(
                 "{}: agent ready in {:.1} s (Linux {})",
@@ -283,11 +292,29 @@ impl Run {
                 h.kernel_release
             ));
         }
-        Ok(Fabric {
+        if o.debug_kernel {
+            let mut errors = Vec::new();
+            for h in &mut hosts {
+                match scenarios::debug_kernel_checks(h) {
+                    Ok(how) => say(&format!("{}: debug kernel checks present ({how})", h.name)),
+                    Err(e) => errors.push(e),
+                }
+            }
+            if !errors.is_empty() {
+                return Err(format!(
+                    "--debug-kernel was given, but the guests do not run the debug kernel:\n{}",
+                    errors.join("\n")
+                ));
+            }
+        }
+        Ok(Fabric::new(
             hosts,
-            expected: self.expected.clone(),
-            run_dir: run_dir.to_path_buf(),
-        })
+            self.expected.clone(),
+            run_dir.to_path_buf(),
+            o.results.clone(),
+            o.debug_kernel,
+            !o.no_emu,
+        ))
     }
 
     fn scenarios(&mut self, fabric: &mut Fabric) {
@@ -305,7 +332,8 @@ impl Run {
                     .is_none_or(|f| s.name.to_lowercase().contains(f))
             })
             .collect();
-        say(&format!("1..{}", list.len()));
+        // The plan counts the log check at the end of the run as one more test.
+        say(&format!("1..{}", list.len() + 1));
         let mut stop: Option<&str> = None;
         for (i, s) in list.iter().enumerate() {
             let n = i + 1;
@@ -318,36 +346,67 @@ impl Run {
             }
             self.log.write(&format!("=== scenario {n}: {}", s.name));
             let t = Instant::now();
+            fabric.begin_scenario();
             fabric.set_deadline(Some(t + s.timeout));
             let r = catch_unwind(AssertUnwindSafe(|| (s.run)(fabric)))
                 .unwrap_or_else(|_| Err("scenario panicked (harness bug)".into()));
             fabric.set_deadline(None);
+            // Kernel splats and emulator errors that appeared during the scenario fail it.
+            let logs = if procs::interrupted() {
+                Ok(())
+            } else {
+                fabric.check_logs(&format!("scenario {n} ({})", s.name), false)
+            };
+            let r = match (r, logs) {
+                (Ok(()), logs) => logs,
+                (Err(e), Ok(())) => Err(e),
+                (Err(e), Err(l)) => Err(format!("{e}\n{l}")),
+            };
+            let skip = fabric.take_skip();
             let secs = t.elapsed().as_secs_f64();
-            match r {
-                Ok(()) => {
-                    self.passed += 1;
-                    say(&format!("ok {n} - {}", s.name));
-                }
-                Err(e) => {
-                    self.failed += 1;
-                    // Keep the KTAP line one line; details follow as comments.
-                    let mut lines = e.lines();
-                    say(&format!(
-                        "not ok {n} - {}: {}",
-                        s.name,
-                        lines.next().unwrap_or("")
-                    ));
-                    for l in lines {
-                        say(&format!("#   {l}"));
-                    }
-                    if !self.opts.keep_going {
-                        stop = Some("an earlier scenario failed (use --keep-going)");
-                    }
-                }
+            if !self.report(n, s.name, r, skip.as_deref()) && !self.opts.keep_going {
+                stop = Some("an earlier scenario failed (use --keep-going)");
             }
             say(&format!("# {}: {secs:.1} s", s.name));
             self.log
                 .write(&format!("=== scenario {n} done in {secs:.1} s"));
+        }
+        // What the guests and the emulator wrote after the last scenario's check, up to now.
+        let n = list.len() + 1;
+        let name = "end of run: no kernel splat or emulator error after the last scenario";
+        if procs::interrupted() {
+            say(&format!("ok {n} - {name} # SKIP not run: interrupted"));
+        } else {
+            let r = fabric.check_logs("the end of the run", true);
+            self.report(n, name, r, None);
+        }
+    }
+
+    /// Prints the KTAP line of test `n` and counts it; returns false for a failure.
+    fn report(&mut self, n: usize, name: &str, r: Result<(), String>, skip: Option<&str>) -> bool {
+        match r {
+            Ok(()) => {
+                if let Some(why) = skip {
+                    say(&format!("ok {n} - {name} # SKIP {why}"));
+                } else {
+                    self.passed += 1;
+                    say(&format!("ok {n} - {name}"));
+                }
+                true
+            }
+            Err(e) => {
+                self.failed += 1;
+                // Keep the KTAP line one line; details follow as comments.
+                let mut lines = e.lines();
+                say(&format!(
+                    "not ok {n} - {name}: {}",
+                    lines.next().unwrap_or("")
+                ));
+                for l in lines {
+                    say(&format!("#   {l}"));
+                }
+                false
+            }
         }
     }
 
@@ -732,11 +791,13 @@ mod tests {
             "--hosts",
             "2",
             "--keep-going",
+            "--debug-kernel",
         ]))
         .unwrap();
         assert_eq!(o.mode, Mode::Test);
         assert_eq!(o.hosts, Some(2));
         assert!(o.keep_going);
+        assert!(o.debug_kernel);
         assert!(parse_args(&v(&["test", "--kernel"])).is_err());
         assert!(parse_args(&v(&["test", "--kernel", "k"])).is_err());
         assert!(parse_args(&v(&["bogus"])).is_err());

@@ -33,8 +33,17 @@ const R3_LEASE_S: u64 = 30;
 /// Pattern seeds written into BAR2 by the time-sliced scenario.
 const SEED_H0: u64 = 0x5eed_0000;
 const SEED_H1: u64 = 0x5eed_0001;
-/// gpu0's telemetry in the harness fabric.toml (the emulator's defaults: 55.00 C, 0 %).
-const GPU0_TELEMETRY: &str = "5500 250000 0";
+/// gpu0's telemetry as the configuration gives it (`telemetry` request arguments).
+fn configured_telemetry(f: &Fabric, name: &str) -> Result<String, String> {
+    let ep = f
+        .expected
+        .endpoint(name)
+        .ok_or_else(|| format!("the configuration has no endpoint {name}"))?;
+    Ok(format!(
+        "{} {} {}",
+        ep.temp_centi, ep.power_mw, ep.utilisation
+    ))
+}
 
 /// PF and VF `k` of the configuration's endpoint `name` (gpu0: 0x0300.., gpu1: 0x0400..).
 fn pdfid(f: &Fabric, name: &str, k: u32) -> u16 {
@@ -557,8 +566,23 @@ pub fn kill_9(f: &mut Fabric) -> Result<(), String> {
 
         stop_manager(h0, "KILL")?;
         h0.log_note("pcifab-manager killed with SIGKILL");
-        // Nothing happens to the fabric while no manager runs.
-        std::thread::sleep(Duration::from_secs(2));
+        // Nothing happens to the fabric while no manager runs: watched for 2 s.
+        let emu = f.emu();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(2) {
+            let (now, _) =
+                emu_owners(&emu, &f.expected).map_err(|e| format!("while no manager runs: {e}"))?;
+            if now != want {
+                return Err(format!(
+                    "while no manager runs: emulator bindings changed after {:?}: expected {}, \
+                     got {}",
+                    t.elapsed(),
+                    owners_text(&f.expected, &want),
+                    owners_text(&f.expected, &now)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
         check_world(f, &want, "the manager killed (-9)")?;
         let h0 = &mut f.hosts[0];
         start_manager(h0, None, true)?;
@@ -590,13 +614,106 @@ pub fn kill_9(f: &mut Fabric) -> Result<(), String> {
         expect("queue", vec![r3], queue(h0)?)?;
 
         // Killed again while it carries out a release (R4's gpu1 leaves h0, then R3's four
-        // VFs go to h1): the restart brings the fabric to what was committed before the
-        // actions ran.
-        let bg = h0.run(&format!(
-            "setsid pcifab release {r4} </dev/null >/tmp/release.out 2>&1 & sleep 0.3; \
-             kill -9 $(cat {PIDFILE}); rm -f {PIDFILE}; sleep 3"
+        // VFs go to h1): the kill lands as soon as the daemon logged the unbind, i.e. after
+        // the release was committed and before its binds ran (each takes about a second).
+        // The restart brings the fabric to what was committed.
+        h0.run_ok(&format!(
+            "rm -f /tmp/release.out; n0=$(wc -l < {LOG}); echo $n0 > /tmp/release.n0\n\
+             setsid sh -c 'pcifab release {r4} --json; echo \"rc $?\"' </dev/null \
+             >/tmp/release.out 2>&1 &\n\
+             echo $! > /tmp/release.pid"
         ))?;
-        h0.log_note(&format!("killed during a release: exit {}", bg.code));
+        // The release is committed before the daemon acts on it; its first action unbinds
+        // gpu1 from h0, which takes about a second (h0 removes the device). The kill lands
+        // as soon as the emulator shows that unbind in flight.
+        let emu = f.emu();
+        let t = Instant::now();
+        loop {
+            let v = emu.request("state")?;
+            let busy = v["bindings"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|b| b["pdfid"] == g1 && b["busy"] == Value::Bool(true))
+            });
+            if busy {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(20) {
+                return Err(format!(
+                    "the release of R4 never started unbinding gpu1 within 20 s; emulator \
+                     bindings: {}",
+                    v["bindings"]
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let h0 = &mut f.hosts[0];
+        let o = h0.run_ok_timeout(
+            &format!(
+                "p=$(cat {PIDFILE}); kill -9 $p && echo killed-alive\n\
+                 rm -f {PIDFILE}\n\
+                 i=0; while kill -0 $p 2>/dev/null || kill -0 $(cat /tmp/release.pid) 2>/dev/null; do\n\
+                   [ $i -ge 300 ] && {{ echo 'daemon or release client still running 30 s after the kill'; exit 1; }}\n\
+                   sleep 0.1; i=$((i+1))\n\
+                 done\n\
+                 echo done-before-kill $(tail -n +$(($(cat /tmp/release.n0)+1)) {LOG} | grep -c 'done: ')\n\
+                 cat /tmp/release.out"
+            ),
+            Duration::from_secs(60),
+        )?;
+        h0.log_note(&format!("killed during a release: {}", o.trim()));
+        let done_before_kill: usize = o
+            .lines()
+            .find_map(|l| l.strip_prefix("done-before-kill "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(usize::MAX);
+        let client_rc = o
+            .lines()
+            .find_map(|l| l.strip_prefix("rc "))
+            .unwrap_or("?")
+            .trim()
+            .to_string();
+        let mut c = crate::scenarios::Checks::new("kill -9 during the release of R4");
+        c.eq("daemon alive when killed", true, o.contains("killed-alive"));
+        c.eq(
+            "actions (unbind gpu1, bind four VFs) the daemon logged done before the kill",
+            true,
+            done_before_kill < 5,
+        );
+        // The daemon answers a release after carrying it out: killed mid-way, it never did.
+        if client_rc == "0" || client_rc == "?" {
+            c.fail(format!(
+                "`pcifab release {r4}`: expected a failing exit code (no answer from the \
+                 killed daemon), got {client_rc:?}"
+            ));
+        }
+        c.finish()?;
+        // The fabric as the killed daemon left it: not yet the release's outcome.
+        let t = Instant::now();
+        let left = loop {
+            match emu_owners(&emu, &f.expected) {
+                Ok((o, _)) => break o,
+                Err(e) if t.elapsed() > Duration::from_secs(20) => {
+                    return Err(format!("after the kill during the release: {e}"))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        };
+        let missing = usize::from(left.contains_key(&g1))
+            + [v1, v2, v3, v4]
+                .iter()
+                .filter(|v| left.get(v) != Some(&1))
+                .count();
+        let h0 = &mut f.hosts[0];
+        h0.log_note(&format!(
+            "fabric left by the killed daemon: {} ({missing} action(s) of the release not done)",
+            owners_text(&f.expected, &left)
+        ));
+        expect(
+            "actions the release still owed after the kill (it was cut short)",
+            true,
+            missing > 0,
+        )?;
+        let n0 = h0.run_ok(&format!("wc -l < {LOG}"))?.trim().to_string();
         start_manager(h0, None, true)?;
         let st = durable_state(h0)?;
         let holders: Owners = st["holders"]
@@ -607,11 +724,21 @@ pub fn kill_9(f: &mut Fabric) -> Result<(), String> {
                     .collect()
             })
             .unwrap_or_default();
-        let fixed = h0.run(&format!("grep 'action(s) to fix it' {LOG} | tail -1"))?;
+        let fixed = h0.run_ok(&format!(
+            "tail -n +$(({n0}+1)) {LOG} | grep 'action(s) to fix it' || true"
+        ))?;
         h0.log_note(&format!(
             "restart after a kill during a release: {}",
-            fixed.out.trim()
+            fixed.trim()
         ));
+        expect(
+            "the restart's repair (daemon log)",
+            format!(
+                "pcifab-manager: the fabric differs from the stored state; {missing} action(s) \
+                 to fix it"
+            ),
+            fixed.trim().to_string(),
+        )?;
         let want = owners(&[(g0, 0), (v1, 1), (v2, 1), (v3, 1), (v4, 1)]);
         expect(
             "committed bindings after the release (R4 ended, R3 granted gpu1's VFs)",
@@ -682,7 +809,8 @@ pub fn endpoint_failure(f: &mut Fabric) -> Result<(), String> {
             Ok::<u64, String>(r2)
         })();
         // Cooled down: one good poll puts gpu0 back; R2 gets it.
-        emu.request(&format!("telemetry {g0:#06x} {GPU0_TELEMETRY}"))?;
+        let normal = configured_telemetry(f, "gpu0")?;
+        emu.request(&format!("telemetry {g0:#06x} {normal}"))?;
         let r2 = r?;
         let want = owners(&[(g1, 1), (g0, 0)]);
         wait_owners(f, &want, 20, "gpu0 back in the pool")?;

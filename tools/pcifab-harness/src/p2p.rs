@@ -25,6 +25,8 @@ const MIB: u64 = 1 << 20;
 const SEED_A: u64 = 0x005e_ed0a;
 const SEED_B: u64 = 0x005e_ed0b;
 const LONG: Duration = Duration::from_secs(240);
+/// Source pattern of the race scenario.
+const RACE_SEED: u64 = 0x005e_ed0c;
 
 /// Adds a route to `pdfid` at `window_off` in `h`'s window; returns its window offset.
 fn route(
@@ -97,6 +99,39 @@ fn sysfs_num(h: &mut Host, name: &str) -> Result<u64, String> {
 /// The BDF of the MEP in `h`.
 fn mep_bdf(h: &mut Host) -> Result<String, String> {
     crate::scenarios::find_mep(h)
+}
+
+/// Waits (at most 20 s) until `host`'s MEP has a DMA descriptor in flight.
+fn wait_dma_in_flight(emu: &EmuControl, host: &str, what: &str) -> Result<(), String> {
+    let t = std::time::Instant::now();
+    loop {
+        let v = emu.request(&format!("p2p {host}"))?;
+        if v["head"].as_u64() != v["tail"].as_u64() {
+            return Ok(());
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            return Err(format!(
+                "{host}: {what}: the copy never reached the DMA engine within 20 s \
+                 (emulator p2p state: {v})"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The emulator's DMA table for `host`'s MEP must be `baseline` again after `step`: nothing
+/// a copy mapped (its user buffer above all) may stay reachable by the device.
+fn dma_table_is(emu: &EmuControl, host: &str, baseline: &Value, step: &str) -> Result<(), String> {
+    let now = emu.request(&format!("dma-maps {host}"))?;
+    if now["maps"] == baseline["maps"] {
+        Ok(())
+    } else {
+        Err(format!(
+            "{host}: after {step}: the emulator's DMA table: expected only what was mapped \
+             before (the descriptor ring) {}, got {}",
+            baseline["maps"], now["maps"]
+        ))
+    }
 }
 
 /// Same-host and cross-host function-to-function copies, checked through the BARs of the
@@ -313,6 +348,7 @@ pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
     }
     // From an IOVA never mapped into the function: refused, nothing written.
     let (_, v) = copy_fails(h0, "iova:0x1000", "0x0300:0", 4096)?;
+    dma_table_is(&emu, "h0", &maps, "the copy from iova:0x1000")?;
     let mut c = Checks::new("h0: copy from unmapped IOVA 0x1000");
     c.eq_json(
         "dma_status",
@@ -323,6 +359,7 @@ pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
     c.finish()?;
     // From the function to that IOVA: refused too.
     let (_, v) = copy_fails(h0, "0x0300:0", "iova:0x1000", 4096)?;
+    dma_table_is(&emu, "h0", &maps, "the copy to iova:0x1000")?;
     let mut c = Checks::new("h0: copy to unmapped IOVA 0x1000");
     c.eq_json(
         "dma_status",
@@ -332,6 +369,30 @@ pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
     c.eq_json("done", Value::from(0), v["done"].clone());
     c.finish()?;
     selftest_json(h0, &format!("bar --device {bdf} --check {SEED_A:#x}"), LONG)?;
+
+    // User buffers (the CLI's file: ends) are mapped for one copy only: after each copy in
+    // either direction, none of the buffer is left in the device's reach.
+    for (off, len) in [(0u64, 4096u64), (0x1003, MIB + 5)] {
+        h0.run_ok(&format!(
+            "head -c {len} /dev/urandom > /tmp/iso.in && rm -f /tmp/iso.out"
+        ))?;
+        copy_ok(h0, "file:/tmp/iso.in", &format!("0x0300:{off:#x}"), len)?;
+        dma_table_is(
+            &emu,
+            "h0",
+            &maps,
+            &format!("the copy of a {len}-byte user buffer to 0x0300:{off:#x}"),
+        )?;
+        copy_ok(h0, &format!("0x0300:{off:#x}"), "file:/tmp/iso.out", len)?;
+        dma_table_is(
+            &emu,
+            "h0",
+            &maps,
+            &format!("the copy of 0x0300:{off:#x} into a {len}-byte user buffer"),
+        )?;
+        h0.run_ok("cmp /tmp/iso.in /tmp/iso.out && rm -f /tmp/iso.in /tmp/iso.out")
+            .map_err(|e| format!("user buffer round trip through 0x0300: {e}"))?;
+    }
 
     // Without an IOMMU the emulator reaches all of h1's RAM (isolation cannot be proven
     // there), but not beyond it.
@@ -382,22 +443,54 @@ pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
     route(h0, GPU0, 64 * MIB, 0, 0)?;
     route(h0, GPU0, 64 * MIB, 64 * MIB, 64 * MIB)?;
     route(h0, GPU1, 64 * MIB, 0, 128 * MIB)?;
-    emu.request("fault h0 dma-delay 100")?;
+    // A source pattern, and other bytes where each copy's first MiB lands: the first MiB
+    // arriving is how the harness sees a copy under way.
+    emu.request(&format!(
+        "mem-fill {GPU0:#06x} 0 {:#x} {RACE_SEED:#x}",
+        64 * MIB
+    ))?;
+    emu.request(&format!("mem-fill {GPU0:#06x} {:#x} {MIB:#x} 1", 64 * MIB))?;
+    emu.request(&format!("mem-fill {GPU1:#06x} 0 {MIB:#x} 1"))?;
+    let first_mib = mem_hash(&emu, GPU0, 0, MIB)?;
+    // 400 ms before every 1 MiB chunk: a whole copy takes 25.6 s, far longer than an
+    // unbind under TCG (up to 7 s seen while the machine was busy).
+    emu.request("fault h0 dma-delay 400")?;
     let result = (|| -> Result<(), String> {
-        for (what, to, cut) in [
+        for (what, to, dst, cut) in [
             (
                 "route deleted",
                 "0x0300:0x4000000",
+                (GPU0, 64 * MIB),
                 "pcifab p2p route del 0x4000000",
             ),
-            ("target unbound", "0x0400:0", "pcifab unbind 0x0400"),
+            (
+                "target unbound",
+                "0x0400:0",
+                (GPU1, 0),
+                "pcifab unbind 0x0400",
+            ),
         ] {
             h0.run_ok(&format!(
-                "(pcifab p2p copy --from 0x0300:0 --to {to} --len 64M --json > /tmp/race.json; \
-                 echo $? > /tmp/race.rc) & sleep 1.5; {cut} >/tmp/cut.out 2>&1; echo cut $?"
+                "rm -f /tmp/race.rc; (pcifab p2p copy --from 0x0300:0 --to {to} --len 64M --json \
+                 > /tmp/race.json; echo $? > /tmp/race.rc) >/dev/null 2>&1 &"
             ))?;
+            // The cut must land while the engine works on the copy: wait until the
+            // emulator's DMA engine has a descriptor in flight (HEAD != TAIL) and the
+            // copy's first MiB has arrived.
+            wait_dma_in_flight(&emu, "h0", what)?;
+            let t = std::time::Instant::now();
+            while mem_hash(&emu, dst.0, dst.1, MIB)? != first_mib {
+                if t.elapsed() > Duration::from_secs(20) {
+                    return Err(format!(
+                        "h0: {what}: the copy's first MiB did not arrive within 20 s"
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            h0.run_ok(&format!("{cut} >/tmp/cut.out 2>&1; echo cut $?"))?;
             let o = h0.run_ok_timeout(
                 "for i in $(seq 100); do [ -s /tmp/race.rc ] && break; sleep 0.2; done; \
+                 [ -s /tmp/race.rc ] || { echo 'the copy still runs 20 s after the cut'; exit 1; }; \
                  cat /tmp/race.rc; cat /tmp/race.json; rm -f /tmp/race.rc",
                 LONG,
             )?;
@@ -414,9 +507,10 @@ pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
             if rc == "0" {
                 c.fail(format!("exit code: expected a failure, got 0 ({o})"));
             }
-            if done >= 64 * MIB || done % MIB != 0 {
+            if !(MIB..64 * MIB).contains(&done) || done % MIB != 0 {
                 c.fail(format!(
-                    "done: expected whole 1 MiB chunks short of 64 MiB, got {done}"
+                    "done: expected whole 1 MiB chunks, at least one (it arrived before the \
+                     cut) and short of 64 MiB, got {done}"
                 ));
             }
             c.finish()?;

@@ -34,8 +34,29 @@ pub fn sysfs_telemetry(f: &mut Fabric) -> Result<(), String> {
         w.sort();
         expect_eq(&format!("{}: function directories", h.name), w, got)?;
     }
-    // gpu0's PF: 91.50 C, 800 W (above its 700 W limit), 42 %; a VF gets a fifth of the power.
+    // What the configuration says gpu0 reports, in sysfs units (m°C, µW, %, health bits:
+    // 2 temperature >= 85 C, 4 power above the limit).
+    let gpu0 = e
+        .endpoints
+        .iter()
+        .find(|ep| ep.pdfid(0) == 0x0300)
+        .ok_or("the configuration has no endpoint with PF 0x0300 (gpu0)")?
+        .clone();
+    let health =
+        u32::from(gpu0.temp_centi >= 8500) * 2 + u32::from(gpu0.power_mw > gpu0.power_limit_mw) * 4;
+    let configured = vec![
+        (i64::from(gpu0.temp_centi) * 10).to_string(),
+        (u64::from(gpu0.power_mw) * 1000).to_string(),
+        gpu0.utilisation.to_string(),
+        format!("{health:#x}"),
+    ];
     let before = read(&mut f.hosts[0], 0x0300)?;
+    expect_eq(
+        "h0: 0x0300 telemetry before the change (the configuration's values)",
+        &configured,
+        &before,
+    )?;
+    // gpu0's PF: 91.50 C, 800 W (above its 700 W limit), 42 %; a VF gets a fifth of the power.
     emu.request("telemetry 0x0300 9150 800000 42")?;
     let result = (|| -> Result<(), String> {
         for h in &mut f.hosts {
@@ -73,21 +94,22 @@ pub fn sysfs_telemetry(f: &mut Fabric) -> Result<(), String> {
         }
         Ok(())
     })();
-    // Put back what the configuration said (read from sysfs before the change).
-    let num = |i: usize, div: i64| -> i64 {
-        before
-            .get(i)
-            .and_then(|s| s.parse::<i64>().ok())
-            .unwrap_or(0)
-            / div
-    };
+    // Put back what the configuration says, and every host must show it again.
     emu.request(&format!(
         "telemetry 0x0300 {} {} {}",
-        num(0, 10),
-        num(1, 1000),
-        num(2, 1)
+        gpu0.temp_centi, gpu0.power_mw, gpu0.utilisation
     ))?;
     result?;
-    let again = read(&mut f.hosts[0], 0x0300)?;
-    expect_eq("h0: 0x0300 telemetry restored", before, again)
+    for h in &mut f.hosts {
+        let again = read(h, 0x0300)?;
+        expect_eq(
+            &format!(
+                "{}: 0x0300 telemetry restored to the configuration's values",
+                h.name
+            ),
+            &configured,
+            &again,
+        )?;
+    }
+    Ok(())
 }
