@@ -101,11 +101,11 @@ DEBUG_HARNESS_ARGS = --kernel $(DEBUG_KDIR)/arch/x86/boot/bzImage \
 	--switchtec $(DEBUG_KDIR)/drivers/pci/switch/switchtec.ko $(COMMON_ARGS)
 
 qemu-test: check-module-debug tools
-	$(HOST_BIN)/pcifab-harness test $(DEBUG_HARNESS_ARGS)
+	$(HOST_BIN)/pcifab-harness test --keep-going $(DEBUG_HARNESS_ARGS)
 
 # The order matters: cheap checks first, the QEMU scenarios print the final summary line.
 test: deps kernel-debug lint check-module-debug cargo-test tools
-	$(HOST_BIN)/pcifab-harness test $(DEBUG_HARNESS_ARGS)
+	$(HOST_BIN)/pcifab-harness test --keep-going $(DEBUG_HARNESS_ARGS)
 
 demo: kernel check-module tools
 	$(HOST_BIN)/pcifab-harness demo $(HARNESS_ARGS)
