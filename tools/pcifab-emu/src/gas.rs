@@ -37,6 +37,8 @@ pub const MRPC_DMA_VER: u64 = MRPC + 0x81c;
 pub const MRPC_STATUS_INPROGRESS: u32 = 1;
 pub const MRPC_STATUS_DONE: u32 = 2;
 pub const MRPC_STATUS_ERROR: u32 = 0xff;
+/// The firmware dropped the command (reset, recovery); `switchtec.h` SWITCHTEC_MRPC_STATUS_INTERRUPTED.
+pub const MRPC_STATUS_INTERRUPTED: u32 = 0x100;
 
 // struct sw_event_regs: 14 event headers, 0x18 apart, from stack_error_event_hdr
 // to gfms_event_hdr.

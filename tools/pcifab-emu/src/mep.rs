@@ -47,6 +47,7 @@ pub fn status_name(status: u32) -> &'static str {
         MRPC_STATUS_INPROGRESS => "INPROGRESS",
         MRPC_STATUS_DONE => "DONE",
         MRPC_STATUS_ERROR => "ERROR",
+        MRPC_STATUS_INTERRUPTED => "INTERRUPTED",
         _ => "?",
     }
 }
@@ -577,6 +578,7 @@ impl Faults {
 }
 
 /// A command handed to the MEP's worker thread.
+#[derive(Clone)]
 pub struct Job {
     seq: u64,
     epoch: u64,
@@ -599,6 +601,8 @@ pub struct Mep {
     pub mrpc_commands: AtomicU64,
     pub irqs_fired: AtomicU64,
     pub faults: Mutex<Faults>,
+    /// The command an `mrpc-hang` or `firmware-dead` fault swallowed, still INPROGRESS.
+    hung: Mutex<Option<Job>>,
     jobs: Mutex<Option<Sender<Job>>>,
     next_seq: AtomicU64,
     done: Mutex<u64>,
@@ -642,6 +646,7 @@ impl Mep {
             mrpc_commands: AtomicU64::new(0),
             irqs_fired: AtomicU64::new(0),
             faults: Mutex::new(Faults::default()),
+            hung: Mutex::new(None),
             jobs: Mutex::new(None),
             next_seq: AtomicU64::new(0),
             done: Mutex::new(0),
@@ -678,7 +683,38 @@ impl Mep {
     }
 
     pub fn set_faults(&self, f: impl FnOnce(&mut Faults)) {
-        f(&mut self.faults.lock().unwrap_or_else(|e| e.into_inner()));
+        let recovered = {
+            let mut faults = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+            let stuck = faults.hang || faults.dead;
+            f(&mut faults);
+            stuck && !faults.hang && !faults.dead
+        };
+        if recovered {
+            self.release_hung();
+        }
+    }
+
+    /// The worker swallowed `job` because of a hang or dead fault.
+    fn note_hung(&self, job: &Job) {
+        *self.hung.lock().unwrap_or_else(|e| e.into_inner()) = Some(job.clone());
+    }
+
+    /// The firmware recovered from a hang or crash: like a firmware reset, it reports the
+    /// command it swallowed as INTERRUPTED (`MRPC_STATUS_INTERRUPTED`, which the C driver
+    /// turns into ENXIO), so the mailbox is free again. A driver must not reuse the mailbox
+    /// before that (Documentation/emulator.rst).
+    fn release_hung(&self) {
+        let job = self.hung.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(job) = job {
+            let outcome = MrpcOutcome {
+                status: MRPC_STATUS_INTERRUPTED,
+                ret: 0,
+                output: Vec::new(),
+            };
+            let drop_irq = self.faults().drop_irq;
+            self.complete(&job, &outcome, drop_irq);
+            self.mark_done(job.seq);
+        }
     }
 
     pub fn region_read(&self, region: u32, off: u64, buf: &mut [u8]) -> Result<(), String> {
@@ -1346,6 +1382,7 @@ impl Fabric {
         for job in rx {
             let f = mep.faults();
             if f.hang || f.dead {
+                mep.note_hung(&job);
                 info!(
                     "{}: MRPC cmd {:#x} ({}) never completes (fault {})",
                     mep.name,
