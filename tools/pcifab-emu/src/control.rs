@@ -23,7 +23,7 @@ pub fn serve(listener: UnixListener, fabric: Arc<Fabric>) {
                     }
                 });
             }
-            Err(e) => info!("control: accept failed: {e}"),
+            Err(e) => error!("control: accept failed: {e}"),
         }
     }
 }
@@ -144,7 +144,7 @@ fn bind(args: &[&str], fabric: &Fabric) -> Result<String, String> {
     let ret = match req {
         Ok(req) => fabric.execute(req),
         Err(ret) => {
-            info!(
+            note!(
                 "{what} requested by control: {} ({ret:#x})",
                 model::ret_name(ret)
             );
@@ -173,7 +173,7 @@ fn unbind(args: &[&str], fabric: &Fabric) -> Result<String, String> {
     let ret = match req {
         Ok(req) => fabric.execute(req),
         Err(ret) => {
-            info!(
+            note!(
                 "{what} requested by control: {} ({ret:#x})",
                 model::ret_name(ret)
             );

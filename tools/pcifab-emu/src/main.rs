@@ -100,7 +100,7 @@ fn main() {
             return;
         }
         Err(e) => {
-            eprintln!("pcifab-emu: {e}\n\n{USAGE}");
+            eprintln!("pcifab-emu: error: {e}\n\n{USAGE}");
             std::process::exit(2);
         }
     };
@@ -154,7 +154,7 @@ fn run(args: Args) -> Result<(), String> {
     fabric.start()?;
     for (i, q) in fabric.qmp.iter().enumerate() {
         if q.is_none() {
-            info!(
+            note!(
                 "{}: no --qmp given: binds to this host will fail with HOTPLUG_FAILED",
                 fabric.meps[i].name
             );
@@ -215,7 +215,7 @@ fn run(args: Args) -> Result<(), String> {
     info!("signal {sig} received, shutting down");
     for path in &sockets {
         if let Err(e) = std::fs::remove_file(path) {
-            info!("cannot remove {}: {e}", path.display());
+            error!("cannot remove {}: {e}", path.display());
         }
     }
     Ok(())

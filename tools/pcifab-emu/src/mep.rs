@@ -779,7 +779,7 @@ impl Mep {
             tx.as_ref().is_some_and(|tx| tx.send(job).is_ok())
         };
         if !sent {
-            info!("{}: no MRPC worker; command stays INPROGRESS", self.name);
+            error!("{}: no MRPC worker; command stays INPROGRESS", self.name);
             return;
         }
         let f = self.faults();
@@ -791,7 +791,11 @@ impl Mep {
         while *done < seq {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                info!("{}: MRPC command {seq} still running", self.name);
+                note!(
+                    "{}: MRPC command {seq} still running after {} s; write acknowledged",
+                    self.name,
+                    SYNC_WAIT.as_secs()
+                );
                 break;
             }
             done = match self.done_cv.wait_timeout(done, left) {
@@ -811,14 +815,16 @@ impl Mep {
     fn complete(&self, job: &Job, outcome: &MrpcOutcome, drop_irq: bool) {
         let mut inner = self.lock();
         if inner.epoch != job.epoch {
-            info!(
+            note!(
                 "{}: MRPC cmd {:#x} finished after a device reset; result discarded",
-                self.name, job.cmd
+                self.name,
+                job.cmd
             );
             return;
         }
         let vector = inner.gas.finish_mrpc(outcome);
-        info!(
+        info_or_note!(
+            outcome.status != MRPC_STATUS_DONE,
             "{}: MRPC cmd {:#x} ({}) input {} bytes -> status {} ret {:#x}",
             self.name,
             job.cmd,
@@ -887,7 +893,7 @@ impl Mep {
     /// Interrupt the host: the MSI-X vector when MSI-X is set up, else INTx.
     fn raise(&self, inner: &Inner, vector: u16, why: &str, drop_irq: bool) {
         if drop_irq {
-            info!(
+            note!(
                 "{}: interrupt for {why} dropped (fault drop-irq)",
                 self.name
             );
@@ -907,7 +913,7 @@ impl Mep {
                     irq::index_name(index)
                 );
             }
-            Err(e) => info!("{}: interrupt for {why} not delivered: {e}", self.name),
+            Err(e) => note!("{}: interrupt for {why} not delivered: {e}", self.name),
         }
     }
 
@@ -1198,7 +1204,7 @@ impl Fabric {
             if let Some(f) = self.function_dev(req.pdfid) {
                 match f.scrub() {
                     Ok(()) => {}
-                    Err(e) => info!("{id}: scrub failed: {e}"),
+                    Err(e) => error!("{id}: scrub failed: {e}"),
                 }
             }
         }
@@ -1212,7 +1218,8 @@ impl Fabric {
             }
             (n, m.invariants())
         };
-        info!(
+        info_or_note!(
+            ret != 0,
             "{} {:#06x} {} {host} logical port {} requested by {}: {} ({:#x}) in {} ms{}",
             if req.bind { "bind" } else { "unbind" },
             req.pdfid,
@@ -1229,7 +1236,7 @@ impl Fabric {
             }
         );
         for v in &violations {
-            info!("INVARIANT VIOLATED: {v}");
+            error!("INVARIANT VIOLATED: {v}");
         }
         if let Some(mut n) = notice {
             n.routes_lost.extend(lost);
@@ -1283,7 +1290,7 @@ impl Fabric {
                                     std::thread::sleep(Duration::from_millis(500));
                                 }
                                 Err(e) => {
-                                    info!("{}: initial binding {id} not added: {e}", q.host);
+                                    error!("{}: initial binding {id} not added: {e}", q.host);
                                     break;
                                 }
                             }
@@ -1311,7 +1318,7 @@ impl Fabric {
                 if up { "up" } else { "down" }
             ),
             Ok(false) => {}
-            Err(e) => info!("{name}: cannot set upstream port {port} link: {e}"),
+            Err(e) => error!("{name}: cannot set upstream port {port} link: {e}"),
         }
     }
 
@@ -1346,7 +1353,7 @@ impl Fabric {
         for job in rx {
             let f = mep.faults();
             if f.hang || f.dead {
-                info!(
+                note!(
                     "{}: MRPC cmd {:#x} ({}) never completes (fault {})",
                     mep.name,
                     job.cmd,

@@ -290,7 +290,7 @@ pub fn window_read(mep: &Mep, off: u64, buf: &mut [u8]) -> Result<(), String> {
             if let Some(f) = sh.function(pdfid) {
                 match f.dev_read(toff, buf) {
                     Ok(()) => return Ok(()),
-                    Err(e) => info!("{}: P2P window read: {e}", mep.name),
+                    Err(e) => error!("{}: P2P window read: {e}", mep.name),
                 }
             }
         }
@@ -316,7 +316,7 @@ pub fn window_write(mep: &Mep, off: u64, data: &[u8]) -> Result<(), String> {
             if let Some(f) = sh.function(pdfid) {
                 match f.dev_write(toff, data) {
                     Ok(()) => return Ok(()),
-                    Err(e) => info!("{}: P2P window write: {e}", mep.name),
+                    Err(e) => error!("{}: P2P window write: {e}", mep.name),
                 }
             }
         }
@@ -333,7 +333,7 @@ fn p2p_fault(mep: &Mep, off: u64, what: &str, len: usize) {
     g.set_p2p(P2P_FAULT_COUNT, n);
     g.set_p2p(P2P_FAULT_ADDR_LO, off as u32);
     g.set_p2p(P2P_FAULT_ADDR_HI, (off >> 32) as u32);
-    info!(
+    note!(
         "{}: P2P fault {n}: {what} of {len} bytes at window offset {off:#x} is not inside one route",
         mep.name
     );
@@ -480,7 +480,7 @@ fn run(mep: &Mep, d: &Desc) -> (u32, u64) {
 fn halt(mep: &Mep, inner: &mut Inner, why: &str) {
     let st = inner.gas.p2p(DMA_STATUS);
     inner.gas.set_p2p(DMA_STATUS, st | DMA_STATUS_HALTED);
-    info!("{}: DMA engine halted: {why}", mep.name);
+    note!("{}: DMA engine halted: {why}", mep.name);
     mep.raise_p2p(inner, EV_DMA_ERROR, "DMA error");
 }
 
@@ -566,7 +566,8 @@ pub fn process(mep: &Mep) {
             });
         landed(&mut inner);
         let (sk, dk) = d.kinds();
-        info!(
+        info_or_note!(
+            status != ST_OK,
             "{}: DMA descriptor {index}: {} {:#x} -> {} {:#x}, {} bytes: {} ({done} copied)",
             mep.name,
             kind_name(sk),
