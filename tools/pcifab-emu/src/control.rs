@@ -80,10 +80,14 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
             let args: Vec<&str> = arg.into_iter().chain(words).collect();
             telemetry(&args, fabric).unwrap_or_else(|e| error(&e))
         }
-        (Some(verb @ ("routes" | "dma-maps" | "p2p" | "mem-fill" | "mem-hash")), arg) => {
+        (
+            Some(verb @ ("routes" | "grants" | "dma-maps" | "p2p" | "mem-fill" | "mem-hash")),
+            arg,
+        ) => {
             let args: Vec<&str> = arg.into_iter().chain(words).collect();
             let r = match verb {
                 "routes" => routes(&args, fabric),
+                "grants" => grants(&args, fabric),
                 "dma-maps" => dma_maps(&args, fabric),
                 "p2p" => p2p_state(&args, fabric),
                 "mem-fill" => mem_fill(&args, fabric),
@@ -312,6 +316,34 @@ fn routes(args: &[&str], fabric: &Fabric) -> Result<String, String> {
         })
         .collect();
     Ok(format!("{{\"ok\":true,\"routes\":[{}]}}", list.join(",")))
+}
+
+/// `grants [host]`: the P2P grants of the fabric, or those on functions
+/// `host` holds or was granted, ascending (pdfid, grantee).
+fn grants(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let only = match args {
+        [] => None,
+        [host] => Some(host_index(fabric, host)?),
+        _ => return Err("usage: grants [host]".into()),
+    };
+    let m = fabric.model();
+    let list: Vec<String> = m
+        .grants
+        .iter()
+        .filter_map(|g| {
+            let holder = m.function(g.pdfid)?.binding?.0;
+            if only.is_some_and(|h| h != holder && h != g.grantee) {
+                return None;
+            }
+            Some(format!(
+                "{{\"pdfid\":{},\"holder\":{},\"grantee\":{}}}",
+                g.pdfid,
+                json_str(&m.hosts[holder].name),
+                json_str(&m.hosts[g.grantee].name)
+            ))
+        })
+        .collect();
+    Ok(format!("{{\"ok\":true,\"grants\":[{}]}}", list.join(",")))
 }
 
 /// `dma-maps <host>`: the vfio-user DMA mappings of that host's MEP.

@@ -884,7 +884,10 @@ impl Mep {
                 self.raise(&inner, v, "fabric event", drop_irq);
             }
             if n.routes_lost.contains(&(self.partition as usize)) {
-                info!("{}: P2P routes removed (target unbound)", self.name);
+                info!(
+                    "{}: P2P routes removed (target unbound or grant revoked)",
+                    self.name
+                );
                 self.raise_p2p(&mut inner, EV_ROUTES_CHANGED, "P2P routes changed");
             }
         }
@@ -1380,6 +1383,11 @@ impl Fabric {
                     (outcome, x.notices, x.deferred)
                 }
             };
+            if notices.iter().any(|n| !n.routes_lost.is_empty()) {
+                // A REVOKE removed routes: complete only once no copy that
+                // passed its check on one of them is still running.
+                self.p2p.quiesce();
+            }
             if let Some(req) = deferred {
                 // Acknowledge the write of `cmd` now (status INPROGRESS);
                 // the hot-plug may take seconds and needs QEMU's main loop.
