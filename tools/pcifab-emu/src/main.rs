@@ -11,6 +11,7 @@ mod control;
 mod dma;
 mod function;
 mod gas;
+mod hostile;
 mod irq;
 mod mep;
 mod model;

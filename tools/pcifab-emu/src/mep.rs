@@ -7,6 +7,7 @@ use crate::config::{Config, Firmware};
 use crate::dma::DmaTable;
 use crate::function::{FnDevice, Memory};
 use crate::gas::*;
+use crate::hostile::{self, Stream};
 use crate::irq::{self, Irqs};
 use crate::model::{self, Model, Notice, Request, Requester};
 use crate::mrpc::{mrpc_name, Exec, MrpcOutcome};
@@ -542,6 +543,9 @@ pub struct Faults {
     pub no_enumerate: bool,
     /// The DMA engine sleeps this long before every chunk it copies.
     pub dma_delay_ms: u64,
+    /// Hostile firmware with this seed: replies, event registers and DMA
+    /// write-backs lie (see `hostile`).
+    pub hostile: Option<u64>,
 }
 
 impl Faults {
@@ -572,6 +576,9 @@ impl Faults {
         if self.dma_delay_ms > 0 {
             v.push(format!("dma-delay {}", self.dma_delay_ms));
         }
+        if let Some(seed) = self.hostile {
+            v.push(format!("hostile {seed}"));
+        }
         v
     }
 }
@@ -599,6 +606,8 @@ pub struct Mep {
     pub mrpc_commands: AtomicU64,
     pub irqs_fired: AtomicU64,
     pub faults: Mutex<Faults>,
+    /// The hostile mode's streams and counts.
+    hostile: Mutex<hostile::State>,
     jobs: Mutex<Option<Sender<Job>>>,
     next_seq: AtomicU64,
     done: Mutex<u64>,
@@ -642,6 +651,7 @@ impl Mep {
             mrpc_commands: AtomicU64::new(0),
             irqs_fired: AtomicU64::new(0),
             faults: Mutex::new(Faults::default()),
+            hostile: Mutex::new(hostile::State::default()),
             jobs: Mutex::new(None),
             next_seq: AtomicU64::new(0),
             done: Mutex::new(0),
@@ -681,11 +691,41 @@ impl Mep {
         f(&mut self.faults.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
+    fn hostile_state(&self) -> MutexGuard<'_, hostile::State> {
+        self.hostile.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The hostile mode was set with `seed`: its streams and counts start over.
+    pub fn arm_hostile(&self, seed: u64) {
+        self.hostile_state().arm(seed);
+    }
+
+    /// The hostile mode's seed (None: never set) and counts.
+    pub fn hostile_report(&self) -> hostile::State {
+        self.hostile_state().clone()
+    }
+
+    /// The generator for the next event of `stream`, when the mode is on.
+    pub fn hostile_rng(&self, stream: Stream) -> Option<hostile::Rng> {
+        self.faults().hostile?;
+        Some(self.hostile_state().rng(self.partition, stream))
+    }
+
+    /// Count something the hostile mode corrupted.
+    pub fn hostile_count(&self, f: impl FnOnce(&mut hostile::Counts)) {
+        f(&mut self.hostile_state().counts);
+    }
+
     pub fn region_read(&self, region: u32, off: u64, buf: &mut [u8]) -> Result<(), String> {
         let inner = self.lock();
         match region {
             REGION_BAR0 => {
                 inner.gas.read(off, buf)?;
+                if let Some(mut rng) = self.hostile_rng(Stream::Register) {
+                    if hostile::corrupt_read(&mut rng, self.partitions, off, buf) {
+                        self.hostile_count(|c| c.register_reads += 1);
+                    }
+                }
                 if self.faults().dead {
                     // A crashed firmware: sys_info.device_id reads 0.
                     let id = SYS_INFO + SI_DEVICE_ID;
@@ -835,6 +875,13 @@ impl Mep {
         );
         if let Some(v) = vector {
             self.raise(&inner, v, "MRPC completion", drop_irq);
+        }
+        if let Some(mut rng) = self.hostile_rng(Stream::Irq) {
+            if rng.chance(1, 3) {
+                let v = rng.below(u64::from(pci::MSIX_VECTORS)) as u16;
+                self.hostile_count(|c| c.spurious_irqs += 1);
+                self.raise(&inner, v, "nothing (hostile: spurious)", drop_irq);
+            }
         }
     }
 
@@ -1395,6 +1442,13 @@ impl Fabric {
                 let ret = self.execute(req);
                 if ret != 0 {
                     outcome = MrpcOutcome::error(ret);
+                }
+            }
+            if f.hostile.is_some() && hostile::targeted(job.cmd) {
+                if let Some(mut rng) = mep.hostile_rng(Stream::Mrpc) {
+                    if hostile::corrupt_reply(&mut rng, job.cmd, &job.input, &mut outcome) {
+                        mep.hostile_count(|c| c.mrpc_replies += 1);
+                    }
                 }
             }
             mep.complete(&job, &outcome, f.drop_irq);

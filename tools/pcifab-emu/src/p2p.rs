@@ -692,13 +692,22 @@ pub fn process(mep: &Mep) {
         }
         let d = Desc::parse(&raw);
         let (status, done) = run(mep, &d);
+        // A hostile firmware lies in the write-back only; the engine's own
+        // registers below stay true.
+        let (wb_done, wb_status) = match mep.hostile_rng(crate::hostile::Stream::Dma) {
+            Some(mut rng) => {
+                mep.hostile_count(|c| c.dma_writebacks += 1);
+                crate::hostile::corrupt_writeback(&mut rng, d.len, done, status)
+            }
+            None => (done, status),
+        };
         let mut inner = mep.lock();
         let written = inner
             .dma
-            .write(addr + 32, &done.to_le_bytes())
+            .write(addr + 32, &wb_done.to_le_bytes())
             .and_then(|()| {
                 std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-                inner.dma.write(addr + 4, &status.to_le_bytes())
+                inner.dma.write(addr + 4, &wb_status.to_le_bytes())
             });
         landed(&mut inner);
         let (sk, dk) = d.kinds();
@@ -2009,5 +2018,65 @@ mod tests {
             v[2].contains("0x0400 to partition 0 is to the function's holder"),
             "{v:?}"
         );
+    }
+
+    /// A hostile firmware lies in the descriptor's write-back (done larger
+    /// than asked, random status) but copies the data and keeps HEAD and
+    /// DMA_COMPLETED true; the lies follow the seed; `fault clear` ends them.
+    #[test]
+    fn hostile_dma_writebacks() {
+        let writebacks = |seed: u64| {
+            let f = bare_fabric();
+            let mep = &f.meps[0];
+            map_host(mep);
+            add(&f, 0, 0x0400, 0, 2 * MIB, 0); // gpu1 PF, held by h0
+            start_engine(mep);
+            assert_eq!(
+                handle(&format!("fault h0 hostile {seed}"), &f),
+                "{\"ok\":true}"
+            );
+            let data = pattern(seed, 0x3000);
+            host_write(mep, HOST, &data);
+            let mut got = Vec::new();
+            for n in 1..=4u32 {
+                let len = 0x1000 - u64::from(n);
+                got.push(submit(mep, &desc(H2W, len, HOST, 0)));
+                assert_eq!(
+                    (reg(mep, DMA_HEAD), reg(mep, DMA_COMPLETED)),
+                    (n, n),
+                    "the engine's registers stay true"
+                );
+            }
+            let mut back = vec![0u8; 0x1000 - 4];
+            f.function_dev(0x0400)
+                .expect("PF")
+                .dev_read(0, &mut back)
+                .expect("read");
+            assert!(back[..] == data[..back.len()], "the data arrived");
+            assert_eq!(mep.hostile_report().counts.dma_writebacks, 4);
+            assert_eq!(handle("fault clear h0", &f), "{\"ok\":true}");
+            assert_eq!(
+                submit(mep, &desc(H2W, 0x800, HOST, 0)),
+                (ST_OK, 0x800),
+                "truth again"
+            );
+            got
+        };
+        let a = writebacks(11);
+        for (n, &(st, done)) in a.iter().enumerate() {
+            let len = 0x1000 - 1 - n as u64;
+            assert!(
+                (st, done) != (ST_OK, len),
+                "write-back {n} lies: {:?}",
+                a[n]
+            );
+            assert!(
+                st != ST_OK || done > len,
+                "a lie the driver can see: {:?}",
+                a[n]
+            );
+        }
+        assert_eq!(a, writebacks(11), "deterministic per seed");
+        assert_ne!(a, writebacks(12));
     }
 }
