@@ -968,3 +968,40 @@ fn dma_unmap_to_the_top_of_the_address_space() {
         "error lines before the bad unmap: {errors:?}"
     );
 }
+
+/// The hostile mode through the real server: parsed replies lie, ECHO does
+/// not, the counts show in `state`, and `fault clear` brings the truth back.
+#[test]
+fn hostile_firmware_over_vfio_user() {
+    let emu = Emu::start("hostile", Path::new(EXAMPLE));
+    let mut c = connect(&emu, "h0");
+    // The output buffer and ret_value are read as they are; the status
+    // register may lie in hostile mode, and without an injected delay a
+    // command is complete once the write of `cmd` is acknowledged.
+    let mut run = |cmd: u32, input: &[u8]| -> (u32, Vec<u8>) {
+        c.write(BAR0, 0, input);
+        c.write32(BAR0, MRPC_CMD, cmd);
+        (c.read32(BAR0, MRPC_RET), c.read(BAR0, MRPC_OUTPUT, 1024))
+    };
+    let summary = [1u8, 0, 4, 0];
+    let list = [1u8, 0, 8, 0, 0, 0, 0, 0];
+    let truth = (run(0xf001, &summary), run(0xf003, &list));
+    assert_eq!(emu.control("fault h0 hostile 0x5eed"), "{\"ok\":true}");
+    let lies = (run(0xf001, &summary), run(0xf003, &list));
+    let mut echo = b"the mailbox itself stays honest".to_vec();
+    echo.resize(1024, 0xa5);
+    assert_eq!(run(0x41, &echo), (0, echo.clone()), "ECHO is byte-exact");
+    let state = emu.control("state");
+    assert!(
+        state.contains("\"faults\":[\"hostile 24301\"],")
+            && state.contains("\"hostile\":{\"seed\":24301,\"on\":true,\"mrpc_replies\":2,"),
+        "{state}"
+    );
+    assert_eq!(emu.control("fault clear h0"), "{\"ok\":true}");
+    let after = (run(0xf001, &summary), run(0xf003, &list));
+    assert!(after == truth, "the truth after fault clear");
+    // A reply whose status flipped to ERROR leaves the previous output in
+    // the buffer, so compare (ret, output) of the pair as a whole.
+    assert!(lies != truth, "hostile replies lie");
+    assert_eq!(emu.control("invariants"), "{\"ok\":true,\"violations\":[]}");
+}
