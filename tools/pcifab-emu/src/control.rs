@@ -23,7 +23,7 @@ pub fn serve(listener: UnixListener, fabric: Arc<Fabric>) {
                     }
                 });
             }
-            Err(e) => info!("control: accept failed: {e}"),
+            Err(e) => error!("control: accept failed: {e}"),
         }
     }
 }
@@ -80,10 +80,14 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
             let args: Vec<&str> = arg.into_iter().chain(words).collect();
             telemetry(&args, fabric).unwrap_or_else(|e| error(&e))
         }
-        (Some(verb @ ("routes" | "dma-maps" | "p2p" | "mem-fill" | "mem-hash")), arg) => {
+        (
+            Some(verb @ ("routes" | "grants" | "dma-maps" | "p2p" | "mem-fill" | "mem-hash")),
+            arg,
+        ) => {
             let args: Vec<&str> = arg.into_iter().chain(words).collect();
             let r = match verb {
                 "routes" => routes(&args, fabric),
+                "grants" => grants(&args, fabric),
                 "dma-maps" => dma_maps(&args, fabric),
                 "p2p" => p2p_state(&args, fabric),
                 "mem-fill" => mem_fill(&args, fabric),
@@ -107,7 +111,7 @@ fn parse_num<T: TryFrom<u64>>(s: &str, what: &str) -> Result<T, String> {
     T::try_from(v).map_err(|_| format!("{what} {s} is out of range"))
 }
 
-const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|dma-delay MS>, or fault clear [host|all]";
+const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|dma-delay MS|hostile SEED>, or fault clear [host|all]";
 
 /// The outcome of a control bind/unbind as JSON.
 fn bind_result(what: &str, ret: u32, ms: u128) -> Result<String, String> {
@@ -144,7 +148,7 @@ fn bind(args: &[&str], fabric: &Fabric) -> Result<String, String> {
     let ret = match req {
         Ok(req) => fabric.execute(req),
         Err(ret) => {
-            info!(
+            note!(
                 "{what} requested by control: {} ({ret:#x})",
                 model::ret_name(ret)
             );
@@ -173,7 +177,7 @@ fn unbind(args: &[&str], fabric: &Fabric) -> Result<String, String> {
     let ret = match req {
         Ok(req) => fabric.execute(req),
         Err(ret) => {
-            info!(
+            note!(
                 "{what} requested by control: {} ({ret:#x})",
                 model::ret_name(ret)
             );
@@ -197,6 +201,7 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
             .ok_or_else(|| format!("no host '{who}'; use a host name or all"))
     };
     type Apply = Box<dyn Fn(&mut Faults)>;
+    let mut arm = None;
     let (targets, apply): (Vec<usize>, Apply) = match args {
         ["clear"] => (select("all")?, Box::new(|f| *f = Faults::default())),
         ["clear", who] | [who, "clear"] => (select(who)?, Box::new(|f| *f = Faults::default())),
@@ -223,9 +228,17 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
             }
             (select(who)?, Box::new(move |f| f.dma_delay_ms = ms))
         }
+        [who, "hostile", seed] => {
+            let seed: u64 = parse_num(seed, "seed")?;
+            arm = Some(seed);
+            (select(who)?, Box::new(move |f| f.hostile = Some(seed)))
+        }
         _ => return Err(FAULT_USAGE.into()),
     };
     for &i in &targets {
+        if let Some(seed) = arm {
+            fabric.meps[i].arm_hostile(seed);
+        }
         fabric.meps[i].set_faults(|f| apply(f));
         info!(
             "{}: faults now [{}]",
@@ -312,6 +325,34 @@ fn routes(args: &[&str], fabric: &Fabric) -> Result<String, String> {
         })
         .collect();
     Ok(format!("{{\"ok\":true,\"routes\":[{}]}}", list.join(",")))
+}
+
+/// `grants [host]`: the P2P grants of the fabric, or those on functions
+/// `host` holds or was granted, ascending (pdfid, grantee).
+fn grants(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let only = match args {
+        [] => None,
+        [host] => Some(host_index(fabric, host)?),
+        _ => return Err("usage: grants [host]".into()),
+    };
+    let m = fabric.model();
+    let list: Vec<String> = m
+        .grants
+        .iter()
+        .filter_map(|g| {
+            let holder = m.function(g.pdfid)?.binding?.0;
+            if only.is_some_and(|h| h != holder && h != g.grantee) {
+                return None;
+            }
+            Some(format!(
+                "{{\"pdfid\":{},\"holder\":{},\"grantee\":{}}}",
+                g.pdfid,
+                json_str(&m.hosts[holder].name),
+                json_str(&m.hosts[g.grantee].name)
+            ))
+        })
+        .collect();
+    Ok(format!("{{\"ok\":true,\"grants\":[{}]}}", list.join(",")))
 }
 
 /// `dma-maps <host>`: the vfio-user DMA mappings of that host's MEP.
@@ -469,8 +510,20 @@ fn state(fabric: &Fabric) -> String {
         .map(|(mep, h)| {
             let faults: Vec<String> = mep.faults().names().iter().map(|n| json_str(n)).collect();
             let events: Vec<String> = h.events.iter().map(|e| json_str(&e.describe())).collect();
+            let hs = mep.hostile_report();
+            let hostile = match hs.seed {
+                None => "null".to_owned(),
+                Some(seed) => format!(
+                    "{{\"seed\":{seed},\"on\":{},\"mrpc_replies\":{},\"register_reads\":{},\"dma_writebacks\":{},\"spurious_irqs\":{}}}",
+                    mep.faults().hostile.is_some(),
+                    hs.counts.mrpc_replies,
+                    hs.counts.register_reads,
+                    hs.counts.dma_writebacks,
+                    hs.counts.spurious_irqs
+                ),
+            };
             format!(
-                "{{\"name\":{},\"port\":{},\"faults\":[{}],\"events_pending\":[{}],\"event_overflow\":{}}}",
+                "{{\"name\":{},\"port\":{},\"faults\":[{}],\"events_pending\":[{}],\"event_overflow\":{},\"hostile\":{hostile}}}",
                 json_str(&h.name),
                 h.port,
                 faults.join(","),
@@ -572,6 +625,10 @@ mod tests {
         let s = handle("state", &f);
         assert!(s.contains("\"faults\":[\"drop-irq\",\"delay 50\"]"), "{s}");
         assert!(s.contains("\"mrpc-error 0x64006\",\"drop-irq\""), "{s}");
+        assert_eq!(handle("fault all hostile 0x2a", &f), "{\"ok\":true}");
+        let s = handle("state", &f);
+        assert!(s.contains("\"delay 50\",\"hostile 42\"]"), "{s}");
+        assert!(s.contains("\"hostile\":{\"seed\":42,\"on\":true,\"mrpc_replies\":0,\"register_reads\":0,\"dma_writebacks\":0,\"spurious_irqs\":0}"), "{s}");
         assert_eq!(handle("fault clear h1", &f), "{\"ok\":true}");
         assert_eq!(f.meps[1].faults(), Faults::default());
         assert_eq!(handle("fault clear", &f), "{\"ok\":true}");
@@ -583,6 +640,9 @@ mod tests {
             "fault h0 delay x",
             "fault h0 delay 9999999",
             "fault h0 mrpc-error",
+            "fault h0 hostile",
+            "fault h0 hostile x",
+            "fault h0 hostile 1 2",
             "link 1",
             "link 99 up",
             "link 300 up",

@@ -11,6 +11,7 @@ mod control;
 mod dma;
 mod function;
 mod gas;
+mod hostile;
 mod irq;
 mod mep;
 mod model;
@@ -100,7 +101,7 @@ fn main() {
             return;
         }
         Err(e) => {
-            eprintln!("pcifab-emu: {e}\n\n{USAGE}");
+            eprintln!("pcifab-emu: error: {e}\n\n{USAGE}");
             std::process::exit(2);
         }
     };
@@ -154,7 +155,7 @@ fn run(args: Args) -> Result<(), String> {
     fabric.start()?;
     for (i, q) in fabric.qmp.iter().enumerate() {
         if q.is_none() {
-            info!(
+            note!(
                 "{}: no --qmp given: binds to this host will fail with HOTPLUG_FAILED",
                 fabric.meps[i].name
             );
@@ -215,7 +216,7 @@ fn run(args: Args) -> Result<(), String> {
     info!("signal {sig} received, shutting down");
     for path in &sockets {
         if let Err(e) = std::fs::remove_file(path) {
-            info!("cannot remove {}: {e}", path.display());
+            error!("cannot remove {}: {e}", path.display());
         }
     }
     Ok(())

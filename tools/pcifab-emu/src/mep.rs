@@ -7,6 +7,7 @@ use crate::config::{Config, Firmware};
 use crate::dma::DmaTable;
 use crate::function::{FnDevice, Memory};
 use crate::gas::*;
+use crate::hostile::{self, Stream};
 use crate::irq::{self, Irqs};
 use crate::model::{self, Model, Notice, Request, Requester};
 use crate::mrpc::{mrpc_name, Exec, MrpcOutcome};
@@ -543,6 +544,9 @@ pub struct Faults {
     pub no_enumerate: bool,
     /// The DMA engine sleeps this long before every chunk it copies.
     pub dma_delay_ms: u64,
+    /// Hostile firmware with this seed: replies, event registers and DMA
+    /// write-backs lie (see `hostile`).
+    pub hostile: Option<u64>,
 }
 
 impl Faults {
@@ -572,6 +576,9 @@ impl Faults {
         }
         if self.dma_delay_ms > 0 {
             v.push(format!("dma-delay {}", self.dma_delay_ms));
+        }
+        if let Some(seed) = self.hostile {
+            v.push(format!("hostile {seed}"));
         }
         v
     }
@@ -603,6 +610,8 @@ pub struct Mep {
     pub faults: Mutex<Faults>,
     /// The command an `mrpc-hang` or `firmware-dead` fault swallowed, still INPROGRESS.
     hung: Mutex<Option<Job>>,
+    /// The hostile mode's streams and counts.
+    hostile: Mutex<hostile::State>,
     jobs: Mutex<Option<Sender<Job>>>,
     next_seq: AtomicU64,
     done: Mutex<u64>,
@@ -647,6 +656,7 @@ impl Mep {
             irqs_fired: AtomicU64::new(0),
             faults: Mutex::new(Faults::default()),
             hung: Mutex::new(None),
+            hostile: Mutex::new(hostile::State::default()),
             jobs: Mutex::new(None),
             next_seq: AtomicU64::new(0),
             done: Mutex::new(0),
@@ -717,11 +727,41 @@ impl Mep {
         }
     }
 
+    fn hostile_state(&self) -> MutexGuard<'_, hostile::State> {
+        self.hostile.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The hostile mode was set with `seed`: its streams and counts start over.
+    pub fn arm_hostile(&self, seed: u64) {
+        self.hostile_state().arm(seed);
+    }
+
+    /// The hostile mode's seed (None: never set) and counts.
+    pub fn hostile_report(&self) -> hostile::State {
+        self.hostile_state().clone()
+    }
+
+    /// The generator for the next event of `stream`, when the mode is on.
+    pub fn hostile_rng(&self, stream: Stream) -> Option<hostile::Rng> {
+        self.faults().hostile?;
+        Some(self.hostile_state().rng(self.partition, stream))
+    }
+
+    /// Count something the hostile mode corrupted.
+    pub fn hostile_count(&self, f: impl FnOnce(&mut hostile::Counts)) {
+        f(&mut self.hostile_state().counts);
+    }
+
     pub fn region_read(&self, region: u32, off: u64, buf: &mut [u8]) -> Result<(), String> {
         let inner = self.lock();
         match region {
             REGION_BAR0 => {
                 inner.gas.read(off, buf)?;
+                if let Some(mut rng) = self.hostile_rng(Stream::Register) {
+                    if hostile::corrupt_read(&mut rng, self.partitions, off, buf) {
+                        self.hostile_count(|c| c.register_reads += 1);
+                    }
+                }
                 if self.faults().dead {
                     // A crashed firmware: sys_info.device_id reads 0.
                     let id = SYS_INFO + SI_DEVICE_ID;
@@ -815,7 +855,7 @@ impl Mep {
             tx.as_ref().is_some_and(|tx| tx.send(job).is_ok())
         };
         if !sent {
-            info!("{}: no MRPC worker; command stays INPROGRESS", self.name);
+            error!("{}: no MRPC worker; command stays INPROGRESS", self.name);
             return;
         }
         let f = self.faults();
@@ -827,7 +867,11 @@ impl Mep {
         while *done < seq {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                info!("{}: MRPC command {seq} still running", self.name);
+                note!(
+                    "{}: MRPC command {seq} still running after {} s; write acknowledged",
+                    self.name,
+                    SYNC_WAIT.as_secs()
+                );
                 break;
             }
             done = match self.done_cv.wait_timeout(done, left) {
@@ -847,14 +891,16 @@ impl Mep {
     fn complete(&self, job: &Job, outcome: &MrpcOutcome, drop_irq: bool) {
         let mut inner = self.lock();
         if inner.epoch != job.epoch {
-            info!(
+            note!(
                 "{}: MRPC cmd {:#x} finished after a device reset; result discarded",
-                self.name, job.cmd
+                self.name,
+                job.cmd
             );
             return;
         }
         let vector = inner.gas.finish_mrpc(outcome);
-        info!(
+        info_or_note!(
+            outcome.status != MRPC_STATUS_DONE,
             "{}: MRPC cmd {:#x} ({}) input {} bytes -> status {} ret {:#x}",
             self.name,
             job.cmd,
@@ -865,6 +911,13 @@ impl Mep {
         );
         if let Some(v) = vector {
             self.raise(&inner, v, "MRPC completion", drop_irq);
+        }
+        if let Some(mut rng) = self.hostile_rng(Stream::Irq) {
+            if rng.chance(1, 3) {
+                let v = rng.below(u64::from(pci::MSIX_VECTORS)) as u16;
+                self.hostile_count(|c| c.spurious_irqs += 1);
+                self.raise(&inner, v, "nothing (hostile: spurious)", drop_irq);
+            }
         }
     }
 
@@ -914,7 +967,10 @@ impl Mep {
                 self.raise(&inner, v, "fabric event", drop_irq);
             }
             if n.routes_lost.contains(&(self.partition as usize)) {
-                info!("{}: P2P routes removed (target unbound)", self.name);
+                info!(
+                    "{}: P2P routes removed (target unbound or grant revoked)",
+                    self.name
+                );
                 self.raise_p2p(&mut inner, EV_ROUTES_CHANGED, "P2P routes changed");
             }
         }
@@ -923,7 +979,7 @@ impl Mep {
     /// Interrupt the host: the MSI-X vector when MSI-X is set up, else INTx.
     fn raise(&self, inner: &Inner, vector: u16, why: &str, drop_irq: bool) {
         if drop_irq {
-            info!(
+            note!(
                 "{}: interrupt for {why} dropped (fault drop-irq)",
                 self.name
             );
@@ -943,7 +999,7 @@ impl Mep {
                     irq::index_name(index)
                 );
             }
-            Err(e) => info!("{}: interrupt for {why} not delivered: {e}", self.name),
+            Err(e) => note!("{}: interrupt for {why} not delivered: {e}", self.name),
         }
     }
 
@@ -1234,7 +1290,7 @@ impl Fabric {
             if let Some(f) = self.function_dev(req.pdfid) {
                 match f.scrub() {
                     Ok(()) => {}
-                    Err(e) => info!("{id}: scrub failed: {e}"),
+                    Err(e) => error!("{id}: scrub failed: {e}"),
                 }
             }
         }
@@ -1248,7 +1304,8 @@ impl Fabric {
             }
             (n, m.invariants())
         };
-        info!(
+        info_or_note!(
+            ret != 0,
             "{} {:#06x} {} {host} logical port {} requested by {}: {} ({:#x}) in {} ms{}",
             if req.bind { "bind" } else { "unbind" },
             req.pdfid,
@@ -1265,7 +1322,7 @@ impl Fabric {
             }
         );
         for v in &violations {
-            info!("INVARIANT VIOLATED: {v}");
+            error!("INVARIANT VIOLATED: {v}");
         }
         if let Some(mut n) = notice {
             n.routes_lost.extend(lost);
@@ -1319,7 +1376,7 @@ impl Fabric {
                                     std::thread::sleep(Duration::from_millis(500));
                                 }
                                 Err(e) => {
-                                    info!("{}: initial binding {id} not added: {e}", q.host);
+                                    error!("{}: initial binding {id} not added: {e}", q.host);
                                     break;
                                 }
                             }
@@ -1347,7 +1404,7 @@ impl Fabric {
                 if up { "up" } else { "down" }
             ),
             Ok(false) => {}
-            Err(e) => info!("{name}: cannot set upstream port {port} link: {e}"),
+            Err(e) => error!("{name}: cannot set upstream port {port} link: {e}"),
         }
     }
 
@@ -1383,7 +1440,7 @@ impl Fabric {
             let f = mep.faults();
             if f.hang || f.dead {
                 mep.note_hung(&job);
-                info!(
+                note!(
                     "{}: MRPC cmd {:#x} ({}) never completes (fault {})",
                     mep.name,
                     job.cmd,
@@ -1410,6 +1467,11 @@ impl Fabric {
                     (outcome, x.notices, x.deferred)
                 }
             };
+            if notices.iter().any(|n| !n.routes_lost.is_empty()) {
+                // A REVOKE removed routes: complete only once no copy that
+                // passed its check on one of them is still running.
+                self.p2p.quiesce();
+            }
             if let Some(req) = deferred {
                 // Acknowledge the write of `cmd` now (status INPROGRESS);
                 // the hot-plug may take seconds and needs QEMU's main loop.
@@ -1417,6 +1479,13 @@ impl Fabric {
                 let ret = self.execute(req);
                 if ret != 0 {
                     outcome = MrpcOutcome::error(ret);
+                }
+            }
+            if f.hostile.is_some() && hostile::targeted(job.cmd) {
+                if let Some(mut rng) = mep.hostile_rng(Stream::Mrpc) {
+                    if hostile::corrupt_reply(&mut rng, job.cmd, &job.input, &mut outcome) {
+                        mep.hostile_count(|c| c.mrpc_replies += 1);
+                    }
                 }
             }
             mep.complete(&job, &outcome, f.drop_irq);

@@ -6,7 +6,7 @@
 
 use crate::config::{Config, Firmware, LOG_PORTS};
 use crate::gas::{DSPS_PER_PARTITION, PFFS_PER_PARTITION};
-use crate::p2p::Route;
+use crate::p2p::{Grant, Route};
 use std::collections::VecDeque;
 
 /// PDFID of function `f` of the endpoint on physical port `port`.
@@ -99,6 +99,10 @@ pub const PCIFAB_ERR_NOT_BOUND: u32 = 0xf0_000a;
 pub const PCIFAB_ERR_ROUTE_FULL: u32 = 0xf0_000b;
 pub const PCIFAB_ERR_ROUTE_CONFLICT: u32 = 0xf0_000c;
 pub const PCIFAB_ERR_NO_ROUTE: u32 = 0xf0_000d;
+pub const PCIFAB_ERR_NOT_HOLDER: u32 = 0xf0_000e;
+pub const PCIFAB_ERR_NO_GRANT: u32 = 0xf0_000f;
+pub const PCIFAB_ERR_NOT_GRANTED: u32 = 0xf0_0010;
+pub const PCIFAB_ERR_GRANT_FULL: u32 = 0xf0_0011;
 
 pub fn ret_name(ret: u32) -> &'static str {
     match ret {
@@ -118,6 +122,10 @@ pub fn ret_name(ret: u32) -> &'static str {
         PCIFAB_ERR_ROUTE_FULL => "ROUTE_FULL",
         PCIFAB_ERR_ROUTE_CONFLICT => "ROUTE_CONFLICT",
         PCIFAB_ERR_NO_ROUTE => "NO_ROUTE",
+        PCIFAB_ERR_NOT_HOLDER => "NOT_HOLDER",
+        PCIFAB_ERR_NO_GRANT => "NO_GRANT",
+        PCIFAB_ERR_NOT_GRANTED => "NOT_GRANTED",
+        PCIFAB_ERR_GRANT_FULL => "GRANT_FULL",
         _ => "?",
     }
 }
@@ -285,6 +293,9 @@ pub struct Model {
     pub generation: u32,
     /// Size of every MEP's P2P window in bytes.
     pub window: u64,
+    /// P2P grants: who may route onto a function another host holds.
+    /// Ascending (pdfid, grantee).
+    pub grants: Vec<Grant>,
 }
 
 impl Model {
@@ -383,6 +394,7 @@ impl Model {
             hosts,
             generation: 1,
             window: u64::from(cfg.p2p_window_mib) << 20,
+            grants: Vec::new(),
         }
     }
 
@@ -675,6 +687,7 @@ impl Model {
             f.binding = None;
             f.phantom = false;
             routes_lost = self.drop_routes_to(req.pdfid);
+            self.grants.retain(|g| g.pdfid != req.pdfid);
         }
         let host_port = self.hosts[req.host].port;
         self.bump_generation();

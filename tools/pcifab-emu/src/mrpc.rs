@@ -23,6 +23,10 @@ pub const MRPC_P2P_ROUTE: u32 = 0xf004;
 pub const ROUTE_ADD: u8 = 1;
 pub const ROUTE_DEL: u8 = 2;
 pub const ROUTE_LIST: u8 = 3;
+pub const ROUTE_GRANT: u8 = 4;
+pub const ROUTE_REVOKE: u8 = 5;
+pub const ROUTE_GRANT_LIST: u8 = 6;
+pub const GRANT_ENTRY_SIZE: usize = 8;
 pub const ROUTE_INPUT_SIZE: usize = 32;
 pub const ROUTE_ENTRY_SIZE: usize = 32;
 
@@ -603,6 +607,37 @@ impl Exec<'_> {
                 u16_at(input, 6)?,
             )?,
             ROUTE_DEL => self.model.del_route(host, u64_at(input, 8)?)?,
+            sub @ (ROUTE_GRANT | ROUTE_REVOKE) => {
+                // pdfid at 6, grantee at 8, the rest of the structure zero.
+                if input[9..ROUTE_INPUT_SIZE].iter().any(|&b| b != 0) {
+                    return Err(ERR_PARAM_INVALID);
+                }
+                let (pdfid, grantee) = (u16_at(input, 6)?, usize::from(u8_at(input, 8)?));
+                if sub == ROUTE_GRANT {
+                    self.model.grant(host, pdfid, grantee)?
+                } else {
+                    let (n, lost) = self.model.revoke(host, pdfid, grantee)?;
+                    if lost {
+                        self.notices.push(Notice {
+                            routes_lost: vec![grantee],
+                            ..Notice::default()
+                        });
+                    }
+                    n
+                }
+            }
+            ROUTE_GRANT_LIST => {
+                let grants = self.model.grant_list(host);
+                let mut o = Out::default();
+                o.u16(EXT_VERSION)
+                    .u16((8 + GRANT_ENTRY_SIZE * grants.len()) as u16)
+                    .u16(grants.len() as u16)
+                    .u16(GRANT_ENTRY_SIZE as u16);
+                for (pdfid, holder, grantee) in grants {
+                    o.u16(pdfid).u8(holder as u8).u8(grantee as u8).u32(0);
+                }
+                return Ok(o.0);
+            }
             ROUTE_LIST => {
                 let m = &*self.model;
                 let routes = &m.hosts[host].routes;

@@ -64,6 +64,21 @@ impl Route {
     }
 }
 
+/// The host of partition `grantee` may route its window onto function
+/// `pdfid`, which another host holds. Dropped when the function is unbound.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grant {
+    pub pdfid: u16,
+    pub grantee: usize,
+}
+
+/// Most grants in the fabric: a GRANT_LIST of all of them fills the
+/// 1024-byte output buffer exactly ((1024 - 8) / 8).
+pub const MAX_GRANTS: usize = 127;
+
+/// One GRANT_LIST entry: (pdfid, holder partition, grantee partition).
+pub type GrantEntry = (u16, usize, usize);
+
 impl Model {
     /// P2P_ROUTE ADD on the MEP of `host`, checked in the documented order.
     /// Returns the number of routes now.
@@ -87,8 +102,11 @@ impl Model {
         let f = self
             .function(pdfid)
             .ok_or(model::PCIFAB_ERR_PDFID_UNKNOWN)?;
-        if f.binding.is_none() {
+        let Some((holder, _)) = f.binding else {
             return Err(model::PCIFAB_ERR_NOT_BOUND);
+        };
+        if holder != host && !self.granted(pdfid, host) {
+            return Err(model::PCIFAB_ERR_NOT_GRANTED);
         }
         if target_off
             .checked_add(size)
@@ -136,6 +154,93 @@ impl Model {
         Ok(routes.len())
     }
 
+    /// A grant for (`pdfid`, `grantee`) exists.
+    pub fn granted(&self, pdfid: u16, grantee: usize) -> bool {
+        self.grants
+            .iter()
+            .any(|g| g.pdfid == pdfid && g.grantee == grantee)
+    }
+
+    /// The checks GRANT and REVOKE share, in the documented order: the
+    /// grantee is a partition, the function exists and is bound, and `host`
+    /// holds it or is a manager. Returns the holder's partition.
+    fn grant_check(&self, host: usize, pdfid: u16, grantee: usize) -> Result<usize, u32> {
+        if grantee >= self.hosts.len() || host >= self.hosts.len() {
+            return Err(model::ERR_PARAM_INVALID);
+        }
+        let f = self
+            .function(pdfid)
+            .ok_or(model::PCIFAB_ERR_PDFID_UNKNOWN)?;
+        let (holder, _) = f.binding.ok_or(model::PCIFAB_ERR_NOT_BOUND)?;
+        if holder != host && !self.hosts[host].manager {
+            return Err(model::PCIFAB_ERR_NOT_HOLDER);
+        }
+        Ok(holder)
+    }
+
+    /// Grants on `pdfid`.
+    fn grant_count(&self, pdfid: u16) -> usize {
+        self.grants.iter().filter(|g| g.pdfid == pdfid).count()
+    }
+
+    /// P2P_ROUTE GRANT by the host of partition `host`: let `grantee` route
+    /// onto `pdfid`. Idempotent. Returns the number of grants on `pdfid`.
+    pub fn grant(&mut self, host: usize, pdfid: u16, grantee: usize) -> Result<usize, u32> {
+        let holder = self.grant_check(host, pdfid, grantee)?;
+        if grantee == holder {
+            // The holder needs no grant: refuse rather than record nonsense.
+            return Err(model::ERR_PARAM_INVALID);
+        }
+        if !self.granted(pdfid, grantee) {
+            if self.grants.len() >= MAX_GRANTS {
+                return Err(model::PCIFAB_ERR_GRANT_FULL);
+            }
+            let at = self
+                .grants
+                .partition_point(|g| (g.pdfid, g.grantee) < (pdfid, grantee));
+            self.grants.insert(at, Grant { pdfid, grantee });
+        }
+        Ok(self.grant_count(pdfid))
+    }
+
+    /// P2P_ROUTE REVOKE by the host of partition `host`: remove the grant
+    /// and every route of the grantee's MEP onto `pdfid`. Returns the number
+    /// of grants left on `pdfid` and whether the grantee lost a route.
+    pub fn revoke(
+        &mut self,
+        host: usize,
+        pdfid: u16,
+        grantee: usize,
+    ) -> Result<(usize, bool), u32> {
+        self.grant_check(host, pdfid, grantee)?;
+        let i = self
+            .grants
+            .iter()
+            .position(|g| g.pdfid == pdfid && g.grantee == grantee)
+            .ok_or(model::PCIFAB_ERR_NO_GRANT)?;
+        self.grants.remove(i);
+        let routes = &mut self.hosts[grantee].routes;
+        let before = routes.len();
+        routes.retain(|r| r.pdfid != pdfid);
+        let lost = routes.len() != before;
+        Ok((self.grant_count(pdfid), lost))
+    }
+
+    /// The grants the host of partition `host` may see (on functions it
+    /// holds or was granted; a manager sees all), ascending (pdfid,
+    /// grantee), with the holder of each.
+    pub fn grant_list(&self, host: usize) -> Vec<GrantEntry> {
+        let manager = self.hosts.get(host).is_some_and(|h| h.manager);
+        self.grants
+            .iter()
+            .filter_map(|g| {
+                let holder = self.function(g.pdfid)?.binding?.0;
+                (manager || holder == host || g.grantee == host)
+                    .then_some((g.pdfid, holder, g.grantee))
+            })
+            .collect()
+    }
+
     /// Where `len` bytes at window offset `off` of `host`'s MEP go: the
     /// target function and the offset in its device memory, when the range
     /// lies wholly inside one route.
@@ -168,7 +273,7 @@ impl Model {
     /// do not overlap (and are at most MAX_ROUTES).
     pub fn route_invariants(&self) -> Vec<String> {
         let mut v = Vec::new();
-        for host in &self.hosts {
+        for (h, host) in self.hosts.iter().enumerate() {
             let name = &host.name;
             if host.routes.len() > MAX_ROUTES {
                 v.push(format!(
@@ -184,8 +289,14 @@ impl Model {
                 match self.function(r.pdfid) {
                     None => v.push(format!("{what} targets no function")),
                     Some(f) => {
-                        if f.binding.is_none() {
-                            v.push(format!("{what} targets an unbound function"));
+                        match f.binding {
+                            None => v.push(format!("{what} targets an unbound function")),
+                            Some((holder, _)) if holder != h && !self.granted(r.pdfid, h) => v
+                                .push(format!(
+                                    "{what} targets a function {} holds, without a grant",
+                                    self.hosts.get(holder).map_or("?", |x| x.name.as_str())
+                                )),
+                            Some(_) => {}
                         }
                         if r.target_off
                             .checked_add(r.size)
@@ -216,6 +327,31 @@ impl Model {
                     }
                 }
             }
+        }
+        for (i, g) in self.grants.iter().enumerate() {
+            let what = format!("grant of {:#06x} to partition {}", g.pdfid, g.grantee);
+            match self.function(g.pdfid).and_then(|f| f.binding) {
+                None => v.push(format!("{what} is on a function that is not bound")),
+                Some((holder, _)) if holder == g.grantee => {
+                    v.push(format!("{what} is to the function's holder"))
+                }
+                Some(_) => {}
+            }
+            if g.grantee >= self.hosts.len() {
+                v.push(format!("{what}: no such partition"));
+            }
+            if self.grants[..i]
+                .iter()
+                .any(|o| (o.pdfid, o.grantee) >= (g.pdfid, g.grantee))
+            {
+                v.push(format!("{what} is duplicated or out of order"));
+            }
+        }
+        if self.grants.len() > MAX_GRANTS {
+            v.push(format!(
+                "{} grants, more than {MAX_GRANTS}",
+                self.grants.len()
+            ));
         }
         v
     }
@@ -290,7 +426,7 @@ pub fn window_read(mep: &Mep, off: u64, buf: &mut [u8]) -> Result<(), String> {
             if let Some(f) = sh.function(pdfid) {
                 match f.dev_read(toff, buf) {
                     Ok(()) => return Ok(()),
-                    Err(e) => info!("{}: P2P window read: {e}", mep.name),
+                    Err(e) => error!("{}: P2P window read: {e}", mep.name),
                 }
             }
         }
@@ -316,7 +452,7 @@ pub fn window_write(mep: &Mep, off: u64, data: &[u8]) -> Result<(), String> {
             if let Some(f) = sh.function(pdfid) {
                 match f.dev_write(toff, data) {
                     Ok(()) => return Ok(()),
-                    Err(e) => info!("{}: P2P window write: {e}", mep.name),
+                    Err(e) => error!("{}: P2P window write: {e}", mep.name),
                 }
             }
         }
@@ -333,7 +469,7 @@ fn p2p_fault(mep: &Mep, off: u64, what: &str, len: usize) {
     g.set_p2p(P2P_FAULT_COUNT, n);
     g.set_p2p(P2P_FAULT_ADDR_LO, off as u32);
     g.set_p2p(P2P_FAULT_ADDR_HI, (off >> 32) as u32);
-    info!(
+    note!(
         "{}: P2P fault {n}: {what} of {len} bytes at window offset {off:#x} is not inside one route",
         mep.name
     );
@@ -480,7 +616,7 @@ fn run(mep: &Mep, d: &Desc) -> (u32, u64) {
 fn halt(mep: &Mep, inner: &mut Inner, why: &str) {
     let st = inner.gas.p2p(DMA_STATUS);
     inner.gas.set_p2p(DMA_STATUS, st | DMA_STATUS_HALTED);
-    info!("{}: DMA engine halted: {why}", mep.name);
+    note!("{}: DMA engine halted: {why}", mep.name);
     mep.raise_p2p(inner, EV_DMA_ERROR, "DMA error");
 }
 
@@ -556,17 +692,27 @@ pub fn process(mep: &Mep) {
         }
         let d = Desc::parse(&raw);
         let (status, done) = run(mep, &d);
+        // A hostile firmware lies in the write-back only; the engine's own
+        // registers below stay true.
+        let (wb_done, wb_status) = match mep.hostile_rng(crate::hostile::Stream::Dma) {
+            Some(mut rng) => {
+                mep.hostile_count(|c| c.dma_writebacks += 1);
+                crate::hostile::corrupt_writeback(&mut rng, d.len, done, status)
+            }
+            None => (done, status),
+        };
         let mut inner = mep.lock();
         let written = inner
             .dma
-            .write(addr + 32, &done.to_le_bytes())
+            .write(addr + 32, &wb_done.to_le_bytes())
             .and_then(|()| {
                 std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-                inner.dma.write(addr + 4, &status.to_le_bytes())
+                inner.dma.write(addr + 4, &wb_status.to_le_bytes())
             });
         landed(&mut inner);
         let (sk, dk) = d.kinds();
-        info!(
+        info_or_note!(
+            status != ST_OK,
             "{}: DMA descriptor {index}: {} {:#x} -> {} {:#x}, {} bytes: {} ({done} copied)",
             mep.name,
             kind_name(sk),
@@ -722,8 +868,32 @@ mod tests {
     const MIB: u64 = 1 << 20;
     const HOST: u64 = 0x1000_0000;
 
-    fn fabric() -> Fabric {
+    /// The fabric of CFG, as it starts.
+    fn bare_fabric() -> Fabric {
         Fabric::new(Config::parse(CFG).expect("config"))
+    }
+
+    /// The fabric of CFG where h1, the holder of gpu0's PF, granted it to
+    /// h0 (through MRPC), so h0 may route onto both PFs.
+    fn fabric() -> Fabric {
+        let f = bare_fabric();
+        assert_eq!(
+            ret(&f, 1, &grant_in(GRANT, 0x0300, 0)),
+            0,
+            "h1 grants 0x0300 to h0"
+        );
+        f
+    }
+
+    const GRANT: u8 = 4;
+    const REVOKE: u8 = 5;
+    const GRANT_LIST: u8 = 6;
+
+    /// P2P_ROUTE GRANT / REVOKE / GRANT_LIST input.
+    fn grant_in(sub: u8, pdfid: u16, grantee: u8) -> Vec<u8> {
+        let mut v = route_in(sub, pdfid, 0, 0, 0);
+        v[8] = grantee;
+        v
     }
 
     fn route_in(sub: u8, pdfid: u16, woff: u64, size: u64, toff: u64) -> Vec<u8> {
@@ -922,9 +1092,9 @@ mod tests {
                 "sub 0",
             ),
             (
-                route_in(4, 0x0300, 0, 0x1000, 0),
+                route_in(7, 0x0300, 0, 0x1000, 0),
                 mrpc::ERR_SUBCMD_INVALID,
-                "sub 4",
+                "sub 7",
             ),
             (
                 route_in(1, 0x0999, 0x800, 0x1000, 0),
@@ -1475,5 +1645,438 @@ mod tests {
                 "{bad}: {r}"
             );
         }
+    }
+
+    // h0 holds gpu1's PF, h1 gpu0's PF; h2 is the manager and holds nothing.
+    const CFG_MGR: &str = "p2p_window_mib = 16\n\
+        [policy]\nmanager = \"h2\"\n\
+        [[hosts]]\nname = \"h0\"\n[[hosts]]\nname = \"h1\"\n[[hosts]]\nname = \"h2\"\n\
+        [[endpoints]]\nname = \"gpu0\"\nport = 16\nvendor_id = 1\ndevice_id = 2\nclass = 1\n\
+        vfs = 2\nmem_mib = 1\ndev_mem_mib = 4\nvf_mem_mib = 1\n\
+        [[endpoints]]\nname = \"gpu1\"\nport = 24\nvendor_id = 1\ndevice_id = 2\nclass = 1\n\
+        mem_mib = 2\n\
+        [[bindings]]\nendpoint = \"gpu0\"\nhost = \"h1\"\nlogical_port = 0\n\
+        [[bindings]]\nendpoint = \"gpu1\"\nhost = \"h0\"\nlogical_port = 0\n";
+
+    fn mgr_fabric() -> Fabric {
+        Fabric::new(Config::parse(CFG_MGR).expect("config"))
+    }
+
+    /// One P2P_ROUTE command through the firmware; also the fabric changes
+    /// it made.
+    fn mrpc_notices(f: &Fabric, host: usize, input: &[u8]) -> (MrpcOutcome, Vec<model::Notice>) {
+        let mut m = f.model();
+        let mut x = Exec {
+            model: &mut m,
+            partition: host,
+            bad_length: false,
+            notices: Vec::new(),
+            deferred: None,
+        };
+        let r = x.run(mrpc::MRPC_P2P_ROUTE, input);
+        (r, x.notices)
+    }
+
+    /// GRANT_LIST output for these (pdfid, holder, grantee) entries.
+    fn grant_list_out(entries: &[(u16, u8, u8)]) -> Vec<u8> {
+        let mut v = vec![
+            1,
+            0,
+            8 + 8 * entries.len() as u8,
+            0,
+            entries.len() as u8,
+            0,
+            8,
+            0,
+        ];
+        for &(p, h, g) in entries {
+            v.extend_from_slice(&p.to_le_bytes());
+            v.extend_from_slice(&[h, g, 0, 0, 0, 0]);
+        }
+        v
+    }
+
+    #[test]
+    fn routes_need_the_holder_or_a_grant() {
+        use model::*;
+        let f = mgr_fabric();
+        // h0 may route onto what it holds, not onto what h1 holds.
+        add(&f, 0, 0x0400, 0, 0x1000, 0);
+        assert_eq!(
+            ret(&f, 0, &route_in(1, 0x0300, 0x10000, 0x1000, 0)),
+            PCIFAB_ERR_NOT_GRANTED
+        );
+        assert_eq!(
+            ret(&f, 2, &route_in(1, 0x0300, 0, 0x1000, 0)),
+            PCIFAB_ERR_NOT_GRANTED,
+            "not even the manager without a grant"
+        );
+        assert_eq!(
+            ret(&f, 0, &route_in(1, 0x0301, 0x10000, 0x1000, 0)),
+            PCIFAB_ERR_NOT_BOUND,
+            "NOT_BOUND comes first"
+        );
+        assert_eq!(
+            ret(&f, 0, &route_in(1, 0x0300, 0x10000, 0x1000, 4 * MIB)),
+            PCIFAB_ERR_NOT_GRANTED,
+            "before RANGE"
+        );
+        // GRANT: refused for a host that neither holds the function nor manages.
+        assert_eq!(
+            ret(&f, 0, &grant_in(GRANT, 0x0300, 0)),
+            PCIFAB_ERR_NOT_HOLDER
+        );
+        // Checks in order: parameters, pdfid, bound, holder/manager.
+        let mut rsvd = grant_in(GRANT, 0x0300, 0);
+        rsvd[31] = 1;
+        for (host, input, want, why) in [
+            (
+                1,
+                grant_in(GRANT, 0x0999, 3),
+                ERR_PARAM_INVALID,
+                "grantee 3 first",
+            ),
+            (1, rsvd, ERR_PARAM_INVALID, "byte 31 not zero"),
+            (
+                1,
+                grant_in(GRANT, 0x0999, 0),
+                PCIFAB_ERR_PDFID_UNKNOWN,
+                "unknown",
+            ),
+            (
+                1,
+                grant_in(GRANT, 0x0301, 0),
+                PCIFAB_ERR_NOT_BOUND,
+                "unbound",
+            ),
+            (
+                0,
+                grant_in(GRANT, 0x0301, 1),
+                PCIFAB_ERR_NOT_BOUND,
+                "unbound, non-holder",
+            ),
+            (
+                0,
+                grant_in(GRANT, 0x0300, 2),
+                PCIFAB_ERR_NOT_HOLDER,
+                "non-holder",
+            ),
+            (
+                1,
+                grant_in(GRANT, 0x0300, 1),
+                ERR_PARAM_INVALID,
+                "to the holder",
+            ),
+            (
+                0,
+                grant_in(REVOKE, 0x0300, 0),
+                PCIFAB_ERR_NOT_HOLDER,
+                "revoke, non-holder",
+            ),
+            (
+                1,
+                grant_in(REVOKE, 0x0300, 0),
+                PCIFAB_ERR_NO_GRANT,
+                "no grant yet",
+            ),
+        ] {
+            let r = mrpc(&f, host, &input);
+            assert_eq!((r.status, r.ret), (0xff, want), "{why}");
+        }
+        assert!(f.model().grants.is_empty(), "refusals change nothing");
+        // The holder grants: output like ADD's, the count of grants on 0x0300.
+        let r = mrpc(&f, 1, &grant_in(GRANT, 0x0300, 0));
+        assert_eq!((r.ret, r.output), (0, vec![1, 0, 8, 0, 1, 0, 0, 0]));
+        let r = mrpc(&f, 1, &grant_in(GRANT, 0x0300, 0));
+        assert_eq!(
+            (r.ret, r.output),
+            (0, vec![1, 0, 8, 0, 1, 0, 0, 0]),
+            "idempotent"
+        );
+        // The manager grants what h1 holds, to itself, and what h0 holds to h1.
+        let r = mrpc(&f, 2, &grant_in(GRANT, 0x0300, 2));
+        assert_eq!((r.ret, r.output[4]), (0, 2));
+        assert_eq!(ret(&f, 2, &grant_in(GRANT, 0x0400, 1)), 0);
+        // Routes after the grant work, for the grantee only.
+        add(&f, 0, 0x0300, 0x10000, 0x2000, 0x30_0000);
+        add(&f, 2, 0x0300, 0, 0x1000, 0);
+        f.meps[0]
+            .region_write(REGION_BAR2, 0x10008, b"granted")
+            .expect("write");
+        let mut b = [0u8; 7];
+        f.function_dev(0x0300)
+            .expect("PF")
+            .dev_read(0x30_0008, &mut b)
+            .expect("read");
+        assert_eq!(&b, b"granted");
+        assert_eq!(reg(&f.meps[0], P2P_FAULT_COUNT), 0);
+        // GRANT_LIST: what each host may see, ascending pdfid then grantee.
+        let list = |h: usize| mrpc(&f, h, &grant_in(GRANT_LIST, 0, 0)).output;
+        assert_eq!(list(0), grant_list_out(&[(0x0300, 1, 0), (0x0400, 0, 1)]));
+        assert_eq!(
+            list(1),
+            grant_list_out(&[(0x0300, 1, 0), (0x0300, 1, 2), (0x0400, 0, 1)]),
+            "the holder of 0x0300 sees all its grants, and the one it was given"
+        );
+        assert_eq!(
+            list(2),
+            grant_list_out(&[(0x0300, 1, 0), (0x0300, 1, 2), (0x0400, 0, 1)]),
+            "the manager sees all"
+        );
+        assert_eq!(
+            handle("grants", &f),
+            "{\"ok\":true,\"grants\":[{\"pdfid\":768,\"holder\":\"h1\",\"grantee\":\"h0\"},\
+             {\"pdfid\":768,\"holder\":\"h1\",\"grantee\":\"h2\"},\
+             {\"pdfid\":1024,\"holder\":\"h0\",\"grantee\":\"h1\"}]}"
+        );
+        assert_eq!(
+            handle("grants h2", &f),
+            "{\"ok\":true,\"grants\":[{\"pdfid\":768,\"holder\":\"h1\",\"grantee\":\"h2\"}]}"
+        );
+        assert!(handle("grants h9", &f).contains("no host 'h9'"));
+        assert!(handle("grants h0 h1", &f).contains("usage: grants [host]"));
+        assert!(f.model().invariants().is_empty());
+        // REVOKE by the holder: the grantee's routes onto the function go
+        // (and only those), ROUTES_CHANGED is asked for on the grantee's MEP.
+        let (r, notices) = mrpc_notices(&f, 1, &grant_in(REVOKE, 0x0300, 0));
+        assert_eq!((r.ret, r.output), (0, vec![1, 0, 8, 0, 1, 0, 0, 0]));
+        assert_eq!(notices.len(), 1);
+        assert_eq!(notices[0].routes_lost, [0]);
+        assert!(!notices[0].gfms && notices[0].pffs.is_empty());
+        {
+            let m = f.model();
+            assert_eq!(
+                m.hosts[0].routes.len(),
+                1,
+                "h0's route to its own 0x0400 stays"
+            );
+            assert_eq!(m.hosts[0].routes[0].pdfid, 0x0400);
+            assert_eq!(m.hosts[2].routes.len(), 1, "h2's grant was not revoked");
+            assert!(m.invariants().is_empty());
+        }
+        assert_eq!(
+            ret(&f, 0, &route_in(1, 0x0300, 0x10000, 0x1000, 0)),
+            PCIFAB_ERR_NOT_GRANTED,
+            "revoked"
+        );
+        assert_eq!(
+            ret(&f, 1, &grant_in(REVOKE, 0x0300, 0)),
+            PCIFAB_ERR_NO_GRANT
+        );
+        // The manager revokes a grant without routes: no notice.
+        let (r, notices) = mrpc_notices(&f, 2, &grant_in(REVOKE, 0x0400, 1));
+        assert_eq!((r.ret, r.output[4]), (0, 0));
+        assert!(notices.is_empty());
+        assert_eq!(list(1), grant_list_out(&[(0x0300, 1, 2)]));
+        assert_eq!(list(0), grant_list_out(&[]));
+    }
+
+    #[test]
+    fn unbind_drops_grants_and_routes() {
+        let f = mgr_fabric();
+        assert_eq!(ret(&f, 1, &grant_in(GRANT, 0x0300, 0)), 0);
+        add(&f, 0, 0x0300, 0, 0x1000, 0);
+        let r = handle("unbind 0x0300", &f);
+        assert!(r.starts_with("{\"ok\":true,\"ret\":0"), "{r}");
+        {
+            let m = f.model();
+            assert!(m.grants.is_empty(), "the grant went with the binding");
+            assert!(m.hosts[0].routes.is_empty(), "and the route");
+            assert!(m.invariants().is_empty());
+        }
+        assert_eq!(reg(&f.meps[0], P2P_EVENT_STATUS), EV_ROUTES_CHANGED);
+        assert_eq!(handle("grants", &f), "{\"ok\":true,\"grants\":[]}");
+        // Bound again (to the same host): the old grant does not come back.
+        assert_eq!(handle("fault h1 no-enumerate", &f), "{\"ok\":true}");
+        let r = handle("bind 0x0300 h1 0", &f);
+        assert!(r.starts_with("{\"ok\":true,\"ret\":0"), "{r}");
+        assert_eq!(
+            ret(&f, 0, &route_in(1, 0x0300, 0, 0x1000, 0)),
+            model::PCIFAB_ERR_NOT_GRANTED
+        );
+    }
+
+    /// GRANT and REVOKE through the MEP's registers and its firmware worker:
+    /// a revoke takes the grantee's routes away and raises ROUTES_CHANGED there.
+    #[test]
+    fn revoke_through_the_mep() {
+        let f = Arc::new(mgr_fabric());
+        f.start().expect("start");
+        let run = |host: usize, input: &[u8]| -> (u32, u32, Vec<u8>) {
+            let mep = &f.meps[host];
+            mep.region_write(REGION_BAR0, MRPC_INPUT_DATA, input)
+                .expect("input");
+            mep.region_write(REGION_BAR0, MRPC_CMD, &mrpc::MRPC_P2P_ROUTE.to_le_bytes())
+                .expect("cmd");
+            let mut st = [0u8; 4];
+            mep.region_read(REGION_BAR0, MRPC_STATUS, &mut st)
+                .expect("status");
+            let mut rv = [0u8; 4];
+            mep.region_read(REGION_BAR0, MRPC_RET_VALUE, &mut rv)
+                .expect("ret");
+            let mut out = vec![0u8; 8];
+            mep.region_read(REGION_BAR0, MRPC_OUTPUT_DATA, &mut out)
+                .expect("output");
+            (u32::from_le_bytes(st), u32::from_le_bytes(rv), out)
+        };
+        assert_eq!(
+            run(0, &route_in(1, 0x0300, 0, 0x1000, 0)).1,
+            model::PCIFAB_ERR_NOT_GRANTED
+        );
+        assert_eq!(
+            run(1, &grant_in(GRANT, 0x0300, 0)),
+            (2, 0, vec![1, 0, 8, 0, 1, 0, 0, 0])
+        );
+        assert_eq!(
+            run(0, &route_in(1, 0x0300, 0, 0x1000, 0)).0,
+            2,
+            "ADD after GRANT"
+        );
+        let mep0 = &f.meps[0];
+        let irq = msix(mep0, 1);
+        set(mep0, DMA_IRQ, DMA_IRQ_ENABLE | 1);
+        mep0.region_write(REGION_BAR2, 0x10, b"x").expect("write");
+        assert_eq!(reg(mep0, P2P_FAULT_COUNT), 0, "reachable while granted");
+        assert_eq!(
+            run(1, &grant_in(REVOKE, 0x0300, 0)),
+            (2, 0, vec![1, 0, 8, 0, 0, 0, 0, 0])
+        );
+        assert_eq!(reg(mep0, P2P_EVENT_STATUS), EV_ROUTES_CHANGED);
+        assert_eq!(irq(), 1);
+        assert_eq!(
+            reg(&f.meps[1], P2P_EVENT_STATUS),
+            0,
+            "only the grantee's MEP"
+        );
+        assert!(f.model().hosts[0].routes.is_empty());
+        let mut b = [0u8; 1];
+        mep0.region_read(REGION_BAR2, 0x10, &mut b).expect("read");
+        assert_eq!(b, [0xff], "unreachable after the revoke");
+        assert_eq!(reg(mep0, P2P_FAULT_COUNT), 1);
+        assert!(f.model().invariants().is_empty());
+    }
+
+    #[test]
+    fn grant_limit_and_invariants() {
+        let f = mgr_fabric();
+        assert_eq!(ret(&f, 1, &grant_in(GRANT, 0x0300, 0)), 0);
+        {
+            // Fill the table (grants on pdfids no function has, only to count).
+            let mut m = f.model();
+            for p in 0..(MAX_GRANTS as u16 - 1) {
+                m.grants.push(Grant {
+                    pdfid: 0x1000 + p,
+                    grantee: 0,
+                });
+            }
+        }
+        assert_eq!(
+            ret(&f, 1, &grant_in(GRANT, 0x0300, 2)),
+            model::PCIFAB_ERR_GRANT_FULL
+        );
+        assert_eq!(
+            ret(&f, 1, &grant_in(GRANT, 0x0300, 0)),
+            0,
+            "an existing grant is fine"
+        );
+        let out = mrpc(&f, 2, &grant_in(GRANT_LIST, 0, 0)).output;
+        assert_eq!(
+            out[..8],
+            [1, 0, 16, 0, 1, 0, 8, 0],
+            "grants on no function are not listed"
+        );
+        f.model().grants.truncate(1);
+        assert!(f.model().invariants().is_empty());
+        // A route onto another host's function without a grant, a grant on
+        // an unbound function and one to the holder all break invariants.
+        let mut m = f.model();
+        m.hosts[2].routes.push(Route {
+            window_off: 0,
+            size: 0x1000,
+            target_off: 0,
+            pdfid: 0x0300,
+        });
+        m.grants.push(Grant {
+            pdfid: 0x0301,
+            grantee: 0,
+        });
+        m.grants.push(Grant {
+            pdfid: 0x0400,
+            grantee: 0,
+        });
+        let v = m.invariants();
+        assert_eq!(v.len(), 3, "{v:?}");
+        assert!(
+            v[0].contains("targets a function h1 holds, without a grant"),
+            "{v:?}"
+        );
+        assert!(
+            v[1].contains("0x0301 to partition 0 is on a function that is not bound"),
+            "{v:?}"
+        );
+        assert!(
+            v[2].contains("0x0400 to partition 0 is to the function's holder"),
+            "{v:?}"
+        );
+    }
+
+    /// A hostile firmware lies in the descriptor's write-back (done larger
+    /// than asked, random status) but copies the data and keeps HEAD and
+    /// DMA_COMPLETED true; the lies follow the seed; `fault clear` ends them.
+    #[test]
+    fn hostile_dma_writebacks() {
+        let writebacks = |seed: u64| {
+            let f = bare_fabric();
+            let mep = &f.meps[0];
+            map_host(mep);
+            add(&f, 0, 0x0400, 0, 2 * MIB, 0); // gpu1 PF, held by h0
+            start_engine(mep);
+            assert_eq!(
+                handle(&format!("fault h0 hostile {seed}"), &f),
+                "{\"ok\":true}"
+            );
+            let data = pattern(seed, 0x3000);
+            host_write(mep, HOST, &data);
+            let mut got = Vec::new();
+            for n in 1..=4u32 {
+                let len = 0x1000 - u64::from(n);
+                got.push(submit(mep, &desc(H2W, len, HOST, 0)));
+                assert_eq!(
+                    (reg(mep, DMA_HEAD), reg(mep, DMA_COMPLETED)),
+                    (n, n),
+                    "the engine's registers stay true"
+                );
+            }
+            let mut back = vec![0u8; 0x1000 - 4];
+            f.function_dev(0x0400)
+                .expect("PF")
+                .dev_read(0, &mut back)
+                .expect("read");
+            assert!(back[..] == data[..back.len()], "the data arrived");
+            assert_eq!(mep.hostile_report().counts.dma_writebacks, 4);
+            assert_eq!(handle("fault clear h0", &f), "{\"ok\":true}");
+            assert_eq!(
+                submit(mep, &desc(H2W, 0x800, HOST, 0)),
+                (ST_OK, 0x800),
+                "truth again"
+            );
+            got
+        };
+        let a = writebacks(11);
+        for (n, &(st, done)) in a.iter().enumerate() {
+            let len = 0x1000 - 1 - n as u64;
+            assert!(
+                (st, done) != (ST_OK, len),
+                "write-back {n} lies: {:?}",
+                a[n]
+            );
+            assert!(
+                st != ST_OK || done > len,
+                "a lie the driver can see: {:?}",
+                a[n]
+            );
+        }
+        assert_eq!(a, writebacks(11), "deterministic per seed");
+        assert_ne!(a, writebacks(12));
     }
 }

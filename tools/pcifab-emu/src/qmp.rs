@@ -142,7 +142,7 @@ impl Qmp {
                 Ok(_) => {}
             }
             let Ok(v) = serde_json::from_str::<Value>(&line) else {
-                info!(
+                error!(
                     "{}: QMP sent something that is not JSON: {}",
                     self.host,
                     line.trim()

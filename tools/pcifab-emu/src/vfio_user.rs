@@ -281,11 +281,11 @@ pub fn serve<D: Device + ?Sized>(listener: UnixListener, dev: Arc<D>) {
                 dev.disconnect();
                 match result {
                     Ok(()) => info!("{}: client disconnected", dev.name()),
-                    Err(e) => info!("{}: client disconnected: {e}", dev.name()),
+                    Err(e) => note!("{}: client disconnected: {e}", dev.name()),
                 }
             }
             Err(e) => {
-                info!("{}: accept failed: {e}", dev.name());
+                error!("{}: accept failed: {e}", dev.name());
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
         }
@@ -303,7 +303,7 @@ impl<D: Device + ?Sized> Connection<'_, D> {
     fn run(&self, mut sock: UnixStream) -> io::Result<()> {
         while let Some((h, body, fds)) = read_message(&mut sock)? {
             if h.flags & FLAG_TYPE_MASK != FLAG_COMMAND {
-                info!(
+                error!(
                     "{}: ignoring message id {} cmd {} of type {} (expected a command)",
                     self.dev.name(),
                     h.id,
@@ -314,7 +314,7 @@ impl<D: Device + ?Sized> Connection<'_, D> {
             }
             let reply = self.dispatch(&h, &body, fds);
             if let Err((errno, why)) = &reply {
-                info!(
+                error!(
                     "{}: command {} (id {}) failed: {why} (errno {errno})",
                     self.dev.name(),
                     h.cmd,

@@ -83,6 +83,23 @@ impl Emu {
         }
     }
 
+    /// Every stderr line up to and including the first containing `what`.
+    fn log_until(&self, what: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        loop {
+            match self.log.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => {
+                    let last = line.contains(what);
+                    lines.push(line);
+                    if last {
+                        return lines;
+                    }
+                }
+                Err(e) => panic!("no log line containing '{what}': {e}"),
+            }
+        }
+    }
+
     fn sock(&self, name: &str) -> PathBuf {
         self.dir.join("run").join(name)
     }
@@ -887,4 +904,104 @@ fn bad_fabric_config_is_rejected() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// DMA_MAP / DMA_UNMAP bodies (vfio-user): argsz, flags, [offset,] iova, size.
+fn dma_map_body(iova: u64, size: u64) -> Vec<u8> {
+    let mut b = le_words(&[32, 3]);
+    for v in [0, iova, size] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+fn dma_unmap_body(iova: u64, size: u64) -> Vec<u8> {
+    let mut b = le_words(&[24, 0]);
+    for v in [iova, size] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+/// QEMU unmaps everything from 0xfef00000 to the top of the address space
+/// (iova + size == 2^64): accepted, exactly that range is dropped, and no
+/// error line is logged; a range that really wraps is refused with one.
+#[test]
+fn dma_unmap_to_the_top_of_the_address_space() {
+    const DMA_MAP: u16 = 2;
+    const DMA_UNMAP: u16 = 3;
+    let emu = Emu::start("dma-top", Path::new(EXAMPLE));
+    let mut c = connect(&emu, "h0");
+    for (iova, size) in [
+        (0x1000_0000, 0x10_0000),
+        (0xfee0_0000, 0x20_0000),
+        (0x1_0000_0000, 0x1000),
+        (0xffff_ffff_ffff_f000, 0x1000),
+    ] {
+        c.request(DMA_MAP, &dma_map_body(iova, size)).ok();
+    }
+    let body = dma_unmap_body(0xfef0_0000, 0xffff_ffff_0110_0000);
+    assert_eq!(
+        c.request(DMA_UNMAP, &body).ok(),
+        body,
+        "the reply echoes the request"
+    );
+    assert_eq!(
+        emu.control("dma-maps h0"),
+        "{\"ok\":true,\"maps\":[{\"iova\":268435456,\"size\":1048576,\"flags\":3,\"mmapped\":false},\
+         {\"iova\":4276092928,\"size\":1048576,\"flags\":3,\"mmapped\":false}]}"
+    );
+    let wrap = dma_unmap_body(0xffff_ffff_ffff_f000, 0x2000);
+    assert_eq!(
+        c.request(DMA_UNMAP, &wrap).errno(),
+        Some(libc::EINVAL as u32)
+    );
+    let lines = emu.log_until("bad DMA unmap range 0xfffffffffffff000+0x2000");
+    let (last, before) = lines.split_last().expect("a line");
+    assert!(last.starts_with("pcifab-emu: error: "), "{last}");
+    let errors: Vec<_> = before
+        .iter()
+        .filter(|l| l.contains("pcifab-emu: error:"))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "error lines before the bad unmap: {errors:?}"
+    );
+}
+
+/// The hostile mode through the real server: parsed replies lie, ECHO does
+/// not, the counts show in `state`, and `fault clear` brings the truth back.
+#[test]
+fn hostile_firmware_over_vfio_user() {
+    let emu = Emu::start("hostile", Path::new(EXAMPLE));
+    let mut c = connect(&emu, "h0");
+    // The output buffer and ret_value are read as they are; the status
+    // register may lie in hostile mode, and without an injected delay a
+    // command is complete once the write of `cmd` is acknowledged.
+    let mut run = |cmd: u32, input: &[u8]| -> (u32, Vec<u8>) {
+        c.write(BAR0, 0, input);
+        c.write32(BAR0, MRPC_CMD, cmd);
+        (c.read32(BAR0, MRPC_RET), c.read(BAR0, MRPC_OUTPUT, 1024))
+    };
+    let summary = [1u8, 0, 4, 0];
+    let list = [1u8, 0, 8, 0, 0, 0, 0, 0];
+    let truth = (run(0xf001, &summary), run(0xf003, &list));
+    assert_eq!(emu.control("fault h0 hostile 0x5eed"), "{\"ok\":true}");
+    let lies = (run(0xf001, &summary), run(0xf003, &list));
+    let mut echo = b"the mailbox itself stays honest".to_vec();
+    echo.resize(1024, 0xa5);
+    assert_eq!(run(0x41, &echo), (0, echo.clone()), "ECHO is byte-exact");
+    let state = emu.control("state");
+    assert!(
+        state.contains("\"faults\":[\"hostile 24301\"],")
+            && state.contains("\"hostile\":{\"seed\":24301,\"on\":true,\"mrpc_replies\":2,"),
+        "{state}"
+    );
+    assert_eq!(emu.control("fault clear h0"), "{\"ok\":true}");
+    let after = (run(0xf001, &summary), run(0xf003, &list));
+    assert!(after == truth, "the truth after fault clear");
+    // A reply whose status flipped to ERROR leaves the previous output in
+    // the buffer, so compare (ret, output) of the pair as a whole.
+    assert!(lies != truth, "hostile replies lie");
+    assert_eq!(emu.control("invariants"), "{\"ok\":true,\"violations\":[]}");
 }

@@ -1,0 +1,977 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! Hostile firmware (control request `fault <host|all> hostile <seed>`): a
+//! MEP whose firmware lies in everything the driver parses, to prove the
+//! driver checks what it reads (Documentation/emulator.rst, "Hostile
+//! firmware").
+//!
+//! Only what the guest sees is corrupted: MRPC replies on their way into
+//! the output buffer and the return value / status registers, register
+//! values on their way out of a read, DMA write-backs on their way into
+//! guest memory. The fabric model, the stored registers and the DMA
+//! engine's own registers stay true.
+//!
+//! Every decision comes from a SplitMix64 stream keyed by (seed, partition,
+//! stream, event number), so a seed and the same sequence of events give the
+//! same lies, whatever the other streams (other threads) do.
+
+use crate::gas::*;
+use crate::mrpc::{self, MrpcOutcome, PAYLOAD};
+
+/// The independent event streams.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Stream {
+    /// MRPC replies.
+    Mrpc = 0,
+    /// BAR0 reads of event registers and the MRPC status.
+    Register = 1,
+    /// DMA descriptor write-backs.
+    Dma = 2,
+    /// Spurious interrupts (one draw per MRPC completion).
+    Irq = 3,
+}
+
+/// What a hostile MEP has done since the mode was last set.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counts {
+    pub mrpc_replies: u64,
+    pub register_reads: u64,
+    pub dma_writebacks: u64,
+    pub spurious_irqs: u64,
+}
+
+/// Per-MEP state of the mode (whether it is on is `Faults::hostile`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct State {
+    /// The seed last set; None: never set since start.
+    pub seed: Option<u64>,
+    /// Events drawn per stream.
+    next: [u64; 4],
+    pub counts: Counts,
+}
+
+impl State {
+    /// The mode is (re)armed with `seed`: streams and counts start over.
+    pub fn arm(&mut self, seed: u64) {
+        *self = State {
+            seed: Some(seed),
+            ..State::default()
+        };
+    }
+
+    /// The generator for the next event of `stream` of the MEP of `partition`.
+    pub fn rng(&mut self, partition: u32, stream: Stream) -> Rng {
+        let n = self.next[stream as usize];
+        self.next[stream as usize] += 1;
+        Rng::new(self.seed.unwrap_or(0), partition, stream, n)
+    }
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A SplitMix64 generator.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64, partition: u32, stream: Stream, n: u64) -> Rng {
+        let key = splitmix(seed) ^ splitmix(u64::from(partition) << 8 | stream as u64) ^ n;
+        Rng(splitmix(key))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        splitmix(self.0)
+    }
+
+    /// Uniform in 0..n (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// True with probability num/den.
+    pub fn chance(&mut self, num: u64, den: u64) -> bool {
+        self.below(den) < num
+    }
+}
+
+/// What a field of a reply means, which decides its lies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    /// A length, size, count or offset.
+    Len,
+    /// A PDFID.
+    Pdfid,
+    /// A physical port id.
+    Port,
+    /// A partition, logical port, function index, version or sub-command.
+    Index,
+    /// A status or flag byte, an event code.
+    Status,
+    /// Any other value (a map, a generation, a temperature).
+    Value,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Field {
+    off: usize,
+    width: usize,
+    kind: Kind,
+}
+
+fn get(buf: &[u8], f: &Field) -> u64 {
+    let mut b = [0u8; 8];
+    b[..f.width].copy_from_slice(&buf[f.off..f.off + f.width]);
+    u64::from_le_bytes(b)
+}
+
+fn put(buf: &mut [u8], f: &Field, v: u64) {
+    buf[f.off..f.off + f.width].copy_from_slice(&v.to_le_bytes()[..f.width]);
+}
+
+/// A lie for `v`, a `width`-byte field of `kind`: half the time plausible
+/// (in range, near the truth or another valid value), half the time wildly
+/// out of range. Never the truth.
+fn lie(rng: &mut Rng, kind: Kind, width: usize, v: u64) -> u64 {
+    let max = if width >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (8 * width)) - 1
+    };
+    let plausible = rng.chance(1, 2);
+    let x = match (kind, plausible) {
+        (Kind::Len, true) => match rng.below(4) {
+            0 => v.wrapping_add(1 + rng.below(4)),
+            1 => v.wrapping_sub(1 + rng.below(4)),
+            2 => v.wrapping_mul(2),
+            _ => rng.below(64),
+        },
+        (Kind::Len, false) => match rng.below(3) {
+            0 => max,
+            1 => max / 2 + 1 + rng.below(max / 2),
+            _ => v.wrapping_add(0x100 + rng.below(0x10000)),
+        },
+        (Kind::Pdfid, true) => {
+            if rng.chance(1, 2) {
+                v ^ (1 + rng.below(0x1f))
+            } else {
+                0x0100 + 0x20 * rng.below(48) + rng.below(32)
+            }
+        }
+        (Kind::Pdfid, false) => [0, 0xffff, 0x0700 + rng.below(0xf900)][rng.below(3) as usize],
+        (Kind::Port, true) => rng.below(48),
+        (Kind::Port, false) => 48 + rng.below(max - 47),
+        (Kind::Index, true) => rng.below(8),
+        (Kind::Index, false) => {
+            [max, 8 + rng.below(max.saturating_sub(7).max(1))][rng.below(2) as usize]
+        }
+        (Kind::Status, true) => [0, 1, 2, 3, 4, 0xff][rng.below(6) as usize],
+        (Kind::Status, false) | (Kind::Value, false) => rng.next(),
+        (Kind::Value, true) => v ^ (1 << rng.below(8 * width as u64)),
+    } & max;
+    if x == v {
+        v ^ 1
+    } else {
+        x
+    }
+}
+
+/// Return codes a lie may use: real ones (plausible) or nonsense.
+fn lie_ret(rng: &mut Rng, truth: u32) -> u32 {
+    const REAL: [u32; 8] = [
+        mrpc::ERR_PARAM_INVALID,
+        mrpc::ERR_SUBCMD_INVALID,
+        mrpc::ERR_CMD_INVALID,
+        mrpc::PCIFAB_ERR_PDFID_UNKNOWN,
+        crate::model::PCIFAB_ERR_NOT_BOUND,
+        crate::model::PCIFAB_ERR_HOTPLUG_FAILED,
+        crate::model::PCIFAB_ERR_NOT_GRANTED,
+        1,
+    ];
+    let r = if rng.chance(1, 2) {
+        REAL[rng.below(REAL.len() as u64) as usize]
+    } else {
+        rng.next() as u32
+    };
+    if r == truth {
+        truth ^ 0x8000_0000
+    } else {
+        r
+    }
+}
+
+/// The commands whose replies the driver parses (ECHO stays byte-exact).
+pub fn targeted(cmd: u32) -> bool {
+    matches!(
+        cmd & 0xffff,
+        mrpc::MRPC_DIETEMP
+            | mrpc::MRPC_TOPO_INFO_DUMP
+            | mrpc::MRPC_GFMS_DB_DUMP
+            | mrpc::MRPC_GFMS_BIND_UNBIND
+            | mrpc::MRPC_GFMS_EVENT
+            | mrpc::MRPC_FABRIC_SUMMARY
+            | mrpc::MRPC_FUNCTION_TELEMETRY
+            | mrpc::MRPC_FUNCTION_LIST
+            | mrpc::MRPC_P2P_ROUTE
+    )
+}
+
+fn u16_at(b: &[u8], at: usize) -> usize {
+    b.get(at..at + 2)
+        .map_or(0, |x| usize::from(u16::from_le_bytes([x[0], x[1]])))
+}
+
+fn u32_at(b: &[u8], at: usize) -> usize {
+    b.get(at..at + 4)
+        .map_or(0, |x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]) as usize)
+}
+
+/// The meaningful fields of a DONE reply of `cmd` to `input` (mrpc.rst).
+fn fields(cmd: u32, input: &[u8], out: &[u8]) -> Vec<Field> {
+    use Kind::*;
+    let mut v = Vec::new();
+    let mut add = |off: usize, width: usize, kind: Kind| {
+        if off + width <= out.len() {
+            v.push(Field { off, width, kind });
+        }
+    };
+    let sub = input.first().copied().unwrap_or(0);
+    match cmd & 0xffff {
+        mrpc::MRPC_DIETEMP => add(0, 4, Value),
+        mrpc::MRPC_GFMS_BIND_UNBIND => add(0, 1, Status),
+        mrpc::MRPC_TOPO_INFO_DUMP => {
+            add(0, 1, Status);
+            add(2, 2, Len);
+            if sub == 3 {
+                // Dump bytes from `off` follow the 4-byte header.
+                let off = u16_at(input, 2);
+                let mut at = |pos: usize, width: usize, kind: Kind| {
+                    if pos >= off {
+                        add(4 + pos - off, width, kind);
+                    }
+                };
+                at(48, 8, Value); // port_bitmap
+                for k in 0..48 {
+                    let e = 56 + 32 * k;
+                    at(e, 1, Port);
+                    at(e + 1, 1, Index); // port_type
+                    at(e + 25, 1, Len); // neg width
+                    at(e + 28, 1, Status); // ltssm
+                }
+            }
+        }
+        mrpc::MRPC_GFMS_DB_DUMP => match sub {
+            2 => {
+                add(4, 4, Len);
+                for (o, w) in [(12, 1), (13, 1), (14, 2), (16, 2)] {
+                    add(o, w, Len);
+                }
+                for o in [48, 56, 64, 72] {
+                    add(o, 8, Value);
+                }
+            }
+            3 => {
+                add(4, 4, Len);
+                add(12, 1, Index);
+                add(13, 1, Port);
+                add(14, 2, Value);
+                add(16, 2, Len);
+                for l in 0..4 {
+                    let e = 20 + 32 * l;
+                    add(e, 1, Index);
+                    add(e + 1, 1, Status);
+                    add(e + 2, 2, Pdfid);
+                }
+            }
+            5 => {
+                add(0, 4, Len);
+                add(4, 4, Len);
+                if u32_at(input, 4) == 2 {
+                    // Section bytes from offset_dw * 4 follow 12 bytes.
+                    let off = u32_at(input, 8).saturating_mul(4);
+                    let mut at = |pos: usize, width: usize, kind: Kind| {
+                        if pos >= off {
+                            add(12 + pos - off, width, kind);
+                        }
+                    };
+                    at(4, 4, Len); // resp_size_dw
+                    at(13, 1, Port);
+                    at(14, 2, Len);
+                    at(16, 4, Len);
+                    at(20, 2, Len);
+                    at(24, 4, Len);
+                    for k in 0..32 {
+                        let f = 28 + 36 * k;
+                        at(f, 2, Index);
+                        at(f + 2, 2, Pdfid);
+                        at(f + 5, 1, Len);
+                        at(f + 8, 1, Status);
+                        at(f + 10, 1, Port);
+                        at(f + 11, 1, Index);
+                    }
+                }
+            }
+            _ => {}
+        },
+        mrpc::MRPC_GFMS_EVENT => {
+            add(0, 2, Len);
+            add(2, 2, Len);
+            let mut p = 4;
+            for _ in 0..u16_at(out, 0) {
+                let len = u16_at(out, p);
+                if len < 4 || p + len > out.len() {
+                    break;
+                }
+                add(p, 2, Len);
+                add(p + 2, 1, Status);
+                match out[p + 2] {
+                    0..=3 => {
+                        add(p + 4, 2, Port);
+                        add(p + 6, 2, Len);
+                    }
+                    6 | 7 | 0x80 => {
+                        add(p + 5, 1, Port);
+                        add(p + 6, 1, Index);
+                        add(p + 8, 2, Pdfid);
+                    }
+                    _ => {}
+                }
+                p += len;
+            }
+        }
+        ext @ (mrpc::MRPC_FABRIC_SUMMARY
+        | mrpc::MRPC_FUNCTION_TELEMETRY
+        | mrpc::MRPC_FUNCTION_LIST
+        | mrpc::MRPC_P2P_ROUTE) => {
+            add(0, 2, Index); // version
+            add(2, 2, Len); // size
+            match ext {
+                mrpc::MRPC_FABRIC_SUMMARY => {
+                    add(4, 4, Value);
+                    add(8, 1, Len);
+                    add(9, 1, Index);
+                    add(10, 1, Len);
+                    add(11, 1, Len);
+                    add(12, 2, Len);
+                    add(14, 2, Len);
+                    add(16, 8, Value);
+                    add(24, 4, Len);
+                }
+                mrpc::MRPC_FUNCTION_TELEMETRY => {
+                    add(4, 2, Pdfid);
+                    add(8, 4, Value);
+                    add(12, 4, Value);
+                    add(16, 1, Len);
+                    add(20, 4, Value);
+                }
+                mrpc::MRPC_FUNCTION_LIST => {
+                    add(4, 4, Value);
+                    add(8, 2, Len);
+                    add(10, 2, Len);
+                    add(12, 2, Len);
+                    add(14, 2, Len);
+                    for k in 0..mrpc::LIST_MAX_ENTRIES {
+                        let e = 16 + 24 * k;
+                        add(e, 2, Pdfid);
+                        add(e + 2, 2, Pdfid);
+                        add(e + 12, 1, Port);
+                        add(e + 13, 1, Index);
+                        add(e + 14, 1, Len);
+                        add(e + 15, 1, Status);
+                        add(e + 16, 1, Status);
+                        add(e + 17, 1, Index);
+                        add(e + 18, 1, Index);
+                    }
+                }
+                _ => {
+                    add(4, 2, Len); // count
+                    match input.get(4).copied() {
+                        Some(mrpc::ROUTE_LIST) => {
+                            add(6, 2, Len);
+                            for k in 0..31 {
+                                let e = 8 + 32 * k;
+                                add(e, 8, Value);
+                                add(e + 8, 8, Len);
+                                add(e + 16, 8, Value);
+                                add(e + 24, 2, Pdfid);
+                                add(e + 26, 1, Index);
+                            }
+                        }
+                        Some(mrpc::ROUTE_GRANT_LIST) => {
+                            add(6, 2, Len);
+                            for k in 0..127 {
+                                let e = 8 + 8 * k;
+                                add(e, 2, Pdfid);
+                                add(e + 2, 1, Index);
+                                add(e + 3, 1, Index);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    v
+}
+
+/// What the guest sees of an outcome: status, ret and (DONE) the whole buffer.
+fn seen(o: &MrpcOutcome) -> (u32, u32, Vec<u8>) {
+    let mut out = Vec::new();
+    if o.status == MRPC_STATUS_DONE {
+        out = o.output.clone();
+        out.resize(PAYLOAD, 0);
+    }
+    (o.status, o.ret, out)
+}
+
+/// Corrupt the reply `o` of `cmd` to `input`, if the driver parses it.
+/// Returns true when it was corrupted (it then differs from the truth).
+pub fn corrupt_reply(rng: &mut Rng, cmd: u32, input: &[u8], o: &mut MrpcOutcome) -> bool {
+    if !targeted(cmd) {
+        return false;
+    }
+    let truth = seen(o);
+    let mutations = 1 + rng.below(3);
+    for _ in 0..mutations {
+        let fs = if o.status == MRPC_STATUS_DONE {
+            fields(cmd, input, &o.output)
+        } else {
+            Vec::new()
+        };
+        if !fs.is_empty() && rng.chance(7, 10) {
+            let f = fs[rng.below(fs.len() as u64) as usize];
+            let v = get(&o.output, &f);
+            let x = lie(rng, f.kind, f.width, v);
+            put(&mut o.output, &f, x);
+            continue;
+        }
+        match rng.below(4) {
+            // A return value that does not go with the status.
+            0 => o.ret = lie_ret(rng, o.ret),
+            // The status flips: DONE becomes ERROR, ERROR becomes DONE
+            // with whatever is in the buffer.
+            1 => {
+                if o.status == MRPC_STATUS_DONE {
+                    o.status = MRPC_STATUS_ERROR;
+                    o.ret = lie_ret(rng, 0);
+                } else {
+                    o.status = MRPC_STATUS_DONE;
+                    if rng.chance(1, 2) {
+                        o.ret = 0;
+                    }
+                    let n = rng.below(PAYLOAD as u64 + 1) as usize;
+                    o.output = (0..n).map(|_| rng.next() as u8).collect();
+                }
+            }
+            // Garbage after the reply, where a lying length points.
+            2 => {
+                let from = o.output.len();
+                let to = from + rng.below((PAYLOAD - from.min(PAYLOAD)) as u64 + 1) as usize;
+                o.output.extend((from..to).map(|_| rng.next() as u8));
+            }
+            // The reply cut short.
+            _ => {
+                let n = rng.below(o.output.len() as u64 + 1) as usize;
+                o.output.truncate(n);
+            }
+        }
+    }
+    o.output.truncate(PAYLOAD);
+    if seen(o) == truth {
+        if o.status == MRPC_STATUS_DONE {
+            if o.output.is_empty() {
+                o.output.push(0);
+            }
+            o.output[0] ^= 1;
+        } else {
+            o.ret ^= 1;
+        }
+    }
+    true
+}
+
+/// Which BAR0 dwords a hostile MEP lies about when read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Target {
+    MrpcStatus,
+    /// An event header: OCCURRED, count and the read-only bits.
+    EventHdr,
+    /// An event summary or bitmap, GFMS_EVENT_DATA, the P2P EVENT_STATUS.
+    Summary,
+}
+
+/// The target at dword `dw` of a GAS of `partitions` partitions, if any.
+pub fn target(dw: u64, partitions: u32) -> Option<Target> {
+    let hdr = |rel: u64, first: u64, count: u64| {
+        rel >= first
+            && rel < first + count * EVENT_HDR_STRIDE
+            && (rel - first) % EVENT_HDR_STRIDE == 0
+    };
+    let parts = u64::from(partitions);
+    if dw == MRPC_STATUS {
+        Some(Target::MrpcStatus)
+    } else if (SW_EVENT..SYS_INFO).contains(&dw) {
+        let rel = dw - SW_EVENT;
+        if hdr(rel, SW_EVENT_HDR_FIRST, SW_EVENT_HDR_COUNT) {
+            Some(Target::EventHdr)
+        } else if [
+            SW_PART_EVENT_BITMAP,
+            SW_PART_EVENT_BITMAP + 4,
+            SW_GLOBAL_SUMMARY,
+            SW_GFMS_EVENT_DATA,
+        ]
+        .contains(&rel)
+        {
+            Some(Target::Summary)
+        } else {
+            None
+        }
+    } else if dw == P2P + P2P_EVENT_STATUS {
+        Some(Target::Summary)
+    } else if dw >= PART_CFG && dw < PART_CFG + parts * PART_CFG_SIZE {
+        let rel = (dw - PART_CFG) % PART_CFG_SIZE;
+        if PC_EVENT_HDRS.contains(&rel) {
+            Some(Target::EventHdr)
+        } else if rel == PC_PART_EVENT_SUMMARY || rel == PC_PORT_EVENT_BITMAP {
+            Some(Target::Summary)
+        } else {
+            None
+        }
+    } else if dw >= PFF_CSR && dw < PFF_CSR + parts * u64::from(PFFS_PER_PARTITION) * PFF_CSR_SIZE {
+        let rel = (dw - PFF_CSR) % PFF_CSR_SIZE;
+        if hdr(rel, PFF_EVENT_HDR_FIRST, PFF_EVENT_HDR_COUNT) {
+            Some(Target::EventHdr)
+        } else if rel == PFF_EVENT_SUMMARY {
+            Some(Target::Summary)
+        } else {
+            None
+        }
+    } else {
+        None
+    }
+}
+
+/// Lie about the targeted dwords of a BAR0 read of `buf.len()` bytes at
+/// `off`, each with probability 1/2. True when something changed.
+pub fn corrupt_read(rng: &mut Rng, partitions: u32, off: u64, buf: &mut [u8]) -> bool {
+    let end = off + buf.len() as u64;
+    let mut changed = false;
+    let mut dw = off & !3;
+    while dw < end {
+        let inside = |i: u64| dw + i >= off && dw + i < end;
+        if let Some(t) = target(dw, partitions) {
+            if rng.chance(1, 2) {
+                let mut b = [0u8; 4];
+                for i in (0..4u64).filter(|&i| inside(i)) {
+                    b[i as usize] = buf[(dw + i - off) as usize];
+                }
+                let cur = u32::from_le_bytes(b);
+                let new = match t {
+                    Target::MrpcStatus if rng.chance(1, 2) => {
+                        // Another status the driver knows.
+                        let lies: Vec<u32> = [
+                            0,
+                            MRPC_STATUS_INPROGRESS,
+                            MRPC_STATUS_DONE,
+                            MRPC_STATUS_ERROR,
+                        ]
+                        .into_iter()
+                        .filter(|&l| l != cur)
+                        .collect();
+                        lies[rng.below(lies.len() as u64) as usize]
+                    }
+                    Target::MrpcStatus => rng.next() as u32 | 0x100,
+                    Target::EventHdr => {
+                        cur ^ ((rng.next() as u32
+                            & (EVENT_OCCURRED | EVENT_COUNT_MASK | 0xffff_e000))
+                            | EVENT_OCCURRED)
+                    }
+                    Target::Summary => cur ^ (rng.next() as u32 | 1 << rng.below(32)),
+                };
+                let nb = new.to_le_bytes();
+                for i in (0..4u64).filter(|&i| inside(i)) {
+                    let at = (dw + i - off) as usize;
+                    changed |= buf[at] != nb[i as usize];
+                    buf[at] = nb[i as usize];
+                }
+            }
+        }
+        dw += 4;
+    }
+    changed
+}
+
+/// Lie about a DMA descriptor's write-back: (done, status) as the engine
+/// found them, for a descriptor of `len` bytes. A lying `done` is always
+/// larger than `len`; a lying status is another valid one or random. One or
+/// both lie.
+pub fn corrupt_writeback(rng: &mut Rng, len: u64, done: u64, status: u32) -> (u64, u32) {
+    let which = rng.below(3);
+    let mut d = done;
+    let mut s = status;
+    if which != 1 {
+        d = match rng.below(4) {
+            0 => len.wrapping_add(1 + rng.below(4096)),
+            1 => len.wrapping_mul(2).max(len.wrapping_add(1)),
+            2 => u64::MAX,
+            // Descriptors are at most 256 MiB: this is always larger.
+            _ => rng.next() | 1 << 63,
+        };
+        if d == done {
+            d = done ^ (1 << 63);
+        }
+    }
+    if which != 0 {
+        s = if rng.chance(1, 2) {
+            1 + rng.below(4) as u32
+        } else {
+            rng.next() as u32
+        };
+        if s == status {
+            s = status ^ 0x8000_0000;
+        }
+    }
+    (d, s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lies_are_never_the_truth() {
+        let mut rng = Rng::new(1, 0, Stream::Mrpc, 0);
+        for kind in [
+            Kind::Len,
+            Kind::Pdfid,
+            Kind::Port,
+            Kind::Index,
+            Kind::Status,
+            Kind::Value,
+        ] {
+            for width in [1, 2, 4, 8] {
+                for v in [0, 1, 0x7f, 0xff] {
+                    let x = lie(&mut rng, kind, width, v);
+                    assert_ne!(x, v, "{kind:?} width {width}");
+                    if width < 8 {
+                        assert!(x < 1 << (8 * width), "{kind:?} {x:#x} fits {width} bytes");
+                    }
+                }
+            }
+        }
+        for _ in 0..100 {
+            let (d, s) = corrupt_writeback(&mut rng, 4096, 4096, 1);
+            assert!((d, s) != (4096, 1));
+        }
+    }
+
+    #[test]
+    fn streams_are_independent_and_seeded() {
+        let draw = |seed, part, stream, n| Rng::new(seed, part, stream, n).next();
+        assert_eq!(draw(7, 0, Stream::Mrpc, 3), draw(7, 0, Stream::Mrpc, 3));
+        assert_ne!(draw(7, 0, Stream::Mrpc, 3), draw(8, 0, Stream::Mrpc, 3));
+        assert_ne!(draw(7, 0, Stream::Mrpc, 3), draw(7, 1, Stream::Mrpc, 3));
+        assert_ne!(draw(7, 0, Stream::Mrpc, 3), draw(7, 0, Stream::Dma, 3));
+        let mut st = State::default();
+        st.arm(7);
+        let a = st.rng(0, Stream::Dma).next();
+        let _ = st.rng(0, Stream::Mrpc).next();
+        let b = st.rng(0, Stream::Dma).next();
+        assert_eq!(a, draw(7, 0, Stream::Dma, 0));
+        assert_eq!(
+            b,
+            draw(7, 0, Stream::Dma, 1),
+            "another stream does not move this one"
+        );
+    }
+
+    #[test]
+    fn register_targets() {
+        assert_eq!(target(MRPC_STATUS, 2), Some(Target::MrpcStatus));
+        assert_eq!(target(MRPC_RET_VALUE, 2), None);
+        assert_eq!(
+            target(SW_EVENT + SW_GFMS_EVENT_HDR, 2),
+            Some(Target::EventHdr)
+        );
+        assert_eq!(
+            target(SW_EVENT + SW_GLOBAL_SUMMARY, 2),
+            Some(Target::Summary)
+        );
+        let p1 = PART_CFG + PART_CFG_SIZE;
+        assert_eq!(target(p1 + PC_MRPC_COMP_HDR, 2), Some(Target::EventHdr));
+        assert_eq!(target(p1 + PC_PART_EVENT_SUMMARY, 2), Some(Target::Summary));
+        assert_eq!(
+            target(p1 + PC_PART_EVENT_SUMMARY, 1),
+            None,
+            "no partition 1"
+        );
+        let pff = PFF_CSR + 11 * PFF_CSR_SIZE;
+        assert_eq!(target(pff + PFF_LINK_STATE_HDR, 2), Some(Target::EventHdr));
+        assert_eq!(target(pff + PFF_EVENT_SUMMARY, 2), Some(Target::Summary));
+        assert_eq!(target(pff + PFF_VENDOR_ID, 2), None);
+        assert_eq!(target(P2P + P2P_EVENT_STATUS, 2), Some(Target::Summary));
+        assert_eq!(target(SYS_INFO + SI_DEVICE_ID, 2), None);
+    }
+
+    mod fabric {
+        use crate::config::Config;
+        use crate::control::handle;
+        use crate::gas::*;
+        use crate::mep::{Fabric, REGION_BAR0};
+        use std::sync::Arc;
+        use std::time::{Duration, Instant};
+
+        // h0 holds gpu1's PF, h1 gpu0's PF; gpu2 is free.
+        const CFG: &str = "[[hosts]]\nname = \"h0\"\n[[hosts]]\nname = \"h1\"\nusp_port = 8\n\
+            [[endpoints]]\nname = \"gpu0\"\nport = 16\nvendor_id = 1\ndevice_id = 2\nclass = 1\n\
+            vfs = 2\nmem_mib = 1\n\
+            [[endpoints]]\nname = \"gpu1\"\nport = 24\nvendor_id = 1\ndevice_id = 2\nclass = 1\n\
+            mem_mib = 1\n\
+            [[endpoints]]\nname = \"gpu2\"\nport = 32\nvendor_id = 1\ndevice_id = 2\nclass = 1\n\
+            mem_mib = 1\n\
+            [[bindings]]\nendpoint = \"gpu0\"\nhost = \"h1\"\nlogical_port = 0\n\
+            [[bindings]]\nendpoint = \"gpu1\"\nhost = \"h0\"\nlogical_port = 0\n";
+
+        fn ext(sub: u8, pdfid: u16, b8: u8) -> Vec<u8> {
+            let mut v = vec![1, 0, 32, 0, sub, 0];
+            v.extend_from_slice(&pdfid.to_le_bytes());
+            v.push(b8);
+            v.resize(32, 0);
+            v
+        }
+
+        fn route_add(pdfid: u16, woff: u64, size: u64) -> Vec<u8> {
+            let mut v = ext(1, pdfid, 0);
+            v[8..16].copy_from_slice(&woff.to_le_bytes());
+            v[16..24].copy_from_slice(&size.to_le_bytes());
+            v
+        }
+
+        /// Every command the driver sends (and ECHO last), from h0.
+        fn sequence() -> Vec<(u32, Vec<u8>)> {
+            vec![
+                (0x04, vec![2, 0, 0, 0]),
+                (0x04, vec![7, 0, 0, 0]), // ERROR: SUBCMD_INVALID
+                (0x82, vec![1]),
+                (0x82, vec![2]),
+                (0x82, vec![3, 0, 0, 0]),
+                (0x82, vec![3, 0, 0x40, 0]),
+                (0x82, vec![4]),
+                (0x83, vec![2]),
+                (0x83, vec![3, 1]),
+                (0x83, vec![5, 16, 0, 0, 1, 0, 0, 0]),
+                (0x83, vec![5, 16, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]),
+                (0x83, vec![5, 16, 0, 0, 3, 0, 0, 0]),
+                (0x89, vec![1, 0, 10, 0]),
+                (0xf001, vec![1, 0, 4, 0]),
+                (0xf002, vec![1, 0, 8, 0, 0x00, 0x03, 0, 0]),
+                (0xf003, vec![1, 0, 8, 0, 0, 0, 0, 0]),
+                (0xf004, ext(4, 0x0400, 1)),
+                (0xf004, route_add(0x0400, 0, 0x1000)),
+                (0xf004, ext(3, 0, 0)),
+                (0xf004, ext(6, 0, 0)),
+                (0x84, vec![1, 0, 0, 1, 0x00, 0x05, 0, 0]),
+                (0x41, b"echo stays byte-exact".to_vec()),
+            ]
+        }
+
+        fn fabric(seed: Option<u64>) -> Arc<Fabric> {
+            let f = Arc::new(Fabric::new(Config::parse(CFG).expect("config")));
+            f.start().expect("start");
+            assert_eq!(handle("fault h0 no-enumerate", &f), "{\"ok\":true}");
+            handle("fabric-change", &f);
+            handle("link 16 down", &f);
+            handle("link 16 up", &f);
+            if let Some(seed) = seed {
+                let r = handle(&format!("fault h0 hostile {seed}"), &f);
+                assert_eq!(r, "{\"ok\":true}");
+            }
+            f
+        }
+
+        /// Run one command on h0's MEP; what the firmware put in the
+        /// registers (read past the register-read lies): status, ret, output.
+        fn run(f: &Fabric, cmd: u32, input: &[u8]) -> (u32, u32, Vec<u8>) {
+            let mep = &f.meps[0];
+            mep.region_write(REGION_BAR0, MRPC_INPUT_DATA, input)
+                .expect("input");
+            mep.region_write(REGION_BAR0, MRPC_CMD, &cmd.to_le_bytes())
+                .expect("cmd");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let inner = mep.lock();
+                let st = inner.gas.get32(MRPC_STATUS);
+                if st != MRPC_STATUS_INPROGRESS {
+                    let mut out = vec![0u8; 1024];
+                    inner.gas.read(MRPC_OUTPUT_DATA, &mut out).expect("output");
+                    return (st, inner.gas.get32(MRPC_RET_VALUE), out);
+                }
+                drop(inner);
+                assert!(Instant::now() < deadline, "cmd {cmd:#x} never completes");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+
+        /// The model as a string: what must not depend on the hostile mode.
+        fn model_view(f: &Fabric) -> String {
+            let m = f.model();
+            format!(
+                "gen {} bindings {:?} routes {:?} grants {:?} events {:?} inv {:?}",
+                m.generation,
+                m.functions
+                    .iter()
+                    .map(|x| (x.pdfid, x.binding))
+                    .collect::<Vec<_>>(),
+                m.hosts.iter().map(|h| h.routes.clone()).collect::<Vec<_>>(),
+                m.grants,
+                m.pending(),
+                m.invariants()
+            )
+        }
+
+        type Replies = Vec<(u32, u32, Vec<u8>)>;
+
+        fn replies(f: &Fabric) -> Replies {
+            sequence().iter().map(|(c, i)| run(f, *c, i)).collect()
+        }
+
+        #[test]
+        fn every_parsed_reply_lies_deterministically() {
+            let clean = fabric(None);
+            let a = fabric(Some(7));
+            let b = fabric(Some(7));
+            let c = fabric(Some(8));
+            let (rc, ra, rb, rx) = (replies(&clean), replies(&a), replies(&b), replies(&c));
+            // Sanity: the clean run works (only the bad DIETEMP fails) and
+            // had events to report.
+            for (i, r) in rc.iter().enumerate() {
+                let want = if i == 1 {
+                    MRPC_STATUS_ERROR
+                } else {
+                    MRPC_STATUS_DONE
+                };
+                assert_eq!(r.0, want, "clean reply {i}: {r:?}");
+            }
+            assert!(rc[12].2[0] >= 3, "GFMS_EVENT GET had events");
+            assert!(ra == rb, "same seed, same commands: same lies");
+            assert!(ra != rx, "another seed lies differently");
+            let seq = sequence();
+            for (i, (cmd, input)) in seq.iter().enumerate() {
+                if *cmd == 0x41 {
+                    assert!(ra[i] == rc[i], "ECHO is byte-exact");
+                } else {
+                    assert!(
+                        ra[i] != rc[i],
+                        "reply {i} (cmd {cmd:#x} {input:?}) not corrupted"
+                    );
+                }
+            }
+            // The model never lies: the same state as the clean run's.
+            assert_eq!(model_view(&a), model_view(&clean));
+            assert!(a.model().invariants().is_empty());
+            let st = a.meps[0].hostile_report();
+            assert_eq!(st.counts.mrpc_replies, seq.len() as u64 - 1);
+            let s = handle("state", &a);
+            assert!(s.contains("\"faults\":[\"hostile 7\"]"), "{s}");
+            assert!(
+                s.contains(&format!(
+                    "\"hostile\":{{\"seed\":7,\"on\":true,\"mrpc_replies\":{},",
+                    seq.len() - 1
+                )),
+                "{s}"
+            );
+            assert!(
+                s.contains("\"name\":\"h1\",\"port\":8,\"faults\":[],\"events_pending\":"),
+                "{s}"
+            );
+            // fault clear: replies are the truth again (the models are equal,
+            // so the clean fabric's replies are the truth).
+            assert_eq!(handle("fault clear h0", &a), "{\"ok\":true}");
+            for (cmd, input) in [
+                (0xf001, vec![1, 0, 4, 0]),
+                (0xf003, vec![1, 0, 8, 0, 0, 0, 0, 0]),
+                (0x04, vec![2, 0, 0, 0]),
+                (0xf004, ext(6, 0, 0)),
+                (0x83, vec![3, 0]),
+            ] {
+                assert!(
+                    run(&a, cmd, &input) == run(&clean, cmd, &input),
+                    "cmd {cmd:#x} after clear"
+                );
+            }
+            let s = handle("state", &a);
+            assert!(
+                s.contains(&format!(
+                    "\"hostile\":{{\"seed\":7,\"on\":false,\"mrpc_replies\":{},",
+                    seq.len() - 1
+                )),
+                "counts stay after clear: {s}"
+            );
+            assert!(handle("state", &clean).contains("\"event_overflow\":false,\"hostile\":null}"));
+        }
+
+        /// BAR0 reads of the MRPC status and the event registers lie (about
+        /// half the time, by seed); other registers never; clear stops it.
+        #[test]
+        fn register_reads_lie_until_cleared() {
+            let reads = |f: &Fabric| -> Vec<u32> {
+                let mep = &f.meps[0];
+                let mut v = Vec::new();
+                for off in [
+                    MRPC_STATUS,
+                    SW_EVENT + SW_GFMS_EVENT_HDR,
+                    SW_EVENT + SW_GLOBAL_SUMMARY,
+                    PART_CFG + PC_PART_EVENT_SUMMARY,
+                    SYS_INFO + SI_DEVICE_ID,
+                ] {
+                    for _ in 0..32 {
+                        let mut b = [0u8; 4];
+                        mep.region_read(REGION_BAR0, off, &mut b).expect("read");
+                        v.push(u32::from_le_bytes(b));
+                    }
+                }
+                v
+            };
+            let truth = |f: &Fabric| -> Vec<u32> {
+                let inner = f.meps[0].lock();
+                [
+                    MRPC_STATUS,
+                    SW_EVENT + SW_GFMS_EVENT_HDR,
+                    SW_EVENT + SW_GLOBAL_SUMMARY,
+                    PART_CFG + PC_PART_EVENT_SUMMARY,
+                    SYS_INFO + SI_DEVICE_ID,
+                ]
+                .iter()
+                .flat_map(|&o| std::iter::repeat_n(inner.gas.get32(o), 32))
+                .collect()
+            };
+            let a = fabric(Some(3));
+            let b = fabric(Some(3));
+            run(&a, 0x04, &[2, 0, 0, 0]);
+            run(&b, 0x04, &[2, 0, 0, 0]);
+            let (ra, rb, t) = (reads(&a), reads(&b), truth(&a));
+            assert_eq!(ra, rb, "deterministic per seed and read sequence");
+            for (k, name) in [
+                "MRPC status",
+                "GFMS header",
+                "global summary",
+                "part summary",
+            ]
+            .iter()
+            .enumerate()
+            {
+                let lies = (0..32).filter(|&i| ra[32 * k + i] != t[32 * k + i]).count();
+                assert!((4..=28).contains(&lies), "{name}: {lies} of 32 reads lie");
+            }
+            assert_eq!(ra[128..], t[128..], "sys_info never lies");
+            assert!(a.meps[0].hostile_report().counts.register_reads > 0);
+            handle("fault clear", &a);
+            assert_eq!(reads(&a), truth(&a), "the truth after fault clear");
+        }
+    }
+}
