@@ -61,6 +61,7 @@ const FW_NO_ROUTE: u32 = 0xf0_000d;
 const FW_NOT_HOLDER: u32 = 0xf0_000e;
 const FW_NO_GRANT: u32 = 0xf0_000f;
 const FW_NOT_GRANTED: u32 = 0xf0_0010;
+const FW_GRANT_FULL: u32 = 0xf0_0011;
 
 /// Descriptors in the ring.
 const RING_ENTRIES: usize = 256;
@@ -114,7 +115,7 @@ fn fw_errno(ret: u32) -> Error {
         FW_NOT_BOUND => ENOLINK,
         FW_RANGE => ERANGE,
         FW_ROUTE_CONFLICT => EEXIST,
-        FW_ROUTE_FULL => ENOSPC,
+        FW_ROUTE_FULL | FW_GRANT_FULL => ENOSPC,
         FW_DENIED => EACCES,
         _ => EIO,
     }

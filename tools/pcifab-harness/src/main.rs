@@ -546,8 +546,10 @@ impl Run {
             (1, "the fabric now, from host 1", "pcifab list"),
             (
                 0,
-                "host 0 routes its P2P window to VF 1 (its own) and to GPU0 (on host 1)",
-                "pcifab p2p route add 0x0401 --size 1M && pcifab p2p route add 0x0300 --size 1M",
+                "host 0 routes its P2P window to VF 1 (its own) and, once granted, to GPU0 \
+                 (on host 1)",
+                "pcifab p2p route add 0x0401 --size 1M && pcifab p2p grant 0x0300 --host 0 && \
+                 pcifab p2p route add 0x0300 --size 1M",
             ),
             (0, "host 0's routes", "pcifab p2p route list"),
             (

@@ -153,6 +153,9 @@ pub fn p2p_copies(f: &mut Fabric) -> Result<(), String> {
 
     route(h0, GPU0, 160 * MIB, 0, 0)?;
     route(h0, GPU1_VF1, MIB, 0, 160 * MIB)?;
+    // 0x0402 is h1's: h0 may route to it once granted (h0, the fabric-manager host, may
+    // grant any bound function; `driver_trust::p2p_grants` tests the rule itself).
+    pcifab_ok(h0, &format!("p2p grant {GPU1_VF2:#06x} --host 0"))?;
     route(h0, GPU1_VF2, MIB, 0, 161 * MIB)?;
     expect_eq("h0: sysfs p2p_routes", 3, sysfs_num(h0, "p2p_routes")?)?;
 
@@ -442,6 +445,8 @@ pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
     pcifab_ok(h0, &format!("bind {GPU1:#06x} --host 1"))?;
     route(h0, GPU0, 64 * MIB, 0, 0)?;
     route(h0, GPU0, 64 * MIB, 64 * MIB, 64 * MIB)?;
+    // GPU1 is h1's: a grant first (h0 is the fabric-manager host).
+    pcifab_ok(h0, &format!("p2p grant {GPU1:#06x} --host 0"))?;
     route(h0, GPU1, 64 * MIB, 0, 128 * MIB)?;
     // A source pattern, and other bytes where each copy's first MiB lands: the first MiB
     // arriving is how the harness sees a copy under way.

@@ -994,28 +994,9 @@ fn fault_hang(f: &mut Fabric) -> Result<(), String> {
         begin(h)?;
         let before = stats(h)?;
         with_fault(&emu, h, "mrpc-hang", |h| {
-            // The caller's own timeout, through the CLI.
-            let t = Instant::now();
-            let o = h.run("pcifab mrpc 0x41 00 --timeout 1000")?;
-            let secs = t.elapsed().as_secs_f64();
             let mut c = Checks::new(&format!("{}: mrpc-hang", h.name));
-            c.eq("`pcifab mrpc 0x41 00 --timeout 1000` exit code", 1, o.code);
-            if !o.out.contains("Connection timed out") && !o.out.contains("timed out") {
-                c.fail(format!(
-                    "CLI message: expected ETIMEDOUT, got {:?}",
-                    o.out.trim()
-                ));
-            }
-            if secs > 10.0 {
-                c.fail(format!("CLI took {secs:.1} s for a 1 s timeout"));
-            }
-            // The same through the ioctl, timed inside the guest.
-            let (e, ms, _) = one_mrpc(h, "0x41 --in 0102 --out-len 2 --timeout 1500")?;
-            c.eq("errno with timeout 1500 ms", "ETIMEDOUT", e.as_str());
-            if !(1400.0..=3500.0).contains(&ms) {
-                c.fail(format!("ETIMEDOUT after {ms} ms, expected about 1500 ms"));
-            }
-            // A signal ends the wait with EINTR.
+            // A signal ends the wait with EINTR. This command reaches the firmware, which
+            // never finishes it: it keeps the mailbox from here on (as in the C driver).
             start_hold(&emu, h, 30)?;
             // STATS must not wait for the command in flight.
             let probe = h.run_ok(
@@ -1034,6 +1015,34 @@ fn fault_hang(f: &mut Fabric) -> Result<(), String> {
                 "errno of a held command after SIGUSR1",
                 Some("EINTR"),
                 v.get("errno").and_then(Value::as_str),
+            );
+            let commands = stats_field(h, "mrpc_commands")?;
+            // The caller's own timeout, through the CLI, while the abandoned command still
+            // owns the mailbox.
+            let t = Instant::now();
+            let o = h.run("pcifab mrpc 0x41 00 --timeout 1000")?;
+            let secs = t.elapsed().as_secs_f64();
+            c.eq("`pcifab mrpc 0x41 00 --timeout 1000` exit code", 1, o.code);
+            if !o.out.contains("Connection timed out") && !o.out.contains("timed out") {
+                c.fail(format!(
+                    "CLI message: expected ETIMEDOUT, got {:?}",
+                    o.out.trim()
+                ));
+            }
+            if secs > 10.0 {
+                c.fail(format!("CLI took {secs:.1} s for a 1 s timeout"));
+            }
+            // The same through the ioctl, timed inside the guest.
+            let (e, ms, _) = one_mrpc(h, "0x41 --in 0102 --out-len 2 --timeout 1500")?;
+            c.eq("errno with timeout 1500 ms", "ETIMEDOUT", e.as_str());
+            if !(1400.0..=3500.0).contains(&ms) {
+                c.fail(format!("ETIMEDOUT after {ms} ms, expected about 1500 ms"));
+            }
+            c.eq(
+                "STATS mrpc_commands while the abandoned command owns the mailbox (none \
+                 started)",
+                commands,
+                stats_field(h, "mrpc_commands")?,
             );
             c.finish()
         })?;

@@ -227,6 +227,7 @@ fn fw_reason(ret: u32) -> Option<&'static str> {
         0xf0_000e => "this host neither holds the function nor is the fabric-manager host",
         0xf0_000f => "no such grant",
         0xf0_0010 => "the function's holder has not granted this host access",
+        0xf0_0011 => "the fabric holds 127 grants already",
         _ => "firmware error",
     })
 }
