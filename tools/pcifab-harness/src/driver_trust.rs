@@ -485,3 +485,114 @@ pub fn p2p_grants(f: &mut Fabric) -> Result<(), String> {
     dmesg_clean(h0)?;
     dmesg_clean(h1)
 }
+
+/// Seeds of the hostile-firmware run, one per host (printed, so a failure can be replayed).
+const HOSTILE_SEEDS: [u64; 2] = [0x0bad_f00d, 0x0dec_a1f0];
+/// Firmware commands the hostile run makes at least, both hosts together.
+const HOSTILE_COMMANDS: u64 = 5_000;
+
+/// One round of the normal workload in a guest, every command bounded by `timeout` (a hang
+/// is exit 124 or 143). Prints `rc=N` per command for the harness to check.
+fn hostile_round(host: usize, rounds: u32) -> String {
+    let fnid = if host == 0 { "0x0301" } else { "0x0403" };
+    format!(
+        "n=0; while [ $n -lt {rounds} ]; do n=$((n+1)); \
+         for c in 'pcifab info' 'pcifab list' 'pcifab show {fnid}' \
+                  'pcifab bind {fnid} --host {host} --timeout 2000' 'pcifab unbind {fnid} --timeout 2000' \
+                  'pcifab move {fnid} --host {host} --timeout 2000' 'pcifab p2p route list' \
+                  'pcifab p2p route add {fnid} --size 1M' 'pcifab p2p grants' \
+                  'pcifab p2p copy --from {fnid}:0 --to file:/tmp/h.out --len 4096 --timeout 2000' \
+                  'pcifab watch --count 1 --timeout 100' 'pcifab stats' \
+                  'cat /sys/class/misc/pcifab0/temperature /sys/class/misc/pcifab0/generation \
+                       /sys/class/misc/pcifab0/nr_functions' \
+                  'cat /sys/class/misc/pcifab0/functions/{fnid}/power'; do \
+           timeout 30 sh -c \"$c\" >/dev/null 2>&1; echo \"rc=$? $c\"; \
+         done; done"
+    )
+}
+
+/// Hostile firmware: the emulator lies in every reply, register and DMA write-back the
+/// driver parses (`fault HOST hostile SEED`, Documentation/emulator.rst) while both hosts
+/// run the normal workload for at least 5,000 firmware commands. Nothing may crash, hang or
+/// splat (the harness checks the consoles after every scenario); every command ends with a
+/// bounded, named error or success; then the firmware turns sane and everything works
+/// again without a reboot, the module unloading and loading included.
+pub fn hostile_firmware(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let emu = f.emu();
+    let start: u64 = {
+        let mut n = 0;
+        for h in &f.hosts {
+            n += emu.mrpc_commands(&h.name)?;
+        }
+        n
+    };
+    for (h, seed) in f.hosts.iter().zip(HOSTILE_SEEDS) {
+        crate::say(&format!("# hostile firmware: {} seed {seed:#x}", h.name));
+        emu.request(&format!("fault {} hostile {seed:#x}", h.name))?;
+    }
+    let t = Instant::now();
+    let mut made = 0;
+    let mut bad = Vec::new();
+    let mut rounds = 0u32;
+    let r = (|| -> Result<(), String> {
+        while made < HOSTILE_COMMANDS {
+            if t.elapsed() > Duration::from_secs(600) {
+                return Err(format!(
+                    "only {made} firmware commands in 600 s (expected {HOSTILE_COMMANDS})"
+                ));
+            }
+            let outs = std::sync::Mutex::new(Vec::new());
+            f.each_host(|h, _| {
+                let o = h.run_timeout(&hostile_round(h.index, 5), Duration::from_secs(900))?;
+                outs.lock()
+                    .map_err(|_| "poisoned".to_string())?
+                    .push((h.name.clone(), o));
+                Ok(())
+            })?;
+            for (name, o) in outs.into_inner().map_err(|_| "poisoned".to_string())? {
+                for line in o.out.lines().filter(|l| l.starts_with("rc=")) {
+                    let code = line[3..].split(' ').next().unwrap_or("?");
+                    // 0 ok, 1 failed (named), 2 usage, 3 refused: anything else is a hang
+                    // (124/143, killed by `timeout`) or a crash of the CLI.
+                    if !matches!(code, "0" | "1" | "3") {
+                        bad.push(format!("{name}: {line}"));
+                    }
+                }
+            }
+            rounds += 5;
+            made = 0;
+            for h in &f.hosts {
+                made += emu.mrpc_commands(&h.name)?;
+            }
+            made -= start;
+        }
+        Ok(())
+    })();
+    let cleared = emu.request("fault clear all");
+    crate::say(&format!(
+        "# hostile firmware: {made} firmware commands in {rounds} rounds per host, {:.0} s",
+        t.elapsed().as_secs_f64()
+    ));
+    r?;
+    cleared?;
+    if !bad.is_empty() {
+        return Err(format!(
+            "{} commands hung or crashed under hostile firmware (first: {})",
+            bad.len(),
+            bad.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
+        ));
+    }
+    // Sane again, without a reboot: reload the module, check the world, compose.
+    f.each_host(|h, _| {
+        h.run_ok("rmmod pcifab")?;
+        begin(h)?;
+        recovered(h)
+    })?;
+    compose_begin(f)?;
+    let e = f.expected.clone();
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    bind_here(h0, &e, GPU0)?;
+    pcifab_ok(h0, &format!("unbind {GPU0:#06x}"))?;
+    Ok(())
+}

@@ -207,6 +207,11 @@ pub fn all() -> Vec<Scenario> {
             crate::driver_trust::p2p_grants,
         ),
         s(
+            "hostile firmware: 5,000 lying replies, no splat or hang, then sane again",
+            900,
+            crate::driver_trust::hostile_firmware,
+        ),
+        s(
             "fwctl rules: raw firmware writes need CAP_SYS_RAWIO, taint, obey lockdown",
             240,
             crate::driver_trust::fwctl_rules,
