@@ -25,6 +25,7 @@ mod event;
 mod fabric;
 mod fnsysfs;
 mod hotplug;
+mod kext;
 mod mrpc;
 mod p2p;
 mod regs;
@@ -143,6 +144,8 @@ struct PcifabData<'bound> {
     #[pin]
     irq: irq::Registration<'bound, event::Handler>,
     vectors: pci::IrqVectorRegistration<'bound>,
+    /// Puts back the downstream ports' ACS control that probe changed.
+    acs: hotplug::AcsRestore,
     /// Dropped last: waits for fabric-event work an interrupt queued before it was freed.
     mep: FlushOnDrop,
 }
@@ -291,22 +294,12 @@ impl pci::Driver for PcifabDriver {
                 pdev.dma_set_max_seg_size(u32::MAX);
             }
             p2p::init(&mep, pdev.as_ref(), vector)?;
-            for port in 0..compose::LOG_PORTS {
-                let acs = hotplug::set_acs(pdev, port);
-                if acs.present && acs.before != acs.after {
-                    dev_info!(
-                        pdev,
-                        "logical port {}: ACS control {:#06x} -> {:#06x} (P2P through the switch)\n",
-                        port,
-                        acs.before,
-                        acs.after
-                    );
-                }
-            }
+            let acs = hotplug::AcsRestore::apply(pdev);
             let handler = event::Handler { mep: mep.clone() };
             let chardev_mep = mep.clone();
             Ok(try_pin_init!(&this in PcifabData {
                 vectors,
+                acs,
                 mep: FlushOnDrop(mep),
                 irq <- {
                     // `vectors` is initialised before this field (initialisers run in the
