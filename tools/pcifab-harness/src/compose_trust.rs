@@ -26,7 +26,7 @@ const HUNG: &str = "blocked for more than|hung_task|INFO: task";
 /// Rounds of the double-unbind scenario.
 pub const DOUBLE_UNBIND_ROUNDS: usize = 20;
 
-/// `echo BDF > /sys/bus/pci/drivers/pcifab/unbind`, timed; the MEP must have no driver after.
+/// `echo BDF > /sys/bus/pci/drivers/pcifab/unbind`, timed.
 fn unbind_mep(h: &mut Host, mep: &str) -> Result<(i64, f64), String> {
     let t = Instant::now();
     let o = h.run_timeout(
@@ -88,92 +88,186 @@ fn free_in_emu(emu: &EmuControl, f: &Fabric, pdfid: u16) -> Result<(), String> {
     Ok(())
 }
 
-/// (c) A bind in h0 waits for a function that never enumerates (`fault h0 no-enumerate`,
-/// 60 s timeout); meanwhile the MEP is unbound from pcifab through sysfs. The unbind must be
-/// done within a few seconds, the bind must end with ENODEV, no task may hang, and binding
-/// the MEP again must give a working driver.
+/// How the waiting bind is started.
+#[derive(Clone, Copy)]
+enum BindBy {
+    /// `pcifab bind` (the ioctl), with a 60 s timeout.
+    Ioctl,
+    /// `echo "PDFID 0" > /sys/class/misc/pcifab0/bind` (the default 30 s timeout).
+    SysfsAttr,
+}
+
+/// How the MEP goes away from pcifab.
+#[derive(Clone, Copy)]
+enum MepGone {
+    /// `echo BDF > /sys/bus/pci/drivers/pcifab/unbind`.
+    DriverUnbind,
+    /// `echo 1 > /sys/bus/pci/devices/BDF/remove`: the PCI core removes the device, and calls
+    /// pcifab's remove, under the PCI rescan/remove lock; `echo 1 > /sys/bus/pci/rescan`
+    /// brings it back (pcifab's probe then runs under that lock).
+    PciRemove,
+}
+
+/// One round: `p` is bound to h0 (which never enumerates it), and while the driver waits for
+/// it the MEP goes away. The MEP must be gone within [`UNBIND_MEP_MAX_S`], the bind must end
+/// with ENODEV, no task may hang, and pcifab must work on the MEP again afterwards.
+fn bind_wait_then_gone(
+    h0: &mut Host,
+    emu: &EmuControl,
+    e: &crate::config::Expected,
+    p: u16,
+    by: BindBy,
+    gone: MepGone,
+) -> Result<(), String> {
+    let mep = find_mep(h0)?;
+    emu.request("fault h0 no-enumerate")?;
+    let start = match by {
+        BindBy::Ioctl => {
+            format!("pcifab bind {p:#06x} --host 0 --timeout {LONG_BIND_TIMEOUT_MS} --json")
+        }
+        BindBy::SysfsAttr => format!("echo '{p:#06x} 0' > /sys/class/misc/pcifab0/bind"),
+    };
+    h0.run_ok(&format!(
+        "rm -f /tmp/bw.out /tmp/bw.rc; \
+         (({start}) >/tmp/bw.out 2>&1; echo $? >/tmp/bw.rc) </dev/null >/dev/null 2>&1 &"
+    ))?;
+    // Once the fabric holds the binding the driver waits for the function to appear.
+    let t = Instant::now();
+    loop {
+        if emu_owners(emu, e).is_ok_and(|(o, _)| o.get(&p) == Some(&0)) {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let out = h0.run("cat /tmp/bw.out")?.out;
+            return Err(format!(
+                "h0: bind {p:#06x} never reached the fabric within 20 s: {}",
+                out.trim()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (what, script) = match gone {
+        MepGone::DriverUnbind => (
+            "sysfs driver unbind",
+            format!("echo {mep} > /sys/bus/pci/drivers/pcifab/unbind"),
+        ),
+        MepGone::PciRemove => (
+            "sysfs PCI remove",
+            format!("echo 1 > /sys/bus/pci/devices/{mep}/remove"),
+        ),
+    };
+    let t = Instant::now();
+    let o = h0.run_timeout(
+        &script,
+        Duration::from_secs(u64::from(LONG_BIND_TIMEOUT_MS / 1000) + 30),
+    )?;
+    let secs = t.elapsed().as_secs_f64();
+    h0.log_note(&format!(
+        "{what} of the MEP during a bind's enumeration wait: exit {} after {secs:.2} s",
+        o.code
+    ));
+    let bind = wait_bg(h0, "bw", 10)?;
+    let mut c = Checks::new(&format!(
+        "h0: MEP gone ({what}) while a bind waits for enumeration"
+    ));
+    c.eq(&format!("exit code of the {what}"), 0, o.code);
+    if secs > UNBIND_MEP_MAX_S {
+        c.fail(format!(
+            "the {what} took {secs:.1} s: expected at most {UNBIND_MEP_MAX_S} s (it waited for \
+             the bind)"
+        ));
+    }
+    match (&bind, by) {
+        (None, _) => c.fail("the bind was still running 10 s after the MEP went away".into()),
+        (Some((rc, out)), BindBy::Ioctl) => {
+            if *rc != 1 || !out.contains("No such device") {
+                c.fail(format!(
+                    "the bind: expected exit 1 with ENODEV (\"No such device\"), got exit \
+                     {rc}: {}",
+                    out.trim()
+                ));
+            }
+        }
+        (Some((rc, out)), BindBy::SysfsAttr) => {
+            if *rc == 0 || !out.contains("No such device") {
+                c.fail(format!(
+                    "the write of `bind`: expected it to fail with ENODEV (\"No such \
+                     device\"), got exit {rc}: {}",
+                    out.trim()
+                ));
+            }
+        }
+    }
+    match gone {
+        MepGone::DriverUnbind => {
+            let driver = h0.run(&format!("readlink /sys/bus/pci/devices/{mep}/driver"))?;
+            if driver.code == 0 {
+                c.fail(format!(
+                    "the MEP still has a driver after the unbind: {}",
+                    driver.out.trim()
+                ));
+            }
+        }
+        MepGone::PciRemove => {
+            if h0.run(&format!("[ -e /sys/bus/pci/devices/{mep} ]"))?.code == 0 {
+                c.fail(format!("{mep} still exists after its removal"));
+            }
+        }
+    }
+    if let Err(err) = no_hang(h0) {
+        c.fail(err);
+    }
+    let back = match gone {
+        MepGone::DriverUnbind => rebind_mep(h0, &mep),
+        MepGone::PciRemove => h0
+            .run_ok("echo 1 > /sys/bus/pci/rescan")
+            .map_err(|e| format!("rescanning the PCI bus: {e}"))
+            .and_then(|_| check_bound_pcifab(h0))
+            .and_then(|()| {
+                h0.run_ok("pcifab mrpc 0x41 00")
+                    .map(|_| ())
+                    .map_err(|e| format!("an echo after the rescan: {e}"))
+            }),
+    };
+    if let Err(err) = back {
+        c.fail(err);
+    }
+    if let Err(err) = no_hang(h0) {
+        c.fail(format!("after bringing the MEP back: {err}"));
+    }
+    c.finish()
+}
+
+/// (c) A bind in h0 waits for a function that never enumerates (`fault h0 no-enumerate`);
+/// meanwhile the MEP goes away: first a `pcifab bind` (60 s timeout) while the MEP is unbound
+/// from pcifab through sysfs, then a bind through the sysfs `bind` attribute while the MEP is
+/// removed from the PCI bus (and rescanned back). Each time the MEP must be gone within a few
+/// seconds, the bind must end with ENODEV, no task may hang, and pcifab must work again.
 pub fn unbind_mep_during_bind(f: &mut Fabric) -> Result<(), String> {
     compose_begin(f)?;
     let emu = f.emu();
     let e = f.expected.clone();
-    let p: u16 = 0x0301;
-    let h0 = &mut f.hosts[0];
-    let mep = find_mep(h0)?;
-    emu.request("fault h0 no-enumerate")?;
-    let r = (|| -> Result<(), String> {
-        h0.run_ok(&format!(
-            "rm -f /tmp/bw.out /tmp/bw.rc; \
-             (pcifab bind {p:#06x} --host 0 --timeout {LONG_BIND_TIMEOUT_MS} --json \
-             >/tmp/bw.out 2>&1; echo $? >/tmp/bw.rc) </dev/null >/dev/null 2>&1 &"
-        ))?;
-        // Once the fabric holds the binding the driver waits for the function to appear.
-        let t = Instant::now();
-        loop {
-            if emu_owners(&emu, &e).is_ok_and(|(o, _)| o.get(&p) == Some(&0)) {
-                break;
-            }
-            if t.elapsed() > Duration::from_secs(20) {
-                let out = h0.run("cat /tmp/bw.out")?.out;
-                return Err(format!(
-                    "h0: bind {p:#06x} never reached the fabric within 20 s: {}",
-                    out.trim()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
+    let rounds = [
+        (0x0301, BindBy::Ioctl, MepGone::DriverUnbind),
+        (0x0302, BindBy::SysfsAttr, MepGone::PciRemove),
+    ];
+    let mut r = Ok(());
+    for (p, by, gone) in rounds {
+        r = bind_wait_then_gone(&mut f.hosts[0], &emu, &e, p, by, gone);
+        if r.is_err() {
+            break;
         }
-        let (code, secs) = unbind_mep(h0, &mep)?;
-        h0.log_note(&format!(
-            "MEP unbind during a bind's enumeration wait: exit {code} after {secs:.2} s"
-        ));
-        let bind = wait_bg(h0, "bw", 10)?;
-        let mut c = Checks::new("h0: MEP unbound while a bind waits for enumeration");
-        c.eq("exit code of the sysfs unbind", 0, code);
-        if secs > UNBIND_MEP_MAX_S {
-            c.fail(format!(
-                "the sysfs unbind took {secs:.1} s: expected at most {UNBIND_MEP_MAX_S} s \
-                 (it waited for the bind)"
-            ));
-        }
-        match &bind {
-            None => c.fail("the bind was still running 10 s after the MEP was unbound".into()),
-            Some((rc, out)) => {
-                if *rc != 1 || !out.contains("No such device") {
-                    c.fail(format!(
-                        "the bind: expected exit 1 with ENODEV (\"No such device\"), got exit \
-                         {rc}: {}",
-                        out.trim()
-                    ));
-                }
-            }
-        }
-        let driver = h0.run(&format!("readlink /sys/bus/pci/devices/{mep}/driver"))?;
-        if driver.code == 0 {
-            c.fail(format!(
-                "the MEP still has a driver after the unbind: {}",
-                driver.out.trim()
-            ));
-        }
-        let hang = no_hang(h0);
-        let rebind = rebind_mep(h0, &mep);
-        if let Err(err) = hang {
-            c.fail(err);
-        }
-        if let Err(err) = rebind {
-            c.fail(err);
-        }
-        c.finish()
-    })();
+        emu.request("fault clear h0")?;
+    }
     let cleared = emu.request("fault clear h0");
-    // The fabric bound the function to h0, which never saw it and could not give it back.
-    let freed = free_in_emu(&emu, f, p);
+    // The fabric bound the functions to h0, which never saw them and could not give them back.
+    let freed: Result<(), String> = rounds
+        .iter()
+        .try_for_each(|(p, _, _)| free_in_emu(&emu, f, *p));
     r?;
     cleared?;
     freed?;
-    check_world(
-        f,
-        &Owners::new(),
-        "the MEP unbound during a bind, and bound again",
-    )
+    check_world(f, &Owners::new(), "the MEP gone during binds, and back")
 }
 
 /// (c) h0 holds GPU0; while pciehp powers its slot off (`echo 0 > .../slots/S/power`) h0 also
