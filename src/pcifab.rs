@@ -343,8 +343,8 @@ impl pci::Driver for PcifabDriver {
 impl PcifabDriver {
     /// Stops the event source and fails every waiter before the device goes away.
     fn quiesce(data: &PcifabData<'_>) {
-        // Fail the running and queued firmware commands first, so a composition operation
-        // waiting on one returns and `shut_down()` does not wait for its timeout.
+        // Fail the running and queued firmware commands, then end every composition wait
+        // (`ENODEV`); nothing here waits for a running composition operation.
         data.mep.mrpc.kill();
         data.mep.compose.shut_down();
         p2p::shut_down(&data.mep);

@@ -456,7 +456,8 @@ pub fn acs_restored(f: &mut Fabric) -> Result<(), String> {
         if before.iter().all(|(_, a)| a.is_none()) {
             c.fail(format!(
                 "no downstream port has an ACS capability ({}): the save and restore were not \
-                 exercised",
+                 exercised (QEMU's xio3130-downstream has none; a pcie-root-port in its place \
+                 has one)",
                 before
                     .iter()
                     .map(|(b, _)| b.as_str())
