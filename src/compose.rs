@@ -9,17 +9,21 @@
 //! function bound here is waited for until this host has enumerated it; a function unbound
 //! from here is removed (driver unbound, slot powered off) before the firmware is asked.
 //!
-//! One composition operation runs at a time per endpoint ([`Compose::lock`]); unbind of the
-//! endpoint waits for the running one and fails later ones with `ENODEV`.
+//! Composition operations of one endpoint run side by side, each holding a reservation of the
+//! function it works on and, on this host, of the logical port it touches ([`Reservation`]).
+//! The state lock ([`Compose`]) is held only to take, look at and give back reservations:
+//! never across a firmware command, a hot-plug or PCI-core call or a wait, so unbinding the
+//! endpoint (or pciehp removing it) never waits for a running operation. Once the endpoint
+//! is going away ([`Compose::shut_down`]) every wait ends at once with `ENODEV`.
 
 use kernel::{
-    new_mutex,
+    new_condvar, new_mutex,
     prelude::*,
-    sync::Mutex,
-    time::{delay::fsleep, Delta, Instant, Monotonic},
+    sync::{CondVar, CondVarTimeoutResult, Mutex},
+    time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
 };
 
-use crate::{fabric, hotplug, mrpc, Mep};
+use crate::{fabric, hotplug, kext::slot::Sysfs, mrpc, Mep};
 
 const CMD_GFMS_DB_DUMP: u32 = 0x83;
 const DB_DUMP_HVD: u8 = 3;
@@ -36,8 +40,10 @@ const SUB_UNBIND: u8 = 2;
 pub(crate) const LOG_PORTS: u8 = 4;
 /// Default bound on a whole bind or unbind, firmware and enumeration included.
 pub(crate) const DEFAULT_TIMEOUT_MS: u32 = 30_000;
-/// Enumeration poll interval.
-const POLL: Delta = Delta::from_millis(50);
+/// Enumeration poll interval, and how often a waiter looks again.
+const POLL_MS: u32 = 50;
+/// Functions operations may work on at once; one more waits for a free entry.
+const MAX_OPS: usize = 16;
 
 /// Firmware return codes of the binding commands (`Documentation/mrpc.rst`).
 const FW_PARAM_INVALID: u32 = 0x64006;
@@ -95,9 +101,9 @@ struct Hvd {
 /// How long a slot this host powered off is left alone before a function is bound into it
 /// again: pciehp finishes its power-off sequence (indicators, the one-second wait after
 /// power-off) and the switch its detach before a new hot-plug arrives at that slot.
-const SETTLE: Delta = Delta::from_millis(2_000);
+const SETTLE_MS: i64 = 2_000;
 
-/// State guarded by [`Compose::lock`].
+/// State guarded by [`Compose`]'s lock.
 struct State {
     /// `false` once the endpoint is being unbound.
     alive: bool,
@@ -107,6 +113,10 @@ struct State {
     /// the firmware sends back to us: the fabric-event work must not act on it, since the
     /// port may hold a function bound again since (a rolled-back move).
     own_unbind: [Option<u16>; LOG_PORTS as usize],
+    /// Functions an operation is working on.
+    busy_fns: [Option<u16>; MAX_OPS],
+    /// This host's logical ports an operation (or the fabric-event work) is working on.
+    busy_ports: [bool; LOG_PORTS as usize],
 }
 
 impl State {
@@ -119,22 +129,45 @@ impl State {
         }
     }
 
-    /// Waits until the slot of `port` has settled after a power-off of ours.
-    fn settle(&self, port: u8) {
-        if let Some(Some(t)) = self.powered_off.get(usize::from(port)) {
-            let spent = t.elapsed();
-            if spent < SETTLE {
-                fsleep(SETTLE - spent);
-            }
+    /// Milliseconds until the slot of `port` has settled after a power-off of ours.
+    fn settle_left(&self, port: u8) -> i64 {
+        match self.powered_off.get(usize::from(port)) {
+            Some(Some(t)) => SETTLE_MS.saturating_sub(t.elapsed().as_millis()).max(0),
+            _ => 0,
+        }
+    }
+
+    fn set_own_unbind(&mut self, port: u8, pdfid: Option<u16>) {
+        if let Some(own) = self.own_unbind.get_mut(usize::from(port)) {
+            *own = pdfid;
+        }
+    }
+
+    fn port_busy(&self, port: u8) -> bool {
+        self.busy_ports
+            .get(usize::from(port))
+            .copied()
+            .unwrap_or(true)
+    }
+
+    fn set_port_busy(&mut self, port: u8, busy: bool) {
+        if let Some(b) = self.busy_ports.get_mut(usize::from(port)) {
+            *b = busy;
         }
     }
 }
 
-/// Serialises composition operations of one endpoint.
+/// Composition state of one endpoint.
 #[pin_data]
 pub(crate) struct Compose {
     #[pin]
     lock: Mutex<State>,
+    /// Signalled when a reservation is given back and when the endpoint goes away.
+    #[pin]
+    changed: CondVar,
+    /// Where slots' `power` files are found; `None` if sysfs could not be mounted (removal
+    /// then leaves the slot powered).
+    sysfs: Option<Sysfs>,
 }
 
 impl Compose {
@@ -144,20 +177,180 @@ impl Compose {
                 alive: true,
                 powered_off: [None; LOG_PORTS as usize],
                 own_unbind: [None; LOG_PORTS as usize],
+                busy_fns: [None; MAX_OPS],
+                busy_ports: [false; LOG_PORTS as usize],
             }),
+            changed <- new_condvar!("pcifab::Compose::changed"),
+            sysfs: Sysfs::mount().ok(),
         })
     }
 
-    /// Waits for a running operation and refuses new ones; called on unbind.
+    /// Refuses new operations and ends every wait of running ones (`ENODEV`); called on
+    /// unbind of the endpoint. Does not wait for anything: a running operation finds out at
+    /// its next step (its firmware commands fail once the mailbox is killed).
     pub(crate) fn shut_down(&self) {
         self.lock.lock().alive = false;
+        self.changed.notify_all();
+    }
+
+    /// `ENODEV` once the endpoint is going away.
+    fn check_alive(&self) -> Result {
+        if self.lock.lock().alive {
+            Ok(())
+        } else {
+            Err(ENODEV)
+        }
+    }
+
+    /// Sleeps for up to `ms` milliseconds, or until a reservation is given back; `ENODEV` at
+    /// once when the endpoint goes away. Signals do not end the wait early.
+    fn pause(&self, ms: i64) -> Result {
+        let ms = u32::try_from(ms.clamp(1, i64::from(POLL_MS))).unwrap_or(POLL_MS);
+        let mut st = self.lock.lock();
+        if !st.alive {
+            return Err(ENODEV);
+        }
+        let r = self
+            .changed
+            .wait_interruptible_timeout(&mut st, msecs_to_jiffies(ms));
+        let alive = st.alive;
+        drop(st);
+        if !alive {
+            return Err(ENODEV);
+        }
+        if let CondVarTimeoutResult::Signal { .. } = r {
+            // A pending signal makes every interruptible wait return at once: sleep instead
+            // (`shut_down()` is then seen within `POLL_MS`).
+            fsleep(Delta::from_millis(i64::from(ms)));
+        }
+        Ok(())
+    }
+
+    /// Sleeps for `ms` milliseconds in [`Compose::pause`] steps.
+    fn sleep(&self, ms: i64) -> Result {
+        let start = Instant::<Monotonic>::now();
+        loop {
+            let left = ms.saturating_sub(start.elapsed().as_millis());
+            if left <= 0 {
+                return Ok(());
+            }
+            self.pause(left)?;
+        }
+    }
+
+    /// Reserves function `pdfid`, waiting while another operation of this endpoint holds it.
+    fn reserve(&self, pdfid: u16) -> Result<Reservation<'_>> {
+        loop {
+            {
+                let mut st = self.lock.lock();
+                if !st.alive {
+                    return Err(ENODEV);
+                }
+                if !st.busy_fns.contains(&Some(pdfid)) {
+                    if let Some(e) = st.busy_fns.iter_mut().find(|e| e.is_none()) {
+                        *e = Some(pdfid);
+                        return Ok(Reservation {
+                            compose: self,
+                            pdfid,
+                            port: None,
+                        });
+                    }
+                }
+            }
+            self.pause(i64::from(POLL_MS))?;
+        }
+    }
+}
+
+/// A function (and at most one logical port of this host) an operation works on; given back
+/// on drop.
+struct Reservation<'a> {
+    compose: &'a Compose,
+    pdfid: u16,
+    port: Option<u8>,
+}
+
+impl Reservation<'_> {
+    /// Reserves logical port `port` of this host, waiting while another operation holds it;
+    /// gives back a port reserved before.
+    fn take_port(&mut self, port: u8) -> Result {
+        if self.port == Some(port) {
+            return Ok(());
+        }
+        self.release_port();
+        loop {
+            {
+                let mut st = self.compose.lock.lock();
+                if !st.alive {
+                    return Err(ENODEV);
+                }
+                if !st.port_busy(port) {
+                    st.set_port_busy(port, true);
+                    self.port = Some(port);
+                    return Ok(());
+                }
+            }
+            self.compose.pause(i64::from(POLL_MS))?;
+        }
+    }
+
+    /// Reserves a logical port of this host that `h` shows free and no operation holds, the one
+    /// we powered off longest ago first. `Ok(None)` when every free port is held by another
+    /// operation; `ENOSPC` when none is free.
+    fn take_free_port(&mut self, h: &Hvd) -> Result<Option<u8>> {
+        self.release_port();
+        let mut st = self.compose.lock.lock();
+        if !st.alive {
+            return Err(ENODEV);
+        }
+        let free = |p: &u8| h.ports.get(usize::from(*p)).is_some_and(Option::is_none);
+        if !(0..LOG_PORTS).any(|p| free(&p)) {
+            return Err(ENOSPC);
+        }
+        let pick = (0..LOG_PORTS)
+            .filter(free)
+            .filter(|&p| !st.port_busy(p))
+            .min_by_key(|&p| match st.powered_off.get(usize::from(p)) {
+                Some(Some(t)) => i64::MAX.saturating_sub(t.elapsed().as_millis()),
+                _ => i64::MIN,
+            });
+        if let Some(p) = pick {
+            st.set_port_busy(p, true);
+            self.port = Some(p);
+        }
+        Ok(pick)
+    }
+
+    fn release_port(&mut self) {
+        if let Some(p) = self.port.take() {
+            self.compose.lock.lock().set_port_busy(p, false);
+            self.compose.changed.notify_all();
+        }
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        {
+            let mut st = self.compose.lock.lock();
+            if let Some(p) = self.port.take() {
+                st.set_port_busy(p, false);
+            }
+            if let Some(e) = st.busy_fns.iter_mut().find(|e| **e == Some(self.pdfid)) {
+                *e = None;
+            }
+        }
+        self.compose.changed.notify_all();
     }
 }
 
 fn hvd(mep: &Mep, host: u8) -> Result<Hvd> {
     let mut out = [0u8; 148];
     fabric::call(mep, CMD_GFMS_DB_DUMP, &[DB_DUMP_HVD, host], &mut out)?;
-    let size = usize::try_from(fabric::le32(&out, 4)?).map_err(|_| EIO)? * 4;
+    let size = usize::try_from(fabric::le32(&out, 4)?)
+        .ok()
+        .and_then(|dwords| dwords.checked_mul(4))
+        .ok_or(EIO)?;
     let count = fabric::le16(&out, 16)?;
     if size < out.len() || size > mrpc::PAYLOAD || count < u16::from(LOG_PORTS) {
         return Err(EIO);
@@ -229,7 +422,8 @@ impl Mep {
     /// Binds `pdfid` to logical port `port` (or the first free one) of `host`.
     ///
     /// When `host` is this host, returns once this host has enumerated the function; if it
-    /// does not appear in time the binding is undone and the caller gets `ETIMEDOUT`.
+    /// does not appear in time the binding is undone and the caller gets `ETIMEDOUT`. If the
+    /// endpoint goes away meanwhile, the wait ends at once with `ENODEV`.
     pub(crate) fn bind(
         &self,
         pdfid: u16,
@@ -239,46 +433,53 @@ impl Mep {
         wait_local: bool,
     ) -> Result<Bound, Failure> {
         let start = Instant::<Monotonic>::now();
-        let mut st = self.compose.lock.lock();
-        if !st.alive {
-            return Err(ENODEV.into());
+        if port.is_some_and(|p| p >= LOG_PORTS) {
+            return Err(EINVAL.into());
         }
-        self.bind_locked(&mut st, pdfid, host, port, &start, timeout_ms, wait_local)
+        let mut r = self.compose.reserve(pdfid)?;
+        self.bind_reserved(&mut r, host, port, &start, timeout_ms, wait_local)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn bind_locked(
+    fn bind_reserved(
         &self,
-        st: &mut State,
-        pdfid: u16,
+        r: &mut Reservation<'_>,
         host: u8,
         port: Option<u8>,
         start: &Instant<Monotonic>,
         timeout_ms: u32,
         wait_local: bool,
     ) -> Result<Bound, Failure> {
-        if port.is_some_and(|p| p >= LOG_PORTS) {
-            return Err(EINVAL.into());
-        }
+        let pdfid = r.pdfid;
+        let local = usize::from(host) == self.partition;
         // With no port given, take the first free one; another host may take it between our
         // look and our bind, so look again then.
         let mut tries = 0;
         let (h, port) = loop {
             let h = hvd(self, host)?;
-            let local = usize::from(host) == self.partition;
-            let p = match port {
-                Some(p) => p,
-                // A free port; on this host the one we powered off longest ago.
-                None => (0..LOG_PORTS)
-                    .filter(|&p| h.ports[usize::from(p)].is_none())
-                    .min_by_key(|&p| match st.powered_off[usize::from(p)] {
-                        Some(t) if local => i64::MAX - t.elapsed().as_millis(),
-                        _ => i64::MIN,
-                    })
+            let p = match (port, local) {
+                (Some(p), true) => {
+                    r.take_port(p)?;
+                    p
+                }
+                (Some(p), false) => p,
+                (None, true) => match r.take_free_port(&h)? {
+                    Some(p) => p,
+                    None => {
+                        // Every free port is being worked on by another operation here.
+                        if start.elapsed().as_millis() >= i64::from(timeout_ms) {
+                            return Err(EBUSY.into());
+                        }
+                        self.compose.pause(i64::from(POLL_MS))?;
+                        continue;
+                    }
+                },
+                (None, false) => (0..LOG_PORTS)
+                    .find(|&p| h.ports.get(usize::from(p)).is_some_and(Option::is_none))
                     .ok_or(ENOSPC)?,
             };
             if local {
-                st.settle(p);
+                let wait = self.compose.lock.lock().settle_left(p);
+                self.compose.sleep(wait)?;
             }
             match bind_unbind(
                 self,
@@ -294,7 +495,7 @@ impl Mep {
             }
         };
         self.fabric.invalidate();
-        if usize::from(host) != self.partition || !wait_local {
+        if !local || !wait_local {
             return Ok(Bound { port, local: None });
         }
         loop {
@@ -304,10 +505,14 @@ impl Mep {
                     local: Some(found),
                 });
             }
-            if start.elapsed().as_millis() >= i64::from(timeout_ms) {
+            let spent = start.elapsed().as_millis();
+            if spent >= i64::from(timeout_ms) {
                 break;
             }
-            fsleep(POLL);
+            // Ends at once (`ENODEV`) when the endpoint goes away: the function stays bound
+            // to this host, which can no longer ask the firmware for anything.
+            self.compose
+                .pause(i64::from(timeout_ms).saturating_sub(spent))?;
         }
         // Never enumerated: give the function back so it is not held by a host that
         // cannot use it.
@@ -328,58 +533,73 @@ impl Mep {
     }
 
     /// Unbinds `pdfid` from the host holding it. Returns `(host, port)` it was bound to.
+    ///
+    /// Of two unbinds of one function at once (from this host and another, or two here),
+    /// one succeeds and the other gets `ENOENT`: the function is not bound any more.
     pub(crate) fn unbind(&self, pdfid: u16, timeout_ms: u32) -> Result<(u8, u8), Failure> {
         let start = Instant::<Monotonic>::now();
-        let mut st = self.compose.lock.lock();
-        if !st.alive {
-            return Err(ENODEV.into());
-        }
-        self.unbind_locked(&mut st, pdfid, &start, timeout_ms)
+        let mut r = self.compose.reserve(pdfid)?;
+        self.unbind_reserved(&mut r, &start, timeout_ms)
     }
 
-    fn unbind_locked(
+    fn unbind_reserved(
         &self,
-        st: &mut State,
-        pdfid: u16,
+        r: &mut Reservation<'_>,
         start: &Instant<Monotonic>,
         timeout_ms: u32,
     ) -> Result<(u8, u8), Failure> {
+        let pdfid = r.pdfid;
         let (host, port) = self.binding(pdfid)?.ok_or(Failure {
             err: ENOENT,
             fw_ret: FW_NOT_BOUND,
         })?;
-        let removed = if usize::from(host) == self.partition {
-            let how = hotplug::remove(&self.pdev, port)?;
-            st.removed(port, how);
+        let local = usize::from(host) == self.partition && port < LOG_PORTS;
+        let removed = if local {
+            r.take_port(port)?;
+            self.compose.check_alive()?;
+            let how = hotplug::remove(&self.pdev, self.compose.sysfs.as_ref(), port)?;
+            self.compose.lock.lock().removed(port, how);
             how
         } else {
             hotplug::Removal::NotPresent
         };
         let h = hvd(self, host)?;
-        let own = usize::from(host) == self.partition && port < LOG_PORTS;
-        if own {
-            st.own_unbind[usize::from(port)] = Some(pdfid);
+        if local {
+            self.compose.lock.lock().set_own_unbind(port, Some(pdfid));
         }
-        let result = bind_unbind(
-            self,
-            &unbind_cmd(h.usp_port, port, pdfid),
-            left(start, timeout_ms),
-        );
-        if own {
+        let result = loop {
+            let res = bind_unbind(
+                self,
+                &unbind_cmd(h.usp_port, port, pdfid),
+                left(start, timeout_ms),
+            );
+            match res {
+                // Another operation on the function is in flight in the firmware (another
+                // host's unbind, say): wait for its outcome. If it took the function away, the
+                // next try gets NOT_BOUND.
+                Err(Failure {
+                    fw_ret: FW_FUNCTION_BUSY,
+                    ..
+                }) if start.elapsed().as_millis() < i64::from(timeout_ms) => {
+                    self.compose.sleep(i64::from(POLL_MS))?;
+                }
+                res => break res,
+            }
+        };
+        if local {
             // A refused request never reaches the point where the firmware sends the event.
             if let Err(Failure { fw_ret, .. }) = result {
                 if fw_ret != FW_UNBIND_TIMEOUT && fw_ret != FW_HOTPLUG_FAILED {
-                    st.own_unbind[usize::from(port)] = None;
+                    self.compose.lock.lock().set_own_unbind(port, None);
                 }
             }
         }
         self.fabric.invalidate();
         match result {
-            // The firmware may already have seen the function leave when its slot went off.
-            Err(Failure {
-                fw_ret: FW_NOT_BOUND,
-                ..
-            }) if removed == hotplug::Removal::SlotPoweredOff => Ok((host, port)),
+            // Somebody else unbound it first (another host's unbind, or the manager's): the
+            // caller's request found nothing to do. What this host removed is gone from the
+            // fabric too, so its side is consistent.
+            Err(f) if f.fw_ret == FW_NOT_BOUND => Err(f),
             Err(f) => {
                 dev_warn!(
                     self.pdev,
@@ -404,10 +624,10 @@ impl Mep {
         timeout_ms: u32,
     ) -> Result<(Bound, (u8, u8)), Failure> {
         let start = Instant::<Monotonic>::now();
-        let mut st = self.compose.lock.lock();
-        if !st.alive {
-            return Err(ENODEV.into());
+        if port.is_some_and(|p| p >= LOG_PORTS) {
+            return Err(EINVAL.into());
         }
+        let mut r = self.compose.reserve(pdfid)?;
         if let Some(at) = self.binding(pdfid)? {
             if at.0 == host && port.is_none_or(|p| p == at.1) {
                 // Already there: nothing to move.
@@ -419,20 +639,25 @@ impl Mep {
                 return Ok((Bound { port: at.1, local }, at));
             }
         }
-        let from = self.unbind_locked(&mut st, pdfid, &start, timeout_ms)?;
-        match self.bind_locked(&mut st, pdfid, host, port, &start, timeout_ms, true) {
+        let from = self.unbind_reserved(&mut r, &start, timeout_ms)?;
+        match self.bind_reserved(&mut r, host, port, &start, timeout_ms, true) {
             Ok(b) => Ok((b, from)),
             Err(f) => {
-                // Put it back; the caller learns the move failed either way.
-                let back = self.bind_locked(
-                    &mut st,
-                    pdfid,
-                    from.0,
-                    Some(from.1),
-                    &Instant::<Monotonic>::now(),
-                    DEFAULT_TIMEOUT_MS,
-                    true,
-                );
+                // Put it back (unless the endpoint is going away); the caller learns the move
+                // failed either way.
+                let back = if f.err == ENODEV {
+                    Err(f.err)
+                } else {
+                    self.bind_reserved(
+                        &mut r,
+                        from.0,
+                        Some(from.1),
+                        &Instant::<Monotonic>::now(),
+                        DEFAULT_TIMEOUT_MS,
+                        true,
+                    )
+                    .map_err(|b| b.err)
+                };
                 if back.is_err() {
                     dev_err!(
                         self.pdev,
@@ -452,12 +677,16 @@ impl Mep {
     /// Reads this host's queue of fabric-manager events and acts on them: a function the
     /// firmware is about to take away is removed here first (driver unbound, slot powered
     /// off), so its owner never sees a surprise removal. Runs from [`crate::event`]'s work.
+    ///
+    /// Holds no lock while it removes a function, so unbinding the endpoint (which flushes
+    /// this work) waits only for the removal in progress, never for another operation.
     pub(crate) fn handle_gfms_events(&self) {
-        let mut st = self.compose.lock.lock();
-        if !st.alive {
+        if self.compose.check_alive().is_err() {
             return;
         }
-        let Ok(mine) = hvd(self, self.partition as u8).map(|h| h.usp_port) else {
+        // This host's bindings as the firmware has them now: a request for a function that
+        // is no longer at its port is stale (the port may hold a new function).
+        let Ok(mine) = hvd(self, self.partition as u8) else {
             return;
         };
         let mut out = [0u8; mrpc::PAYLOAD];
@@ -469,54 +698,86 @@ impl Mep {
             let Ok(num) = fabric::le16(&out, 0) else {
                 return;
             };
-            let mut at = 4;
+            let mut at = 4usize;
             for _ in 0..num {
                 let (Ok(len), Ok(code)) = (fabric::le16(&out, at), fabric::byte(&out, at + 2))
                 else {
                     return;
                 };
                 let len = usize::from(len);
-                if len < 4 || len % 4 != 0 || at + len > out.len() {
+                let Some(end) = at.checked_add(len) else {
+                    return;
+                };
+                if len < 4 || len % 4 != 0 || end > out.len() {
                     dev_warn!(self.pdev, "malformed fabric event list from the firmware\n");
                     return;
                 }
-                if code == EVENT_UNBIND_REQUEST && fabric::byte(&out, at + 5) == Ok(mine) {
+                if code == EVENT_UNBIND_REQUEST && fabric::byte(&out, at + 5) == Ok(mine.usp_port) {
                     let (Ok(port), Ok(pdfid)) =
                         (fabric::byte(&out, at + 6), fabric::le16(&out, at + 8))
                     else {
                         return;
                     };
-                    let slot = st.own_unbind.get_mut(usize::from(port));
-                    if let Some(own) = slot.filter(|own| **own == Some(pdfid)) {
-                        // Our own unbind: the function already left, and the port may hold a
-                        // new one by now.
-                        *own = None;
-                    } else {
-                        match hotplug::remove(&self.pdev, port) {
-                            Ok(how) => {
-                                st.removed(port, how);
-                                dev_info!(
-                                    self.pdev,
-                                    "function on port {} leaving this host: {:?}\n",
-                                    port,
-                                    how
-                                )
-                            }
-                            Err(e) => dev_warn!(
-                                self.pdev,
-                                "could not remove the function on port {}: {:?}\n",
-                                port,
-                                e
-                            ),
-                        }
-                    }
+                    self.unbind_requested(&mine, port, pdfid);
                 }
-                at += len;
+                at = end;
             }
             let remain = fabric::le16(&out, 2).unwrap_or(0) & 0x7fff;
             if num == 0 || remain == 0 {
                 return;
             }
+        }
+    }
+
+    /// The firmware is taking `pdfid` away from logical port `port` of this host.
+    fn unbind_requested(&self, mine: &Hvd, port: u8, pdfid: u16) {
+        {
+            let mut st = self.compose.lock.lock();
+            if !st.alive {
+                return;
+            }
+            let Some(own) = st.own_unbind.get_mut(usize::from(port)) else {
+                return;
+            };
+            if *own == Some(pdfid) {
+                // Our own unbind: the function already left, and the port may hold a new
+                // one by now.
+                *own = None;
+                return;
+            }
+            if mine.ports.get(usize::from(port)).copied().flatten() != Some(pdfid) {
+                // Stale: the function is not at that port any more.
+                return;
+            }
+            if st.port_busy(port) {
+                // An operation of this host is removing or binding that port; it deals with
+                // the function (or the firmware's device removal does).
+                return;
+            }
+            st.set_port_busy(port, true);
+        }
+        let how = hotplug::remove(&self.pdev, self.compose.sysfs.as_ref(), port);
+        {
+            let mut st = self.compose.lock.lock();
+            st.set_port_busy(port, false);
+            if let Ok(how) = how {
+                st.removed(port, how);
+            }
+        }
+        self.compose.changed.notify_all();
+        match how {
+            Ok(how) => dev_info!(
+                self.pdev,
+                "function on port {} leaving this host: {:?}\n",
+                port,
+                how
+            ),
+            Err(e) => dev_warn!(
+                self.pdev,
+                "could not remove the function on port {}: {:?}\n",
+                port,
+                e
+            ),
         }
     }
 }

@@ -1,26 +1,35 @@
 // SPDX-License-Identifier: GPL-2.0-only
 
 //! This host's side of binding: finding the function the firmware hot-plugged behind one of
-//! our virtual switch's downstream ports, and removing it gracefully before the firmware
-//! takes it away.
+//! our virtual switch's downstream ports, removing it gracefully before the firmware takes it
+//! away, and the ACS settings of those ports.
 //!
 //! Topology: the management endpoint is function 1 beside the switch's upstream port
 //! (function 0 of the same slot); logical port `L` of this host is the downstream port at
 //! device `L` on the upstream port's secondary bus; a bound function is device 0 function 0
 //! behind it.
 //!
-//! Graceful removal goes through the downstream port's hot-plug slot, as the slot's sysfs
-//! `power` file does: pciehp unbinds the function's driver, removes the device and turns the
-//! slot's power off, and a switch (QEMU's downstream port included) detaches a function whose
-//! slot is powered off at once, without the attention-button wait of a surprise unplug.
+//! Walks of this tree use the PCI core's counted lookups and keep counted references
+//! ([`pci_tree`]); they take no lock that device removal or pciehp hold while they wait for
+//! pcifab (its probe and remove run under the PCI rescan/remove lock when the switch comes or
+//! goes), and nothing here holds a lock while it waits for the PCI core or pciehp.
 //!
-//! The kernel crate has no abstraction for walking PCI buses or for hot-plug slots, so this
-//! file uses the C API through [`DevRef`], a counted reference, and keeps every raw access
-//! here.
+//! Graceful removal goes through the downstream port's hot-plug slot, as writing `0` to the
+//! slot's sysfs `power` file does ([`slot`]): pciehp unbinds the function's driver, removes the
+//! device and turns the slot's power off, and a switch (QEMU's downstream port included)
+//! detaches a function whose slot is powered off at once, without the attention-button wait of
+//! a surprise unplug.
 
-use core::ptr::NonNull;
+use kernel::{pci, prelude::*, sync::aref::ARef};
 
-use kernel::{bindings, pci, prelude::*};
+use crate::{
+    compose::LOG_PORTS,
+    kext::{
+        iomem,
+        pci_tree::{self, devfn},
+        slot,
+    },
+};
 
 /// Status of a PCI function found behind a port.
 pub(crate) struct Found {
@@ -30,133 +39,56 @@ pub(crate) struct Found {
     pub(crate) device: u16,
 }
 
-/// A counted reference to a `struct pci_dev`, dropped with `pci_dev_put()`.
-///
-/// # Invariants
-///
-/// `0` points to a `struct pci_dev` on which this object holds one reference.
-struct DevRef(NonNull<bindings::pci_dev>);
-
-impl DevRef {
-    /// Looks up device `devfn` on `bus`, taking a reference.
-    ///
-    /// # Safety
-    ///
-    /// `bus` must be null or point to a live `struct pci_bus`.
-    unsafe fn at(bus: *mut bindings::pci_bus, devfn: u32) -> Option<Self> {
-        if bus.is_null() {
-            return None;
-        }
-        // SAFETY: `bus` is live by the safety requirements; `pci_get_slot()` returns a
-        // referenced device or null.
-        let dev = unsafe { bindings::pci_get_slot(bus, devfn) };
-        // INVARIANT: `pci_get_slot()` took the reference this object owns.
-        NonNull::new(dev).map(Self)
-    }
-
-    fn raw(&self) -> *mut bindings::pci_dev {
-        self.0.as_ptr()
-    }
-
-    /// The bus behind this bridge, or null.
-    fn subordinate(&self) -> *mut bindings::pci_bus {
-        // SAFETY: By the invariants the device is live; `subordinate` is set at enumeration.
-        unsafe { (*self.raw()).subordinate }
-    }
-}
-
-impl Drop for DevRef {
-    fn drop(&mut self) {
-        // SAFETY: By the invariants this object owns one reference.
-        unsafe { bindings::pci_dev_put(self.raw()) };
-    }
-}
-
-/// `PCI_DEVFN(slot, func)`.
-const fn devfn(slot: u32, func: u32) -> u32 {
-    (slot << 3) | func
-}
-
 /// The downstream port of logical port `port` of the switch `mep` belongs to.
-fn downstream_port(mep: &pci::Device, port: u8) -> Option<DevRef> {
-    // `pci::Device` is a transparent wrapper of `struct pci_dev`.
-    let raw = core::ptr::from_ref(mep)
-        .cast::<bindings::pci_dev>()
-        .cast_mut();
-    // SAFETY: `raw` is the bound management endpoint, live while its driver runs; its `bus`
-    // is live as long as the device is.
-    let usp = unsafe { DevRef::at((*raw).bus, devfn(0, 0)) }?;
-    // SAFETY: `usp` holds a reference, so its subordinate bus is live.
-    unsafe { DevRef::at(usp.subordinate(), devfn(u32::from(port), 0)) }
+fn downstream_port(mep: &pci::Device, port: u8) -> Option<ARef<pci::Device>> {
+    if port >= LOG_PORTS {
+        return None;
+    }
+    let usp = pci_tree::sibling(mep, devfn(0, 0))?;
+    pci_tree::child(&usp, devfn(port, 0))
 }
 
 /// The function bound behind logical port `port`, if this host has enumerated one.
-fn function_at(mep: &pci::Device, port: u8) -> Option<DevRef> {
+fn function_at(mep: &pci::Device, port: u8) -> Option<ARef<pci::Device>> {
     let dsp = downstream_port(mep, port)?;
-    // SAFETY: `dsp` holds a reference, so its subordinate bus is live.
-    unsafe { DevRef::at(dsp.subordinate(), devfn(0, 0)) }
+    pci_tree::child(&dsp, devfn(0, 0))
 }
 
 /// Describes the function behind logical port `port`, if it is enumerated here.
 pub(crate) fn find(mep: &pci::Device, port: u8) -> Option<Found> {
     let f = function_at(mep, port)?;
-    let raw = f.raw();
-    let mut name = [0u8; 16];
-    // SAFETY: `f` holds a reference: the device and its name string are live. The name is a
-    // NUL-terminated string set when the device was added.
-    unsafe {
-        let s = (*raw).dev.kobj.name.cast::<u8>();
-        if !s.is_null() {
-            for (i, b) in name.iter_mut().take(15).enumerate() {
-                let c = *s.add(i);
-                if c == 0 {
-                    break;
-                }
-                *b = c;
-            }
-        }
-    }
-    // SAFETY: As above; the ids are plain fields set at enumeration.
-    let (vendor, device) = unsafe { ((*raw).vendor, (*raw).device) };
     Some(Found {
-        name,
-        vendor,
-        device,
+        name: pci_tree::name(&f),
+        vendor: f.vendor_id().as_raw(),
+        device: f.device_id(),
     })
 }
 
 /// `PCI_EXT_CAP_ID_ACS` and the ACS control register (`include/uapi/linux/pci_regs.h`).
-const EXT_CAP_ID_ACS: i32 = 0x0d;
-const ACS_CTRL: i32 = 6;
+const EXT_CAP_ID_ACS: u16 = 0x0d;
+const ACS_CTRL: u16 = 6;
 const ACS_SV: u16 = 1 << 0;
 const ACS_RR: u16 = 1 << 2;
 const ACS_CR: u16 = 1 << 3;
 const ACS_UF: u16 = 1 << 4;
 const ACS_EC: u16 = 1 << 5;
 
-/// Position of a device's ACS capability, or 0.
-fn acs_pos(d: &DevRef) -> u16 {
-    // SAFETY: `d` holds a reference to a live device.
-    unsafe { bindings::pci_find_ext_capability(d.raw(), EXT_CAP_ID_ACS) }
+/// Where the ACS control register of `d` is, if it has an ACS capability.
+fn acs_ctrl_pos(d: &pci::Device) -> Option<u16> {
+    pci_tree::find_ext_capability(d, EXT_CAP_ID_ACS)?.checked_add(ACS_CTRL)
 }
 
-fn acs_ctrl(d: &DevRef, pos: u16) -> u16 {
-    let mut v = 0u16;
-    // SAFETY: `d` is live and `v` a valid destination; a failed read leaves 0.
-    unsafe { bindings::pci_read_config_word(d.raw(), i32::from(pos) + ACS_CTRL, &mut v) };
-    v
+/// One downstream port whose ACS control probe changed.
+struct SavedAcs {
+    port: u8,
+    dev: ARef<pci::Device>,
+    pos: u16,
+    before: u16,
+    after: u16,
 }
 
-/// ACS of one downstream port after [`set_acs`].
-pub(crate) struct Acs {
-    /// The port has an ACS capability.
-    pub(crate) present: bool,
-    /// Control register before and after.
-    pub(crate) before: u16,
-    pub(crate) after: u16,
-}
-
-/// Lets peer requests between this host's downstream ports go through the switch.
+/// The ACS control of this switch's downstream ports as probe found them; dropping it (at
+/// remove) puts them back.
 ///
 /// With an IOMMU the kernel sets Request and Completion Redirect on every ACS-capable port,
 /// so a peer request climbs to the root complex and through the IOMMU; P2P then works only
@@ -166,32 +98,74 @@ pub(crate) struct Acs {
 /// are routed by the switch, and requests towards the host still go through the IOMMU.
 /// The price is isolation between those functions: they share an IOMMU group
 /// (`Documentation/design.rst`, "P2P and ACS").
-pub(crate) fn set_acs(mep: &pci::Device, port: u8) -> Acs {
-    let Some(d) = downstream_port(mep, port) else {
-        return Acs {
-            present: false,
-            before: 0,
-            after: 0,
-        };
-    };
-    let pos = acs_pos(&d);
-    if pos == 0 {
-        return Acs {
-            present: false,
-            before: 0,
-            after: 0,
-        };
+pub(crate) struct AcsRestore {
+    saved: [Option<SavedAcs>; LOG_PORTS as usize],
+}
+
+impl AcsRestore {
+    /// Lets peer requests between this host's downstream ports go through the switch,
+    /// remembering what each port had.
+    pub(crate) fn apply(mep: &pci::Device) -> Self {
+        let mut saved: [Option<SavedAcs>; LOG_PORTS as usize] = Default::default();
+        for (port, s) in (0..LOG_PORTS).zip(saved.iter_mut()) {
+            let Some(dev) = downstream_port(mep, port) else {
+                continue;
+            };
+            let Some(pos) = acs_ctrl_pos(&dev) else {
+                continue;
+            };
+            let Ok(before) = pci_tree::read_config_u16(&dev, pos) else {
+                continue;
+            };
+            let want = (before & !(ACS_RR | ACS_CR | ACS_EC)) | ACS_SV | ACS_UF;
+            if want == before || pci_tree::write_config_u16(&dev, pos, want).is_err() {
+                continue;
+            }
+            let after = pci_tree::read_config_u16(&dev, pos).unwrap_or(want);
+            dev_info!(
+                mep,
+                "logical port {}: ACS control {:#06x} -> {:#06x} (P2P through the switch)\n",
+                port,
+                before,
+                after
+            );
+            *s = Some(SavedAcs {
+                port,
+                dev,
+                pos,
+                before,
+                after,
+            });
+        }
+        Self { saved }
     }
-    let before = acs_ctrl(&d, pos);
-    let want = (before & !(ACS_RR | ACS_CR | ACS_EC)) | ACS_SV | ACS_UF;
-    if want != before {
-        // SAFETY: `d` is live; the ACS control register is a plain config-space write.
-        unsafe { bindings::pci_write_config_word(d.raw(), i32::from(pos) + ACS_CTRL, want) };
-    }
-    Acs {
-        present: true,
-        before,
-        after: acs_ctrl(&d, pos),
+}
+
+impl Drop for AcsRestore {
+    fn drop(&mut self) {
+        for s in self.saved.iter_mut().filter_map(Option::take) {
+            // A value changed since probe (`setpci` by an administrator) is theirs to keep.
+            match pci_tree::read_config_u16(&s.dev, s.pos) {
+                Ok(now) if now == s.after => {
+                    if pci_tree::write_config_u16(&s.dev, s.pos, s.before).is_ok() {
+                        dev_info!(
+                            &*s.dev,
+                            "logical port {}: ACS control restored to {:#06x}\n",
+                            s.port,
+                            s.before
+                        );
+                    }
+                }
+                Ok(now) => dev_info!(
+                    &*s.dev,
+                    "logical port {}: ACS control changed since probe ({:#06x}), left as is\n",
+                    s.port,
+                    now
+                ),
+                // The port is gone (or unreachable): nothing to restore.
+                Err(_) => {}
+            }
+        }
     }
 }
 
@@ -205,39 +179,21 @@ pub(crate) struct Distance {
 
 /// P2P distance between the functions behind logical ports `a` and `b` of this host.
 pub(crate) fn p2p_distance(mep: &pci::Device, a: u8, b: u8) -> Distance {
-    let mut out = Distance {
-        distance: -1,
-        acs_redirect: false,
+    let ports = [downstream_port(mep, a), downstream_port(mep, b)];
+    let (fa, fb) = (function_at(mep, a), function_at(mep, b));
+    let acs_redirect = ports.iter().flatten().any(|d| {
+        acs_ctrl_pos(d)
+            .and_then(|pos| pci_tree::read_config_u16(d, pos).ok())
+            .is_some_and(|v| v & (ACS_RR | ACS_CR | ACS_EC) != 0)
+    });
+    let distance = match (fa, fb) {
+        (Some(fa), Some(fb)) => pci_tree::p2p_distance(&fa, &fb),
+        _ => -1,
     };
-    for port in [a, b] {
-        if let Some(d) = downstream_port(mep, port) {
-            let pos = acs_pos(&d);
-            if pos != 0 && acs_ctrl(&d, pos) & (ACS_RR | ACS_CR | ACS_EC) != 0 {
-                out.acs_redirect = true;
-            }
-        }
+    Distance {
+        distance,
+        acs_redirect,
     }
-    let (Some(fa), Some(fb)) = (function_at(mep, a), function_at(mep, b)) else {
-        return out;
-    };
-    // SAFETY: `fb` holds a reference, so its embedded `struct device` is live.
-    let mut client = unsafe { core::ptr::addr_of_mut!((*fb.raw()).dev) };
-    // SAFETY: Both devices are live (references held); the client array has one entry.
-    out.distance = unsafe { bindings::pci_p2pdma_distance_many(fa.raw(), &mut client, 1, false) };
-    out
-}
-
-/// First fields of `struct hotplug_slot_ops` (`include/linux/pci_hotplug.h`).
-#[repr(C)]
-struct HotplugSlotOps {
-    enable_slot: Option<unsafe extern "C" fn(*mut bindings::hotplug_slot) -> i32>,
-    disable_slot: Option<unsafe extern "C" fn(*mut bindings::hotplug_slot) -> i32>,
-}
-
-/// First field of `struct hotplug_slot`, which the generated bindings leave opaque.
-#[repr(C)]
-struct HotplugSlot {
-    ops: *const HotplugSlotOps,
 }
 
 /// How a function left this host.
@@ -247,69 +203,52 @@ pub(crate) enum Removal {
     NotPresent,
     /// The hot-plug slot removed it and powered the slot off.
     SlotPoweredOff,
-    /// There is no hot-plug slot: the device was removed, the slot stays powered.
+    /// The device was removed; the slot (if any) stays powered.
     DeviceRemoved,
 }
 
-/// Standard BARs of a PCI function.
-const BARS: usize = 6;
-
-/// The memory BARs of a function as `(start, length)`; unused entries have length 0.
-fn memory_bars(f: &DevRef) -> [(u64, u64); BARS] {
-    let mut bars = [(0, 0); BARS];
-    for (i, bar) in bars.iter_mut().enumerate() {
-        // SAFETY: `f` holds a reference, so the device and its resource table are live; the
-        // table has at least `BARS` entries.
-        let (start, end, flags) = unsafe {
-            let r = &(*f.raw()).resource[i];
-            (r.start, r.end, r.flags)
-        };
-        if flags & bindings::IORESOURCE_MEM as usize != 0 && end > start {
-            *bar = (start, end - start + 1);
-        }
-    }
-    bars
-}
-
-/// Revokes every user-space mapping of a removed function's BAR (e.g. an `mmap` of its
-/// sysfs `resourceN` file), so a process cannot reach whatever the fabric puts at that
-/// address next. Claiming a range in the iomem tree makes the kernel zap the mappings of it
-/// (`CONFIG_IO_STRICT_DEVMEM`); the claim is released at once.
-fn revoke(start: u64, len: u64) -> bool {
-    // SAFETY: `iomem_resource` is the kernel's static root of the iomem tree, and
-    // `__request_region()` takes the resource lock itself; the name is a static string.
-    let claimed = unsafe {
-        bindings::__request_region(
-            core::ptr::addr_of_mut!(bindings::iomem_resource),
-            start,
-            len,
-            c"pcifab-revoke".as_char_ptr(),
-            0,
-        )
-    };
-    if claimed.is_null() {
-        return false;
-    }
-    // SAFETY: The range was claimed just above.
-    unsafe {
-        bindings::__release_region(
-            core::ptr::addr_of_mut!(bindings::iomem_resource),
-            start,
-            len,
-        )
-    };
-    true
-}
-
 /// Removes the function behind logical port `port` from this host: its driver is unbound,
-/// the device removed and the slot powered off, before the firmware is asked to take it;
+/// the device removed and the slot powered off (through `sysfs`, the slot's `power` file),
+/// before the firmware is asked to take it;
 /// user-space mappings of its BARs are revoked (accesses then get `SIGBUS`).
-pub(crate) fn remove(mep: &pci::Device, port: u8) -> Result<Removal> {
-    let Some(f) = function_at(mep, port) else {
+///
+/// Must be called without locks: it waits for the PCI core and pciehp.
+pub(crate) fn remove(mep: &pci::Device, sysfs: Option<&slot::Sysfs>, port: u8) -> Result<Removal> {
+    let Some(dsp) = downstream_port(mep, port) else {
         return Ok(Removal::NotPresent);
     };
-    let bars = memory_bars(&f);
-    let removal = remove_device(f)?;
+    let Some(f) = pci_tree::child(&dsp, devfn(0, 0)) else {
+        return Ok(Removal::NotPresent);
+    };
+    let bars = pci_tree::memory_bars(&f);
+    // The slot's address is the function's name without its `.F`.
+    let name = pci_tree::name(&f);
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let address = name
+        .get(..len)
+        .and_then(|n| {
+            n.iter()
+                .rposition(|&b| b == b'.')
+                .and_then(|dot| n.get(..dot))
+        })
+        .unwrap_or(&[]);
+    let powered_off = match (sysfs, pci_tree::physical_slot_number(&dsp)) {
+        (Some(sysfs), Some(psn)) => slot::power_off(sysfs, psn, address),
+        _ => Err(ENODEV),
+    };
+    let removal = match powered_off {
+        Ok(()) => Removal::SlotPoweredOff,
+        Err(e) => {
+            dev_info!(
+                mep,
+                "port {}: slot power-off not possible ({:?}); removing the device only\n",
+                port,
+                e
+            );
+            pci_tree::stop_and_remove(f);
+            Removal::DeviceRemoved
+        }
+    };
     if !cfg!(CONFIG_IO_STRICT_DEVMEM) {
         dev_warn!(
             mep,
@@ -317,55 +256,14 @@ pub(crate) fn remove(mep: &pci::Device, port: u8) -> Result<Removal> {
         );
     }
     for (start, len) in bars.into_iter().filter(|&(_, len)| len != 0) {
-        if !revoke(start, len) {
+        if !iomem::revoke_user_mappings(start, len) {
             dev_warn!(
                 mep,
                 "could not revoke user mappings of [{:#x}, {:#x}]: the range is in use\n",
                 start,
-                start + len - 1
+                start.saturating_add(len - 1)
             );
         }
     }
     Ok(removal)
-}
-
-/// Removes one enumerated function, through its hot-plug slot if it has one.
-fn remove_device(f: DevRef) -> Result<Removal> {
-    let raw = f.raw();
-    // SAFETY: `f` holds a reference, so `slot` (the `pci_slot` the function sits in, owned
-    // by its bus) is null or live; its `hotplug` is null or pciehp's `hotplug_slot`, whose
-    // first field is its `ops`.
-    let disable = unsafe {
-        let slot = (*raw).slot;
-        let hp = if slot.is_null() {
-            core::ptr::null_mut()
-        } else {
-            (*slot).hotplug
-        };
-        if hp.is_null() || (*hp.cast::<HotplugSlot>()).ops.is_null() {
-            None
-        } else {
-            (*(*hp.cast::<HotplugSlot>()).ops)
-                .disable_slot
-                .map(|f| (f, hp))
-        }
-    };
-    match disable {
-        Some((disable_slot, hp)) => {
-            drop(f);
-            // SAFETY: `hp` is the live `hotplug_slot` of this port (pciehp stays bound to the
-            // downstream port while we run); `disable_slot` is its own operation, which
-            // waits until the slot is off.
-            let ret = unsafe { disable_slot(hp) };
-            kernel::error::to_result(ret)?;
-            Ok(Removal::SlotPoweredOff)
-        }
-        None => {
-            // SAFETY: We hold a reference to the device; the locked variant takes the rescan
-            // lock itself and unbinds the driver before removing the device.
-            unsafe { bindings::pci_stop_and_remove_bus_device_locked(raw) };
-            drop(f);
-            Ok(Removal::DeviceRemoved)
-        }
-    }
 }

@@ -148,6 +148,9 @@ struct PcifabData<'bound> {
     #[pin]
     irq: irq::Registration<'bound, event::Handler>,
     vectors: pci::IrqVectorRegistration<'bound>,
+    /// Puts back the downstream ports' ACS control that probe changed (also when probe
+    /// fails after changing it).
+    acs: hotplug::AcsRestore,
     /// Dropped last: quiets the device and waits for fabric-event work an interrupt queued
     /// before it was freed.
     mep: MepGuard,
@@ -306,22 +309,12 @@ impl pci::Driver for PcifabDriver {
                 pdev.dma_set_max_seg_size(u32::MAX);
             }
             p2p::init(&mep, pdev.as_ref(), vector)?;
-            for port in 0..compose::LOG_PORTS {
-                let acs = hotplug::set_acs(pdev, port);
-                if acs.present && acs.before != acs.after {
-                    dev_info!(
-                        pdev,
-                        "logical port {}: ACS control {:#06x} -> {:#06x} (P2P through the switch)\n",
-                        port,
-                        acs.before,
-                        acs.after
-                    );
-                }
-            }
+            let acs = hotplug::AcsRestore::apply(pdev);
             let handler = event::Handler { mep: mep.clone() };
             let chardev_mep = mep.clone();
             Ok(try_pin_init!(&this in PcifabData {
                 vectors,
+                acs,
                 mep: MepGuard(mep),
                 irq <- {
                     // `vectors` is initialised before this field (initialisers run in the
@@ -365,8 +358,8 @@ impl pci::Driver for PcifabDriver {
 impl PcifabDriver {
     /// Stops the event source and fails every waiter before the device goes away.
     fn quiesce(data: &PcifabData<'_>) {
-        // Fail the running and queued firmware commands first, so a composition operation
-        // waiting on one returns and `shut_down()` does not wait for its timeout.
+        // Fail the running and queued firmware commands, then end every composition wait
+        // (`ENODEV`); nothing here waits for a running composition operation.
         data.mep.mrpc.kill();
         data.mep.compose.shut_down();
         p2p::shut_down(&data.mep);

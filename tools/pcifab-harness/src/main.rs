@@ -3,6 +3,7 @@
 //! and runs scenarios in the guests through `pcifab-agent`.
 //! See Documentation/testing.rst.
 
+mod compose_trust;
 mod config;
 mod conn;
 mod driver_trust;
