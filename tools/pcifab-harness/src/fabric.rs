@@ -1019,10 +1019,14 @@ pub fn qemu_args(
         });
         a.extend(["-device".into(), dev.to_string()]);
     }
+    // The downstream ports are QEMU's pcie-root-port models placed below the switch's
+    // upstream port: unlike xio3130-downstream they have an ACS capability, as a PAX part's
+    // downstream ports do, so the driver's ACS set-up and restore are exercised (Linux
+    // treats them as the switch's downstream ports; native hot-plug works the same).
     for k in 0..DOWNSTREAM_PORTS {
         a.push("-device".into());
         a.push(format!(
-            "xio3130-downstream,id=dsp{k},bus=usp0,addr={k}.0,chassis=2,slot={k}"
+            "pcie-root-port,id=dsp{k},bus=usp0,addr={k}.0,chassis=2,slot={k}"
         ));
     }
     a.extend([
