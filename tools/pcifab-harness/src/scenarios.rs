@@ -306,7 +306,8 @@ const SWITCHTEC_KO: &str = "/lib/modules/switchtec.ko";
 /// Shown for a device without a driver.
 const NO_DRIVER: &str = "<no driver>";
 /// Lines of dmesg that fail a scenario (grep -iE).
-const DMESG_BAD: &str = "warning|bug:|oops|call trace|refcount|leak|general protection";
+const DMESG_BAD: &str =
+    "warning|bug:|oops|call trace|refcount|leak|general protection|deprecated";
 
 /// BDF of the MEP: vendor 0x11f8, class 0x058000, function 1 behind the switch.
 pub fn find_mep(h: &mut Host) -> Result<String, String> {
