@@ -65,21 +65,25 @@ tools: deps
 	$(CC) -static -O2 -Wall -Wextra -Werror -Iinclude/uapi -o $(GUEST_BIN)/pcifab-p2p samples/p2p.c
 	cp samples/move-gpu.sh $(GUEST_BIN)/pcifab-move-gpu.sh
 
-# The module with clippy; any warning fails. $(1): kernel tree, $(2): extra make arguments.
+# The module with clippy; any warning or error fails. $(1): kernel tree, $(2): extra make
+# arguments (MO=DIR builds outside the checkout; kbuild then wants the checkout itself free of
+# objects, so those of an in-tree build are cleaned first), $(3): the module it must produce.
 define clippy-module
+	@$(MAKE) -s -C $(1) M=$(CURDIR) $(call kmake-args,$(1)) clean
 	@$(MAKE) -s -C $(1) M=$(CURDIR) $(call kmake-args,$(1)) $(2) clean
 	@$(MAKE) -s -C $(1) M=$(CURDIR) $(call kmake-args,$(1)) $(2) CLIPPY=1 modules 2>&1 \
 		| tee $(PCIFAB_CACHE)/module-build.log
-	@! grep -q -E 'warning|error' $(PCIFAB_CACHE)/module-build.log || \
+	@! grep -q -i -E 'warning|error' $(PCIFAB_CACHE)/module-build.log || \
 		{ echo "module build is not warning-free (make CLIPPY=1)"; exit 1; }
+	@[ -f $(3) ] || { echo "module build produced no $(3)"; exit 1; }
 endef
 
 check-module: kernel
-	$(call clippy-module,$(KDIR))
+	$(call clippy-module,$(KDIR),,$(CURDIR)/src/pcifab.ko)
 
 check-module-debug: kernel-debug
 	@mkdir -p $(DEBUG_MO)
-	$(call clippy-module,$(DEBUG_KDIR),MO=$(DEBUG_MO))
+	$(call clippy-module,$(DEBUG_KDIR),MO=$(DEBUG_MO),$(DEBUG_MO)/src/pcifab.ko)
 
 lint: deps
 	rustfmt --check --edition 2021 --config-path $(PCIFAB_CACHE)/linux-src/.rustfmt.toml $(shell find src -name "*.rs")
