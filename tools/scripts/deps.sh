@@ -14,7 +14,7 @@ MIRROR=${PCIFAB_MIRROR:-http://deb.debian.org/debian}
 BINDGEN_VER=0.72.1
 TRIXIE=$CACHE/trixie
 APT_PKGS="build-essential bc bison flex libelf-dev libssl-dev cpio kmod xz-utils
-  debootstrap socat busybox-static linux-libc-dev libclang-19-dev clang-19 lld-19 llvm-19
+  patch debootstrap socat busybox-static linux-libc-dev libclang-19-dev clang-19 lld-19 llvm-19
   python3 ca-certificates"
 
 say() { printf 'deps: %s\n' "$*" >&2; }
