@@ -13,6 +13,10 @@ use std::time::Instant;
 
 use pcifab_uapi::{Arg, Identity, Mrpc, P2pCopy, P2pRoutes, Stats, Version};
 
+#[path = "selftest/fuzz.rs"]
+mod fuzz;
+#[path = "selftest/kmsg.rs"]
+mod kmsg;
 #[path = "selftest/p2p.rs"]
 mod p2p;
 
@@ -1852,13 +1856,14 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     if cmd == "-h" || cmd == "--help" {
-        print!("{USAGE}{}", p2p::USAGE);
+        print!("{USAGE}{}{}", p2p::USAGE, fuzz::USAGE);
         return ExitCode::SUCCESS;
     }
     let p2p_cmd: Option<RawCmd> = match cmd.as_str() {
         "p2p-user" => Some(p2p::cmd_p2p_user),
         "bar-range" => Some(p2p::cmd_bar_range),
         "p2p-bench" => Some(p2p::cmd_p2p_bench),
+        "fuzz" => Some(fuzz::cmd_fuzz),
         _ => None,
     };
     let r = if let Some(run) = p2p_cmd {
@@ -1889,7 +1894,11 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(Fail::Usage(m)) => {
-            eprintln!("pcifab-selftest: {m}\n\n{USAGE}{}", p2p::USAGE);
+            eprintln!(
+                "pcifab-selftest: {m}\n\n{USAGE}{}{}",
+                p2p::USAGE,
+                fuzz::USAGE
+            );
             ExitCode::from(2)
         }
         Err(Fail::Check(m)) => {
