@@ -13,6 +13,7 @@ mod procs;
 mod qmp;
 mod scenarios;
 mod telemetry;
+mod trust;
 
 use std::fs::File;
 use std::io::Write;
@@ -155,7 +156,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
 static HARNESS_LOG: OnceLock<Mutex<File>> = OnceLock::new();
 
 /// Prints a line and copies it to RESULTS/harness.log.
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     println!("{line}");
     let _ = std::io::stdout().flush();
     if let Some(f) = HARNESS_LOG.get() {

@@ -8,7 +8,10 @@
 
 use super::{check, errno, errno_name, Res};
 
-/// Message fragments that mark a kernel splat (warnings, bugs, sanitizers, lockdep, hangs).
+/// Message fragments that mark a kernel splat (warnings, bugs, sanitizers, lockdep, hangs,
+/// leaks). A bare "Call Trace" is not one: the kernel dumps the stack for reports that are no
+/// bug, such as an allocation failure that fault injection caused; every splat above has
+/// its own first line.
 pub const SPLAT_MARKS: &[&str] = &[
     "BUG:",
     "WARNING:",
@@ -18,7 +21,6 @@ pub const SPLAT_MARKS: &[&str] = &[
     "kernel BUG",
     "Oops",
     "general protection fault",
-    "Call Trace",
     "possible circular locking",
     "possible recursive locking",
     "inconsistent lock state",
@@ -149,5 +151,7 @@ mod tests {
             "pcifab 0000:02:00.1: switch 0x4228 firmware 04070041"
         ));
         assert!(!is_splat("pcifab: warning about nothing"));
+        assert!(!is_splat("Call Trace:"));
+        assert!(!is_splat("insmod: vmalloc error: size 4096, page order 0"));
     }
 }
