@@ -245,9 +245,11 @@ fn fuzz_root(f: &mut Fabric) -> Result<(), String> {
             f.hosts.len()
         ));
     }
+    let names: Vec<String> = h1_fns.iter().map(|p| format!("{p:#06x}")).collect();
     crate::say(&format!(
-        "# fuzz seed {ROOT_SEED:#x} (root, h0, while h1 binds and unbinds {h1_fns:x?}): \
-         pcifab-selftest fuzz --seed {ROOT_SEED:#x} --calls {FUZZ_CALLS}"
+        "# fuzz seed {ROOT_SEED:#x} (root, h0, while h1 binds and unbinds {}): \
+         pcifab-selftest fuzz --seed {ROOT_SEED:#x} --calls {FUZZ_CALLS}",
+        names.join(" ")
     ));
     let done = AtomicBool::new(false);
     let tally = Mutex::new(Vec::new());
