@@ -20,8 +20,9 @@ pub const FUZZ_CALLS: u64 = 100_000;
 /// `pcifab-selftest fuzz --seed S --calls N [--unpriv]`).
 pub const UNPRIV_SEED: u64 = 0x7a11_0001;
 pub const ROOT_SEED: u64 = 0x7a11_0002;
-/// Guest time one fuzz run may take.
-const FUZZ_TIMEOUT: Duration = Duration::from_secs(1500);
+/// Guest time one fuzz run may take: the root run took 388 s on the plain test kernel
+/// (274 calls/s), the unprivileged one 74 s; room for a debug kernel several times slower.
+const FUZZ_TIMEOUT: Duration = Duration::from_secs(2400);
 /// Load/unload cycles in all, and per agent round trip.
 pub const CYCLES: u64 = 1000;
 const CYCLE_BATCH: u64 = 100;
@@ -550,7 +551,7 @@ pub fn scenarios() -> Vec<crate::scenarios::Scenario> {
         ),
         s(
             "fuzz: 100,000 hostile calls as root while h1 binds and unbinds",
-            1800,
+            2700,
             fuzz_root,
         ),
         s(
