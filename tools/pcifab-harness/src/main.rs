@@ -16,6 +16,7 @@ mod qmp;
 mod scenarios;
 mod splat;
 mod telemetry;
+mod trust;
 
 use std::fs::File;
 use std::io::Write;

@@ -31,7 +31,7 @@ pub fn all() -> Vec<Scenario> {
         timeout: Duration::from_secs(secs),
         run,
     };
-    vec![
+    let mut v = vec![
         s("agent answers in every host", 60, agent_answers),
         s("pcifab binds the MEP in every host", 120, pcifab_binds),
         s(
@@ -245,7 +245,9 @@ pub fn all() -> Vec<Scenario> {
             240,
             hot_removal,
         ),
-    ]
+    ];
+    crate::trust::insert(&mut v);
+    v
 }
 
 // ---------------------------------------------------------------- helpers

@@ -13,6 +13,16 @@ use std::time::Instant;
 
 use pcifab_uapi::{Arg, Identity, Mrpc, P2pCopy, P2pRoutes, Stats, Version};
 
+#[path = "selftest/cycles.rs"]
+mod cycles;
+#[path = "selftest/faults.rs"]
+mod faults;
+#[path = "selftest/fuzz.rs"]
+mod fuzz;
+#[path = "selftest/kmod.rs"]
+mod kmod;
+#[path = "selftest/kmsg.rs"]
+mod kmsg;
 #[path = "selftest/p2p.rs"]
 mod p2p;
 
@@ -104,6 +114,14 @@ fn errno_name(e: i32) -> String {
         libc::ETIMEDOUT => "ETIMEDOUT",
         libc::EOPNOTSUPP => "EOPNOTSUPP",
         libc::ENOSYS => "ENOSYS",
+        libc::ESPIPE => "ESPIPE",
+        libc::EEXIST => "EEXIST",
+        libc::ENOLINK => "ENOLINK",
+        libc::ERANGE => "ERANGE",
+        libc::EREMOTEIO => "EREMOTEIO",
+        libc::EMSGSIZE => "EMSGSIZE",
+        libc::EOVERFLOW => "EOVERFLOW",
+        libc::ENOEXEC => "ENOEXEC",
         _ => return format!("errno {e}"),
     };
     n.to_string()
@@ -1845,6 +1863,11 @@ fn cmd_hold_bar(o: &Opts) -> Res<()> {
 
 // ------------------------------------------------------------------ main
 
+/// Usage of the commands that live in their own modules.
+fn more_usage() -> String {
+    [p2p::USAGE, fuzz::USAGE, cycles::USAGE, faults::USAGE].concat()
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first() else {
@@ -1852,13 +1875,16 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     if cmd == "-h" || cmd == "--help" {
-        print!("{USAGE}{}", p2p::USAGE);
+        print!("{USAGE}{}", more_usage());
         return ExitCode::SUCCESS;
     }
     let p2p_cmd: Option<RawCmd> = match cmd.as_str() {
         "p2p-user" => Some(p2p::cmd_p2p_user),
         "bar-range" => Some(p2p::cmd_bar_range),
         "p2p-bench" => Some(p2p::cmd_p2p_bench),
+        "fuzz" => Some(fuzz::cmd_fuzz),
+        "unload-cycles" => Some(cycles::cmd_unload_cycles),
+        "probe-faults" => Some(faults::cmd_probe_faults),
         _ => None,
     };
     let r = if let Some(run) = p2p_cmd {
@@ -1889,7 +1915,11 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(Fail::Usage(m)) => {
-            eprintln!("pcifab-selftest: {m}\n\n{USAGE}{}", p2p::USAGE);
+            eprintln!(
+                "pcifab-selftest: {m}\n\n{USAGE}{}{}",
+                p2p::USAGE,
+                fuzz::USAGE
+            );
             ExitCode::from(2)
         }
         Err(Fail::Check(m)) => {

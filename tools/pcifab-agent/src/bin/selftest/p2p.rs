@@ -26,10 +26,10 @@ pub const USAGE: &str = "\
 ";
 
 /// `--key value` options of these commands.
-struct Args(HashMap<String, String>);
+pub(super) struct Args(HashMap<String, String>);
 
 impl Args {
-    fn parse(args: &[String]) -> Res<Args> {
+    pub(super) fn parse(args: &[String]) -> Res<Args> {
         let mut m = HashMap::new();
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -44,11 +44,11 @@ impl Args {
         Ok(Args(m))
     }
 
-    fn get(&self, k: &str) -> Option<&str> {
+    pub(super) fn get(&self, k: &str) -> Option<&str> {
         self.0.get(k).map(String::as_str)
     }
 
-    fn need(&self, k: &str) -> Res<&str> {
+    pub(super) fn need(&self, k: &str) -> Res<&str> {
         self.get(k)
             .ok_or_else(|| usage(format!("--{k} is required")))
     }

@@ -1,0 +1,1516 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! `pcifab-selftest fuzz`: a seeded hostile caller of `/dev/pcifab0`.
+//!
+//! Every step picks one operation: an ioctl of the uAPI with a struct built from a valid
+//! template and then bent (size, flags, ids, timeouts, nested pointers and lengths), an ioctl
+//! number nobody defined, `read`/`write`/`mmap`/`poll`/`lseek` with odd sizes and offsets,
+//! closing and reopening the device, or garbage written into a writable sysfs file of the
+//! driver, its PCI driver directory or the MEP's device directory. Every user pointer comes
+//! from a private arena (read-write pages, an inaccessible page, a read-only page, another
+//! inaccessible page) or is NULL, a kernel address, non-canonical or tiny, so whatever the
+//! kernel writes lands in the arena. Calls that may block are cut short by a 150 ms SIGALRM.
+//!
+//! Prints one line `fuzz ioctl_calls=N splats=K changes=C` on stdout and a JSON line with the
+//! seed and the per-operation errno counts on stderr; exits 1 when a splat was logged, a
+//! call changed the fabric with `--unpriv`, or the device does not answer afterwards.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use pcifab_uapi::{self as u, Arg};
+
+use super::kmsg::Kmsg;
+use super::p2p::Args;
+use super::{check, errno, errno_name, json_str, usage, Res, Rng};
+
+pub const USAGE: &str = "\
+  fuzz --seed S --calls N [--unpriv] [--device PATH]
+        N hostile ioctls (every ioctl of the uAPI with bent sizes, flags, ids, timeouts
+        and pointers, and undefined ioctl numbers) mixed with read/write/mmap/poll/lseek,
+        reopening the device and garbage written to the driver's writable sysfs files;
+        --unpriv drops to uid/gid 65534 after opening the device and /dev/kmsg (and
+        opens the device again as that user). Prints `fuzz ioctl_calls=N splats=K
+        changes=C` (kernel splat lines in /dev/kmsg during the run; successful binds,
+        unbinds, moves, route changes, copies and configuration commands), and a JSON
+        line with the seed and every operation's errno counts on stderr
+";
+
+const PAGE: usize = 4096;
+/// Arena pages: 0-3 read-write, 4 inaccessible, 5 read-only, 6 inaccessible.
+const RW_PAGES: usize = 4;
+const ARENA_PAGES: usize = 7;
+const NONE_PAGE: usize = 4;
+const RO_PAGE: usize = 5;
+/// Argument structs start in the first two pages; nested buffers mostly in the next two.
+const ARG_REGION: usize = 2 * PAGE;
+/// SIGALRM after this long ends a call that blocks.
+const ALARM_US: i64 = 150_000;
+/// Device ids documented in Documentation/mrpc.rst (0x87, GAS write, left out).
+const MRPC_KNOWN: &[u32] = &[
+    0x04, 0x41, 0x81, 0x82, 0x83, 0x84, 0x85, 0x88, 0x89, 0x8d, 0xf000, 0xf001, 0xf002, 0xf003,
+    0xf004, 0xf07f, 0xf080, 0xf0ff,
+];
+/// Bus addresses for `PCIFAB_P2P_IOVA` ends: never RAM, with or without an IOMMU.
+const SAFE_IOVAS: &[u64] = &[1 << 40, 1 << 46, 0xdead_beef_0000, !0xfffu64, 1 << 63];
+const KERNEL_PTRS: &[u64] = &[
+    0xffff_8880_0000_0000,
+    0xffff_ffff_8100_0000,
+    0xffff_ffff_ffff_f000,
+    u64::MAX - 7,
+    0x8000_0000_0000,
+    0x7fff_ffff_f000,
+];
+const SIZES: &[u32] = &[
+    0,
+    1,
+    4,
+    8,
+    4095,
+    4096,
+    4097,
+    0x7fff_ffff,
+    0x8000_0000,
+    u32::MAX,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Version,
+    Identity,
+    Mrpc,
+    Stats,
+    Events,
+    Inventory,
+    Bind,
+    Unbind,
+    Move,
+    RouteAdd,
+    RouteDel,
+    Routes,
+    Copy,
+    Distance,
+}
+
+struct Def {
+    name: &'static str,
+    nr: u32,
+    size: usize,
+    kind: Kind,
+}
+
+fn defs() -> Vec<Def> {
+    use std::mem::size_of;
+    let d = |name, nr, size, kind| Def {
+        name,
+        nr,
+        size,
+        kind,
+    };
+    vec![
+        d(
+            "VERSION",
+            u::PCIFAB_IOCTL_VERSION,
+            size_of::<u::Version>(),
+            Kind::Version,
+        ),
+        d(
+            "IDENTITY",
+            u::PCIFAB_IOCTL_IDENTITY,
+            size_of::<u::Identity>(),
+            Kind::Identity,
+        ),
+        d(
+            "MRPC",
+            u::PCIFAB_IOCTL_MRPC,
+            size_of::<u::Mrpc>(),
+            Kind::Mrpc,
+        ),
+        d(
+            "STATS",
+            u::PCIFAB_IOCTL_STATS,
+            size_of::<u::Stats>(),
+            Kind::Stats,
+        ),
+        d(
+            "EVENTS",
+            u::PCIFAB_IOCTL_EVENTS,
+            size_of::<u::Events>(),
+            Kind::Events,
+        ),
+        d(
+            "INVENTORY",
+            u::PCIFAB_IOCTL_INVENTORY,
+            size_of::<u::Inventory>(),
+            Kind::Inventory,
+        ),
+        d(
+            "BIND",
+            u::PCIFAB_IOCTL_BIND,
+            size_of::<u::Bind>(),
+            Kind::Bind,
+        ),
+        d(
+            "UNBIND",
+            u::PCIFAB_IOCTL_UNBIND,
+            size_of::<u::Unbind>(),
+            Kind::Unbind,
+        ),
+        d(
+            "MOVE",
+            u::PCIFAB_IOCTL_MOVE,
+            size_of::<u::Move>(),
+            Kind::Move,
+        ),
+        d(
+            "P2P_ROUTE_ADD",
+            u::PCIFAB_IOCTL_P2P_ROUTE_ADD,
+            size_of::<u::P2pRoute>(),
+            Kind::RouteAdd,
+        ),
+        d(
+            "P2P_ROUTE_DEL",
+            u::PCIFAB_IOCTL_P2P_ROUTE_DEL,
+            size_of::<u::P2pRoute>(),
+            Kind::RouteDel,
+        ),
+        d(
+            "P2P_ROUTES",
+            u::PCIFAB_IOCTL_P2P_ROUTES,
+            size_of::<u::P2pRoutes>(),
+            Kind::Routes,
+        ),
+        d(
+            "P2P_COPY",
+            u::PCIFAB_IOCTL_P2P_COPY,
+            size_of::<u::P2pCopy>(),
+            Kind::Copy,
+        ),
+        d(
+            "P2P_DISTANCE",
+            u::PCIFAB_IOCTL_P2P_DISTANCE,
+            size_of::<u::P2pDistance>(),
+            Kind::Distance,
+        ),
+    ]
+}
+
+// ------------------------------------------------------------------ arena
+
+/// The fuzzer's memory: every pointer handed to the kernel points in here (or nowhere).
+struct Arena {
+    base: *mut u8,
+}
+
+impl Arena {
+    fn new() -> Res<Arena> {
+        // SAFETY: a fresh anonymous private mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ARENA_PAGES * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(check(format!("mmap: {}", errno_name(errno()))));
+        }
+        let a = Arena { base: p.cast() };
+        a.protect(NONE_PAGE, libc::PROT_NONE)?;
+        a.protect(RO_PAGE, libc::PROT_READ)?;
+        a.protect(6, libc::PROT_NONE)?;
+        Ok(a)
+    }
+
+    fn protect(&self, page: usize, prot: i32) -> Res<()> {
+        // SAFETY: the page lies inside the mapping made in `new`.
+        if unsafe { libc::mprotect(self.base.add(page * PAGE).cast(), PAGE, prot) } != 0 {
+            return Err(check(format!("mprotect: {}", errno_name(errno()))));
+        }
+        Ok(())
+    }
+
+    fn addr(&self, off: usize) -> u64 {
+        self.base as u64 + off as u64
+    }
+
+    /// The read-write pages.
+    fn rw(&mut self) -> &mut [u8] {
+        // SAFETY: the first RW_PAGES pages are read-write and only reached through `&mut`.
+        unsafe { std::slice::from_raw_parts_mut(self.base, RW_PAGES * PAGE) }
+    }
+
+    /// Puts `bytes` at `off` of the read-only page.
+    fn write_read_only(&mut self, off: usize, bytes: &[u8]) -> Res<()> {
+        let n = bytes.len().min(PAGE - off);
+        self.protect(RO_PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
+        // SAFETY: the page is writable now and `off + n` stays inside it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(RO_PAGE * PAGE + off), n)
+        };
+        self.protect(RO_PAGE, libc::PROT_READ)
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped.
+        unsafe { libc::munmap(self.base.cast(), ARENA_PAGES * PAGE) };
+    }
+}
+
+/// Where an argument struct went.
+enum Place {
+    /// At this offset of the read-write pages; bytes that would cross into the inaccessible
+    /// page are dropped.
+    Rw(usize),
+    /// At this offset of the read-only page.
+    ReadOnly(usize),
+    /// Nowhere the fuzzer can write: the pointer is bad by design.
+    Bad,
+}
+
+// ------------------------------------------------------------------- sysfs
+
+/// A writable sysfs file and what may be written to it.
+struct SysFile {
+    path: String,
+    /// Garbage only, never a parsable value (driver-core files whose valid values would
+    /// rebind devices or send uevents).
+    garbage_only: bool,
+}
+
+/// Why a writable file is left alone, if it is.
+fn sysfs_deny(dir_kind: &str, rel: &str) -> Option<&'static str> {
+    let name = rel.rsplit('/').next().unwrap_or(rel);
+    match (dir_kind, name) {
+        ("mep", "remove" | "rescan" | "reset" | "driver_override") => {
+            Some("removes, rescans or resets the MEP, or steers its driver")
+        }
+        ("mep", "config") => Some("the MEP's config space: would turn off decoding or move BARs"),
+        ("mep", "enable") => Some("disabling the MEP under its bound driver tears the test down"),
+        ("mep", "control") if rel.starts_with("power/") => {
+            Some("runtime-suspending the MEP tears the test down")
+        }
+        ("mep", n) if n.starts_with("resource") || n == "rom" => {
+            Some("raw BAR access, not an interface of the driver")
+        }
+        ("driver", "bind" | "unbind") => Some("driver-core bind/unbind of the MEP"),
+        _ => None,
+    }
+}
+
+fn walk(
+    dir: &str,
+    rel: &str,
+    depth: usize,
+    kind: &str,
+    out: &mut Vec<SysFile>,
+    skipped: &mut Vec<(String, &'static str)>,
+) {
+    let Ok(rd) = std::fs::read_dir(format!("{dir}/{rel}")) else {
+        return;
+    };
+    let mut names: Vec<_> = rd.flatten().collect();
+    names.sort_by_key(|e| e.file_name());
+    for e in names {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let r = if rel.is_empty() {
+            name.clone()
+        } else {
+            format!("{rel}/{name}")
+        };
+        let Ok(md) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        let ft = md.file_type();
+        if ft.is_symlink() {
+            continue;
+        }
+        if ft.is_dir() {
+            if depth > 0 {
+                walk(dir, &r, depth - 1, kind, out, skipped);
+            }
+            continue;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        if md.permissions().mode() & 0o222 == 0 {
+            continue;
+        }
+        let path = format!("{dir}/{r}");
+        if let Some(why) = sysfs_deny(kind, &r) {
+            skipped.push((path, why));
+            continue;
+        }
+        let garbage_only = matches!(name.as_str(), "uevent" | "new_id" | "remove_id");
+        out.push(SysFile { path, garbage_only });
+    }
+}
+
+/// Writable sysfs files of the device, its PCI driver and the MEP (symlinks not followed).
+fn sysfs_files(misc: &str) -> (Vec<SysFile>, Vec<(String, &'static str)>) {
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    let canon = |p: &str| {
+        std::fs::canonicalize(p)
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned())
+    };
+    let misc_dir = canon(misc);
+    let mep_dir = canon(&format!("{misc}/device"));
+    if let Some(d) = &misc_dir {
+        walk(d, "", 3, "misc", &mut out, &mut skipped);
+    }
+    if let Some(d) = canon("/sys/bus/pci/drivers/pcifab") {
+        walk(&d, "", 1, "driver", &mut out, &mut skipped);
+    }
+    if let Some(d) = &mep_dir {
+        // The misc device lives below the MEP; it is in the lists already.
+        let (mut mep, mut mep_skipped) = (Vec::new(), Vec::new());
+        walk(d, "", 2, "mep", &mut mep, &mut mep_skipped);
+        let below_misc = |p: &str| misc_dir.as_deref().is_some_and(|m| p.starts_with(m));
+        out.extend(mep.into_iter().filter(|f| !below_misc(&f.path)));
+        skipped.extend(mep_skipped.into_iter().filter(|(p, _)| !below_misc(p)));
+    }
+    (out, skipped)
+}
+
+// -------------------------------------------------------------- the state
+
+struct Fuzz {
+    rng: Rng,
+    arena: Arena,
+    defs: Vec<Def>,
+    path: String,
+    /// Open descriptors of the device (at least one while the run goes on).
+    fds: Vec<i32>,
+    unpriv: bool,
+    pdfids: Vec<u16>,
+    hosts: u16,
+    sys: Vec<SysFile>,
+    /// errno counts per operation: name -> errno name -> count.
+    counts: BTreeMap<String, BTreeMap<String, u64>>,
+    ioctl_calls: u64,
+    other_calls: u64,
+    changes: u64,
+    change_log: Vec<String>,
+    alarms: u64,
+}
+
+extern "C" fn on_alarm(_: libc::c_int) {}
+
+/// SIGALRM does nothing but end a blocked call: no SA_RESTART, so it fails with EINTR.
+fn install_alarm() {
+    // SAFETY: installs a handler that does nothing.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as libc::sighandler_t;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+    }
+}
+
+fn arm(us: i64) {
+    let it = libc::itimerval {
+        it_interval: libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+        it_value: libc::timeval {
+            tv_sec: us / 1_000_000,
+            tv_usec: (us % 1_000_000) as _,
+        },
+    };
+    // SAFETY: `it` is a valid timer value; the old value is not wanted.
+    unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+}
+
+/// Result of a raw call: Ok(return value) or the errno.
+fn ret(rc: isize) -> Result<isize, i32> {
+    if rc < 0 {
+        Err(errno())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn put(b: &mut [u8], off: usize, v: &[u8]) {
+    if off < b.len() {
+        let n = v.len().min(b.len() - off);
+        b[off..off + n].copy_from_slice(&v[..n]);
+    }
+}
+
+impl Fuzz {
+    fn new(
+        seed: u64,
+        path: &str,
+        fds: Vec<i32>,
+        pdfids: Vec<u16>,
+        hosts: u16,
+        sys: Vec<SysFile>,
+    ) -> Res<Fuzz> {
+        let mut z = Fuzz {
+            rng: Rng::new(seed),
+            arena: Arena::new()?,
+            defs: defs(),
+            path: path.to_string(),
+            fds,
+            unpriv: false,
+            pdfids,
+            hosts,
+            sys,
+            counts: BTreeMap::new(),
+            ioctl_calls: 0,
+            other_calls: 0,
+            changes: 0,
+            change_log: Vec::new(),
+            alarms: 0,
+        };
+        z.arena.rw().fill(0);
+        Ok(z)
+    }
+
+    /// One operation: mostly a uAPI ioctl, then undefined ioctls, other calls, sysfs.
+    fn step(&mut self) -> Res<()> {
+        match self.rng.below(1000) {
+            0..=899 => self.one_ioctl()?,
+            900..=939 => self.random_ioctl(),
+            940..=996 => self.other(),
+            _ => self.sysfs_write(),
+        }
+        Ok(())
+    }
+
+    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.rng.below(v.len() as u64) as usize]
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.rng.below(100) < percent
+    }
+
+    fn count(&mut self, op: &str, r: Result<isize, i32>) {
+        let e = match r {
+            Ok(_) => "ok".to_string(),
+            Err(e) => errno_name(e),
+        };
+        *self
+            .counts
+            .entry(op.to_string())
+            .or_default()
+            .entry(e)
+            .or_default() += 1;
+    }
+
+    fn fd(&mut self) -> i32 {
+        let i = self.rng.below(self.fds.len() as u64) as usize;
+        self.fds[i]
+    }
+
+    fn pdfid(&mut self) -> u16 {
+        match self.rng.below(10) {
+            0..=5 if !self.pdfids.is_empty() => {
+                self.pdfids[self.rng.below(self.pdfids.len() as u64) as usize]
+            }
+            6 => self.pick(&[0, 0xffff, 0x00ff, 0x0100, 0x06ff, 0x0700, 0x0305, 0x8300]),
+            _ => self.rng.next() as u16,
+        }
+    }
+
+    fn host(&mut self) -> u8 {
+        match self.rng.below(10) {
+            0..=5 => self.rng.below(u64::from(self.hosts.max(1))) as u8,
+            6 => self.hosts as u8,
+            7 => self.pick(&[0xfe, 0xff, 0x80, 7, 8]),
+            _ => self.rng.next() as u8,
+        }
+    }
+
+    fn port(&mut self) -> u8 {
+        match self.rng.below(10) {
+            0..=4 => self.rng.below(4) as u8,
+            5..=6 => u::ANY_PORT,
+            7 => self.pick(&[4, 5, 0xfe, 0x80]),
+            _ => self.rng.next() as u8,
+        }
+    }
+
+    /// A short timeout mostly, sometimes 0 (the kernel's default) or out of range.
+    fn timeout(&mut self, max: u32) -> u32 {
+        match self.rng.below(20) {
+            0..=11 => self.pick(&[1, 2, 5, 10, 20, 50]),
+            12..=13 => 0,
+            14 => max,
+            15 => max.wrapping_add(1),
+            16 => u32::MAX,
+            _ => self.rng.below(200) as u32,
+        }
+    }
+
+    fn len_u32(&mut self, exact: u32) -> u32 {
+        match self.rng.below(10) {
+            0..=3 => exact,
+            4 => exact.wrapping_sub(1),
+            5 => exact.wrapping_add(1),
+            6..=7 => self.pick(SIZES),
+            _ => self.rng.below(u64::from(exact.max(1)) * 2 + 1) as u32,
+        }
+    }
+
+    /// A pointer for a nested buffer of `len` bytes: mostly inside the read-write pages.
+    fn buf_ptr(&mut self, len: usize) -> u64 {
+        let rw = RW_PAGES * PAGE;
+        match self.rng.below(20) {
+            0..=12 => {
+                let room = rw.saturating_sub(len.min(rw));
+                let lo = if room > ARG_REGION { ARG_REGION } else { 0 };
+                let off = lo + self.rng.below((room - lo) as u64 + 1) as usize;
+                self.arena.addr(off & !7)
+            }
+            13 => self.arena.addr(rw - len.clamp(1, rw) / 2),
+            14 => self
+                .arena
+                .addr(RO_PAGE * PAGE + self.rng.below(PAGE as u64) as usize),
+            15 => self.arena.addr(NONE_PAGE * PAGE),
+            16 => 0,
+            17 => self.pick(KERNEL_PTRS),
+            18 => self.arena.addr(1 + self.rng.below(rw as u64 - 1) as usize),
+            _ => self.rng.next(),
+        }
+    }
+
+    /// Chooses where the argument struct of `size` bytes goes; returns the pointer.
+    fn arg_place(&mut self, size: usize) -> (u64, Place) {
+        match self.rng.below(40) {
+            0..=27 => {
+                let off = (self.rng.below((ARG_REGION / 8) as u64) as usize) * 8;
+                (self.arena.addr(off), Place::Rw(off))
+            }
+            28..=29 => {
+                let off = self.rng.below((ARG_REGION - 8) as u64) as usize | 1;
+                (self.arena.addr(off), Place::Rw(off))
+            }
+            30..=31 => {
+                // Truncated at the page boundary before the inaccessible page.
+                let k = 1 + self.rng.below(size.max(2) as u64 - 1) as usize;
+                let off = RW_PAGES * PAGE - k;
+                (self.arena.addr(off), Place::Rw(off))
+            }
+            32..=33 => {
+                let off = (self.rng.below(((PAGE - 256) / 8) as u64) as usize) * 8;
+                (self.arena.addr(RO_PAGE * PAGE + off), Place::ReadOnly(off))
+            }
+            34 => (0, Place::Bad),
+            35 => (self.arena.addr(NONE_PAGE * PAGE + 8), Place::Bad),
+            36 => (self.pick(KERNEL_PTRS), Place::Bad),
+            37 => (self.pick(&[1u64, 0xfff, 0x1_0000]), Place::Bad),
+            38 => (
+                self.arena.addr(6 * PAGE - 4), // read-only tail, then inaccessible
+                Place::ReadOnly(PAGE - 4),
+            ),
+            _ => (self.rng.next(), Place::Bad),
+        }
+    }
+
+    // ----------------------------------------------------------- ioctls
+
+    /// The struct's bytes (valid template, then bent), its pointer and the call.
+    fn one_ioctl(&mut self) -> Res<()> {
+        // BIND, UNBIND and MOVE hot-plug functions when they get through, which takes
+        // seconds under TCG: one tenth of the weight of the others.
+        let weight = |k: Kind| {
+            if matches!(k, Kind::Bind | Kind::Unbind | Kind::Move) {
+                1
+            } else {
+                10
+            }
+        };
+        let total: u64 = self.defs.iter().map(|d| weight(d.kind)).sum();
+        let mut pick = self.rng.below(total);
+        let mut i = 0;
+        while pick >= weight(self.defs[i].kind) {
+            pick -= weight(self.defs[i].kind);
+            i += 1;
+        }
+        let (name, nr, sz, kind) = {
+            let d = &self.defs[i];
+            (d.name, d.nr, d.size, d.kind)
+        };
+        let mut b = vec![0u8; sz];
+        // The size field.
+        let size = match self.rng.below(20) {
+            0..=11 => sz as u32,
+            12 => 0,
+            13 => self.pick(&[4u32, 8]),
+            14 => sz as u32 - 1,
+            15 => sz as u32 + 1,
+            16 => self.pick(&[sz as u32 + 8, 4096, 4097]),
+            17 => self.pick(&[u32::MAX, 0x8000_0000, 0x1_0000]),
+            18 => 4096,
+            _ => self.rng.below(300) as u32,
+        };
+        put(&mut b, 0, &size.to_le_bytes());
+        let flags = match self.rng.below(20) {
+            0..=13 => 0u32,
+            14..=15 => 1,
+            16 => 2,
+            17 => 0x8000_0000,
+            _ => self.rng.next() as u32,
+        };
+        put(&mut b, 4, &flags.to_le_bytes());
+        let blocking = self.body(kind, &mut b)?;
+        // Corrupt a few bytes past size and flags now and then.
+        if self.chance(8) && sz > 8 {
+            for _ in 0..1 + self.rng.below(3) {
+                let at = 8 + self.rng.below((sz - 8) as u64) as usize;
+                b[at] = self.rng.next() as u8;
+            }
+        }
+        let (ptr, place) = self.arg_place(sz);
+        // Bytes after the struct up to `size`: zero them (accepted) or leave what is there.
+        let zero_tail = self.chance(60);
+        match place {
+            Place::Rw(off) => {
+                let rw = self.arena.rw();
+                let end = (off + sz).min(rw.len());
+                rw[off..end].copy_from_slice(&b[..end - off]);
+                if zero_tail && (size as usize) > sz {
+                    let tail_end = (off + size as usize).min(rw.len());
+                    if end < tail_end {
+                        rw[end..tail_end].fill(0);
+                    }
+                }
+            }
+            Place::ReadOnly(off) => self.arena.write_read_only(off, &b)?,
+            Place::Bad => {}
+        }
+        let fd = self.fd();
+        if blocking {
+            arm(ALARM_US);
+        }
+        // SAFETY: the pointer is into the arena (any byte the kernel writes lands there) or
+        // bad by design; the kernel must reject bad ones.
+        let rc = ret(unsafe { libc::ioctl(fd, nr as _, ptr) } as isize);
+        if blocking {
+            arm(0);
+        }
+        if rc == Err(libc::EINTR) {
+            self.alarms += 1;
+        }
+        self.ioctl_calls += 1;
+        if rc.is_ok() {
+            // The struct as the kernel left it, where the fuzzer can read it.
+            let after = match place {
+                Place::Rw(off) if off + sz <= RW_PAGES * PAGE => {
+                    self.arena.rw()[off..off + sz].to_vec()
+                }
+                _ => b.clone(),
+            };
+            self.note_change(kind, &after);
+        }
+        self.count(name, rc);
+        Ok(())
+    }
+
+    /// Counts a successful call that changes the fabric.
+    fn note_change(&mut self, kind: Kind, b: &[u8]) {
+        let rd16 = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+        let rd32 = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let what = match kind {
+            Kind::Bind => format!("BIND {:#06x} host {}", rd16(8), b[10]),
+            Kind::Unbind => format!("UNBIND {:#06x}", rd16(8)),
+            Kind::Move => format!("MOVE {:#06x} host {}", rd16(8), b[10]),
+            Kind::RouteAdd => format!("P2P_ROUTE_ADD to {:#06x}", rd16(32)),
+            Kind::RouteDel => "P2P_ROUTE_DEL".to_string(),
+            Kind::Copy => "P2P_COPY".to_string(),
+            Kind::Mrpc => {
+                let cmd = rd32(8);
+                // A command of the configuration class (on its low 16 bits, which the
+                // firmware dispatches on) that the firmware completed.
+                let (status, ret) = (rd32(40), rd32(44));
+                if !mrpc_configures(cmd) || status != u::MRPC_STATUS_DONE || ret != 0 {
+                    return;
+                }
+                format!("MRPC {cmd:#x}")
+            }
+            _ => return,
+        };
+        self.changes += 1;
+        if self.change_log.len() < 50 {
+            self.change_log.push(what);
+        }
+    }
+
+    /// Fills the body of the struct (after size and flags); returns whether the call may
+    /// block.
+    fn body(&mut self, kind: Kind, b: &mut [u8]) -> Res<bool> {
+        Ok(match kind {
+            Kind::Version | Kind::Identity | Kind::Stats => false,
+            Kind::Mrpc => {
+                let cmd = match self.rng.below(10) {
+                    0..=6 => self.pick(MRPC_KNOWN),
+                    7 => self.pick(MRPC_KNOWN) | ((self.rng.below(0xffff) as u32 + 1) << 16),
+                    _ => loop {
+                        let c = self.rng.next() as u32;
+                        let c = if self.chance(50) { c & 0xffff } else { c };
+                        if !MRPC_KNOWN.contains(&(c & 0xffff)) && c & 0xffff != 0x87 {
+                            break c;
+                        }
+                    },
+                };
+                let in_len = match self.rng.below(10) {
+                    0..=5 => self.rng.below(65) as u32,
+                    6 => self.rng.below(1025) as u32,
+                    7 => 1024,
+                    _ => self.len_u32(1024),
+                };
+                let out_len = match self.rng.below(10) {
+                    0..=5 => self.rng.below(129) as u32,
+                    6 => 1024,
+                    _ => self.len_u32(1024),
+                };
+                let in_ptr = self.buf_ptr(in_len as usize);
+                let out_ptr = self.buf_ptr(out_len as usize);
+                self.mrpc_input(cmd, in_ptr, in_len as usize);
+                let timeout = self.timeout(u::MRPC_MAX_TIMEOUT_MS);
+                put(b, 8, &cmd.to_le_bytes());
+                put(b, 12, &in_len.to_le_bytes());
+                put(b, 16, &out_len.to_le_bytes());
+                put(b, 20, &timeout.to_le_bytes());
+                put(b, 24, &in_ptr.to_le_bytes());
+                put(b, 32, &out_ptr.to_le_bytes());
+                true
+            }
+            Kind::Events => {
+                let timeout = self.timeout(1000);
+                let seen: u64 = match self.rng.below(6) {
+                    0 => 0,
+                    1 => u64::MAX,
+                    2 => self.rng.below(100),
+                    _ => self.rng.next(),
+                };
+                put(b, 8, &timeout.to_le_bytes());
+                if self.chance(5) {
+                    put(b, 12, &(self.rng.next() as u32).to_le_bytes());
+                }
+                put(b, 16, &seen.to_le_bytes());
+                true
+            }
+            Kind::Inventory => {
+                let nports = self.pick(&[0u32, 1, 4, 8, 64, 0x1000_0000, u32::MAX]);
+                let nfns = self.pick(&[0u32, 1, 10, 64, 256, 0x1000_0000, u32::MAX]);
+                let psize = self.len_u32(8);
+                let fsize = self.len_u32(24);
+                let pp = self.buf_ptr((nports as usize).saturating_mul(psize as usize));
+                let fp = self.buf_ptr((nfns as usize).saturating_mul(fsize as usize));
+                put(b, 16, &nports.to_le_bytes());
+                put(b, 20, &nfns.to_le_bytes());
+                put(b, 24, &psize.to_le_bytes());
+                put(b, 28, &fsize.to_le_bytes());
+                put(b, 32, &pp.to_le_bytes());
+                put(b, 40, &fp.to_le_bytes());
+                false
+            }
+            Kind::Bind | Kind::Move => {
+                let pdfid = self.pdfid();
+                let host = self.host();
+                let port = self.port();
+                let timeout = self.timeout(u::BIND_MAX_TIMEOUT_MS);
+                put(b, 8, &pdfid.to_le_bytes());
+                b[10] = host;
+                b[11] = port;
+                put(b, 12, &timeout.to_le_bytes());
+                if kind == Kind::Move && self.chance(5) {
+                    put(b, 42, &(self.rng.next() as u16).to_le_bytes());
+                }
+                true
+            }
+            Kind::Unbind => {
+                let pdfid = self.pdfid();
+                let timeout = self.timeout(u::BIND_MAX_TIMEOUT_MS);
+                put(b, 8, &pdfid.to_le_bytes());
+                put(b, 12, &timeout.to_le_bytes());
+                if self.chance(5) {
+                    put(b, 20, &(self.rng.next() as u32).to_le_bytes());
+                }
+                true
+            }
+            Kind::RouteAdd | Kind::RouteDel => {
+                let win = match self.rng.below(8) {
+                    0..=3 => self.rng.below(64) * 4096,
+                    4 => u::ROUTE_ANY_WINDOW,
+                    5 => self.rng.below(1 << 28),
+                    6 => self.pick(&[256 << 20, (256 << 20) - 4096, 1 << 40, u64::MAX - 4095]),
+                    _ => self.rng.next(),
+                };
+                let size = match self.rng.below(8) {
+                    0..=3 => (1 + self.rng.below(16)) * 4096,
+                    4 => self.pick(&[0u64, 1, 4095, 2 << 20]),
+                    5 => self.pick(&[160 << 20, 256 << 20, 1 << 40, !0xfffu64]),
+                    _ => self.rng.next(),
+                };
+                let target = match self.rng.below(6) {
+                    0..=2 => self.rng.below(64) * 4096,
+                    3 => self.rng.below(1 << 28),
+                    4 => self.pick(&[(160 << 20) - 4096, 160 << 20, !0xfffu64]),
+                    _ => self.rng.next(),
+                };
+                let pdfid = self.pdfid();
+                put(b, 8, &win.to_le_bytes());
+                put(b, 16, &size.to_le_bytes());
+                put(b, 24, &target.to_le_bytes());
+                put(b, 32, &pdfid.to_le_bytes());
+                if self.chance(5) {
+                    b[35] = self.rng.next() as u8;
+                }
+                if self.chance(5) {
+                    put(b, 36, &(self.rng.next() as u32).to_le_bytes());
+                }
+                true
+            }
+            Kind::Routes => {
+                let n = self.pick(&[0u32, 1, 2, 16, 17, 0x1000_0000, u32::MAX]);
+                let rs = self.len_u32(32);
+                let p = self.buf_ptr((n as usize).saturating_mul(rs as usize));
+                put(b, 8, &n.to_le_bytes());
+                put(b, 12, &rs.to_le_bytes());
+                put(b, 16, &p.to_le_bytes());
+                true
+            }
+            Kind::Copy => {
+                let len: u64 = match self.rng.below(10) {
+                    0..=4 => 1 + self.rng.below(8192),
+                    5 => self.pick(&[0u64, 4096, 16384, 1 << 20]),
+                    6 => self.pick(&[u::P2P_MAX_LEN, u::P2P_MAX_LEN + 1, u64::MAX]),
+                    _ => self.rng.next() >> self.rng.below(64),
+                };
+                for (at, is_dst) in [(8usize, false), (24usize, true)] {
+                    let k = match self.rng.below(10) {
+                        0..=4 => u::P2P_FUNCTION,
+                        5..=7 => u::P2P_USER,
+                        8 => u::P2P_IOVA,
+                        _ => self.rng.next() as u32 % 6,
+                    };
+                    let pdfid = self.pdfid();
+                    let addr = match k {
+                        u::P2P_FUNCTION => match self.rng.below(4) {
+                            0..=1 => self.rng.below(64) * 4096,
+                            2 => self.rng.below(1 << 28),
+                            _ => self.rng.next(),
+                        },
+                        u::P2P_IOVA if is_dst => self.pick(SAFE_IOVAS),
+                        u::P2P_IOVA => {
+                            if self.chance(50) {
+                                self.pick(SAFE_IOVAS)
+                            } else {
+                                self.rng.next()
+                            }
+                        }
+                        _ => self.buf_ptr(len.min(1 << 20) as usize),
+                    };
+                    // An out-of-range kind must not smuggle in an address the engine could
+                    // write if a later driver took it as an IOVA.
+                    let addr = if k > u::P2P_IOVA && is_dst && self.chance(50) {
+                        self.pick(SAFE_IOVAS)
+                    } else {
+                        addr
+                    };
+                    put(b, at, &k.to_le_bytes());
+                    put(b, at + 4, &pdfid.to_le_bytes());
+                    if self.chance(4) {
+                        put(b, at + 6, &(self.rng.next() as u16).to_le_bytes());
+                    }
+                    put(b, at + 8, &addr.to_le_bytes());
+                }
+                put(b, 40, &len.to_le_bytes());
+                let t = self.timeout(u::P2P_MAX_TIMEOUT_MS);
+                put(b, 60, &t.to_le_bytes());
+                true
+            }
+            Kind::Distance => {
+                let a = self.pdfid();
+                let c = self.pdfid();
+                put(b, 8, &a.to_le_bytes());
+                put(b, 10, &c.to_le_bytes());
+                if self.chance(5) {
+                    put(b, 28, &(self.rng.next() as u32).to_le_bytes());
+                }
+                false
+            }
+        })
+    }
+
+    /// Writes an input for `cmd` at `ptr` when it is in the read-write pages: mostly the
+    /// shape the command expects with random values, sometimes random bytes.
+    fn mrpc_input(&mut self, cmd: u32, ptr: u64, len: usize) {
+        let base = self.arena.addr(0);
+        let rw_len = RW_PAGES * PAGE;
+        if ptr < base || ptr >= base + rw_len as u64 {
+            return;
+        }
+        let off = (ptr - base) as usize;
+        let n = len.min(rw_len - off);
+        let mut v = vec![0u8; n];
+        self.rng.fill(&mut v);
+        if !self.chance(20) {
+            let pdfid = self.pdfid().to_le_bytes();
+            let host_port = self.pick(&[0u8, 8, 16, 24, 47, 48, 0xff]);
+            let sub = self.rng.below(6) as u8;
+            match cmd & 0xffff {
+                0x04 => put(&mut v, 0, &(self.rng.below(5) as u32).to_le_bytes()),
+                0x82 | 0x83 => {
+                    put(&mut v, 0, &[sub, self.rng.below(4) as u8, host_port, 0]);
+                }
+                0x84 => {
+                    let log = self.port();
+                    put(&mut v, 0, &[1 + self.rng.below(2) as u8, 0, host_port, log]);
+                    put(&mut v, 4, &pdfid);
+                }
+                0x89 => {
+                    let req = self.rng.below(40) as u16;
+                    put(&mut v, 0, &[self.rng.below(3) as u8, 0]);
+                    put(&mut v, 2, &req.to_le_bytes());
+                }
+                0x8d => {
+                    put(&mut v, 0, &[self.rng.below(5) as u8, host_port, sub & 1, 0]);
+                }
+                0xf000..=0xf0ff => {
+                    let size = self.pick(&[4u16, 8, 32, 3, 0xffff]);
+                    put(&mut v, 0, &[1, 0]);
+                    put(&mut v, 2, &size.to_le_bytes());
+                    match cmd & 0xffff {
+                        0xf002 => put(&mut v, 4, &pdfid),
+                        0xf003 => {
+                            put(&mut v, 4, &(self.rng.below(12) as u16).to_le_bytes());
+                            put(&mut v, 6, &(self.rng.below(50) as u16).to_le_bytes());
+                        }
+                        0xf004 => {
+                            put(&mut v, 4, &[self.rng.below(5) as u8, 0]);
+                            put(&mut v, 6, &pdfid);
+                            put(&mut v, 8, &(self.rng.below(64) * 4096).to_le_bytes());
+                            put(&mut v, 16, &(4096 * (1 + self.rng.below(4))).to_le_bytes());
+                            put(&mut v, 24, &(self.rng.below(64) * 4096).to_le_bytes());
+                        }
+                        _ => {}
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.arena.rw()[off..off + n].copy_from_slice(&v);
+    }
+
+    /// An ioctl number nobody defined, with a pointer from the pool.
+    fn random_ioctl(&mut self) {
+        let nr = match self.rng.below(4) {
+            0 => {
+                // A defined number with direction and size bits added.
+                let base = self.defs[self.rng.below(self.defs.len() as u64) as usize].nr;
+                base | ((self.rng.below(4) as u32) << 30) | ((self.rng.below(0x4000) as u32) << 16)
+            }
+            1 => u::io(0xFA, 0x0e + self.rng.below(0xf2) as u32),
+            2 => {
+                let dir = (self.rng.below(4) as u32) << 30;
+                let size = (self.rng.below(0x4000) as u32) << 16;
+                dir | size | ((self.rng.next() as u32) & 0xffff)
+            }
+            _ => self.rng.next() as u32,
+        };
+        let nr = if self.defs.iter().any(|d| d.nr == nr) {
+            nr ^ 0x8000_0000
+        } else {
+            nr
+        };
+        let ptr = self.buf_ptr(64);
+        let fd = self.fd();
+        arm(ALARM_US);
+        // SAFETY: an undefined command; the pointer is into the arena or bad by design.
+        let rc = ret(unsafe { libc::ioctl(fd, nr as _, ptr) } as isize);
+        arm(0);
+        self.ioctl_calls += 1;
+        self.count("undefined-ioctl", rc);
+    }
+
+    // ------------------------------------------------------ other calls
+
+    fn other(&mut self) {
+        let fd = self.fd();
+        let len = match self.rng.below(6) {
+            0 => 0usize,
+            1 => self.rng.below(16) as usize,
+            2 => 4096,
+            3 => 4097,
+            4 => 1 << 20,
+            _ => self.rng.below(9000) as usize,
+        };
+        let ptr = self.buf_ptr(len.min(RW_PAGES * PAGE)) as *mut libc::c_void;
+        let off: i64 = self.pick(&[0i64, 1, 4095, 4096, -1, i64::MAX, 1 << 40]);
+        let (op, rc) = match self.rng.below(9) {
+            // SAFETY: `ptr` points into the arena or is bad by design; the kernel checks it.
+            0 => ("read", ret(unsafe { libc::read(fd, ptr, len) })),
+            // SAFETY: as above.
+            1 => ("pread", ret(unsafe { libc::pread(fd, ptr, len, off) })),
+            // SAFETY: as above.
+            2 => ("write", ret(unsafe { libc::write(fd, ptr, len) })),
+            // SAFETY: as above.
+            3 => ("pwrite", ret(unsafe { libc::pwrite(fd, ptr, len, off) })),
+            4 => {
+                let prot = self.pick(&[
+                    libc::PROT_READ,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::PROT_NONE,
+                    libc::PROT_EXEC,
+                ]);
+                let flags = self.pick(&[libc::MAP_SHARED, libc::MAP_PRIVATE]);
+                let mlen = self.pick(&[0usize, 1, 4096, 8192, 1 << 20, 1 << 30]);
+                let moff = self.pick(&[0i64, 4096, 1, 1 << 40]);
+                // SAFETY: a new mapping chosen by the kernel; unmapped at once if it works.
+                let p = unsafe { libc::mmap(std::ptr::null_mut(), mlen, prot, flags, fd, moff) };
+                if p == libc::MAP_FAILED {
+                    ("mmap", Err(errno()))
+                } else {
+                    // SAFETY: the mapping just made.
+                    unsafe { libc::munmap(p, mlen) };
+                    ("mmap", Ok(0))
+                }
+            }
+            5 | 6 => {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: self.rng.next() as i16,
+                    revents: 0,
+                };
+                let t = self.pick(&[0, 0, 1, 5]);
+                // SAFETY: one valid pollfd.
+                let r = ret(unsafe { libc::poll(&mut pfd, 1, t) } as isize);
+                ("poll", r)
+            }
+            7 => {
+                let whence = self.rng.below(6) as i32;
+                // SAFETY: plain descriptor call.
+                (
+                    "lseek",
+                    ret(unsafe { libc::lseek(fd, off, whence) } as isize),
+                )
+            }
+            _ => {
+                // Close one descriptor and open the device again.
+                let i = self.rng.below(self.fds.len() as u64) as usize;
+                // SAFETY: ours, removed from the list below.
+                unsafe { libc::close(self.fds[i]) };
+                let flags = self.pick(&[libc::O_RDONLY, libc::O_RDWR, libc::O_WRONLY])
+                    | if self.chance(50) { libc::O_NONBLOCK } else { 0 };
+                let c = CString::new(self.path.as_str()).unwrap_or_default();
+                // SAFETY: a valid path.
+                let nfd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
+                if nfd >= 0 {
+                    self.fds[i] = nfd;
+                    ("reopen", Ok(0))
+                } else {
+                    let e = errno();
+                    self.fds.remove(i);
+                    ("reopen", Err(e))
+                }
+            }
+        };
+        self.other_calls += 1;
+        self.count(op, rc);
+    }
+
+    fn sysfs_write(&mut self) {
+        if self.sys.is_empty() {
+            return;
+        }
+        let i = self.rng.below(self.sys.len() as u64) as usize;
+        let (path, garbage_only) = (self.sys[i].path.clone(), self.sys[i].garbage_only);
+        let data = self.garbage(garbage_only);
+        let c = CString::new(path.as_str()).unwrap_or_default();
+        // SAFETY: a valid path.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        let name = format!("sysfs:{}", path.rsplit('/').next().unwrap_or(""));
+        self.other_calls += 1;
+        if fd < 0 {
+            let e = errno();
+            self.count(&name, Err(e));
+            return;
+        }
+        arm(ALARM_US * 4);
+        // SAFETY: `data` is readable for its length.
+        let rc = ret(unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) });
+        arm(0);
+        // SAFETY: ours.
+        unsafe { libc::close(fd) };
+        if matches!(rc, Ok(n) if n as usize == data.len() && !data.is_empty())
+            && (path.ends_with("pcifab0/bind") || path.ends_with("pcifab0/unbind"))
+        {
+            self.changes += 1;
+            if self.change_log.len() < 50 {
+                self.change_log.push(format!(
+                    "write {:?} to {path}",
+                    String::from_utf8_lossy(&data)
+                ));
+            }
+        }
+        self.count(&name, rc);
+    }
+
+    /// Something to write into a sysfs file: numbers, ids, separators, junk.
+    fn garbage(&mut self, garbage_only: bool) -> Vec<u8> {
+        let mut s: Vec<u8> = Vec::new();
+        if garbage_only {
+            // Never parses as a number or a uevent action.
+            s.push(b'z');
+        }
+        match self.rng.below(10) {
+            0 => {}
+            1 => {
+                let n = self.pick(&[1usize, 4095, 4096, 4097, 9000]);
+                s.extend((0..n).map(|_| self.rng.next() as u8));
+            }
+            2 => s.extend_from_slice(b"\0\0\x01\xff\xfe"),
+            _ => {
+                let tokens = 1 + self.rng.below(4);
+                for t in 0..tokens {
+                    if t > 0 {
+                        let sep = self.pick(&[" ", "  ", "\t", ",", "\n", ""]);
+                        s.extend_from_slice(sep.as_bytes());
+                    }
+                    let tok = match self.rng.below(9) {
+                        0 => format!("{:#06x}", self.pdfid()),
+                        1 => format!("{}", self.pdfid()),
+                        2 => format!("{}", self.host()),
+                        3 => format!("{}", self.port()),
+                        4 => self
+                            .pick(&["-1", "0x", "0x-1", "+5", "99999999999999999999", "1e3"])
+                            .to_string(),
+                        5 => format!("{:#x}", self.rng.next()),
+                        6 => self
+                            .pick(&["0", "1", "0x0300", "0x0400", "0x0401"])
+                            .to_string(),
+                        7 => {
+                            let mut j = vec![0u8; self.rng.below(12) as usize];
+                            self.rng.fill(&mut j);
+                            String::from_utf8_lossy(&j).into_owned()
+                        }
+                        _ => "\u{00e9}\u{1f600}".to_string(),
+                    };
+                    s.extend_from_slice(tok.as_bytes());
+                }
+                if self.chance(50) {
+                    s.push(b'\n');
+                }
+            }
+        }
+        s
+    }
+}
+
+/// Commands of the configuration class of Documentation/uapi.rst, by the low 16 bits the
+/// firmware dispatches on.
+fn mrpc_configures(cmd: u32) -> bool {
+    matches!(
+        cmd & 0xffff,
+        0x84 | 0x85 | 0x88 | 0x8d | 0xf004 | 0xf080..=0xf0ff
+    )
+}
+
+fn drop_privileges() -> Res<()> {
+    const NOBODY: u32 = 65534;
+    // SAFETY: plain credential system calls.
+    let ok = unsafe {
+        libc::setgroups(0, std::ptr::null()) == 0
+            && libc::setgid(NOBODY) == 0
+            && libc::setuid(NOBODY) == 0
+    };
+    // SAFETY: trivial getters.
+    let (uid, euid) = unsafe { (libc::getuid(), libc::geteuid()) };
+    if !ok || uid != NOBODY || euid != NOBODY {
+        return Err(check(format!(
+            "cannot drop privileges to uid/gid {NOBODY}: {} (uid {uid}, euid {euid}; run as \
+             root)",
+            errno_name(errno())
+        )));
+    }
+    Ok(())
+}
+
+fn open_dev(path: &str, flags: i32) -> Result<i32, i32> {
+    let c = CString::new(path).map_err(|_| libc::EINVAL)?;
+    // SAFETY: a valid path.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        Err(errno())
+    } else {
+        Ok(fd)
+    }
+}
+
+/// After the run: a fresh descriptor answers VERSION and an echo.
+fn health(path: &str) -> Result<(), String> {
+    let fd = open_dev(path, libc::O_RDONLY)
+        .map_err(|e| format!("open {path} after the run: {}", errno_name(e)))?;
+    let mut v = u::Version::new();
+    // SAFETY: a valid struct of this ioctl.
+    let r = unsafe { libc::ioctl(fd, u::PCIFAB_IOCTL_VERSION as _, &mut v) };
+    let res = if r != 0 {
+        Err(format!("VERSION after the run: {}", errno_name(errno())))
+    } else {
+        let input = *b"still-alive-0123";
+        let mut out = [0u8; 16];
+        let mut m = u::Mrpc::new();
+        m.cmd = 0x41;
+        m.in_len = 16;
+        m.out_len = 16;
+        m.in_ptr = input.as_ptr() as u64;
+        m.out_ptr = out.as_mut_ptr() as u64;
+        // SAFETY: the pointers address the two 16-byte arrays, alive for the call.
+        let r = unsafe { libc::ioctl(fd, u::PCIFAB_IOCTL_MRPC as _, &mut m) };
+        if r != 0 {
+            Err(format!("echo after the run: {}", errno_name(errno())))
+        } else if m.status != u::MRPC_STATUS_DONE || out != input {
+            Err(format!(
+                "echo after the run: status {:#x} ret {:#x}, output {:?}",
+                m.status, m.ret_value, out
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: ours.
+    unsafe { libc::close(fd) };
+    res
+}
+
+pub fn cmd_fuzz(args: &[String]) -> Res<()> {
+    let mut rest = Vec::new();
+    let mut unpriv = false;
+    for a in args {
+        if a == "--unpriv" {
+            unpriv = true;
+        } else {
+            rest.push(a.clone());
+        }
+    }
+    let a = Args::parse(&rest)?;
+    let seed = super::num("--seed", a.need("seed")?)?;
+    let calls = super::num("--calls", a.need("calls")?)?;
+    let path = a.get("device").unwrap_or("/dev/pcifab0").to_string();
+    if calls == 0 {
+        return Err(usage("--calls must be at least 1"));
+    }
+
+    // As root: the log, the device, the fabric's ids and the sysfs files.
+    let mut kmsg = Kmsg::open()?;
+    let root_fd = open_dev(&path, libc::O_RDWR)
+        .map_err(|e| check(format!("cannot open {path}: {}", errno_name(e))))?;
+    // SAFETY: `root_fd` is open; the `File` takes it over for the inventory and gives it back.
+    let f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(root_fd) };
+    let inv = pcifab_uapi::dev::inventory(&f);
+    let root_fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+    let (inv, _, fns) = inv.map_err(|e| check(format!("INVENTORY before the run: {e}")))?;
+    let pdfids: Vec<u16> = fns.iter().map(|f| f.pdfid).collect();
+    let misc = format!(
+        "/sys/class/misc/{}",
+        path.rsplit('/').next().unwrap_or("pcifab0")
+    );
+    let (sys, skipped) = sysfs_files(&misc);
+
+    install_alarm();
+
+    let mut fds = vec![root_fd];
+    let mut reopen_as_user = String::from("not tried");
+    if unpriv {
+        drop_privileges()?;
+        match open_dev(&path, libc::O_RDWR) {
+            Ok(fd) => {
+                fds.push(fd);
+                reopen_as_user = "ok".into();
+            }
+            Err(e) => reopen_as_user = errno_name(e),
+        }
+    }
+
+    let mut z = Fuzz::new(seed, &path, fds, pdfids, inv.host_count, sys)?;
+    z.unpriv = unpriv;
+    let start = Instant::now();
+    let mut first_splat: Option<u64> = None;
+    while z.ioctl_calls < calls {
+        if z.fds.is_empty() {
+            // Every reopen failed: the device is gone or refuses this user.
+            break;
+        }
+        z.step()?;
+        if z.ioctl_calls % 512 == 0 && kmsg.poll() > 0 && first_splat.is_none() {
+            first_splat = Some(z.ioctl_calls);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    for fd in &z.fds {
+        // SAFETY: ours.
+        unsafe { libc::close(*fd) };
+    }
+    let alive = health(&path);
+    if kmsg.poll() > 0 && first_splat.is_none() {
+        first_splat = Some(z.ioctl_calls);
+    }
+    let splats = kmsg.splats.len();
+
+    // The JSON record (stderr), then the summary line (stdout).
+    let mut counts = String::new();
+    for (i, (op, m)) in z.counts.iter().enumerate() {
+        let inner: Vec<String> = m
+            .iter()
+            .map(|(e, n)| format!("{}:{n}", json_str(e)))
+            .collect();
+        let _ = write!(
+            counts,
+            "{}{}:{{{}}}",
+            if i > 0 { "," } else { "" },
+            json_str(op),
+            inner.join(",")
+        );
+    }
+    let list = |v: &[String]| v.iter().map(|s| json_str(s)).collect::<Vec<_>>().join(",");
+    let files: Vec<String> = z.sys.iter().map(|f| f.path.clone()).collect();
+    let skipped: Vec<String> = skipped
+        .iter()
+        .map(|(p, why)| format!("{p}: {why}"))
+        .collect();
+    eprintln!(
+        "{{\"test\":\"fuzz\",\"seed\":{seed},\"unpriv\":{},\"ioctl_calls\":{},\
+         \"other_calls\":{},\"secs\":{secs:.1},\"calls_per_s\":{:.0},\"alarms\":{},\
+         \"splats\":{splats},\"first_splat_after_call\":{},\"splat_lines\":[{}],\
+         \"kmsg_lost\":{},\"changes\":{},\"change_log\":[{}],\"reopen_as_user\":{},\
+         \"healthy_after\":{},\"sysfs_files\":[{}],\"sysfs_skipped\":[{}],\"errnos\":{{{counts}}}}}",
+        z.unpriv,
+        z.ioctl_calls,
+        z.other_calls,
+        (z.ioctl_calls + z.other_calls) as f64 / secs.max(1e-9),
+        z.alarms,
+        first_splat.map_or("null".to_string(), |c| c.to_string()),
+        list(&kmsg.splats.iter().take(40).cloned().collect::<Vec<_>>()),
+        kmsg.lost,
+        z.changes,
+        list(&z.change_log),
+        json_str(&reopen_as_user),
+        match &alive {
+            Ok(()) => "true".to_string(),
+            Err(e) => json_str(e),
+        },
+        list(&files),
+        list(&skipped),
+    );
+    println!(
+        "fuzz ioctl_calls={} splats={splats} changes={}",
+        z.ioctl_calls, z.changes
+    );
+    let mut fails = Vec::new();
+    if z.ioctl_calls < calls {
+        fails.push(format!(
+            "made {} of {calls} ioctl calls: every descriptor of {path} was lost (reopen: {})",
+            z.ioctl_calls,
+            z.counts
+                .get("reopen")
+                .map(|m| format!("{m:?}"))
+                .unwrap_or_default()
+        ));
+    }
+    if splats > 0 {
+        fails.push(format!(
+            "{splats} kernel splat lines (first after call {}): {}",
+            first_splat.unwrap_or(0),
+            kmsg.splats
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ));
+    }
+    if unpriv && z.changes > 0 {
+        fails.push(format!(
+            "an unprivileged caller changed the fabric {} times: {}",
+            z.changes,
+            z.change_log.join("; ")
+        ));
+    }
+    if let Err(e) = alive {
+        fails.push(e);
+    }
+    if fails.is_empty() {
+        Ok(())
+    } else {
+        Err(check(format!("seed {seed}: {}", fails.join("; "))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The generator runs long without panicking against a device that takes no ioctls,
+    /// and every ioctl is counted.
+    #[test]
+    fn generator_runs_on_dev_null() {
+        install_alarm();
+        let fd = open_dev("/dev/null", libc::O_RDWR).expect("open /dev/null");
+        let sys = vec![SysFile {
+            path: "/dev/null".into(),
+            garbage_only: false,
+        }];
+        let mut z = Fuzz::new(7, "/dev/null", vec![fd], vec![0x0300, 0x0400], 2, sys)
+            .unwrap_or_else(|_| panic!("arena"));
+        while z.ioctl_calls < 20_000 {
+            if z.step().is_err() {
+                panic!("step failed");
+            }
+        }
+        let ioctls: u64 = z
+            .counts
+            .iter()
+            .filter(|(k, _)| {
+                !k.starts_with("sysfs:") && z.defs.iter().any(|d| d.name == *k)
+                    || *k == "undefined-ioctl"
+            })
+            .flat_map(|(_, m)| m.values())
+            .sum();
+        assert_eq!(ioctls, 20_000);
+        assert_eq!(z.changes, 0, "{:?}", z.change_log);
+        assert!(z.other_calls > 0);
+        // /dev/null knows no ioctl at all.
+        assert!(
+            z.counts["VERSION"].keys().all(|e| e == "ENOTTY"),
+            "{:?}",
+            z.counts
+        );
+        for fd in z.fds {
+            // SAFETY: ours.
+            unsafe { libc::close(fd) };
+        }
+    }
+
+    #[test]
+    fn configuration_commands_by_low_bits() {
+        assert!(mrpc_configures(0x84));
+        assert!(mrpc_configures(0x1_0084));
+        assert!(mrpc_configures(0xf004));
+        assert!(!mrpc_configures(0x41));
+        assert!(!mrpc_configures(0xf003));
+    }
+
+    #[test]
+    fn deny_list() {
+        assert!(sysfs_deny("mep", "remove").is_some());
+        assert!(sysfs_deny("mep", "power/control").is_some());
+        assert!(sysfs_deny("mep", "resource0").is_some());
+        assert!(sysfs_deny("driver", "unbind").is_some());
+        assert!(sysfs_deny("misc", "bind").is_none());
+        assert!(sysfs_deny("misc", "unbind").is_none());
+        assert!(sysfs_deny("mep", "broken_parity_status").is_none());
+    }
+}
