@@ -6,10 +6,12 @@
 //! pcifab and that `/dev/pcifab0` answers VERSION, then forks four users of the device: an
 //! `EVENTS` waiter without a time limit, a loop of MRPC echoes (slow when the emulator delays
 //! commands), a `poll()` waiter without a time limit, and a holder that only keeps the file
-//! open. Once each sits in its system call (`/proc/PID/syscall`), the module is unloaded
-//! (`delete_module`, as `rmmod` does). Unloading must succeed within `--rmmod-ms`; then every
-//! waiter must end within `--end-ms` with an error (poll: ERR/HUP), the holder's next ioctl
-//! must fail with ENODEV, and nothing of the binding may remain. The first cycle that breaks
+//! open. Once each sits in its system call (`/proc/PID/syscall`): unloading the module
+//! (`delete_module`, as `rmmod` does) must fail, since open files pin it; the MEP is unbound
+//! from pcifab through sysfs (as hot removal does), which must finish within `--rmmod-ms`;
+//! every waiter must then end within `--end-ms` with an error (poll: ERR/HUP), the holder's
+//! next ioctl must fail with ENODEV; with the files closed the module must unload within
+//! `--rmmod-ms`, and nothing of the binding may remain. The first cycle that breaks
 //! a rule ends the run with its number; no kernel splat may appear in `/dev/kmsg`.
 
 use std::collections::BTreeMap;
@@ -26,10 +28,12 @@ use super::{check, errno, errno_name, json_str, num, Res};
 pub const USAGE: &str = "\
   unload-cycles --cycles N --module PATH [--first I] [--rmmod-ms MS] [--end-ms MS]
         N times: load the module, check the MEP is bound and /dev/pcifab0 answers, start
-        an EVENTS waiter, an echo loop, a poll() waiter and an idle open file, unload
-        the module: it must unload within --rmmod-ms (5000), the waiters end with an
-        error within --end-ms (5000), the idle file's next ioctl gets ENODEV, nothing of
-        the binding remains, no kernel splat; stops at the first cycle that breaks a rule
+        an EVENTS waiter, an echo loop, a poll() waiter and an idle open file; unloading
+        must fail (open files pin the module); unbind the MEP through sysfs within
+        --rmmod-ms (5000); the waiters end with an error within --end-ms (5000), the idle
+        file's next ioctl gets ENODEV; with the files closed the module unloads within
+        --rmmod-ms, nothing of the binding remains, no kernel splat; stops at the first
+        cycle that breaks a rule
         (cycles are numbered from --first, for batches)
 ";
 
@@ -334,30 +338,34 @@ fn cycle(
         let _ = kmod::unload_retry(Duration::from_secs(10));
         return Err(format!("device users {e}"));
     }
+    // While files are open the module must stay pinned: unloading its code under them would
+    // leave the files pointing at freed memory.
+    if let Ok(()) = kmod::unload() {
+        users.finish();
+        return Err("the module unloaded while /dev/pcifab0 was open (expected EBUSY or \
+                    EAGAIN: open files must pin it)"
+            .to_string());
+    }
+    // The endpoint goes away under the open files (as on hot removal): every waiter must end.
     let t = Instant::now();
-    let r = kmod::unload();
+    let r = std::fs::write("/sys/bus/pci/drivers/pcifab/unbind", bdf);
     let took = t.elapsed();
     rmmod_ms.push(took.as_millis());
     if let Err(e) = r {
-        let states: Vec<String> = users
-            .pids
-            .iter()
-            .zip(USERS)
-            .map(|(p, u)| format!("{} in syscall {:?}", u.0, in_syscall(*p)))
-            .collect();
         users.finish();
-        let after = kmod::unload_retry(Duration::from_secs(10));
+        let _ = kmod::unload_retry(Duration::from_secs(10));
         return Err(format!(
-            "unloading the module with the device open and waiters waiting: expected success, \
-             got {} after {} ms ({}; once the users were killed: {})",
-            errno_name(e),
-            took.as_millis(),
-            states.join(", "),
-            after.map_or_else(errno_name, |()| "unloaded".into())
+            "unbinding the MEP {bdf} from pcifab with the device open and waiters waiting: \
+             {e} after {} ms",
+            took.as_millis()
         ));
     }
     let (lines, hung) = users.collect(end_within);
     users.finish();
+    // The files are closed: nothing pins the module any more.
+    let t = Instant::now();
+    let unloaded = kmod::unload_retry(rmmod_within);
+    let unload_took = t.elapsed();
     for l in &lines {
         let key = l.split(' ').take(3).collect::<Vec<_>>().join(" ");
         *endings.entry(key).or_default() += 1;
@@ -376,9 +384,16 @@ fn cycle(
     }
     if took > rmmod_within {
         bad.push(format!(
-            "unloading took {} ms (at most {} allowed)",
+            "unbinding the MEP took {} ms (at most {} allowed)",
             took.as_millis(),
             rmmod_within.as_millis()
+        ));
+    }
+    if let Err(e) = unloaded {
+        bad.push(format!(
+            "unloading once the files were closed: {} after {} ms",
+            errno_name(e),
+            unload_took.as_millis()
         ));
     }
     let left = kmod::leftovers(bdf, baseline, false);
