@@ -15,6 +15,26 @@ fn read(h: &mut crate::fabric::Host, pdfid: u16) -> Result<Vec<String>, String> 
     Ok(out.lines().map(|l| l.trim().to_string()).collect())
 }
 
+/// Reads `pdfid`'s telemetry until its first two files (temperature, power) are `want`, at
+/// most 5 s: the driver serves an answer for up to a second after the firmware gave it
+/// (Documentation/sysfs.rst), so a change shows within about a second. Returns the last read.
+fn read_until(
+    h: &mut crate::fabric::Host,
+    pdfid: u16,
+    want: (&str, &str),
+) -> Result<Vec<String>, String> {
+    let t = std::time::Instant::now();
+    loop {
+        let v = read(h, pdfid)?;
+        let now = (v.first().map(String::as_str), v.get(1).map(String::as_str));
+        if now == (Some(want.0), Some(want.1)) || t.elapsed() > std::time::Duration::from_secs(5)
+        {
+            return Ok(v);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
 /// Every host has a directory per function of the fabric (bound anywhere or not), and the
 /// files follow the firmware's telemetry, converted to hwmon units.
 pub fn sysfs_telemetry(f: &mut Fabric) -> Result<(), String> {
@@ -61,7 +81,7 @@ pub fn sysfs_telemetry(f: &mut Fabric) -> Result<(), String> {
     let result = (|| -> Result<(), String> {
         for h in &mut f.hosts {
             let mut c = Checks::new(&format!("{}: sysfs telemetry of 0x0300", h.name));
-            let pf = read(h, 0x0300)?;
+            let pf = read_until(h, 0x0300, ("91500", "800000000"))?;
             c.eq(
                 "temperature (m°C)",
                 "91500",
@@ -79,7 +99,7 @@ pub fn sysfs_telemetry(f: &mut Fabric) -> Result<(), String> {
             );
             // Bit 1 temperature >= 85 C, bit 2 power above the limit.
             c.eq("health", "0x6", pf.get(3).map_or("", String::as_str));
-            let vf = read(h, 0x0301)?;
+            let vf = read_until(h, 0x0301, ("91500", "160000000"))?;
             c.eq(
                 "VF 0x0301 temperature",
                 "91500",
@@ -101,7 +121,7 @@ pub fn sysfs_telemetry(f: &mut Fabric) -> Result<(), String> {
     ))?;
     result?;
     for h in &mut f.hosts {
-        let again = read(h, 0x0300)?;
+        let again = read_until(h, 0x0300, (&configured[0], &configured[1]))?;
         expect_eq(
             &format!(
                 "{}: 0x0300 telemetry restored to the configuration's values",
