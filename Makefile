@@ -28,7 +28,7 @@ CARGO := cargo
 TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
-	cargo-test qemu-test test demo bench help
+	cargo-test qemu-test test soak demo bench help
 
 modules:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) modules
@@ -43,6 +43,8 @@ help:
 	@echo "make kernel-debug  build the sanitizer kernel (KASAN, lockdep, ...) make test runs on"
 	@echo "make test       lint + cargo test + QEMU scenarios; prints 'N passed, N failed'"
 	@echo "make demo       boot the two-host fabric and show what pcifab sees"
+	@echo "make soak       the QEMU scenarios on the debug kernel with the trust scenarios at full"
+	@echo "                size (100,000 fuzz calls, 1,000 unload cycles, 5,000 hostile replies)"
 	@echo "make bench      MRPC echo vs switchtec, bind/unbind vs raw hot-plug, manager scheduling"
 
 deps:
@@ -110,6 +112,10 @@ qemu-test: check-module-debug tools
 # The order matters: cheap checks first, the QEMU scenarios print the final summary line.
 test: deps kernel-debug lint check-module-debug cargo-test tools
 	$(HOST_BIN)/pcifab-harness test --keep-going $(DEBUG_HARNESS_ARGS)
+
+# The same scenarios with the trust scenarios at full size; hours on 2 cores under TCG.
+soak: deps kernel-debug check-module-debug tools
+	$(HOST_BIN)/pcifab-harness test --keep-going --soak $(DEBUG_HARNESS_ARGS)
 
 demo: kernel check-module tools
 	$(HOST_BIN)/pcifab-harness demo $(HARNESS_ARGS)

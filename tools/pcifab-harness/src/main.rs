@@ -18,6 +18,15 @@ mod splat;
 mod telemetry;
 mod trust;
 
+/// `--soak`: the trust scenarios at the full counts (`make soak`), not the shorter ones of
+/// `make test` (Documentation/testing-trust.rst).
+static SOAK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this run is a soak run (`--soak`).
+pub(crate) fn soak() -> bool {
+    SOAK.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 use std::fs::File;
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -105,6 +114,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         match a.as_str() {
             "--keep-going" => keep_going = true,
             "--debug-kernel" => debug_kernel = true,
+            "--soak" => SOAK.store(true, std::sync::atomic::Ordering::Relaxed),
             "--no-emu" => no_emu = true,
             "-h" | "--help" => return Err(String::new()),
             "--kernel" | "--module" | "--switchtec" | "--guest-bin" | "--emu" | "--emu-config"

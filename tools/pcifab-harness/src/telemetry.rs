@@ -27,8 +27,7 @@ fn read_until(
     loop {
         let v = read(h, pdfid)?;
         let now = (v.first().map(String::as_str), v.get(1).map(String::as_str));
-        if now == (Some(want.0), Some(want.1)) || t.elapsed() > std::time::Duration::from_secs(5)
-        {
+        if now == (Some(want.0), Some(want.1)) || t.elapsed() > std::time::Duration::from_secs(5) {
             return Ok(v);
         }
         std::thread::sleep(std::time::Duration::from_millis(200));

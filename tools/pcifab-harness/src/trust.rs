@@ -14,8 +14,14 @@ use serde_json::Value;
 use crate::fabric::{EmuControl, Fabric, Host};
 use crate::scenarios::{begin, check_invariants, check_world, compose_begin, emu_owners, Owners};
 
-/// ioctl calls per fuzz run (the brief of these scenarios: at least 100,000).
-pub const FUZZ_CALLS: u64 = 100_000;
+/// ioctl calls per fuzz run: 100,000 with `--soak` (`make soak`), 20,000 in `make test`.
+fn fuzz_calls() -> u64 {
+    if crate::soak() {
+        100_000
+    } else {
+        20_000
+    }
+}
 /// Seeds of the two fuzz runs (printed, so a failure can be replayed with
 /// `pcifab-selftest fuzz --seed S --calls N [--unpriv]`).
 pub const UNPRIV_SEED: u64 = 0x7a11_0001;
@@ -23,8 +29,15 @@ pub const ROOT_SEED: u64 = 0x7a11_0002;
 /// Guest time one fuzz run may take: the root run took 388 s on the plain test kernel
 /// (274 calls/s), the unprivileged one 74 s; room for a debug kernel several times slower.
 const FUZZ_TIMEOUT: Duration = Duration::from_secs(2400);
-/// Load/unload cycles in all, and per agent round trip.
-pub const CYCLES: u64 = 1000;
+/// Load/unload cycles in all (1,000 with `--soak`, 100 in `make test`), and per agent round
+/// trip.
+fn cycles() -> u64 {
+    if crate::soak() {
+        1000
+    } else {
+        100
+    }
+}
 const CYCLE_BATCH: u64 = 100;
 /// The emulator's firmware delay during the cycles, so an echo is always in flight.
 const CYCLE_DELAY_MS: u32 = 20;
@@ -45,7 +58,8 @@ struct FuzzResult {
 
 fn run_fuzz(h: &mut Host, seed: u64, unpriv: bool) -> Result<FuzzResult, String> {
     let args = format!(
-        "fuzz --seed {seed:#x} --calls {FUZZ_CALLS}{}",
+        "fuzz --seed {seed:#x} --calls {}{}",
+        fuzz_calls(),
         if unpriv { " --unpriv" } else { "" }
     );
     let o = h.run_timeout(&format!("pcifab-selftest {args}"), FUZZ_TIMEOUT)?;
@@ -100,9 +114,10 @@ fn check_fuzz(h: &Host, what: &str, r: &FuzzResult) -> Result<(), String> {
         h.name, r.ioctl_calls, r.splats, r.changes
     ));
     let mut errs = Vec::new();
-    if r.ioctl_calls < FUZZ_CALLS {
+    if r.ioctl_calls < fuzz_calls() {
         errs.push(format!(
-            "ioctl calls: expected at least {FUZZ_CALLS}, got {}",
+            "ioctl calls: expected at least {}, got {}",
+            fuzz_calls(),
             r.ioctl_calls
         ));
     }
@@ -173,7 +188,8 @@ fn fuzz_unpriv(f: &mut Fabric) -> Result<(), String> {
     let before = fabric_state(&emu, &hosts)?;
     crate::say(&format!(
         "# fuzz seed {UNPRIV_SEED:#x} (unprivileged, h0): pcifab-selftest fuzz --seed \
-         {UNPRIV_SEED:#x} --calls {FUZZ_CALLS} --unpriv"
+         {UNPRIV_SEED:#x} --calls {} --unpriv",
+        fuzz_calls()
     ));
     let h = &mut f.hosts[0];
     h.run_ok("chmod 666 /dev/pcifab0")?;
@@ -249,8 +265,9 @@ fn fuzz_root(f: &mut Fabric) -> Result<(), String> {
     let names: Vec<String> = h1_fns.iter().map(|p| format!("{p:#06x}")).collect();
     crate::say(&format!(
         "# fuzz seed {ROOT_SEED:#x} (root, h0, while h1 binds and unbinds {}): \
-         pcifab-selftest fuzz --seed {ROOT_SEED:#x} --calls {FUZZ_CALLS}",
-        names.join(" ")
+         pcifab-selftest fuzz --seed {ROOT_SEED:#x} --calls {}",
+        names.join(" "),
+        fuzz_calls()
     ));
     let done = AtomicBool::new(false);
     let tally = Mutex::new(Vec::new());
@@ -391,7 +408,7 @@ fn unload_cycles(f: &mut Fabric) -> Result<(), String> {
         let mut r = Ok(());
         let t = Instant::now();
         let mut results = Vec::new();
-        for b in 0..CYCLES / CYCLE_BATCH {
+        for b in 0..cycles() / CYCLE_BATCH {
             let first = b * CYCLE_BATCH;
             let o = h.run_timeout(
                 &format!(
@@ -439,14 +456,16 @@ fn unload_cycles(f: &mut Fabric) -> Result<(), String> {
         cleared?;
         let secs = t.elapsed().as_secs_f64();
         h.log_note(&format!(
-            "unload-cycles: {CYCLES} cycles in {secs:.1} s; batches: {}",
+            "unload-cycles: {} cycles in {secs:.1} s; batches: {}",
+            cycles(),
             results.join(" ")
         ));
         crate::say(&format!(
-            "# {}: {CYCLES} load/unload cycles with the device busy in {secs:.0} s ({:.0} ms \
+            "# {}: {} load/unload cycles with the device busy in {secs:.0} s ({:.0} ms \
              per cycle)",
             h.name,
-            secs * 1000.0 / CYCLES as f64
+            cycles(),
+            secs * 1000.0 / cycles() as f64
         ));
         kmemleak(h, Instant::now())
     })
@@ -543,19 +562,32 @@ pub fn scenarios() -> Vec<crate::scenarios::Scenario> {
         timeout: Duration::from_secs(secs),
         run,
     };
+    let soak = crate::soak();
     vec![
         s(
-            "fuzz: 100,000 hostile calls as an unprivileged user change nothing",
+            if soak {
+                "fuzz: 100,000 hostile calls as an unprivileged user change nothing"
+            } else {
+                "fuzz: 20,000 hostile calls as an unprivileged user change nothing"
+            },
             1800,
             fuzz_unpriv,
         ),
         s(
-            "fuzz: 100,000 hostile calls as root while h1 binds and unbinds",
+            if soak {
+                "fuzz: 100,000 hostile calls as root while h1 binds and unbinds"
+            } else {
+                "fuzz: 20,000 hostile calls as root while h1 binds and unbinds"
+            },
             2700,
             fuzz_root,
         ),
         s(
-            "1,000 insmod/rmmod cycles with files open, commands in flight, events pending",
+            if soak {
+                "1,000 insmod/rmmod cycles with files open, commands in flight, events pending"
+            } else {
+                "100 insmod/rmmod cycles with files open, commands in flight, events pending"
+            },
             3600,
             unload_cycles,
         ),

@@ -342,9 +342,11 @@ fn cycle(
     // leave the files pointing at freed memory.
     if let Ok(()) = kmod::unload() {
         users.finish();
-        return Err("the module unloaded while /dev/pcifab0 was open (expected EBUSY or \
+        return Err(
+            "the module unloaded while /dev/pcifab0 was open (expected EBUSY or \
                     EAGAIN: open files must pin it)"
-            .to_string());
+                .to_string(),
+        );
     }
     // The endpoint goes away under the open files (as on hot removal): every waiter must end.
     let t = Instant::now();
