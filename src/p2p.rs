@@ -128,6 +128,9 @@ struct Engine {
     tail: u32,
     /// Unbind started: no more copies.
     dead: bool,
+    /// A reset did not bring the engine to rest: it may still write to host memory it was
+    /// given, so nothing it was given (ring, user pages) is ever released, and no copy runs.
+    stuck: bool,
 }
 
 /// P2P state of one endpoint.
@@ -173,7 +176,7 @@ impl P2p {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
             copying <- new_mutex!(()),
-            engine <- new_mutex!(Engine { ring: None, tail: 0, dead: false }),
+            engine <- new_mutex!(Engine { ring: None, tail: 0, dead: false, stuck: false }),
             routes <- new_mutex!(()),
             cache <- new_mutex!(None),
             stale: Atomic::new(true),
@@ -261,8 +264,14 @@ pub(crate) fn shut_down(mep: &Mep) {
     // The ring's DMA mapping must not outlive the binding (the IOMMU domain and the DMA ops
     // of the device go with it), while open files may keep the `Mep` for longer.
     let ring = e.ring.take();
+    let stuck = e.stuck;
     drop(e);
-    drop(ring);
+    if stuck {
+        // Freed memory the engine still writes to would be worse than a leak.
+        core::mem::forget(ring);
+    } else {
+        drop(ring);
+    }
 }
 
 /// The input of a `P2P_ROUTE` sub-command: the header (version 1, size 32), `sub` and `pdfid`.
@@ -586,7 +595,13 @@ pub(crate) fn copy(
             at
         };
         let r = run_batch(mep, &mut e, &batch, start, timeout_ms);
-        drop(pinned);
+        if e.stuck {
+            // The engine may still write into these pages: keep them pinned and mapped for
+            // good rather than hand them back for reuse.
+            core::mem::forget(pinned);
+        } else {
+            drop(pinned);
+        }
         match r {
             Ok((bytes, status, err)) => {
                 // `collect` counts at most what the batch asked for: at most `part`.
@@ -732,21 +747,36 @@ fn collect(e: &Engine, first: u32, batch: &[(End, End, u64)]) -> Result<(u64, u3
 }
 
 /// Resets the engine, waits until its current descriptor is finished and starts it again.
+///
+/// An engine still busy after [`RESET_WAIT_MS`] is marked stuck: whatever host memory it was
+/// given stays allocated, pinned and mapped, and no copy runs on it any more.
 fn reset(mep: &Mep, e: &mut Engine) {
     let start = Instant::<Monotonic>::now();
     let _ = mep.with_bar(|bar| {
         bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_RESET));
     });
+    let mut idle = false;
     while start.elapsed().as_millis() < RESET_WAIT_MS {
+        // A device that is gone writes nothing any more.
         let busy = mep
             .with_bar(|bar| u32::from(bar.read(regs::DMA_STATUS).value()) & 1 != 0)
             .unwrap_or(false);
         if !busy {
+            idle = true;
             break;
         }
         kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
     }
     e.tail = 0;
+    if !idle {
+        dev_err!(
+            mep.pdev,
+            "P2P DMA engine still busy {} ms after a reset; keeping its buffers, no more copies\n",
+            RESET_WAIT_MS
+        );
+        e.stuck = true;
+        e.dead = true;
+    }
     if !e.dead {
         let _ = mep.with_bar(|bar| {
             bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_ENABLE));
