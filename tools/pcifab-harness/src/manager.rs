@@ -617,6 +617,12 @@ pub fn kill_9(f: &mut Fabric) -> Result<(), String> {
         // VFs go to h1): the kill lands as soon as the daemon logged the unbind, i.e. after
         // the release was committed and before its binds ran (each takes about a second).
         // The restart brings the fabric to what was committed.
+        // Every firmware command of h0's MEP (the manager's) takes a second meanwhile, so on
+        // any kernel, however slow, the kill lands while most of the release is still owed.
+        f.emu()
+            .request("fault h0 delay 1000")
+            .map_err(|e| format!("slowing h0's firmware for the kill: {e}"))?;
+        let h0 = &mut f.hosts[0];
         h0.run_ok(&format!(
             "rm -f /tmp/release.out; n0=$(wc -l < {LOG}); echo $n0 > /tmp/release.n0\n\
              setsid sh -c 'pcifab release {r4} --json; echo \"rc $?\"' </dev/null \
@@ -660,6 +666,10 @@ pub fn kill_9(f: &mut Fabric) -> Result<(), String> {
             ),
             Duration::from_secs(60),
         )?;
+        f.emu()
+            .request("fault clear h0")
+            .map_err(|e| format!("after the kill: {e}"))?;
+        let h0 = &mut f.hosts[0];
         h0.log_note(&format!("killed during a release: {}", o.trim()));
         let done_before_kill: usize = o
             .lines()
