@@ -232,6 +232,12 @@ impl MiscDevice for OpenFile {
     }
 
     fn ioctl(me: &Self, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+        // A file whose endpoint went away answers nothing any more, not even VERSION: the
+        // caller learns at once that it must reopen (or give up) instead of getting answers
+        // from a device that is gone.
+        if me.mep.events.gone() {
+            return Err(ENODEV);
+        }
         match cmd {
             uapi::PCIFAB_IOCTL_VERSION => me.version(arg),
             uapi::PCIFAB_IOCTL_IDENTITY => me.identity(arg),

@@ -8,6 +8,7 @@
 //! invariants it relies on, so the driver's files above it need neither.
 
 pub(crate) mod iomem;
+pub(crate) mod pci_enable;
 pub(crate) mod pci_tree;
 pub(crate) mod security;
 pub(crate) mod slot;

@@ -151,9 +151,11 @@ struct PcifabData<'bound> {
     /// Puts back the downstream ports' ACS control that probe changed (also when probe
     /// fails after changing it).
     acs: hotplug::AcsRestore,
-    /// Dropped last: quiets the device and waits for fabric-event work an interrupt queued
-    /// before it was freed.
+    /// Quiets the device and waits for fabric-event work an interrupt queued before it was
+    /// freed.
     mep: MepGuard,
+    /// Dropped last: the device's enable, once nothing uses the device any more.
+    enabled: kext::pci_enable::EnabledDevice,
 }
 
 /// Holds the endpoint for the binding. On drop (at unbind, or when probe fails after the
@@ -224,7 +226,8 @@ impl pci::Driver for PcifabDriver {
                 );
                 return Err(ENODEV);
             }
-            pdev.enable_device_mem()?;
+            // Disabled again when probe fails below or the driver unbinds (dropped last).
+            let enabled = kext::pci_enable::EnabledDevice::new(pdev)?;
             pdev.set_master();
 
             let bar = pdev
@@ -316,6 +319,7 @@ impl pci::Driver for PcifabDriver {
                 vectors,
                 acs,
                 mep: MepGuard(mep),
+                enabled,
                 irq <- {
                     // `vectors` is initialised before this field (initialisers run in the
                     // order written), lives in the same pinned allocation as `irq`, and is

@@ -198,8 +198,9 @@ pub fn fwctl_rules(f: &mut Fabric) -> Result<(), String> {
         .ok_or("this scenario needs a second host")?;
     begin(h)?;
     let r = fwctl_rules_on(h);
-    // Whatever happened, give the later scenarios a host that is not locked down.
-    let boot = h.reboot().map(|t| {
+    // Whatever happened, give the later scenarios a host that is not locked down: a new
+    // boot (the QEMU goes first; lockdown lasts as long as the kernel).
+    let boot = h.kill_qemu().and_then(|()| h.reboot()).map(|t| {
         h.log_note(&format!(
             "rebooted after the lockdown test in {:.1} s",
             t.as_secs_f64()

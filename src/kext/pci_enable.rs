@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! A PCI device's memory decoding enabled for as long as a value lives.
+//!
+//! `pci::Device::enable_device_mem()` of the kernel crate enables the device and leaves the
+//! disable to the driver; pcifab's probe can fail after it and unbinding never undid it, so
+//! the device's enable count grew with every failed probe and every load. [`EnabledDevice`]
+//! pairs the enable with its `pci_disable_device()`.
+
+use kernel::{bindings, device::Core, error::to_result, pci, prelude::*, sync::aref::ARef};
+
+/// Memory decoding of a PCI device, enabled until drop.
+///
+/// # Invariants
+///
+/// `pdev` was enabled once with `pci_enable_device_mem()` by [`EnabledDevice::new`] and not
+/// disabled since.
+pub(crate) struct EnabledDevice {
+    pdev: ARef<pci::Device>,
+}
+
+/// The C device behind `dev`.
+fn raw(dev: &pci::Device) -> *mut bindings::pci_dev {
+    // `pci::Device` is a transparent wrapper of `Opaque<struct pci_dev>`, which allows the C
+    // side to change it through a shared reference.
+    core::ptr::from_ref(dev)
+        .cast::<bindings::pci_dev>()
+        .cast_mut()
+}
+
+impl EnabledDevice {
+    /// Enables `pdev`'s memory decoding (`pci_enable_device_mem()`); called during probe.
+    pub(crate) fn new(pdev: &pci::Device<Core<'_>>) -> Result<Self> {
+        let dev: &pci::Device = pdev;
+        // SAFETY: `dev` is a valid, bound PCI device for the duration of probe.
+        to_result(unsafe { bindings::pci_enable_device_mem(raw(dev)) })?;
+        Ok(Self { pdev: dev.into() })
+    }
+}
+
+impl Drop for EnabledDevice {
+    fn drop(&mut self) {
+        // SAFETY: By the type invariants the device was enabled once by us and not disabled
+        // since; the reference keeps the `struct pci_dev` alive.
+        unsafe { bindings::pci_disable_device(raw(&self.pdev)) };
+    }
+}
