@@ -29,16 +29,18 @@ pub const ROOT_SEED: u64 = 0x7a11_0002;
 /// Guest time one fuzz run may take: the root run took 388 s on the plain test kernel
 /// (274 calls/s), the unprivileged one 74 s; room for a debug kernel several times slower.
 const FUZZ_TIMEOUT: Duration = Duration::from_secs(2400);
-/// Load/unload cycles in all (1,000 with `--soak`, 100 in `make test`), and per agent round
+/// Load/unload cycles in all (1,000 with `--soak`, 10 in `make test`), and per agent round
 /// trip.
 fn cycles() -> u64 {
     if crate::soak() {
         1000
     } else {
-        100
+        10
     }
 }
-const CYCLE_BATCH: u64 = 100;
+fn cycle_batch() -> u64 {
+    cycles().min(100)
+}
 /// The emulator's firmware delay during the cycles, so an echo is always in flight.
 const CYCLE_DELAY_MS: u32 = 20;
 /// Fault points tried per agent round trip, and the highest one tried at all.
@@ -408,11 +410,12 @@ fn unload_cycles(f: &mut Fabric) -> Result<(), String> {
         let mut r = Ok(());
         let t = Instant::now();
         let mut results = Vec::new();
-        for b in 0..cycles() / CYCLE_BATCH {
-            let first = b * CYCLE_BATCH;
+        for b in 0..cycles() / cycle_batch() {
+            let first = b * cycle_batch();
+            let batch = cycle_batch();
             let o = h.run_timeout(
                 &format!(
-                    "pcifab-selftest unload-cycles --cycles {CYCLE_BATCH} --first {first} \
+                    "pcifab-selftest unload-cycles --cycles {batch} --first {first} \
                      --module {PCIFAB_KO}"
                 ),
                 Duration::from_secs(600),
@@ -433,7 +436,7 @@ fn unload_cycles(f: &mut Fabric) -> Result<(), String> {
                 r = Err(format!(
                     "{}: cycles {first}..{}: {}",
                     h.name,
-                    first + CYCLE_BATCH,
+                    first + cycle_batch(),
                     o.out
                         .lines()
                         .filter(|l| l.contains("FAILED"))
@@ -586,15 +589,22 @@ pub fn scenarios() -> Vec<crate::scenarios::Scenario> {
             if soak {
                 "1,000 insmod/rmmod cycles with files open, commands in flight, events pending"
             } else {
-                "100 insmod/rmmod cycles with files open, commands in flight, events pending"
+                "10 insmod/rmmod cycles with files open, commands in flight, events pending"
             },
             3600,
             unload_cycles,
         ),
+    ]
+    .into_iter()
+    .chain(soak.then(|| {
+        // Soak only: every fault point of a load (hundreds of loads under KASAN), and kmemleak
+        // reports its own metadata allocations that the injection fails
+        // (testing-trust.rst).
         s(
             "probe undoes everything on every error path",
             3600,
             probe_faults,
-        ),
-    ]
+        )
+    }))
+    .collect()
 }
