@@ -18,6 +18,15 @@ mod splat;
 mod telemetry;
 mod trust;
 
+/// Whether scenario `name` matches the lower-case `--filter` value: it contains one of its
+/// '|'-separated alternatives.
+fn filter_matches(filter: &str, name: &str) -> bool {
+    let name = name.to_lowercase();
+    filter
+        .split('|')
+        .any(|alt| !alt.is_empty() && name.contains(alt))
+}
+
 /// `--soak`: the trust scenarios at the full counts (`make soak`), not the shorter ones of
 /// `make test` (Documentation/testing-trust.rst).
 static SOAK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -54,7 +63,8 @@ usage: pcifab-harness <test|demo|bench|list|selftest> --kernel BZIMAGE --module 
   --guest-bin directory of static guest binaries (pcifab, pcifab-agent,
               pcifab-selftest); every file in it goes to the guest's /bin
   --hosts N   boot the first N hosts of the config (default: all)
-  --filter S  run only scenarios whose name contains S (case-insensitive)
+  --filter S  run only scenarios whose name contains S (case-insensitive); S may list
+              alternatives separated by '|'
   --keep-going  run every scenario even after a failure (default: stop)
   --debug-kernel  the kernel is the sanitizer (debug) kernel: require its checks
               (KASAN, lockdep, kmemleak, ...) in every guest, give the guests 1 GiB
@@ -338,11 +348,7 @@ impl Run {
         };
         let list: Vec<_> = all
             .into_iter()
-            .filter(|s| {
-                filter
-                    .as_deref()
-                    .is_none_or(|f| s.name.to_lowercase().contains(f))
-            })
+            .filter(|s| filter.as_deref().is_none_or(|f| filter_matches(f, s.name)))
             .collect();
         // The plan counts the log check at the end of the run as one more test.
         say(&format!("1..{}", list.len() + 1));
@@ -619,7 +625,7 @@ fn main() -> ExitCode {
         if !scenarios::all()
             .iter()
             .chain(scenarios::selftest().iter())
-            .any(|s| s.name.to_lowercase().contains(&f))
+            .any(|s| filter_matches(&f, s.name))
         {
             eprintln!(
                 "pcifab-harness: --filter {f:?} matches no scenario; `pcifab-harness list` \

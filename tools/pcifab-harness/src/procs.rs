@@ -69,8 +69,12 @@ pub fn has_exited(pid: u32) -> bool {
             libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
         )
     };
+    if r != 0 {
+        // ECHILD: not (or no longer) a child of ours: reaped already, so it has exited.
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD);
+    }
     // SAFETY: waitid filled `info` (or left it zeroed, giving pid 0).
-    r == 0 && unsafe { info.si_pid() } != 0
+    (unsafe { info.si_pid() }) != 0
 }
 
 struct Proc {
