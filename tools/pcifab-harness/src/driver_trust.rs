@@ -13,8 +13,8 @@ use serde_json::Value;
 
 use crate::fabric::{Fabric, Host};
 use crate::scenarios::{
-    begin, bind_here, compose_begin, dmesg_clean, ensure_pcifab, find_mep, one_mrpc, pcifab_cmd,
-    pcifab_ok, recovered, selftest_json, stats_field, with_fault, Checks,
+    begin, bind_here, compose_begin, dmesg_clean, ensure_pcifab, find_mep, json_line, one_mrpc,
+    pcifab_cmd, pcifab_ok, recovered, selftest_json, stats_field, with_fault, Checks,
 };
 
 const GPU0: u16 = 0x0300;
@@ -49,12 +49,7 @@ fn nobody_setup(h: &mut Host) -> Result<(), String> {
 /// Runs `pcifab ARGS --json` as user `nobody`; returns (exit code, JSON line, output).
 fn as_nobody(h: &mut Host, args: &str) -> Result<(i64, Value, String), String> {
     let o = h.run(&format!("su -s /bin/sh nobody -c 'pcifab {args} --json'"))?;
-    let v = o
-        .out
-        .lines()
-        .find(|l| l.starts_with('{'))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or(Value::Null);
+    let v = json_line(&o.out);
     h.log_note(&format!("as nobody: pcifab {args}: exit {}", o.code));
     Ok((o.code, v, o.out))
 }

@@ -1757,15 +1757,18 @@ fn check_world_except(
     })
 }
 
+/// The first line of `out` that is a JSON object, or null.
+pub(crate) fn json_line(out: &str) -> Value {
+    out.lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null)
+}
+
 /// One CLI call; returns (exit code, the JSON line if any, the whole output).
 pub(crate) fn pcifab_cmd(h: &mut Host, args: &str) -> Result<(i64, Value, String), String> {
     let o = h.run(&format!("pcifab {args} --json"))?;
-    let v = o
-        .out
-        .lines()
-        .find(|l| l.starts_with('{'))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or(Value::Null);
+    let v = json_line(&o.out);
     h.log_note(&format!("pcifab {args}: exit {}", o.code));
     Ok((o.code, v, o.out))
 }
