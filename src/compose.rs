@@ -2,10 +2,10 @@
 
 //! Composition: binding endpoint functions to hosts, unbinding them, moving them.
 //!
-//! Binding and unbinding are the PAX fabric-manager command `GFMS_BIND_UNBIND` (0x84),
-//! naming the host by its upstream physical port (from the `GFMS_DB_DUMP` HVD section, which
-//! also says which logical ports are free) and the function by its PDFID
-//! (`Documentation/mrpc.rst`). This host's side of each change goes through [`hotplug`]: a
+//! Binding and unbinding are the PAX fabric-manager command `GFMS_BIND_UNBIND` ([`fw::bind`]),
+//! naming the host by its upstream physical port (from the `GFMS_DB_DUMP` HVD section,
+//! [`fw::gfms::hvd`], which also says which logical ports are free), the logical port and the
+//! function by its PDFID. This host's side of each change goes through [`hotplug`]: a
 //! function bound here is waited for until this host has enumerated it; a function unbound
 //! from here is removed (driver unbound, slot powered off) before the firmware is asked.
 //!
@@ -23,20 +23,25 @@ use kernel::{
     time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
 };
 
-use crate::{fabric, hotplug, kext::slot::Sysfs, mrpc, Mep};
+use crate::{
+    fw::{
+        self,
+        bind::{
+            EXT_HOTPLUG_FAILED, EXT_UNBIND_TIMEOUT, ERR_BIND_IN_PROGRESS, ERR_LOGC_PORT_ARDY_BIND,
+            ERR_LOGC_PORT_NOT_BIND_PHYC_PORT,
+        },
+        event, ext,
+    },
+    hotplug,
+    kext::slot::Sysfs,
+    Mep,
+};
 
-const CMD_GFMS_DB_DUMP: u32 = 0x83;
-const DB_DUMP_HVD: u8 = 3;
-const CMD_GFMS_BIND_UNBIND: u32 = 0x84;
-const CMD_GFMS_EVENT: u32 = 0x89;
-const SUB_EVENT_GET: u8 = 1;
-/// pcifab's GFMS event: the firmware is about to take a function away from this host.
-const EVENT_UNBIND_REQUEST: u8 = 0x80;
-/// GFMS event batches read per work run, at most.
+pub(crate) use crate::fw::Failure;
+
+/// Fabric-event batches read per work run, at most.
 const EVENT_BATCHES: usize = 16;
-const SUB_BIND: u8 = 1;
-const SUB_UNBIND: u8 = 2;
-/// Logical downstream ports of a host's virtual switch.
+/// Logical downstream ports of a host's virtual switch this driver uses.
 pub(crate) const LOG_PORTS: u8 = 4;
 /// Default bound on a whole bind or unbind, firmware and enumeration included.
 pub(crate) const DEFAULT_TIMEOUT_MS: u32 = 30_000;
@@ -44,45 +49,6 @@ pub(crate) const DEFAULT_TIMEOUT_MS: u32 = 30_000;
 const POLL_MS: u32 = 50;
 /// Functions operations may work on at once; one more waits for a free entry.
 const MAX_OPS: usize = 16;
-
-/// Firmware return codes of the binding commands (`Documentation/mrpc.rst`).
-const FW_PARAM_INVALID: u32 = 0x64006;
-const FW_PDFID_UNKNOWN: u32 = 0xf0_0001;
-const FW_FUNCTION_BUSY: u32 = 0xf0_0003;
-const FW_PORT_BUSY: u32 = 0xf0_0004;
-const FW_DENIED: u32 = 0xf0_0005;
-const FW_HOST_LIMIT: u32 = 0xf0_0006;
-const FW_PF_VF_CONFLICT: u32 = 0xf0_0007;
-const FW_HOTPLUG_FAILED: u32 = 0xf0_0008;
-const FW_UNBIND_TIMEOUT: u32 = 0xf0_0009;
-const FW_NOT_BOUND: u32 = 0xf0_000a;
-
-/// A failed operation: the errno for the caller and the firmware's return code, if the
-/// firmware refused.
-pub(crate) struct Failure {
-    pub(crate) err: Error,
-    pub(crate) fw_ret: u32,
-}
-
-impl From<Error> for Failure {
-    fn from(err: Error) -> Self {
-        Self { err, fw_ret: 0 }
-    }
-}
-
-/// The errno for a firmware refusal.
-fn fw_errno(ret: u32) -> Error {
-    match ret {
-        FW_PDFID_UNKNOWN | FW_NOT_BOUND => ENOENT,
-        FW_FUNCTION_BUSY | FW_PORT_BUSY | FW_PF_VF_CONFLICT => EBUSY,
-        FW_DENIED => EACCES,
-        FW_HOST_LIMIT => ENOSPC,
-        FW_UNBIND_TIMEOUT => ETIMEDOUT,
-        FW_PARAM_INVALID => EINVAL,
-        FW_HOTPLUG_FAILED => EIO,
-        _ => EIO,
-    }
-}
 
 /// Where a function ended up after a successful bind.
 pub(crate) struct Bound {
@@ -345,56 +311,34 @@ impl Drop for Reservation<'_> {
 }
 
 fn hvd(mep: &Mep, host: u8) -> Result<Hvd> {
-    let mut out = [0u8; 148];
-    fabric::call(mep, CMD_GFMS_DB_DUMP, &[DB_DUMP_HVD, host], &mut out)?;
-    let size = usize::try_from(fabric::le32(&out, 4)?)
-        .ok()
-        .and_then(|dwords| dwords.checked_mul(4))
-        .ok_or(EIO)?;
-    let count = fabric::le16(&out, 16)?;
-    if size < out.len() || size > mrpc::PAYLOAD || count < u16::from(LOG_PORTS) {
+    let h = {
+        let _session = mep.fabric.session();
+        fw::gfms::hvd(mep, host)?
+    };
+    if h.log_ports() < usize::from(LOG_PORTS) {
         return Err(EIO);
     }
     let mut ports = [None; LOG_PORTS as usize];
-    for (l, p) in ports.iter_mut().enumerate() {
-        // Entry `8 * L` is function slot 0 of logical port L.
-        let e = 20 + 4 * 8 * l;
-        if fabric::byte(&out, e + 1)? != 0 {
-            *p = Some(fabric::le16(&out, e + 2)?);
-        }
+    for (l, p) in (0..LOG_PORTS).zip(ports.iter_mut()) {
+        *p = h.bound(l).next();
     }
     Ok(Hvd {
-        usp_port: fabric::byte(&out, 13)?,
+        usp_port: h.phy_pid,
         ports,
     })
 }
 
 /// Runs a bind or unbind command; a refusal becomes a [`Failure`] with the firmware's code.
-fn bind_unbind(mep: &Mep, input: &[u8], timeout_ms: u32) -> Result<(), Failure> {
-    let mut out = [0u8; 4];
-    let reply = mep
-        .mrpc
-        .run(mep, CMD_GFMS_BIND_UNBIND, input, &mut out, timeout_ms)?;
-    if reply.status != mrpc::STATUS_DONE {
-        return Err(Failure {
-            err: fw_errno(reply.ret),
-            fw_ret: reply.ret,
-        });
-    }
-    Ok(())
+fn bind_unbind<C: fw::Command>(mep: &Mep, cmd: &C, timeout_ms: u32) -> Result<(), Failure> {
+    fw::call_timeout(mep, cmd, timeout_ms).map(|_| ())
 }
 
-fn bind_cmd(usp_port: u8, port: u8, pdfid: u16) -> [u8; 36] {
-    let mut input = [0u8; 36];
-    input[..4].copy_from_slice(&[SUB_BIND, 0, usp_port, port]);
-    // Function entry 0: the PDFID, no further entry.
-    input[4..6].copy_from_slice(&pdfid.to_le_bytes());
-    input
+fn bind_cmd(mep: &Mep, usp_port: u8, port: u8, pdfid: u16) -> Result<fw::bind::Bind, Failure> {
+    Ok(fw::bind::Bind::new(mep.pax_id(), usp_port, port, &[pdfid])?)
 }
 
-fn unbind_cmd(usp_port: u8, port: u8, pdfid: u16) -> [u8; 8] {
-    let p = pdfid.to_le_bytes();
-    [SUB_UNBIND, 0, usp_port, port, p[0], p[1], 0, 0]
+fn unbind_cmd(mep: &Mep, usp_port: u8, port: u8, pdfid: u16) -> fw::bind::Unbind {
+    fw::bind::Unbind::new(mep.pax_id(), usp_port, port, pdfid)
 }
 
 /// Milliseconds left of `timeout_ms` since `start`, at least 1.
@@ -483,11 +427,11 @@ impl Mep {
             }
             match bind_unbind(
                 self,
-                &bind_cmd(h.usp_port, p, pdfid),
+                &bind_cmd(self, h.usp_port, p, pdfid)?,
                 left(start, timeout_ms),
             ) {
                 Err(Failure {
-                    fw_ret: FW_PORT_BUSY,
+                    fw_ret: ERR_LOGC_PORT_ARDY_BIND,
                     ..
                 }) if port.is_none() && tries < LOG_PORTS => tries += 1,
                 Err(f) => return Err(f),
@@ -525,7 +469,7 @@ impl Mep {
         );
         let _ = bind_unbind(
             self,
-            &unbind_cmd(h.usp_port, port, pdfid),
+            &unbind_cmd(self, h.usp_port, port, pdfid),
             DEFAULT_TIMEOUT_MS,
         );
         self.fabric.invalidate();
@@ -551,7 +495,7 @@ impl Mep {
         let pdfid = r.pdfid;
         let (host, port) = self.binding(pdfid)?.ok_or(Failure {
             err: ENOENT,
-            fw_ret: FW_NOT_BOUND,
+            fw_ret: ERR_LOGC_PORT_NOT_BIND_PHYC_PORT,
         })?;
         let local = usize::from(host) == self.partition && port < LOG_PORTS;
         let removed = if local {
@@ -570,7 +514,7 @@ impl Mep {
         let result = loop {
             let res = bind_unbind(
                 self,
-                &unbind_cmd(h.usp_port, port, pdfid),
+                &unbind_cmd(self, h.usp_port, port, pdfid),
                 left(start, timeout_ms),
             );
             match res {
@@ -578,7 +522,7 @@ impl Mep {
                 // host's unbind, say): wait for its outcome. If it took the function away, the
                 // next try gets NOT_BOUND.
                 Err(Failure {
-                    fw_ret: FW_FUNCTION_BUSY,
+                    fw_ret: ERR_BIND_IN_PROGRESS,
                     ..
                 }) if start.elapsed().as_millis() < i64::from(timeout_ms) => {
                     self.compose.sleep(i64::from(POLL_MS))?;
@@ -589,7 +533,7 @@ impl Mep {
         if local {
             // A refused request never reaches the point where the firmware sends the event.
             if let Err(Failure { fw_ret, .. }) = result {
-                if fw_ret != FW_UNBIND_TIMEOUT && fw_ret != FW_HOTPLUG_FAILED {
+                if fw_ret != EXT_UNBIND_TIMEOUT && fw_ret != EXT_HOTPLUG_FAILED {
                     self.compose.lock.lock().set_own_unbind(port, None);
                 }
             }
@@ -599,7 +543,7 @@ impl Mep {
             // Somebody else unbound it first (another host's unbind, or the manager's): the
             // caller's request found nothing to do. What this host removed is gone from the
             // fabric too, so its side is consistent.
-            Err(f) if f.fw_ret == FW_NOT_BOUND => Err(f),
+            Err(f) if f.fw_ret == ERR_LOGC_PORT_NOT_BIND_PHYC_PORT => Err(f),
             Err(f) => {
                 dev_warn!(
                     self.pdev,
@@ -684,46 +628,36 @@ impl Mep {
         if self.compose.check_alive().is_err() {
             return;
         }
+        let handshake = self.features().has(ext::UNBIND_REQUEST_EVENT);
         // This host's bindings as the firmware has them now: a request for a function that
         // is no longer at its port is stale (the port may hold a new function).
-        let Ok(mine) = hvd(self, self.partition as u8) else {
-            return;
-        };
-        let mut out = [0u8; mrpc::PAYLOAD];
+        let mut mine = None;
         for _ in 0..EVENT_BATCHES {
-            // GET, up to 32 events.
-            if fabric::call(self, CMD_GFMS_EVENT, &[SUB_EVENT_GET, 0, 32, 0], &mut out).is_err() {
-                return;
-            }
-            let Ok(num) = fabric::le16(&out, 0) else {
+            let Ok(batch) = event::read(self) else {
                 return;
             };
-            let mut at = 4usize;
-            for _ in 0..num {
-                let (Ok(len), Ok(code)) = (fabric::le16(&out, at), fabric::byte(&out, at + 2))
-                else {
-                    return;
-                };
-                let len = usize::from(len);
-                let Some(end) = at.checked_add(len) else {
-                    return;
-                };
-                if len < 4 || len % 4 != 0 || end > out.len() {
-                    dev_warn!(self.pdev, "malformed fabric event list from the firmware\n");
-                    return;
+            if batch.overflow {
+                dev_warn!(self.pdev, "the firmware dropped fabric events\n");
+                self.fabric.invalidate();
+            }
+            for e in batch.events.iter() {
+                if e.code != event::UNBIND_REQUEST || !handshake {
+                    continue;
                 }
-                if code == EVENT_UNBIND_REQUEST && fabric::byte(&out, at + 5) == Ok(mine.usp_port) {
-                    let (Ok(port), Ok(pdfid)) =
-                        (fabric::byte(&out, at + 6), fabric::le16(&out, at + 8))
-                    else {
+                let Some((usp, port, pdfid)) = e.binding else {
+                    continue;
+                };
+                if mine.is_none() {
+                    let Ok(h) = hvd(self, self.partition as u8) else {
                         return;
                     };
-                    self.unbind_requested(&mine, port, pdfid);
+                    mine = Some(h);
                 }
-                at = end;
+                if let Some(m) = mine.as_ref().filter(|m| m.usp_port == usp) {
+                    self.unbind_requested(m, port, pdfid);
+                }
             }
-            let remain = fabric::le16(&out, 2).unwrap_or(0) & 0x7fff;
-            if num == 0 || remain == 0 {
+            if !batch.more {
                 return;
             }
         }

@@ -19,7 +19,7 @@ use kernel::{
     workqueue::{impl_has_work, WorkItem},
 };
 
-use crate::{kext, regs, Bar0, Mep};
+use crate::{fabric::Fabric, kext, regs, Bar0, Mep};
 
 /// Event counters since probe.
 #[derive(Clone, Copy, Default)]
@@ -150,7 +150,9 @@ fn occurred(hdr: u32) -> bool {
 /// Reads every enabled event header and clears those whose event occurred.
 ///
 /// Writing a header back clears "occurred" and keeps its interrupt enabled.
-fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool) -> Result<Found> {
+/// Marks `fabric` stale before a fabric or link event is cleared, so that a reader of the view
+/// sees either the event still pending ([`pending`]) or the mark.
+fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, fabric: &Fabric) -> Result<Found> {
     let mut found = Found::default();
 
     let mrpc_loc = || regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL);
@@ -173,6 +175,7 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool) -> Result<Found> {
 
     let hdr = bar.read(regs::SW_GFMS_EVENT_HDR);
     if occurred(hdr.bits().into()) {
+        fabric.invalidate();
         bar.write_reg(hdr);
         found.gfms += 1;
     }
@@ -184,6 +187,7 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool) -> Result<Found> {
         };
         let hdr = bar.read(at);
         if occurred(hdr.bits().into()) {
+            fabric.invalidate();
             if let Some(at) = loc() {
                 bar.write(at, hdr);
             }
@@ -191,6 +195,24 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool) -> Result<Found> {
         }
     }
     Ok(found)
+}
+
+/// Whether a fabric or link event occurred that the interrupt has not cleared yet.
+pub(crate) fn pending(mep: &Mep) -> Result<bool> {
+    let partition = mep.partition;
+    mep.with_bar(|bar| -> Result<bool> {
+        if occurred(bar.read(regs::SW_GFMS_EVENT_HDR).bits().into()) {
+            return Ok(true);
+        }
+        for pff in local_pffs(bar, partition)? {
+            if let Some(at) = regs::PFF_LINK_STATE_HDR::try_at(pff as usize) {
+                if occurred(bar.read(at).bits().into()) {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    })?
 }
 
 /// Enables (or disables) the interrupts of every event pcifab handles, clearing stale ones.
@@ -227,7 +249,7 @@ impl irq::Handler for Handler {
     fn handle(&self) -> IrqReturn {
         let mep = &self.mep;
         let p2p = mep.p2p.window_size() != 0;
-        let found = match mep.with_bar(|bar| scan(bar, mep.partition, p2p)) {
+        let found = match mep.with_bar(|bar| scan(bar, mep.partition, p2p, &mep.fabric)) {
             Ok(Ok(found)) => found,
             _ => return IrqReturn::None,
         };

@@ -3,12 +3,11 @@
 //! The driver's view of the fabric: physical ports and every endpoint function (PFs and VFs)
 //! with what each is bound to.
 //!
-//! It is read from the firmware with the PAX topology dump (`TOPO_INFO_DUMP`, 0x82) for the
-//! ports and pcifab's `FABRIC_SUMMARY` (0xF001) and `FUNCTION_LIST` (0xF003) extensions for
-//! the generation counter and the functions (`Documentation/mrpc.rst`). The view is cached
-//! and read again when the firmware's generation moved or a fabric event arrived. Every
-//! length the firmware reports is checked against the 1 KiB output buffer; a reply that does
-//! not add up is `EIO`, never an out-of-bounds access.
+//! It is read with PAX commands only: the topology dump ([`fw::topo`]) for the ports and the
+//! fabric database ([`fw::gfms`], PAX_ALL) for the hosts and every endpoint's functions. The
+//! view is cached and read again when a fabric or link event arrived, when one is pending in
+//! the event registers, or when this host changed a binding. Every length the firmware
+//! reports is checked; a reply that does not add up is `EIO`, never an out-of-bounds access.
 
 use kernel::{
     new_mutex,
@@ -19,19 +18,7 @@ use kernel::{
     },
 };
 
-use crate::{mrpc, Mep};
-
-/// PAX die temperature command.
-const CMD_DIETEMP: u32 = 0x04;
-/// PAX topology information dump.
-const CMD_TOPO_INFO_DUMP: u32 = 0x82;
-/// pcifab extension: fabric summary.
-const EXT_FABRIC_SUMMARY: u32 = 0xf001;
-/// pcifab extension: one page of the function table.
-const EXT_FUNCTION_LIST: u32 = 0xf003;
-
-/// How often the function list is re-read when the fabric changes while paging.
-const LIST_RETRIES: usize = 3;
+use crate::{fw, uapi, Mep};
 
 /// One physical port.
 #[derive(Clone, Copy, Default)]
@@ -42,6 +29,13 @@ pub(crate) struct Port {
     pub(crate) width: u8,
     pub(crate) rate: u8,
 }
+
+/// `Function::flags`: a virtual function.
+pub(crate) const FN_VF: u8 = 1 << 0;
+/// `Function::flags`: bound to a host.
+pub(crate) const FN_BOUND: u8 = 1 << 1;
+/// `Function::flags`: the link of its physical port is up.
+pub(crate) const FN_LINK_UP: u8 = 1 << 2;
 
 /// One endpoint function, named by its PDFID.
 #[derive(Clone, Copy, Default)]
@@ -59,13 +53,22 @@ pub(crate) struct Function {
     pub(crate) bound_log_port: u8,
 }
 
+/// A host's virtual switch: its upstream port and index.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Host {
+    pub(crate) index: u8,
+    pub(crate) usp_port: u8,
+}
+
 /// A consistent snapshot of the fabric.
 pub(crate) struct View {
+    /// Counts the driver's reads of a changed fabric.
     pub(crate) generation: u32,
     pub(crate) host_count: u8,
     pub(crate) partition: u8,
     pub(crate) link_up_map: u64,
     pub(crate) ports: KVec<Port>,
+    pub(crate) hosts: KVec<Host>,
     pub(crate) functions: KVec<Function>,
     valid: bool,
 }
@@ -77,183 +80,103 @@ pub(crate) struct Fabric {
     view: Mutex<View>,
     /// A fabric event arrived since the view was read.
     stale: Atomic<bool>,
-    /// Held across a multi-step firmware dump session (the topology dump's START to FINISH),
-    /// the driver's and a raw caller's, so that neither runs a step inside the other's.
+    /// Held across a multi-step firmware dump session (START to FINISH), the driver's and a
+    /// raw caller's, so that neither runs a step inside the other's.
     #[pin]
     session: Mutex<()>,
 }
 
-/// Little-endian field readers that fail with `EIO` instead of reading past a reply.
-pub(crate) fn le16(b: &[u8], at: usize) -> Result<u16> {
-    let s = b.get(at..at + 2).ok_or(EIO)?;
-    Ok(u16::from_le_bytes([s[0], s[1]]))
-}
-
-pub(crate) fn le32(b: &[u8], at: usize) -> Result<u32> {
-    let s = b.get(at..at + 4).ok_or(EIO)?;
-    Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-}
-
-pub(crate) fn le64(b: &[u8], at: usize) -> Result<u64> {
-    Ok(u64::from(le32(b, at)?) | (u64::from(le32(b, at + 4)?) << 32))
-}
-
-pub(crate) fn byte(b: &[u8], at: usize) -> Result<u8> {
-    b.get(at).copied().ok_or(EIO)
-}
-
-/// Runs a command the driver itself needs; a firmware error is `EIO`.
-pub(crate) fn call(mep: &Mep, cmd: u32, input: &[u8], out: &mut [u8]) -> Result {
-    let reply = mep.mrpc.run(mep, cmd, input, out, 0)?;
-    if reply.status != mrpc::STATUS_DONE {
-        dev_warn!(
-            mep.pdev,
-            "firmware failed command {:#x}: status {:#x} return {:#x}\n",
-            cmd,
-            reply.status,
-            reply.ret
-        );
-        return Err(EIO);
-    }
-    Ok(())
-}
-
 /// Die temperature in hundredths of a degree Celsius.
 pub(crate) fn die_temperature(mep: &Mep) -> Result<u32> {
-    let mut out = [0u8; 4];
-    call(mep, CMD_DIETEMP, &2u32.to_le_bytes(), &mut out)?;
-    Ok(u32::from_le_bytes(out))
+    Ok(fw::query(mep, &fw::sys::DieTempGet::new())?.centi)
 }
 
-/// The firmware's fabric summary.
-struct Summary {
-    generation: u32,
-    host_count: u8,
-    partition: u8,
-    link_up_map: u64,
-}
-
-fn summary(mep: &Mep) -> Result<Summary> {
-    let mut out = [0u8; 32];
-    // Header: version 1, size 4.
-    call(mep, EXT_FABRIC_SUMMARY, &[1, 0, 4, 0], &mut out)?;
-    if le16(&out, 0)? != 1 || usize::from(le16(&out, 2)?) < out.len() {
-        return Err(EIO);
+/// Reads the ports and the database and puts them together.
+fn read(mep: &Mep, view: &mut View) -> Result {
+    let (topo, db) = {
+        let _session = mep.fabric.session();
+        (fw::topo::ports(mep)?, fw::gfms::pax_all(mep)?)
+    };
+    let mut link_up_map = 0u64;
+    let mut ports = KVec::with_capacity(topo.len(), GFP_KERNEL)?;
+    for p in &topo {
+        if p.link_up() && p.phys_port_id < 64 {
+            link_up_map |= 1 << p.phys_port_id;
+        }
+        ports.push(
+            Port {
+                phys: p.phys_port_id,
+                kind: p.port_type,
+                link_up: p.link_up(),
+                width: p.neg_width,
+                rate: p.neg_rate,
+            },
+            GFP_KERNEL,
+        )?;
     }
-    Ok(Summary {
-        generation: le32(&out, 4)?,
-        host_count: byte(&out, 8)?,
-        partition: byte(&out, 9)?,
-        link_up_map: le64(&out, 16)?,
-    })
-}
-
-/// Reads the topology dump: one [`Port`] per physical port.
-fn read_ports(mep: &Mep, link_up_map: u64) -> Result<KVec<Port>> {
-    let _session = mep.fabric.session();
-    let mut out = [0u8; mrpc::PAYLOAD];
-    // START, then STATUS for the size.
-    call(mep, CMD_TOPO_INFO_DUMP, &[1, 0, 0, 0], &mut out[..4])?;
-    let result = (|| -> Result<KVec<Port>> {
-        call(mep, CMD_TOPO_INFO_DUMP, &[2, 0, 0, 0], &mut out[..4])?;
-        let total = usize::from(le16(&out, 2)?) * 4;
-        // 56 bytes of header and at most 64 ports of 32 bytes.
-        if total > 56 + 64 * 32 {
-            return Err(EIO);
-        }
-        let mut dump = KVec::with_capacity(total, GFP_KERNEL)?;
-        while dump.len() < total {
-            let offset = u16::try_from(dump.len()).map_err(|_| EIO)?.to_le_bytes();
-            call(
-                mep,
-                CMD_TOPO_INFO_DUMP,
-                &[3, 0, offset[0], offset[1]],
-                &mut out,
-            )?;
-            let len = usize::from(le16(&out, 2)?) * 4;
-            if len == 0 || len > out.len() - 4 || dump.len() + len > total {
-                return Err(EIO);
-            }
-            dump.extend_from_slice(&out[4..4 + len], GFP_KERNEL)?;
-        }
-        let bitmap = le64(&dump, 48)?;
-        let mut ports = KVec::new();
-        for i in 0..bitmap.count_ones() as usize {
-            let e = 56 + 32 * i;
-            let phys = byte(&dump, e)?;
-            ports.push(
-                Port {
-                    phys,
-                    kind: byte(&dump, e + 1)?,
-                    link_up: phys < 64 && link_up_map & (1 << phys) != 0,
-                    width: byte(&dump, e + 25)?,
-                    rate: byte(&dump, e + 27)?,
-                },
-                GFP_KERNEL,
-            )?;
-        }
-        Ok(ports)
-    })();
-    // FINISH, whatever happened, so the firmware drops its snapshot.
-    let _ = call(mep, CMD_TOPO_INFO_DUMP, &[4, 0, 0, 0], &mut out[..4]);
-    result
-}
-
-/// Reads the whole function table; `None` if the fabric changed while paging.
-fn read_functions(mep: &Mep) -> Result<Option<(u32, KVec<Function>)>> {
-    let mut out = [0u8; mrpc::PAYLOAD];
-    let mut functions = KVec::new();
-    let mut generation = None;
-    loop {
-        let start = u16::try_from(functions.len())
-            .map_err(|_| EIO)?
-            .to_le_bytes();
-        // Header version 1, size 8; start; max 0 (as many as fit).
-        let input = [1, 0, 8, 0, start[0], start[1], 0, 0];
-        call(mep, EXT_FUNCTION_LIST, &input, &mut out)?;
-        let size = usize::from(le16(&out, 2)?);
-        let total = usize::from(le16(&out, 8)?);
-        let count = usize::from(le16(&out, 12)?);
-        let entry = usize::from(le16(&out, 14)?);
-        if le16(&out, 0)? != 1
-            || size > out.len()
-            || entry < 24
-            || 16 + count * entry > size
-            || functions.len() + count > total
-        {
-            return Err(EIO);
-        }
-        let page_gen = le32(&out, 4)?;
-        if *generation.get_or_insert(page_gen) != page_gen {
-            return Ok(None);
-        }
-        for i in 0..count {
-            let e = &out[16 + i * entry..16 + (i + 1) * entry];
-            functions.push(
-                Function {
-                    pdfid: le16(e, 0)?,
-                    pf_pdfid: le16(e, 2)?,
-                    vendor: le16(e, 4)?,
-                    device: le16(e, 6)?,
-                    class: le32(e, 8)? & 0xff_ffff,
-                    phys_port: byte(e, 12)?,
-                    vf_index: byte(e, 13)?,
-                    total_vfs: byte(e, 14)?,
-                    flags: byte(e, 15)?,
-                    bound_host: byte(e, 17)?,
-                    bound_log_port: byte(e, 18)?,
-                },
-                GFP_KERNEL,
-            )?;
-        }
-        if functions.len() == total {
-            return Ok(Some((generation.unwrap_or(0), functions)));
-        }
-        if count == 0 {
-            // The table shrank under us.
-            return Ok(None);
-        }
+    let mut hosts = KVec::with_capacity(db.hvds.len(), GFP_KERNEL)?;
+    for h in &db.hvds {
+        hosts.push(
+            Host {
+                index: h.inst,
+                usp_port: h.phy_pid,
+            },
+            GFP_KERNEL,
+        )?;
     }
+    let mut functions = KVec::with_capacity(db.functions.len(), GFP_KERNEL)?;
+    for f in &db.functions {
+        let r = &f.rec;
+        // The host is named by its upstream port; a binding to a host the database does not
+        // list is shown bound to nobody in particular.
+        let bound_host = if r.bound != 0 {
+            hosts
+                .iter()
+                .find(|h| h.usp_port == r.bound_hvd_phy_pid)
+                .map_or(uapi::UNBOUND, |h| h.index)
+        } else {
+            uapi::UNBOUND
+        };
+        let link_up = f.phy_pid < 64 && link_up_map & (1 << f.phy_pid) != 0;
+        let mut flags = 0;
+        if f.pf.is_some() {
+            flags |= FN_VF;
+        }
+        if r.bound != 0 {
+            flags |= FN_BOUND;
+        }
+        if link_up {
+            flags |= FN_LINK_UP;
+        }
+        functions.push(
+            Function {
+                pdfid: r.pdfid,
+                pf_pdfid: f.pf.map_or(r.pdfid, |p| p.0),
+                vendor: r.vid,
+                device: r.did,
+                class: r.class(),
+                phys_port: f.phy_pid,
+                vf_index: f.pf.map_or(0, |p| p.1),
+                total_vfs: f.total_vfs,
+                flags,
+                bound_host,
+                bound_log_port: if r.bound != 0 {
+                    r.bound_hvd_log_pid
+                } else {
+                    uapi::UNBOUND
+                },
+            },
+            GFP_KERNEL,
+        )?;
+    }
+    view.generation = view.generation.wrapping_add(1);
+    view.host_count = db.general.hvd_count;
+    view.partition = u8::try_from(mep.partition).map_err(|_| EINVAL)?;
+    view.link_up_map = link_up_map;
+    view.ports = ports;
+    view.hosts = hosts;
+    view.functions = functions;
+    Ok(())
 }
 
 impl Fabric {
@@ -265,6 +188,7 @@ impl Fabric {
                 partition: 0,
                 link_up_map: 0,
                 ports: KVec::new(),
+                hosts: KVec::new(),
                 functions: KVec::new(),
                 valid: false,
             }),
@@ -278,7 +202,9 @@ impl Fabric {
         self.session.lock()
     }
 
-    /// Marks the view out of date; called from the event interrupt.
+    /// Marks the view out of date: a fabric or link event arrived, or this host changed a
+    /// binding. The event interrupt calls it before it clears the event, so a reader sees
+    /// either the pending event or the mark.
     pub(crate) fn invalidate(&self) {
         self.stale.store(true, Relaxed);
     }
@@ -286,26 +212,15 @@ impl Fabric {
     /// Runs `f` on an up-to-date view of the fabric.
     pub(crate) fn with_view<R>(&self, mep: &Mep, f: impl FnOnce(&View) -> R) -> Result<R> {
         let mut view = self.view.lock();
-        let s = summary(mep)?;
+        // An event the interrupt has not handled yet makes the view as stale as one it has.
+        let pending = crate::event::pending(mep)?;
         let stale = self.stale.xchg(false, Relaxed);
-        if stale || !view.valid || view.generation != s.generation {
+        if stale || pending || !view.valid {
             view.valid = false;
-            let mut tries = 0;
-            let (generation, functions) = loop {
-                if let Some(list) = read_functions(mep)? {
-                    break list;
-                }
-                tries += 1;
-                if tries >= LIST_RETRIES {
-                    return Err(EAGAIN);
-                }
-            };
-            view.ports = read_ports(mep, s.link_up_map)?;
-            view.functions = functions;
-            view.generation = generation;
-            view.host_count = s.host_count;
-            view.partition = s.partition;
-            view.link_up_map = s.link_up_map;
+            if let Err(e) = read(mep, &mut view) {
+                self.invalidate();
+                return Err(e);
+            }
             view.valid = true;
         }
         Ok(f(&view))

@@ -32,36 +32,12 @@ use kernel::{
     transmute::{AsBytes, FromBytes},
 };
 
-use crate::{compose::Failure, fabric, hotplug, mrpc, regs, uapi, Mep};
+use crate::{
+    fw::{self, ext, Failure},
+    hotplug, regs, uapi, Mep,
+};
 
-const CMD_P2P_ROUTE: u32 = 0xf004;
-const SUB_ADD: u8 = 1;
-const SUB_DEL: u8 = 2;
-const SUB_LIST: u8 = 3;
-const SUB_GRANT: u8 = 4;
-const SUB_REVOKE: u8 = 5;
-const SUB_GRANT_LIST: u8 = 6;
-/// Bytes of one grant in the firmware's GRANT_LIST, and the most one reply holds.
-const GRANT_ENTRY: usize = 8;
-const MAX_GRANTS: usize = (mrpc::PAYLOAD - 8) / GRANT_ENTRY;
-/// Routes a MEP holds at most.
-pub(crate) const MAX_ROUTES: usize = 16;
-const ROUTE_ENTRY: usize = 32;
 const PAGE: u64 = 4096;
-
-/// Firmware return codes of `P2P_ROUTE` (`Documentation/mrpc.rst`).
-const FW_PARAM_INVALID: u32 = 0x64006;
-const FW_PDFID_UNKNOWN: u32 = 0xf0_0001;
-const FW_RANGE: u32 = 0xf0_0002;
-const FW_DENIED: u32 = 0xf0_0005;
-const FW_NOT_BOUND: u32 = 0xf0_000a;
-const FW_ROUTE_FULL: u32 = 0xf0_000b;
-const FW_ROUTE_CONFLICT: u32 = 0xf0_000c;
-const FW_NO_ROUTE: u32 = 0xf0_000d;
-const FW_NOT_HOLDER: u32 = 0xf0_000e;
-const FW_NO_GRANT: u32 = 0xf0_000f;
-const FW_NOT_GRANTED: u32 = 0xf0_0010;
-const FW_GRANT_FULL: u32 = 0xf0_0011;
 
 /// Descriptors in the ring.
 const RING_ENTRIES: usize = 256;
@@ -105,21 +81,6 @@ const _: () = assert!(size_of::<Desc>() == 64);
 unsafe impl FromBytes for Desc {}
 // SAFETY: As above.
 unsafe impl AsBytes for Desc {}
-
-fn fw_errno(ret: u32) -> Error {
-    match ret {
-        FW_PARAM_INVALID => EINVAL,
-        FW_PDFID_UNKNOWN | FW_NO_ROUTE | FW_NO_GRANT => ENOENT,
-        // Not this host's function to share, or not shared with this host.
-        FW_NOT_HOLDER | FW_NOT_GRANTED => EACCES,
-        FW_NOT_BOUND => ENOLINK,
-        FW_RANGE => ERANGE,
-        FW_ROUTE_CONFLICT => EEXIST,
-        FW_ROUTE_FULL | FW_GRANT_FULL => ENOSPC,
-        FW_DENIED => EACCES,
-        _ => EIO,
-    }
-}
 
 /// The engine side of one endpoint; only touched with [`P2p::engine`] held.
 struct Engine {
@@ -225,6 +186,12 @@ impl P2p {
 
 /// Sets the DMA mask, allocates the ring and starts the engine, if the firmware has one.
 pub(crate) fn init(mep: &Mep, dev: &Device<Bound>, vector: usize) -> Result {
+    // The engine's registers are pcifab's extension: on firmware without it that space is
+    // not the driver's to touch.
+    if !mep.features().has(ext::DMA_ENGINE) {
+        dev_info!(mep.pdev, "firmware has no P2P DMA engine extension\n");
+        return Ok(());
+    }
     let caps = mep.with_bar(|bar| bar.read(regs::P2P_CAPS))?;
     if !caps.engine() || u8::from(caps.version()) != 1 {
         dev_info!(mep.pdev, "firmware has no P2P DMA engine\n");
@@ -274,72 +241,27 @@ pub(crate) fn shut_down(mep: &Mep) {
     }
 }
 
-/// The input of a `P2P_ROUTE` sub-command: the header (version 1, size 32), `sub` and `pdfid`.
-fn p2p_input(sub: u8, pdfid: u16) -> [u8; 32] {
-    let mut input = [0u8; 32];
-    input[0..2].copy_from_slice(&1u16.to_le_bytes());
-    input[2..4].copy_from_slice(&32u16.to_le_bytes());
-    input[4] = sub;
-    input[6..8].copy_from_slice(&pdfid.to_le_bytes());
-    input
-}
-
-/// Runs `P2P_ROUTE` with `input`; a firmware refusal is a [`Failure`] with its return code.
-fn p2p_cmd(mep: &Mep, input: &[u8; 32], out: &mut [u8]) -> Result<(), Failure> {
-    let reply = mep.mrpc.run(mep, CMD_P2P_ROUTE, input, out, 0)?;
-    if reply.status != mrpc::STATUS_DONE {
-        return Err(Failure {
-            err: fw_errno(reply.ret),
-            fw_ret: reply.ret,
-        });
-    }
-    Ok(())
-}
-
-/// Runs `P2P_ROUTE` with `r`'s fields after the header.
-fn route_cmd(mep: &Mep, sub: u8, r: &uapi::Route, out: &mut [u8]) -> Result<(), Failure> {
-    let mut input = p2p_input(sub, r.pdfid);
-    input[8..16].copy_from_slice(&r.window_off.to_le_bytes());
-    input[16..24].copy_from_slice(&r.size.to_le_bytes());
-    input[24..32].copy_from_slice(&r.target_off.to_le_bytes());
-    p2p_cmd(mep, &input, out)
-}
-
 /// Lets host `grantee` route to `pdfid` (`grant`) or takes that back with every route it
 /// allowed (`!grant`). Returns the number of grants on `pdfid` now.
 pub(crate) fn grant(mep: &Mep, pdfid: u16, grantee: u8, grant: bool) -> Result<u32, Failure> {
-    let mut input = p2p_input(if grant { SUB_GRANT } else { SUB_REVOKE }, pdfid);
-    input[8] = grantee;
-    let mut out = [0u8; 8];
+    mep.features().require(ext::P2P_ROUTES)?;
     if !grant {
         mep.p2p.routes_changed();
     }
-    p2p_cmd(mep, &input, &mut out)?;
-    Ok(u32::from(fabric::le16(&out, 4)?))
+    fw::p2p::grant(mep, pdfid, grantee, grant)
 }
 
 /// The grants this host may see, ascending PDFID.
 pub(crate) fn grants(mep: &Mep) -> Result<KVec<uapi::Grant>> {
-    let mut out = [0u8; mrpc::PAYLOAD];
-    p2p_cmd(mep, &p2p_input(SUB_GRANT_LIST, 0), &mut out).map_err(|f| f.err)?;
-    let count = usize::from(fabric::le16(&out, 4)?);
-    let entry = usize::from(fabric::le16(&out, 6)?);
-    if entry < GRANT_ENTRY {
-        return Err(EIO);
-    }
-    let mut v = KVec::with_capacity(count.min(MAX_GRANTS), GFP_KERNEL)?;
-    for i in 0..count {
-        // A count the reply cannot hold is a firmware bug: `EIO`, never a read past it.
-        let at = i
-            .checked_mul(entry)
-            .and_then(|a| a.checked_add(8))
-            .ok_or(EIO)?;
-        let e = out.get(at..at.saturating_add(GRANT_ENTRY)).ok_or(EIO)?;
+    mep.features().require(ext::P2P_ROUTES)?;
+    let list = fw::p2p::grants(mep)?;
+    let mut v = KVec::with_capacity(list.len(), GFP_KERNEL)?;
+    for g in &list {
         v.push(
             uapi::Grant {
-                pdfid: fabric::le16(e, 0)?,
-                holder: fabric::byte(e, 2)?,
-                grantee: fabric::byte(e, 3)?,
+                pdfid: g.pdfid,
+                holder: g.holder,
+                grantee: g.grantee,
                 reserved: 0,
             },
             GFP_KERNEL,
@@ -350,27 +272,18 @@ pub(crate) fn grants(mep: &Mep) -> Result<KVec<uapi::Grant>> {
 
 /// The routes of this host, ascending window offset.
 pub(crate) fn routes(mep: &Mep) -> Result<KVec<uapi::Route>> {
-    let mut out = [0u8; 8 + ROUTE_ENTRY * MAX_ROUTES];
-    route_cmd(mep, SUB_LIST, &uapi::Route::default(), &mut out).map_err(|f| f.err)?;
-    let count = usize::from(fabric::le16(&out, 4)?);
-    let entry = usize::from(fabric::le16(&out, 6)?);
-    if count > MAX_ROUTES || entry < ROUTE_ENTRY {
-        return Err(EIO);
-    }
+    mep.features().require(ext::P2P_ROUTES)?;
+    let list = fw::p2p::routes(mep)?;
+    let count = list.len();
     let window = mep.p2p.window_size();
     let mut v = KVec::with_capacity(count, GFP_KERNEL)?;
-    for i in 0..count {
-        let at = i
-            .checked_mul(entry)
-            .and_then(|a| a.checked_add(8))
-            .ok_or(EIO)?;
-        let e = out.get(at..at.saturating_add(ROUTE_ENTRY)).ok_or(EIO)?;
+    for e in &list {
         let r = uapi::Route {
-            window_off: fabric::le64(e, 0)?,
-            size: fabric::le64(e, 8)?,
-            target_off: fabric::le64(e, 16)?,
-            pdfid: fabric::le16(e, 24)?,
-            target_host: fabric::byte(e, 26)?,
+            window_off: e.window_off,
+            size: e.size,
+            target_off: e.target_off,
+            pdfid: e.pdfid,
+            target_host: e.target_host,
             ..uapi::Route::default()
         };
         // A route must lie inside the window and its target range must not wrap; anything
@@ -419,6 +332,7 @@ fn cached_routes(mep: &Mep, refresh: bool) -> Result<KVec<uapi::Route>> {
 ///
 /// Returns the route as added and the number of routes now.
 pub(crate) fn route_add(mep: &Mep, mut r: uapi::Route) -> Result<(uapi::Route, u32), Failure> {
+    mep.features().require(ext::P2P_ROUTES)?;
     let _guard = mep.p2p.routes.lock();
     if r.window_off == uapi::ROUTE_ANY_WINDOW {
         let window = mep.p2p.window_size();
@@ -437,10 +351,17 @@ pub(crate) fn route_add(mep: &Mep, mut r: uapi::Route) -> Result<(uapi::Route, u
         }
         r.window_off = at;
     }
-    let mut out = [0u8; 8];
     mep.p2p.routes_changed();
-    route_cmd(mep, SUB_ADD, &r, &mut out)?;
-    let count = u32::from(fabric::le16(&out, 4)?);
+    let count = fw::p2p::add(
+        mep,
+        &fw::p2p::Route {
+            window_off: r.window_off,
+            size: r.size,
+            target_off: r.target_off,
+            pdfid: r.pdfid,
+            target_host: 0,
+        },
+    )?;
     // The firmware says which host the target is bound to in its list.
     if let Some(e) = routes(mep)?.iter().find(|e| e.window_off == r.window_off) {
         r.target_host = e.target_host;
@@ -450,15 +371,10 @@ pub(crate) fn route_add(mep: &Mep, mut r: uapi::Route) -> Result<(uapi::Route, u
 
 /// Removes the route that starts at `window_off`; returns the number of routes left.
 pub(crate) fn route_del(mep: &Mep, window_off: u64) -> Result<u32, Failure> {
+    mep.features().require(ext::P2P_ROUTES)?;
     let _guard = mep.p2p.routes.lock();
-    let r = uapi::Route {
-        window_off,
-        ..uapi::Route::default()
-    };
-    let mut out = [0u8; 8];
     mep.p2p.routes_changed();
-    route_cmd(mep, SUB_DEL, &r, &mut out)?;
-    Ok(u32::from(fabric::le16(&out, 4)?))
+    fw::p2p::del(mep, window_off)
 }
 
 /// Window offset of `len` bytes at `off` in function `pdfid`'s memory, if one route covers
@@ -497,6 +413,7 @@ pub(crate) fn copy(
     len: u64,
     timeout_ms: u32,
 ) -> Result<Copied> {
+    mep.features().require(ext::DMA_ENGINE)?;
     if len == 0 || len > uapi::P2P_MAX_LEN || src.reserved0 != 0 || dst.reserved0 != 0 {
         return Err(EINVAL);
     }

@@ -15,7 +15,11 @@ use kernel::{
     irq,
     pci,
     prelude::*,
-    sync::{aref::ARef, Arc},
+    sync::{
+        aref::ARef,
+        atomic::{ordering::Relaxed, Atomic},
+        Arc,
+    },
     workqueue::{new_work, Work}, //
 };
 
@@ -24,6 +28,7 @@ mod compose;
 mod event;
 mod fabric;
 mod fnsysfs;
+mod fw;
 mod hotplug;
 mod kext;
 mod mrpc;
@@ -63,6 +68,10 @@ pub(crate) struct Mep {
     pci_device: u16,
     /// This host's partition, checked against [`regs::MAX_PARTITIONS`] at probe.
     partition: usize,
+    /// The firmware's extensions ([`fw::ext::Features`]), found at probe.
+    features: Atomic<u32>,
+    /// The switch's index in the fabric (`GET_PAX_ID`), found at probe.
+    pax_id: Atomic<u32>,
     #[pin]
     pub(crate) mrpc: mrpc::Mrpc,
     #[pin]
@@ -122,6 +131,14 @@ impl Mep {
     }
 
     /// PCI vendor and device id of the management endpoint.
+    pub(crate) fn features(&self) -> fw::ext::Features {
+        fw::ext::Features::from_bits(self.features.load(Relaxed))
+    }
+
+    pub(crate) fn pax_id(&self) -> u8 {
+        u8::try_from(self.pax_id.load(Relaxed)).unwrap_or(0)
+    }
+
     pub(crate) fn pci_ids(&self) -> (u16, u16) {
         (self.pci_vendor, self.pci_device)
     }
@@ -256,6 +273,8 @@ impl pci::Driver for PcifabDriver {
                     pci_vendor,
                     pci_device,
                     partition,
+                    features: Atomic::new(0),
+                    pax_id: Atomic::new(0),
                     mrpc <- mrpc::Mrpc::new(),
                     events <- event::Events::new(),
                     fabric <- fabric::Fabric::new(),
@@ -311,6 +330,16 @@ impl pci::Driver for PcifabDriver {
                 pdev.dma_set_mask_and_coherent(DmaMask::new::<64>())?;
                 pdev.dma_set_max_seg_size(u32::MAX);
             }
+            mep.pax_id
+                .store(fw::query(&mep, &fw::sys::GetPaxId::new())?.id.into(), Relaxed);
+            let features = fw::ext::Features::discover(&mep)?;
+            mep.features.store(features.bits(), Relaxed);
+            dev_info!(
+                pdev,
+                "PAX id {}, firmware extensions {:#x}\n",
+                mep.pax_id(),
+                features.bits()
+            );
             p2p::init(&mep, pdev.as_ref(), vector)?;
             let acs = hotplug::AcsRestore::apply(pdev);
             let handler = event::Handler { mep: mep.clone() };

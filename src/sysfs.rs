@@ -245,6 +245,18 @@ attrs! {
     c"product_revision" => |m, o| o.emit_str(&m.identity()?.product_revision),
     c"partition" => |m, o| o.emit(format_args!("{}\n", m.identity()?.partition)),
     c"partition_count" => |m, o| o.emit(format_args!("{}\n", m.identity()?.partition_count)),
+    // The firmware's extensions, by name, or "none" on PAX firmware.
+    c"features" => |m, o| {
+        let f = m.features();
+        let mut first = true;
+        for (bit, name) in crate::fw::ext::NAMES {
+            if f.has(bit) {
+                o.emit(format_args!("{}{}", if first { "" } else { " " }, name))?;
+                first = false;
+            }
+        }
+        o.emit(format_args!("{}\n", if first { "none" } else { "" }))
+    },
     // Die temperature in millidegrees Celsius, as hwmon reports temperatures.
     c"temperature" => |m, o| {
         o.emit(format_args!("{}\n", u64::from(m.telemetry.die_temperature(m)?) * 10))

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0-only
 
-//! Telemetry the firmware reports: the switch's die temperature (`DIETEMP`, 0x04) and each
-//! function's temperature, power, utilisation and health (`FUNCTION_TELEMETRY`, 0xF002).
+//! Telemetry the firmware reports: the switch's die temperature (PAX's `DIETEMP`, 0x04) and,
+//! where the firmware has pcifab's extension ([`fw::ext::TELEMETRY`]), each function's
+//! temperature, power, utilisation and health (`FUNCTION_TELEMETRY`, 0xF002). Without the
+//! extension a function's telemetry is `EOPNOTSUPP`.
 //!
 //! sysfs files anyone may read show them. Each answer is kept for [`MAX_AGE`], so a reader in
 //! a loop costs the mailbox at most one command per second and value, however many readers
@@ -14,10 +16,8 @@ use kernel::{
     time::{Delta, Instant, Monotonic},
 };
 
-use crate::{fabric, Mep};
+use crate::{fabric, fw, Mep};
 
-/// `FUNCTION_TELEMETRY`.
-const EXT_FUNCTION_TELEMETRY: u32 = 0xf002;
 /// How long an answer is served from the cache.
 const MAX_AGE: Delta = Delta::from_millis(1_000);
 /// Functions whose last answer is kept; beyond it the oldest entry is replaced.
@@ -77,6 +77,7 @@ impl Cache {
 
     /// Function `pdfid`'s telemetry, at most [`MAX_AGE`] old.
     pub(crate) fn function(&self, mep: &Mep, pdfid: u16) -> Result<Function> {
+        mep.features().require(fw::ext::TELEMETRY)?;
         let mut st = self.state.lock();
         let slot = st.functions.iter().position(|e| e.pdfid == pdfid);
         if let Some(e) = slot.and_then(|i| st.functions.get(i)) {
@@ -107,16 +108,11 @@ impl Cache {
 }
 
 fn read_function(mep: &Mep, pdfid: u16) -> Result<Function> {
-    let mut input = [0u8; 8];
-    input[0..2].copy_from_slice(&1u16.to_le_bytes());
-    input[2..4].copy_from_slice(&8u16.to_le_bytes());
-    input[4..6].copy_from_slice(&pdfid.to_le_bytes());
-    let mut out = [0u8; 24];
-    fabric::call(mep, EXT_FUNCTION_TELEMETRY, &input, &mut out)?;
+    let t = fw::query(mep, &fw::ext::TelemetryReq::new(pdfid))?;
     Ok(Function {
-        temp_centi: i32::from_le_bytes(fabric::le32(&out, 8)?.to_le_bytes()),
-        power_mw: fabric::le32(&out, 12)?,
-        utilisation: fabric::byte(&out, 16)?,
-        health: fabric::le32(&out, 20)?,
+        temp_centi: t.temp_centi,
+        power_mw: t.power_mw,
+        utilisation: t.utilisation,
+        health: t.health,
     })
 }

@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! The firmware's management protocol (MRPC) as types.
+//!
+//! Every command the driver sends is a [`Command`]: a `#[repr(C)]` request that knows its
+//! opcode and the type of its reply. Requests and replies are declared with [`payload!`],
+//! which checks at compile time that a payload has the size the public record gives it
+//! (switchtec-user's `inc/switchtec/*.h` and `lib/*.c`, Gen4) and no padding, and makes it
+//! [`FromBytes`] and [`AsBytes`]. Replies are copied out of the mailbox with
+//! [`FromBytes::from_bytes_copy_prefix`], so no reply is ever read past its end; the files of
+//! this folder are the only ones that know a payload's layout.
+//!
+//! - [`sys`] - ECHO, DIETEMP, GET_PAX_ID.
+//! - [`topo`] - TOPO_INFO_DUMP (the physical ports).
+//! - [`gfms`] - GFMS_DB_DUMP (the fabric database: hosts, endpoints, functions).
+//! - [`bind`] - GFMS_BIND_UNBIND.
+//! - [`event`] - GFMS_EVENT.
+//! - [`ext`] - pcifab's extensions, present only when [`ext::Features`] says so.
+
+use kernel::{
+    prelude::*,
+    transmute::{AsBytes, FromBytes},
+};
+
+use crate::{mrpc, Mep};
+
+pub(crate) mod bind;
+pub(crate) mod event;
+pub(crate) mod ext;
+pub(crate) mod gfms;
+pub(crate) mod p2p;
+pub(crate) mod sys;
+pub(crate) mod topo;
+
+#[cfg(target_endian = "big")]
+compile_error!("firmware payloads are little-endian and read natively");
+
+/// Return codes every PAX command may give (switchtec-user `inc/switchtec/errors.h`).
+pub(crate) const ERR_SUBCMD_INVALID: u32 = 0x64004;
+pub(crate) const ERR_CMD_INVALID: u32 = 0x64005;
+pub(crate) const ERR_PARAM_INVALID: u32 = 0x64006;
+pub(crate) const ERR_MRPC_DENIED: u32 = 0x64010;
+
+/// A value every bit of which is zero; what a request starts from.
+pub(crate) trait Zeroed: Sized {
+    const ZEROED: Self;
+}
+
+macro_rules! impl_zeroed {
+    ($($t:ty),*) => { $(impl Zeroed for $t { const ZEROED: Self = 0; })* };
+}
+impl_zeroed!(u8, u16, u32, u64, i32);
+
+impl<T: Zeroed + Copy, const N: usize> Zeroed for [T; N] {
+    const ZEROED: Self = [T::ZEROED; N];
+}
+
+/// Compiles only for types every byte pattern of which is valid and which have no padding.
+pub(crate) const fn assert_payload<T: FromBytes + AsBytes>() {}
+
+/// Declares firmware payloads.
+///
+/// `struct Name[SIZE] { field: type, ... }` becomes a `#[repr(C)]` struct whose fields are
+/// integers, integer arrays or other payloads, checked at compile time to be exactly `SIZE`
+/// bytes, the sum of its fields (so it has no padding).
+macro_rules! payload {
+    ($(
+        $(#[$m:meta])*
+        $v:vis struct $name:ident[$size:expr] {
+            $( $(#[$fm:meta])* $fv:vis $f:ident : $t:ty ),* $(,)?
+        }
+    )*) => {$(
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        $v struct $name { $( $(#[$fm])* $fv $f: $t ),* }
+
+        const _: () = {
+            $( $crate::fw::assert_payload::<$t>(); )*
+            assert!(::core::mem::size_of::<$name>() == $size);
+            assert!(::core::mem::size_of::<$name>() == 0 $( + ::core::mem::size_of::<$t>() )*);
+        };
+
+        // SAFETY: `$name` is `#[repr(C)]`, every field is `FromBytes` (checked above), and
+        // its size is the sum of its fields' sizes (checked above), so any byte pattern of
+        // that size is a valid value.
+        unsafe impl ::kernel::transmute::FromBytes for $name {}
+        // SAFETY: Every field is `AsBytes` and, with no room for padding (checked above), every
+        // byte of a value is initialised.
+        unsafe impl ::kernel::transmute::AsBytes for $name {}
+
+        impl $crate::fw::Zeroed for $name {
+            const ZEROED: Self = Self { $( $f: <$t as $crate::fw::Zeroed>::ZEROED ),* };
+        }
+    )*};
+}
+pub(crate) use payload;
+
+/// A failed firmware operation: the errno for the caller and, when the firmware refused, its
+/// return code.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Failure {
+    pub(crate) err: Error,
+    pub(crate) fw_ret: u32,
+}
+
+impl From<Error> for Failure {
+    fn from(err: Error) -> Self {
+        Self { err, fw_ret: 0 }
+    }
+}
+
+impl From<Failure> for Error {
+    fn from(f: Failure) -> Self {
+        f.err
+    }
+}
+
+/// A command: its request is `Self`, its fixed-size reply `Reply`.
+pub(crate) trait Command: AsBytes {
+    const OPCODE: u32;
+    type Reply: FromBytes + Zeroed;
+
+    /// The errno for a firmware refusal of this command.
+    fn errno(_ret: u32) -> Error {
+        EIO
+    }
+}
+
+/// Runs `cmd` and copies at most `out.len()` bytes of the reply into `out`.
+///
+/// A firmware refusal is a [`Failure`] with the firmware's code and `C::errno` of it.
+pub(crate) fn call_raw<C: Command>(
+    mep: &Mep,
+    cmd: &C,
+    out: &mut [u8],
+    timeout_ms: u32,
+) -> Result<(), Failure> {
+    let reply = mep
+        .mrpc
+        .run(mep, C::OPCODE, cmd.as_bytes(), out, timeout_ms)?;
+    if reply.status != mrpc::STATUS_DONE {
+        return Err(Failure {
+            err: C::errno(reply.ret),
+            fw_ret: reply.ret,
+        });
+    }
+    Ok(())
+}
+
+/// Runs `cmd` and returns its reply.
+pub(crate) fn call<C: Command>(mep: &Mep, cmd: &C) -> Result<C::Reply, Failure> {
+    call_timeout(mep, cmd, 0)
+}
+
+/// Runs `cmd` with a timeout (0: the default) and returns its reply.
+pub(crate) fn call_timeout<C: Command>(
+    mep: &Mep,
+    cmd: &C,
+    timeout_ms: u32,
+) -> Result<C::Reply, Failure> {
+    let mut out = [0u8; mrpc::PAYLOAD];
+    let size = core::mem::size_of::<C::Reply>();
+    let buf = out.get_mut(..size).ok_or(EINVAL)?;
+    call_raw(mep, cmd, buf, timeout_ms)?;
+    let (reply, _) = C::Reply::from_bytes_copy_prefix(buf).ok_or(EIO)?;
+    Ok(reply)
+}
+
+/// Runs a command the driver needs for its own view; a refusal is logged and is `EIO`.
+pub(crate) fn query<C: Command>(mep: &Mep, cmd: &C) -> Result<C::Reply> {
+    call(mep, cmd).map_err(|f| refused(mep, C::OPCODE, f))
+}
+
+/// Logs a refusal of a command the driver sent on its own and returns `EIO` (or the error
+/// that was not the firmware's).
+pub(crate) fn refused(mep: &Mep, opcode: u32, f: Failure) -> Error {
+    if f.fw_ret == 0 {
+        return f.err;
+    }
+    dev_warn!(
+        mep.pdev,
+        "firmware refused command {:#x}: return {:#x}\n",
+        opcode,
+        f.fw_ret
+    );
+    EIO
+}
+
+/// Reads a `T` at `at` of `bytes`, or `EIO` if it does not fit.
+pub(crate) fn read_at<T: FromBytes>(bytes: &[u8], at: usize) -> Result<T> {
+    let tail = bytes.get(at..).ok_or(EIO)?;
+    T::from_bytes_copy_prefix(tail).map(|(t, _)| t).ok_or(EIO)
+}
