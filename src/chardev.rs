@@ -282,6 +282,8 @@ impl OpenFile {
         out.vendor_id = id.vendor_id;
         out.product_id = id.product_id;
         out.product_revision = id.product_revision;
+        out.features = self.mep.features().bits();
+        out.pax_id = self.mep.pax_id().into();
         write_arg(arg, &out, len)
     }
 
@@ -411,7 +413,17 @@ impl OpenFile {
         allowed_config()?;
         let port = (b.port != uapi::ANY_PORT).then_some(b.port);
         let wait = b.flags & uapi::BIND_NO_WAIT == 0;
-        match self.mep.bind(b.pdfid, b.host, port, timeout, wait) {
+        // Several functions at once: @pdfids, the first of which is @pdfid.
+        let n = usize::try_from(b.nr_pdfids).map_err(|_| EINVAL)?;
+        let pdfids = match n {
+            0 => core::slice::from_ref(&b.pdfid),
+            n if n <= uapi::BIND_MAX_PDFIDS && b.pdfids[0] == b.pdfid => &b.pdfids[..n],
+            _ => return Err(EINVAL),
+        };
+        let mut list = [0u16; uapi::BIND_MAX_PDFIDS];
+        list[..pdfids.len()].copy_from_slice(pdfids);
+        let pdfids = &list[..pdfids.len()];
+        match self.mep.bind(pdfids, b.host, port, timeout, wait) {
             Ok(bound) => {
                 b.port = bound.port;
                 b.fw_ret = 0;

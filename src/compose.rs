@@ -27,8 +27,8 @@ use crate::{
     fw::{
         self,
         bind::{
-            EXT_HOTPLUG_FAILED, EXT_UNBIND_TIMEOUT, ERR_BIND_IN_PROGRESS, ERR_LOGC_PORT_ARDY_BIND,
-            ERR_LOGC_PORT_NOT_BIND_PHYC_PORT,
+            ERR_BIND_IN_PROGRESS, ERR_LOGC_PORT_ARDY_BIND, ERR_LOGC_PORT_NOT_BIND_PHYC_PORT,
+            EXT_HOTPLUG_FAILED, EXT_UNBIND_TIMEOUT,
         },
         event, ext,
     },
@@ -333,8 +333,8 @@ fn bind_unbind<C: fw::Command>(mep: &Mep, cmd: &C, timeout_ms: u32) -> Result<()
     fw::call_timeout(mep, cmd, timeout_ms).map(|_| ())
 }
 
-fn bind_cmd(mep: &Mep, usp_port: u8, port: u8, pdfid: u16) -> Result<fw::bind::Bind, Failure> {
-    Ok(fw::bind::Bind::new(mep.pax_id(), usp_port, port, &[pdfid])?)
+fn bind_cmd(mep: &Mep, usp_port: u8, port: u8, pdfids: &[u16]) -> Result<fw::bind::Bind, Failure> {
+    Ok(fw::bind::Bind::new(mep.pax_id(), usp_port, port, pdfids)?)
 }
 
 fn unbind_cmd(mep: &Mep, usp_port: u8, port: u8, pdfid: u16) -> fw::bind::Unbind {
@@ -363,14 +363,15 @@ impl Mep {
             .ok_or(ENOENT)
     }
 
-    /// Binds `pdfid` to logical port `port` (or the first free one) of `host`.
+    /// Binds `pdfids` (1 to [`fw::bind::MAX_FUNCS`], the first one function 0) together to
+    /// logical port `port` (or the first free one) of `host`: all of them or none.
     ///
-    /// When `host` is this host, returns once this host has enumerated the function; if it
-    /// does not appear in time the binding is undone and the caller gets `ETIMEDOUT`. If the
-    /// endpoint goes away meanwhile, the wait ends at once with `ENODEV`.
+    /// When `host` is this host, returns once this host has enumerated every function; if
+    /// they do not all appear in time the binding is undone and the caller gets `ETIMEDOUT`.
+    /// If the endpoint goes away meanwhile, the wait ends at once with `ENODEV`.
     pub(crate) fn bind(
         &self,
-        pdfid: u16,
+        pdfids: &[u16],
         host: u8,
         port: Option<u8>,
         timeout_ms: u32,
@@ -380,13 +381,40 @@ impl Mep {
         if port.is_some_and(|p| p >= LOG_PORTS) {
             return Err(EINVAL.into());
         }
-        let mut r = self.compose.reserve(pdfid)?;
-        self.bind_reserved(&mut r, host, port, &start, timeout_ms, wait_local)
+        let (&first, rest) = pdfids.split_first().ok_or(EINVAL)?;
+        if rest.len() >= fw::bind::MAX_FUNCS
+            || pdfids
+                .iter()
+                .enumerate()
+                .any(|(i, p)| pdfids[i + 1..].contains(p))
+        {
+            return Err(EINVAL.into());
+        }
+        // Reserved in ascending order, so two binds of overlapping lists never wait for each
+        // other in a circle.
+        let mut order = [0u16; fw::bind::MAX_FUNCS];
+        order[..pdfids.len()].copy_from_slice(pdfids);
+        let order = &mut order[..pdfids.len()];
+        order.sort_unstable();
+        let mut held = KVec::with_capacity(pdfids.len(), GFP_KERNEL)?;
+        let mut r = None;
+        for &p in order.iter() {
+            let res = self.compose.reserve(p)?;
+            if p == first {
+                r = Some(res);
+            } else {
+                held.push(res, GFP_KERNEL)?;
+            }
+        }
+        let mut r = r.ok_or(EINVAL)?;
+        self.bind_reserved(&mut r, rest, host, port, &start, timeout_ms, wait_local)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn bind_reserved(
         &self,
         r: &mut Reservation<'_>,
+        rest: &[u16],
         host: u8,
         port: Option<u8>,
         start: &Instant<Monotonic>,
@@ -394,6 +422,10 @@ impl Mep {
         wait_local: bool,
     ) -> Result<Bound, Failure> {
         let pdfid = r.pdfid;
+        let mut list = [0u16; fw::bind::MAX_FUNCS];
+        let count = rest.len().checked_add(1).ok_or(EINVAL)?;
+        list.get_mut(..count).ok_or(EINVAL)?[0] = pdfid;
+        list[1..count].copy_from_slice(rest);
         let local = usize::from(host) == self.partition;
         // With no port given, take the first free one; another host may take it between our
         // look and our bind, so look again then.
@@ -427,7 +459,7 @@ impl Mep {
             }
             match bind_unbind(
                 self,
-                &bind_cmd(self, h.usp_port, p, pdfid)?,
+                &bind_cmd(self, h.usp_port, p, &list[..count])?,
                 left(start, timeout_ms),
             ) {
                 Err(Failure {
@@ -443,7 +475,8 @@ impl Mep {
             return Ok(Bound { port, local: None });
         }
         loop {
-            if let Some(found) = hotplug::find(&self.pdev, port) {
+            let all = hotplug::functions_present(&self.pdev, port, count);
+            if let Some(found) = hotplug::find(&self.pdev, port).filter(|_| all) {
                 return Ok(Bound {
                     port,
                     local: Some(found),
@@ -584,7 +617,7 @@ impl Mep {
             }
         }
         let from = self.unbind_reserved(&mut r, &start, timeout_ms)?;
-        match self.bind_reserved(&mut r, host, port, &start, timeout_ms, true) {
+        match self.bind_reserved(&mut r, &[], host, port, &start, timeout_ms, true) {
             Ok(b) => Ok((b, from)),
             Err(f) => {
                 // Put it back (unless the endpoint is going away); the caller learns the move
@@ -594,6 +627,7 @@ impl Mep {
                 } else {
                     self.bind_reserved(
                         &mut r,
+                        &[],
                         from.0,
                         Some(from.1),
                         &Instant::<Monotonic>::now(),

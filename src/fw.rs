@@ -110,6 +110,12 @@ impl From<Error> for Failure {
     }
 }
 
+impl From<kernel::alloc::AllocError> for Failure {
+    fn from(_: kernel::alloc::AllocError) -> Self {
+        ENOMEM.into()
+    }
+}
+
 impl From<Failure> for Error {
     fn from(f: Failure) -> Self {
         f.err

@@ -54,6 +54,16 @@ fn function_at(mep: &pci::Device, port: u8) -> Option<ARef<pci::Device>> {
     pci_tree::child(&dsp, devfn(0, 0))
 }
 
+/// Whether functions 0 to `count - 1` behind logical port `port` are all enumerated here.
+pub(crate) fn functions_present(mep: &pci::Device, port: u8, count: usize) -> bool {
+    let Some(dsp) = downstream_port(mep, port) else {
+        return false;
+    };
+    (0..count).all(|f| {
+        u8::try_from(f).is_ok_and(|f| f < 8 && pci_tree::child(&dsp, devfn(0, f)).is_some())
+    })
+}
+
 /// Describes the function behind logical port `port`, if it is enumerated here.
 pub(crate) fn find(mep: &pci::Device, port: u8) -> Option<Found> {
     let f = function_at(mep, port)?;

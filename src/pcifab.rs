@@ -330,8 +330,10 @@ impl pci::Driver for PcifabDriver {
                 pdev.dma_set_mask_and_coherent(DmaMask::new::<64>())?;
                 pdev.dma_set_max_seg_size(u32::MAX);
             }
-            mep.pax_id
-                .store(fw::query(&mep, &fw::sys::GetPaxId::new())?.id.into(), Relaxed);
+            mep.pax_id.store(
+                fw::query(&mep, &fw::sys::GetPaxId::new())?.id.into(),
+                Relaxed,
+            );
             let features = fw::ext::Features::discover(&mep)?;
             mep.features.store(features.bits(), Relaxed);
             dev_info!(

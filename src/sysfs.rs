@@ -209,7 +209,7 @@ fn store_bind(m: &Mep, input: &[u8]) -> Result {
     } else {
         None
     };
-    m.bind(pdfid, host, port, compose::DEFAULT_TIMEOUT_MS, true)
+    m.bind(&[pdfid], host, port, compose::DEFAULT_TIMEOUT_MS, true)
         .map(|_| ())
         .map_err(|f| f.err)
 }

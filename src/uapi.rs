@@ -16,7 +16,7 @@ use kernel::{
 use crate::chardev::SizedArg;
 
 pub(crate) const VERSION_MAJOR: u32 = 1;
-pub(crate) const VERSION_MINOR: u32 = 5;
+pub(crate) const VERSION_MINOR: u32 = 6;
 
 const IOCTL_TYPE: u32 = 0xFA;
 pub(crate) const PCIFAB_IOCTL_VERSION: u32 = _IO(IOCTL_TYPE, 0x00);
@@ -97,7 +97,16 @@ pub(crate) struct Identity {
     pub(crate) product_id: [u8; 24],
     pub(crate) product_revision: [u8; 2],
     pub(crate) reserved0: u16,
+    pub(crate) features: u32,
+    pub(crate) pax_id: u32,
 }
+
+/// `struct pcifab_identity` up to `__reserved0` (uAPI 1.0).
+const IDENTITY_V1_SIZE: usize = 68;
+/// `struct pcifab_bind` up to `name` (uAPI 1.0).
+const BIND_V1_SIZE: usize = 40;
+/// `struct pcifab_bind.pdfids`: functions one bind names at most.
+pub(crate) const BIND_MAX_PDFIDS: usize = 8;
 
 /// `struct pcifab_mrpc`.
 #[repr(C)]
@@ -205,6 +214,8 @@ pub(crate) struct Bind {
     pub(crate) vendor: u16,
     pub(crate) device: u16,
     pub(crate) name: [u8; 16],
+    pub(crate) nr_pdfids: u32,
+    pub(crate) pdfids: [u16; BIND_MAX_PDFIDS],
 }
 
 /// `struct pcifab_unbind`.
@@ -361,7 +372,6 @@ const _: () = assert!(size_of::<P2pEnd>() == 16);
 const _: () = assert!(size_of::<P2pCopy>() == 64);
 const _: () = assert!(size_of::<P2pDistance>() == 32);
 const _: () = assert!(PCIFAB_IOCTL_P2P_DISTANCE == 0xfa0d);
-const _: () = assert!(size_of::<Bind>() == 40);
 const _: () = assert!(size_of::<Unbind>() == 24);
 const _: () = assert!(size_of::<Move>() == 44);
 const _: () = assert!(size_of::<Events>() == 56);
@@ -371,7 +381,8 @@ const _: () = assert!(size_of::<Inventory>() == 48);
 const _: () = assert!(size_of::<Version>() == 16);
 const _: () = assert!(size_of::<Mrpc>() == 48);
 const _: () = assert!(size_of::<Stats>() == 48);
-const _: () = assert!(size_of::<Identity>() == 68);
+const _: () = assert!(size_of::<Identity>() == 76);
+const _: () = assert!(size_of::<Bind>() == 60);
 const _: () = assert!(PCIFAB_IOCTL_VERSION == 0xfa00 && PCIFAB_IOCTL_IDENTITY == 0xfa01);
 
 /// Implements the byte-view traits and [`SizedArg`] for argument structs.
@@ -396,7 +407,6 @@ macro_rules! sized_args {
 
 sized_args!(
     Version,
-    Identity,
     Mrpc,
     Stats,
     Inventory,
@@ -410,8 +420,21 @@ sized_args!(
     P2pGrants,
 );
 
+impl SizedArg for Identity {
+    const MIN_SIZE: usize = IDENTITY_V1_SIZE;
+    const FLAGS: u32 = 0;
+    fn flags(&self) -> u32 {
+        self.flags
+    }
+}
+
+// SAFETY: `repr(C)`, integers and byte arrays only, no padding (size asserted above).
+unsafe impl FromBytes for Identity {}
+// SAFETY: As above.
+unsafe impl AsBytes for Identity {}
+
 impl SizedArg for Bind {
-    const MIN_SIZE: usize = size_of::<Self>();
+    const MIN_SIZE: usize = BIND_V1_SIZE;
     const FLAGS: u32 = BIND_NO_WAIT;
     fn flags(&self) -> u32 {
         self.flags

@@ -82,7 +82,9 @@ payload! {
 /// The errno for a refusal of a bind or unbind.
 fn errno(ret: u32) -> Error {
     match ret {
-        ERR_PHYC_PORT_ARDY_BIND | ERR_LOGC_PORT_ARDY_BIND | ERR_BIND_IN_PROGRESS
+        ERR_PHYC_PORT_ARDY_BIND
+        | ERR_LOGC_PORT_ARDY_BIND
+        | ERR_BIND_IN_PROGRESS
         | ERR_BIND_CHECK_FAIL => EBUSY,
         ERR_PHYC_PORT_NOT_EXIST | ERR_BIND_PRTT_NOT_EXIST | ERR_LOGC_PORT_NOT_BIND_PHYC_PORT => {
             ENOENT

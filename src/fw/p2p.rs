@@ -190,7 +190,8 @@ pub(crate) fn routes(mep: &Mep) -> Result<KVec<Route>> {
 /// The grants this host may see.
 pub(crate) fn grants(mep: &Mep) -> Result<KVec<Grant>> {
     let mut out = [0u8; mrpc::PAYLOAD];
-    let max = (mrpc::PAYLOAD - core::mem::size_of::<ReplyHdr>()) / core::mem::size_of::<GrantEntry>();
+    let max =
+        (mrpc::PAYLOAD - core::mem::size_of::<ReplyHdr>()) / core::mem::size_of::<GrantEntry>();
     let entries: KVec<GrantEntry> = list(mep, SUB_GRANT_LIST, &mut out, max)?;
     let mut v = KVec::with_capacity(entries.len(), GFP_KERNEL)?;
     for e in &entries {

@@ -17,7 +17,7 @@
 #include <linux/types.h>
 
 #define PCIFAB_UAPI_VERSION_MAJOR 1
-#define PCIFAB_UAPI_VERSION_MINOR 5
+#define PCIFAB_UAPI_VERSION_MINOR 6
 
 #define PCIFAB_IOCTL_TYPE 0xFA
 
@@ -50,6 +50,8 @@ struct pcifab_version {
  * @product_id: out: product id string, not NUL-terminated
  * @product_revision: out: product revision string, not NUL-terminated
  * @__reserved0: zero
+ * @features: out: the firmware's extensions, PCIFAB_FEATURE_* (since 1.6); 0 on PAX firmware
+ * @pax_id: out: the switch's index in the fabric, GET_PAX_ID (since 1.6)
  */
 struct pcifab_identity {
 	__u32 size;
@@ -65,7 +67,15 @@ struct pcifab_identity {
 	__u8 product_id[24];
 	__u8 product_revision[2];
 	__u16 __reserved0;
+	__u32 features;
+	__u32 pax_id;
 };
+
+/* struct pcifab_identity.features: pcifab's firmware extensions (Documentation/mrpc.rst). */
+#define PCIFAB_FEATURE_TELEMETRY	(1U << 0)	/* per-function telemetry */
+#define PCIFAB_FEATURE_P2P_ROUTES	(1U << 1)	/* P2P window routes and grants */
+#define PCIFAB_FEATURE_DMA_ENGINE	(1U << 2)	/* the P2P DMA engine (copies) */
+#define PCIFAB_FEATURE_UNBIND_REQUEST	(1U << 3)	/* unbind handshake event */
 
 /* Largest MRPC input or output. */
 #define PCIFAB_MRPC_MAX_DATA	1024
@@ -275,12 +285,17 @@ struct pcifab_inventory {
  * @vendor: out: PCI vendor id as this host enumerated it (binding to this host only)
  * @device: out: PCI device id, likewise
  * @name: out: PCI name on this host, e.g. "0000:03:00.0", NUL-terminated; empty otherwise
+ * @nr_pdfids: in: 0 to bind @pdfid alone, or 1 to PCIFAB_BIND_MAX_PDFIDS to bind @pdfids[0..n]
+ *	together to one logical port as one multi-function device (since 1.6)
+ * @pdfids: in: the functions, @pdfids[0] == @pdfid (function 0 on the host)
  *
  * Binding to this host returns once this host enumerated the function; if it does not
  * appear within @timeout_ms the binding is undone and the call fails with ETIMEDOUT.
  * Errors: EPERM (needs CAP_SYS_ADMIN), ENOENT (unknown function), EBUSY (function or port
  * taken, or a PF/VF conflict), EACCES (the fabric's policy refuses), ENOSPC (no free port or
  * host limit), EIO (hot-plug failed). On a firmware refusal @fw_ret is written back too.
+ * Several functions are bound all or none: a refusal or a function that does not appear
+ * leaves none of them bound. @vendor, @device and @name describe function 0.
  */
 struct pcifab_bind {
 	__u32 size;
@@ -293,7 +308,12 @@ struct pcifab_bind {
 	__u16 vendor;
 	__u16 device;
 	char name[16];
+	__u32 nr_pdfids;
+	__u16 pdfids[8];
 };
+
+/* struct pcifab_bind.pdfids: functions one bind names at most. */
+#define PCIFAB_BIND_MAX_PDFIDS	8
 
 /**
  * struct pcifab_unbind - PCIFAB_IOCTL_UNBIND argument: take a function away from its host

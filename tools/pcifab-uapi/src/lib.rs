@@ -10,7 +10,7 @@ pub mod dev;
 /// Major version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MAJOR`).
 pub const VERSION_MAJOR: u32 = 1;
 /// Minor version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MINOR`).
-pub const VERSION_MINOR: u32 = 5;
+pub const VERSION_MINOR: u32 = 6;
 
 /// ioctl type byte of pcifab (`PCIFAB_IOCTL_TYPE`).
 pub const IOCTL_TYPE: u32 = 0xFA;
@@ -155,7 +155,22 @@ pub struct Identity {
     pub product_id: [u8; 24],
     pub product_revision: [u8; 2],
     pub reserved0: u16,
+    /// Since 1.6: `FEATURE_*` bits.
+    pub features: u32,
+    /// Since 1.6: the switch's index in the fabric.
+    pub pax_id: u32,
 }
+
+/// `PCIFAB_FEATURE_TELEMETRY`: per-function telemetry.
+pub const FEATURE_TELEMETRY: u32 = 1 << 0;
+/// `PCIFAB_FEATURE_P2P_ROUTES`: P2P window routes and grants.
+pub const FEATURE_P2P_ROUTES: u32 = 1 << 1;
+/// `PCIFAB_FEATURE_DMA_ENGINE`: the P2P DMA engine.
+pub const FEATURE_DMA_ENGINE: u32 = 1 << 2;
+/// `PCIFAB_FEATURE_UNBIND_REQUEST`: the unbind handshake event.
+pub const FEATURE_UNBIND_REQUEST: u32 = 1 << 3;
+/// `PCIFAB_BIND_MAX_PDFIDS`.
+pub const BIND_MAX_PDFIDS: usize = 8;
 
 /// `struct pcifab_mrpc`.
 #[repr(C)]
@@ -263,6 +278,10 @@ pub struct Bind {
     pub vendor: u16,
     pub device: u16,
     pub name: [u8; 16],
+    /// Since 1.6: functions in `pdfids` (0: `pdfid` alone).
+    pub nr_pdfids: u32,
+    /// Since 1.6: the functions bound together, `pdfids[0] == pdfid`.
+    pub pdfids: [u16; BIND_MAX_PDFIDS],
 }
 
 /// `struct pcifab_unbind`.
@@ -449,7 +468,7 @@ mod tests {
 
     #[test]
     fn new_sets_size() {
-        assert_eq!(Identity::new().size, 68);
+        assert_eq!(Identity::new().size, 76);
         assert_eq!(Version::new().size, 16);
     }
 

@@ -65,6 +65,8 @@ fn c_layout() -> Vec<(String, u64)> {
         "product_id",
         "product_revision",
         "__reserved0",
+        "features",
+        "pax_id",
     ] {
         p(&format!("offsetof(struct pcifab_identity, {f})"));
     }
@@ -145,6 +147,11 @@ fn c_layout() -> Vec<(String, u64)> {
         "PCIFAB_FN_BOUND",
         "PCIFAB_FN_LINK_UP",
         "PCIFAB_UNBOUND",
+        "PCIFAB_FEATURE_TELEMETRY",
+        "PCIFAB_FEATURE_P2P_ROUTES",
+        "PCIFAB_FEATURE_DMA_ENGINE",
+        "PCIFAB_FEATURE_UNBIND_REQUEST",
+        "PCIFAB_BIND_MAX_PDFIDS",
         "PCIFAB_IOCTL_MRPC",
         "PCIFAB_IOCTL_STATS",
         "PCIFAB_MRPC_MAX_DATA",
@@ -236,6 +243,8 @@ const EXTRA_FIELDS: &[(&str, &[&str])] = &[
             "vendor",
             "device",
             "name",
+            "nr_pdfids",
+            "pdfids",
         ],
     ),
     (
@@ -440,6 +449,8 @@ fn extra_rust() -> Vec<(String, u64)> {
         offset_of!(Bind, vendor),
         offset_of!(Bind, device),
         offset_of!(Bind, name),
+        offset_of!(Bind, nr_pdfids),
+        offset_of!(Bind, pdfids),
     ];
     let u = [
         offset_of!(Unbind, size),
@@ -597,6 +608,11 @@ fn extra_rust() -> Vec<(String, u64)> {
         ("PCIFAB_FN_BOUND".into(), FN_BOUND as u64),
         ("PCIFAB_FN_LINK_UP".into(), FN_LINK_UP as u64),
         ("PCIFAB_UNBOUND".into(), UNBOUND as u64),
+        ("PCIFAB_FEATURE_TELEMETRY".into(), FEATURE_TELEMETRY as u64),
+        ("PCIFAB_FEATURE_P2P_ROUTES".into(), FEATURE_P2P_ROUTES as u64),
+        ("PCIFAB_FEATURE_DMA_ENGINE".into(), FEATURE_DMA_ENGINE as u64),
+        ("PCIFAB_FEATURE_UNBIND_REQUEST".into(), FEATURE_UNBIND_REQUEST as u64),
+        ("PCIFAB_BIND_MAX_PDFIDS".into(), BIND_MAX_PDFIDS as u64),
         (
             "sizeof(struct pcifab_bind)".into(),
             size_of::<Bind>() as u64,
@@ -794,6 +810,14 @@ fn rust_mirror_matches_c_header() {
         (
             "offsetof(struct pcifab_identity, __reserved0)",
             offset_of!(Identity, reserved0) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, features)",
+            offset_of!(Identity, features) as u64,
+        ),
+        (
+            "offsetof(struct pcifab_identity, pax_id)",
+            offset_of!(Identity, pax_id) as u64,
         ),
         (
             "offsetof(struct pcifab_mrpc, size)",
