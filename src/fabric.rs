@@ -6,7 +6,9 @@
 //! It is read with PAX commands only: the topology dump ([`fw::topo`]) for the ports and the
 //! fabric database ([`fw::gfms`], PAX_ALL) for the hosts and every endpoint's functions. The
 //! view is cached and read again when a fabric or link event arrived, when one is pending in
-//! the event registers, or when this host changed a binding. Every length the firmware
+//! the event registers, when this host changed a binding, or when it is older than
+//! [`MAX_AGE`] (a change the firmware signals to no host of ours, such as another host's
+//! link, is seen within that time). Every length the firmware
 //! reports is checked; a reply that does not add up is `EIO`, never an out-of-bounds access.
 
 use kernel::{
@@ -18,7 +20,12 @@ use kernel::{
     },
 };
 
+use kernel::time::{Delta, Instant, Monotonic};
+
 use crate::{fw, uapi, Mep};
+
+/// The oldest view served without reading the fabric again.
+const MAX_AGE: Delta = Delta::from_millis(1_000);
 
 /// One physical port.
 #[derive(Clone, Copy, Default)]
@@ -70,7 +77,8 @@ pub(crate) struct View {
     pub(crate) ports: KVec<Port>,
     pub(crate) hosts: KVec<Host>,
     pub(crate) functions: KVec<Function>,
-    valid: bool,
+    /// When the view was read; `None` until it first is.
+    read_at: Option<Instant<Monotonic>>,
 }
 
 /// The cached view and its refresh logic.
@@ -190,7 +198,7 @@ impl Fabric {
                 ports: KVec::new(),
                 hosts: KVec::new(),
                 functions: KVec::new(),
-                valid: false,
+                read_at: None,
             }),
             stale: Atomic::new(true),
             session <- new_mutex!(()),
@@ -215,13 +223,14 @@ impl Fabric {
         // An event the interrupt has not handled yet makes the view as stale as one it has.
         let pending = crate::event::pending(mep)?;
         let stale = self.stale.xchg(false, Relaxed);
-        if stale || pending || !view.valid {
-            view.valid = false;
+        let fresh = view.read_at.is_some_and(|t| t.elapsed() < MAX_AGE);
+        if stale || pending || !fresh {
+            view.read_at = None;
             if let Err(e) = read(mep, &mut view) {
                 self.invalidate();
                 return Err(e);
             }
-            view.valid = true;
+            view.read_at = Some(Instant::now());
         }
         Ok(f(&view))
     }

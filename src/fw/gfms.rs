@@ -33,6 +33,9 @@ const MAX_DUMP: usize = 256 * 1024;
 /// Logical port entries per logical port in an HVD record (functions of a multi-function
 /// binding).
 pub(crate) const FUNCS_PER_LOG_PORT: usize = 8;
+/// Function types (`sriov_cap_pf`, as switchtec-user's `cli/fabric.c` names them).
+const FUNC_SRIOV_VF: u8 = 0;
+const FUNC_SRIOV_PF: u8 = 3;
 /// Endpoint port record types.
 const PORT_TYPE_EP: u8 = 0;
 const PORT_TYPE_SWITCH: u8 = 1;
@@ -273,7 +276,7 @@ pub(crate) struct Function {
     pub(crate) phy_pid: u8,
     pub(crate) rec: EpFunction,
     /// The SR-IOV physical function of the endpoint this function belongs to, if it is one
-    /// of that PF's virtual functions, and its VF number (1-based, record order).
+    /// of that PF's virtual functions, and its VF number.
     pub(crate) pf: Option<(u16, u8)>,
     /// Virtual functions of this function, if it is an SR-IOV PF.
     pub(crate) total_vfs: u8,
@@ -344,29 +347,28 @@ fn parse_attached(rec: &[u8], phy_pid: u8, out: &mut KVec<Function>) -> Result<u
     let mut pf = None;
     for i in 0..count {
         let f: EpFunction = read_at(rec, base + fsize * i)?;
-        if f.sriov_cap_pf != 0 && pf.is_none() {
-            pf = Some((f.pdfid, f.vf_num));
-        }
+        // An SR-IOV PF states its VFs in `vf_num`; a VF its own number there.
+        let total_vfs = if f.sriov_cap_pf == FUNC_SRIOV_PF {
+            pf.get_or_insert(f.pdfid);
+            f.vf_num
+        } else {
+            0
+        };
         out.push(
             Function {
                 phy_pid,
                 rec: f,
                 pf: None,
-                total_vfs: 0,
+                total_vfs,
             },
             GFP_KERNEL,
         )?;
     }
-    // Every other function of an endpoint with an SR-IOV PF is one of its VFs.
-    if let Some((pf_pdfid, vfs)) = pf {
-        let mut vf = 0u8;
-        for f in out.iter_mut().skip(first) {
-            if f.rec.pdfid == pf_pdfid {
-                f.total_vfs = vfs;
-            } else {
-                vf = vf.checked_add(1).ok_or(EIO)?;
-                f.pf = Some((pf_pdfid, vf));
-            }
+    // The VFs of an endpoint belong to its SR-IOV PF.
+    for f in out.iter_mut().skip(first) {
+        if f.rec.sriov_cap_pf == FUNC_SRIOV_VF {
+            let pf = pf.ok_or(EIO)?;
+            f.pf = Some((pf, f.rec.vf_num));
         }
     }
     Ok(len)
