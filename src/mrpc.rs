@@ -17,9 +17,18 @@
 //! command: the next caller waits for it (within its own timeout, and failing at once with
 //! `EIO` while the firmware is not running) and never sees its output or its completion,
 //! since that caller may be less privileged than the one who gave up.
+//!
+//! DMA MRPC: Gen4 firmware that reports a non-zero `dma_ver` writes a command's status,
+//! return code and output into a host buffer ([`DmaOut`], `struct dma_mrpc_output` of
+//! Linux's `include/linux/switchtec.h`) and raises its own vector, as the C driver uses it.
+//! pcifab uses it when offered ([`Mrpc::dma_init`]); before every command it checks that the
+//! firmware still has it enabled, arms it again if a firmware reset cleared it while
+//! `dma_ver` still offers it, and falls back to the mailbox registers while it is withdrawn.
 
 use kernel::{
-    io::{register::Array, Io},
+    device::{Bound, Device},
+    dma::Coherent,
+    io::{io_read, io_write, register::Array, Io},
     new_condvar, new_mutex, new_spinlock_irq,
     prelude::*,
     sync::{
@@ -53,10 +62,23 @@ pub(crate) struct Reply {
     pub(crate) ret: u32,
 }
 
+crate::fw::payload! {
+    /// `struct dma_mrpc_output`: where DMA MRPC firmware writes a command's completion.
+    pub(crate) struct DmaOut[1040] {
+        status: u32,
+        cmd_id: u32,
+        rtn_code: u32,
+        output_size: u32,
+        data: [u32; 256],
+    }
+}
+
 /// Mailbox bookkeeping, owned by the caller whose command is in the mailbox.
 struct Mailbox {
     /// A previous command was abandoned and may still be running.
     stale: bool,
+    /// The DMA MRPC buffer, if the firmware offered DMA MRPC at probe.
+    dma: Option<Coherent<DmaOut>>,
 }
 
 /// Counters of the engine, for sysfs and the events ioctl.
@@ -66,6 +88,8 @@ pub(crate) struct Stats {
     pub(crate) completions: u64,
     pub(crate) timeouts: u64,
     pub(crate) firmware_dead: u64,
+    /// Commands that completed through DMA MRPC.
+    pub(crate) dma_commands: u64,
 }
 
 /// The MRPC engine of one management endpoint.
@@ -80,6 +104,9 @@ pub(crate) struct Mrpc {
     commands: Atomic<u64>,
     timeouts: Atomic<u64>,
     firmware_dead: Atomic<u64>,
+    dma_commands: Atomic<u64>,
+    /// The last command went through DMA MRPC.
+    dma_active: Atomic<bool>,
     /// Number of MRPC completions the interrupt handler has seen.
     #[pin]
     completions: SpinLockIrq<u64>,
@@ -92,10 +119,15 @@ impl Mrpc {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
             dead: Atomic::new(false),
-            mailbox <- new_mutex!(Mailbox { stale: false }),
+            mailbox <- new_mutex!(Mailbox {
+                stale: false,
+                dma: None
+            }),
             commands: Atomic::new(0),
             timeouts: Atomic::new(0),
             firmware_dead: Atomic::new(0),
+            dma_commands: Atomic::new(0),
+            dma_active: Atomic::new(false),
             completions <- new_spinlock_irq!(0),
             completed <- new_condvar!(),
         })
@@ -122,7 +154,92 @@ impl Mrpc {
             completions: *self.completions.lock(),
             timeouts: self.timeouts.load(Relaxed),
             firmware_dead: self.firmware_dead.load(Relaxed),
+            dma_commands: self.dma_commands.load(Relaxed),
         }
+    }
+
+    /// Whether the last command went through DMA MRPC.
+    pub(crate) fn dma_active(&self) -> bool {
+        self.dma_active.load(Relaxed)
+    }
+
+    /// Sets DMA MRPC up if the firmware offers it; returns the vector its completions raise.
+    ///
+    /// A vector beyond the `nvecs` the endpoint got leaves DMA MRPC off.
+    pub(crate) fn dma_init(
+        &self,
+        mep: &Mep,
+        dev: &Device<Bound>,
+        nvecs: usize,
+    ) -> Result<Option<usize>> {
+        let (ver, vector) = mep.with_bar(|bar| {
+            let ver: u32 = bar.read(regs::MRPC_DMA_VER).version().into();
+            let vector: u16 = bar.read(regs::MRPC_DMA_VECTOR).vector().into();
+            (ver, vector)
+        })?;
+        if ver == 0 {
+            return Ok(None);
+        }
+        if usize::from(vector) >= nvecs {
+            dev_warn!(
+                mep.pdev,
+                "DMA MRPC vector {} beyond the {} allocated: using the mailbox\n",
+                vector,
+                nvecs
+            );
+            return Ok(None);
+        }
+        let buf = Coherent::<DmaOut>::zeroed(dev, GFP_KERNEL)?;
+        let mut mb = self.mailbox.lock();
+        arm(mep, &buf)?;
+        mb.dma = Some(buf);
+        Ok(Some(usize::from(vector)))
+    }
+
+    /// Stops DMA MRPC; the buffer is freed with the endpoint. Called on unbind.
+    pub(crate) fn dma_shut_down(&self, mep: &Mep) {
+        let mb = self.mailbox.lock();
+        if mb.dma.is_some() {
+            let _ = mep.with_bar(|bar| {
+                bar.write_reg(regs::MRPC_DMA_EN::zeroed());
+                bar.write_reg(regs::MRPC_DMA_ADDR_LO::zeroed());
+                bar.write_reg(regs::MRPC_DMA_ADDR_HI::zeroed());
+            });
+        }
+        self.dma_active.store(false, Relaxed);
+    }
+
+    /// The DMA MRPC buffer to use for the next command, if DMA MRPC is on: arms it again when
+    /// a firmware reset turned it off but the firmware still offers it.
+    fn dma_path<'a>(&self, mep: &Mep, mb: &'a Mailbox) -> Result<Option<&'a Coherent<DmaOut>>> {
+        let Some(buf) = mb.dma.as_ref() else {
+            return Ok(None);
+        };
+        let (on, ver) = mep.with_bar(|bar| {
+            let on = bar.read(regs::MRPC_DMA_EN).enabled();
+            let ver: u32 = bar.read(regs::MRPC_DMA_VER).version().into();
+            (on, ver)
+        })?;
+        let usable = if on {
+            true
+        } else if ver != 0 {
+            arm(mep, buf)?;
+            true
+        } else {
+            false
+        };
+        if usable != self.dma_active.xchg(usable, Relaxed) {
+            dev_info!(
+                mep.pdev,
+                "DMA MRPC {}\n",
+                if usable {
+                    "on"
+                } else {
+                    "withdrawn by the firmware: using the mailbox"
+                }
+            );
+        }
+        Ok(usable.then_some(buf))
     }
 
     /// Runs one command: `input` into the mailbox, the firmware's output into `output`.
@@ -160,7 +277,8 @@ impl Mrpc {
                 self.firmware_dead.fetch_add(1, Relaxed);
                 return Err(EIO);
             }
-            match self.wait_done(mep, i64::from(timeout_ms)) {
+            let dma = self.dma_path(mep, &mb)?;
+            match self.wait_done(mep, i64::from(timeout_ms), dma) {
                 Ok(_) => mb.stale = false,
                 Err(e) => {
                     if e == ETIMEDOUT {
@@ -173,6 +291,12 @@ impl Mrpc {
             }
         }
 
+        let dma = self.dma_path(mep, &mb)?;
+        if let Some(buf) = dma {
+            io_write!(buf, .status, regs::MRPC_STATUS_INPROGRESS);
+            io_write!(buf, .rtn_code, 0u32);
+            io_write!(buf, .output_size, 0u32);
+        }
         mep.with_bar(|bar| -> Result {
             for (i, chunk) in input.chunks(4).enumerate() {
                 let mut word = [0u8; 4];
@@ -188,7 +312,7 @@ impl Mrpc {
         })??;
         self.commands.fetch_add(1, Relaxed);
 
-        let status = match self.wait_done(mep, i64::from(timeout_ms)) {
+        let status = match self.wait_done(mep, i64::from(timeout_ms), dma) {
             // The firmware dropped the command (e.g. it was reset), as the C driver reports it.
             Ok(regs::MRPC_STATUS_INTERRUPTED) => return Err(ENXIO),
             Ok(status) => status,
@@ -203,6 +327,17 @@ impl Mrpc {
             }
         };
 
+        if let Some(buf) = dma {
+            for (i, chunk) in output.chunks_mut(4).enumerate() {
+                let word: u32 = io_read!(buf, .data[try: i]);
+                chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
+            }
+            self.dma_commands.fetch_add(1, Relaxed);
+            return Ok(Reply {
+                status,
+                ret: io_read!(buf, .rtn_code),
+            });
+        }
         mep.with_bar(|bar| -> Result<Reply> {
             for (i, chunk) in output.chunks_mut(4).enumerate() {
                 let loc = regs::MRPC_OUTPUT::try_at(i).ok_or(EINVAL)?;
@@ -219,12 +354,22 @@ impl Mrpc {
     /// Waits until the mailbox status leaves "in progress"; returns the status.
     ///
     /// A signal ends the wait with `EINTR`.
-    fn wait_done(&self, mep: &Mep, timeout_ms: i64) -> Result<u32> {
+    ///
+    /// With DMA MRPC the status is the one the firmware wrote into the buffer, unless the
+    /// firmware withdrew DMA MRPC meanwhile (a reset): then it is the mailbox register's.
+    fn wait_done(&self, mep: &Mep, timeout_ms: i64, dma: Option<&Coherent<DmaOut>>) -> Result<u32> {
         let start = Instant::<Monotonic>::now();
         let mut next_watchdog = WATCHDOG_MS;
         loop {
             let seen = *self.completions.lock();
-            let status: u32 = mep.with_bar(|bar| bar.read(regs::MRPC_STATUS).value().into())?;
+            let (reg, on) = mep.with_bar(|bar| {
+                let status: u32 = bar.read(regs::MRPC_STATUS).value().into();
+                (status, bar.read(regs::MRPC_DMA_EN).enabled())
+            })?;
+            let status = match dma {
+                Some(buf) if on => io_read!(buf, .status),
+                _ => reg,
+            };
             if status != regs::MRPC_STATUS_INPROGRESS {
                 return Ok(status);
             }
@@ -255,5 +400,27 @@ impl Mrpc {
                 }
             }
         }
+    }
+}
+
+/// Points the firmware at `buf` and turns DMA MRPC on.
+fn arm(mep: &Mep, buf: &Coherent<DmaOut>) -> Result {
+    let addr = buf.dma_address();
+    mep.with_bar(|bar| {
+        bar.write_reg(regs::MRPC_DMA_ADDR_LO::zeroed().with_value(addr as u32));
+        bar.write_reg(regs::MRPC_DMA_ADDR_HI::zeroed().with_value((addr >> 32) as u32));
+        bar.write_reg(regs::MRPC_DMA_EN::zeroed().with_enabled(true));
+    })
+}
+
+/// The handler of DMA MRPC's own vector: a completion was written.
+pub(crate) struct DmaHandler {
+    pub(crate) mep: kernel::sync::Arc<Mep>,
+}
+
+impl kernel::irq::Handler for DmaHandler {
+    fn handle(&self) -> kernel::irq::IrqReturn {
+        self.mep.mrpc.complete();
+        kernel::irq::IrqReturn::Handled
     }
 }

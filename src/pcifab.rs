@@ -164,6 +164,8 @@ struct PcifabData<'bound> {
     chardev: chardev::Registration,
     #[pin]
     irq: irq::Registration<'bound, event::Handler>,
+    /// DMA MRPC's own vector, when the firmware offers DMA MRPC.
+    dma_irq: Option<Pin<KBox<irq::Registration<'bound, mrpc::DmaHandler>>>>,
     vectors: pci::IrqVectorRegistration<'bound>,
     /// Puts back the downstream ports' ACS control that probe changed (also when probe
     /// fails after changing it).
@@ -193,6 +195,7 @@ impl core::ops::Deref for MepGuard {
 impl Drop for MepGuard {
     fn drop(&mut self) {
         self.0.mrpc.kill();
+        self.0.mrpc.dma_shut_down(&self.0);
         p2p::shut_down(&self.0);
         let _ = event::enable(&self.0, false);
         self.0.events.shut_down();
@@ -342,6 +345,16 @@ impl pci::Driver for PcifabDriver {
                 mep.pax_id(),
                 features.bits()
             );
+            let dma_vector = mep.mrpc.dma_init(&mep, pdev.as_ref(), vectors.len())?;
+            dev_info!(
+                pdev,
+                "MRPC through {}\n",
+                if dma_vector.is_some() {
+                    "DMA"
+                } else {
+                    "the mailbox"
+                }
+            );
             p2p::init(&mep, pdev.as_ref(), vector)?;
             let acs = hotplug::AcsRestore::apply(pdev);
             let handler = event::Handler { mep: mep.clone() };
@@ -371,6 +384,30 @@ impl pci::Driver for PcifabDriver {
                         )
                     }
                 },
+                dma_irq: match dma_vector {
+                    Some(v) => {
+                        // As for `irq`: `vectors` is initialised before and dropped after.
+                        let vectors: &'bound pci::IrqVectorRegistration<'bound> =
+                            // SAFETY: As above.
+                            unsafe { &*core::ptr::addr_of!((*this.as_ptr()).vectors) };
+                        let request = vectors.index(v)?;
+                        let handler = mrpc::DmaHandler { mep: chardev_mep.clone() };
+                        Some(KBox::pin_init(
+                            // SAFETY: The registration is pinned in its box, which the driver
+                            // data owns and drops before `vectors`; it is never forgotten.
+                            unsafe {
+                                irq::Registration::new(
+                                    request.into(),
+                                    irq::Flags::SHARED,
+                                    c"pcifab-mrpc",
+                                    Ok::<_, Error>(handler),
+                                )
+                            },
+                            GFP_KERNEL,
+                        )?)
+                    }
+                    None => None,
+                },
                 chardev <- {
                     event::enable(&chardev_mep, true)?;
                     chardev::Registration::new(pdev.as_ref(), chardev_mep.clone())
@@ -396,6 +433,7 @@ impl PcifabDriver {
         // Fail the running and queued firmware commands, then end every composition wait
         // (`ENODEV`); nothing here waits for a running composition operation.
         data.mep.mrpc.kill();
+        data.mep.mrpc.dma_shut_down(&data.mep);
         data.mep.compose.shut_down();
         p2p::shut_down(&data.mep);
         let _ = event::enable(&data.mep, false);

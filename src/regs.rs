@@ -71,6 +71,31 @@ register! {
         31:0 value;
     }
 
+    /// DMA MRPC: write status and output to the host buffer at [`MRPC_DMA_ADDR_LO`].
+    pub(crate) MRPC_DMA_EN(u32) @ 0x80c {
+        0:0 enabled => bool;
+    }
+
+    /// DMA MRPC: bus address of the host buffer, low half.
+    pub(crate) MRPC_DMA_ADDR_LO(u32) @ 0x810 {
+        31:0 value;
+    }
+
+    /// DMA MRPC: bus address of the host buffer, high half.
+    pub(crate) MRPC_DMA_ADDR_HI(u32) @ 0x814 {
+        31:0 value;
+    }
+
+    /// DMA MRPC: the MSI-X vector the firmware raises when it wrote a completion.
+    pub(crate) MRPC_DMA_VECTOR(u32) @ 0x818 {
+        15:0 vector;
+    }
+
+    /// DMA MRPC: non-zero when the firmware offers it.
+    pub(crate) MRPC_DMA_VER(u32) @ 0x81c {
+        31:0 version;
+    }
+
     /// Fabric-manager (GFMS) event header (`sw_event.gfms_event_hdr`).
     pub(crate) SW_GFMS_EVENT_HDR(u32) @ 0x1968 {
         31:0 bits;

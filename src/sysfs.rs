@@ -290,9 +290,20 @@ attrs! {
     c"event_irqs" => |m, o| o.emit(format_args!("{}\n", m.events.counts().irqs)),
     c"mrpc_commands" => |m, o| o.emit(format_args!("{}\n", m.mrpc.stats().commands)),
     c"mrpc_timeouts" => |m, o| o.emit(format_args!("{}\n", m.mrpc.stats().timeouts)),
+    // 1 while commands complete through DMA MRPC, 0 through the mailbox registers.
+    c"mrpc_dma" => |m, o| o.emit(format_args!("{}\n", u8::from(m.mrpc.dma_active()))),
+    c"mrpc_dma_commands" => |m, o| o.emit(format_args!("{}\n", m.mrpc.stats().dma_commands)),
     // Size of the P2P window in bytes (0: the firmware has none).
     c"p2p_window_size" => |m, o| o.emit(format_args!("{}\n", m.p2p.window_size())),
-    c"p2p_routes" => |m, o| o.emit(format_args!("{}\n", crate::p2p::routes(m)?.len())),
+    // Without the P2P extension there are no routes.
+    c"p2p_routes" => |m, o| {
+        let n = if m.features().has(crate::fw::ext::P2P_ROUTES) {
+            crate::p2p::routes(m)?.len()
+        } else {
+            0
+        };
+        o.emit(format_args!("{}\n", n))
+    },
     c"p2p_copies" => |m, o| o.emit(format_args!("{}\n", m.p2p.counters().copies)),
     c"p2p_bytes" => |m, o| o.emit(format_args!("{}\n", m.p2p.counters().bytes)),
     c"p2p_faults" => |m, o| o.emit(format_args!("{}\n", m.p2p.counters().faults)),
