@@ -249,7 +249,8 @@ pub(crate) struct Hvd {
     pub(crate) inst: u8,
     /// The host's upstream physical port.
     pub(crate) phy_pid: u8,
-    /// [`FUNCS_PER_LOG_PORT`] function slots per logical port.
+    /// [`FUNCS_PER_LOG_PORT`] function slots per logical port, function-major: entry
+    /// `j * log_ports + l` is function `j` of logical port `l` (as `cli/fabric.c` reads it).
     pub(crate) slots: KVec<PortBound>,
 }
 
@@ -259,13 +260,12 @@ impl Hvd {
         self.slots.len() / FUNCS_PER_LOG_PORT
     }
 
-    /// The functions bound to logical port `port`, slot order.
+    /// The functions bound to logical port `port`, function 0 first.
     pub(crate) fn bound(&self, port: u8) -> impl Iterator<Item = u16> + '_ {
-        let at = usize::from(port) * FUNCS_PER_LOG_PORT;
-        self.slots
-            .get(at..at + FUNCS_PER_LOG_PORT)
-            .unwrap_or(&[])
-            .iter()
+        let n = self.log_ports();
+        let l = usize::from(port);
+        (0..FUNCS_PER_LOG_PORT)
+            .filter_map(move |j| if l < n { self.slots.get(j * n + l) } else { None })
             .filter(|s| s.bound != 0)
             .map(|s| s.bound_pdfid)
     }
