@@ -55,7 +55,8 @@ mem_mib = 1
 
 /// A fake QEMU monitor: greeting, qmp_capabilities, device_add (refused on
 /// bus dsp3), device_del (DEVICE_DELETED 100 ms later, except for ids in
-/// `stuck`). Every command line is logged.
+/// `stuck`; a device_del of function 0 takes every function on its bus, as
+/// a PCIe slot power-off does). Every command line is logged.
 struct FakeQmp {
     log: Arc<Mutex<Vec<String>>>,
     stuck: Arc<Mutex<Vec<String>>>,
@@ -99,6 +100,8 @@ fn serve_qmp(
         let _ = out.lock().unwrap().write_all(format!("{s}\r\n").as_bytes());
     };
     send(r#"{"QMP": {"version": {"qemu": {"micro": 3, "minor": 1, "major": 11}}, "capabilities": ["oob"]}}"#.into());
+    // (id, bus, addr) of the devices added.
+    let mut devices: Vec<(String, String, String)> = Vec::new();
     for line in BufReader::new(conn).lines() {
         let Ok(line) = line else { return };
         let v: serde_json::Value = serde_json::from_str(&line).expect("json from the emulator");
@@ -115,23 +118,40 @@ fn serve_qmp(
                         r#"{{"error": {{"class": "GenericError", "desc": "Bus 'dsp3' is full"}}, "id": {id}}}"#
                     ));
                 } else {
+                    let a = &v["arguments"];
+                    devices.push((
+                        a["id"].as_str().unwrap_or("").into(),
+                        a["bus"].as_str().unwrap_or("").into(),
+                        a["addr"].as_str().unwrap_or("0.0").into(),
+                    ));
                     send(ok);
                 }
             }
             "device_del" => {
                 let dev = v["arguments"]["id"].as_str().unwrap_or("").to_owned();
                 send(ok);
+                let gone: Vec<String> = match devices.iter().find(|d| d.0 == dev).cloned() {
+                    Some((_, bus, addr)) if addr == "0.0" => devices
+                        .iter()
+                        .filter(|d| d.1 == bus)
+                        .map(|d| d.0.clone())
+                        .collect(),
+                    _ => vec![dev.clone()],
+                };
                 if !stuck.lock().unwrap().contains(&dev) {
+                    devices.retain(|d| !gone.contains(&d.0));
                     let out = out.clone();
                     std::thread::spawn(move || {
                         std::thread::sleep(Duration::from_millis(100));
-                        let ev = format!(
-                            r#"{{"timestamp": {{"seconds": 1, "microseconds": 2}}, "event": "DEVICE_DELETED", "data": {{"device": "{dev}", "path": "/machine/peripheral/{dev}"}}}}"#
-                        );
-                        let _ = out
-                            .lock()
-                            .unwrap()
-                            .write_all(format!("{ev}\r\n").as_bytes());
+                        for dev in gone {
+                            let ev = format!(
+                                r#"{{"timestamp": {{"seconds": 1, "microseconds": 2}}, "event": "DEVICE_DELETED", "data": {{"device": "{dev}", "path": "/machine/peripheral/{dev}"}}}}"#
+                            );
+                            let _ = out
+                                .lock()
+                                .unwrap()
+                                .write_all(format!("{ev}\r\n").as_bytes());
+                        }
                     });
                 }
             }
@@ -149,6 +169,10 @@ struct Emu {
 
 impl Emu {
     fn start(tag: &str) -> (Emu, FakeQmp, FakeQmp) {
+        Self::start_with(tag, &[])
+    }
+
+    fn start_with(tag: &str, extra: &[&str]) -> (Emu, FakeQmp, FakeQmp) {
         let dir = std::env::temp_dir().join(format!("pcifab-compose-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("run")).expect("dir");
@@ -164,6 +188,7 @@ impl Emu {
             .arg(format!("--qmp=h0={}", dir.join("qmp0.sock").display()))
             .arg("--qmp")
             .arg(format!("h1={}", dir.join("qmp1.sock").display()))
+            .args(extra)
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn");
@@ -411,35 +436,39 @@ fn bind_unbind_over_qmp() {
     };
     assert_eq!(
         e(&mut h0, bind_in(0, 1, 0x0300, 0)),
-        0xf0_0003,
-        "FUNCTION_BUSY"
+        0x1,
+        "PHYC_PORT_ARDY_BIND"
     );
-    assert_eq!(e(&mut h0, bind_in(0, 0, 0x0400, 0)), 0xf0_0004, "PORT_BUSY");
+    assert_eq!(
+        e(&mut h0, bind_in(0, 0, 0x0400, 0)),
+        0x2,
+        "LOGC_PORT_ARDY_BIND"
+    );
     assert_eq!(
         e(&mut h0, bind_in(0, 1, 0x0301, 0)),
-        0xf0_0007,
-        "VF while PF bound"
+        0xd,
+        "VF while PF bound: BIND_CHECK_FAIL"
     );
     assert_eq!(
         e(&mut h0, bind_in(0, 1, 0x0999, 0)),
-        0xf0_0001,
-        "PDFID_UNKNOWN"
+        0x4,
+        "unknown PDFID: PHYC_PORT_NOT_EXIST"
     );
     assert_eq!(
         e(&mut h0, bind_in(16, 1, 0x0400, 0)),
-        0x4,
+        0x64006,
         "not a host port"
     );
-    assert_eq!(e(&mut h0, bind_in(0, 4, 0x0400, 0)), 0x64006, "log port 4");
+    assert_eq!(e(&mut h0, bind_in(0, 4, 0x0400, 0)), 0x6, "log port 4");
     assert_eq!(
         e(&mut h0, bind_in(0, 1, 0x0400, 1)),
-        0x64006,
-        "two functions"
+        0x4,
+        "chained to PDFID 0, which does not exist"
     );
     assert_eq!(e(&mut h0, vec![1, 0, 0, 1]), 0x64006, "short");
     assert_eq!(
         e(&mut h0, vec![3, 0, 0, 0, 0, 0, 0, 0]),
-        0x64004,
+        0x9,
         "sub-command"
     );
     assert_eq!(
@@ -452,21 +481,25 @@ fn bind_unbind_over_qmp() {
         0xf0_0008,
         "h2 has no QMP"
     );
-    assert_eq!(e(&mut h0, unbind_in(0, 1, 0x0300)), 0xf0_000a, "NOT_BOUND");
+    assert_eq!(
+        e(&mut h0, unbind_in(0, 1, 0x0300)),
+        0xb,
+        "LOGC_PORT_NOT_BIND_PHYC_PORT"
+    );
     // Policy: h1 may bind gpu1 to itself only, and hold one function.
     assert_eq!(
         e(&mut h1, bind_in(8, 0, 0x0301, 0)),
-        0xf0_0005,
+        0x64010,
         "not allowed"
     );
     assert_eq!(
         e(&mut h1, bind_in(0, 1, 0x0400, 0)),
-        0xf0_0005,
+        0x64010,
         "not itself"
     );
     assert_eq!(
         e(&mut h1, unbind_in(0, 0, 0x0300)),
-        0xf0_0005,
+        0x64010,
         "not its own"
     );
     assert_eq!(
@@ -476,7 +509,7 @@ fn bind_unbind_over_qmp() {
     );
     assert!(q1.commands().iter().any(|l| l.contains("\"bus\":\"dsp2\"")));
     // A VF is not bound while its PF is.
-    assert!(emu.control("bind 0x0301 h0 1").contains("PF_VF_CONFLICT"));
+    assert!(emu.control("bind 0x0301 h0 1").contains("BIND_CHECK_FAIL"));
     assert_eq!(emu.control("invariants"), "{\"ok\":true,\"violations\":[]}");
 
     // Unbind: UNBIND_REQUEST to the owner only, device_del, scrub, UNBIND.
@@ -511,11 +544,11 @@ fn bind_unbind_over_qmp() {
     // h1 already holds its max_functions (1).
     assert_eq!(
         emu.control("bind 0x0302 h1 0"),
-        "{\"ok\":false,\"error\":\"bind of 0x0302 to h1 logical port 0 failed: HOST_LIMIT (0xf00006)\",\"ret\":15728646,\"ms\":0}"
+        "{\"ok\":false,\"error\":\"bind of 0x0302 to h1 logical port 0 failed: MRPC_DENIED (0x64010)\",\"ret\":409616,\"ms\":0}"
     );
     // A PF is not bound while one of its VFs is.
     assert!(emu.control("bind 0x0302 h0 2").starts_with("{\"ok\":true"));
-    assert!(emu.control("bind 0x0300 h0 1").contains("PF_VF_CONFLICT"));
+    assert!(emu.control("bind 0x0300 h0 1").contains("BIND_CHECK_FAIL"));
     assert!(emu.control("unbind 0x0302").starts_with("{\"ok\":true"));
 
     // Unbind timeout: QEMU never reports the device gone; still owned.
@@ -534,6 +567,8 @@ fn bind_unbind_over_qmp() {
     assert!(emu.control("bind 0x0301 h0 1").starts_with("{\"ok\":true"));
     assert_eq!(q0.commands().len(), adds, "no QMP traffic");
     assert!(emu.control("unbind 0x0301").starts_with("{\"ok\":true"));
-    assert!(emu.control("unbind 0x0301").contains("NOT_BOUND"));
+    assert!(emu
+        .control("unbind 0x0301")
+        .contains("LOGC_PORT_NOT_BIND_PHYC_PORT"));
     assert_eq!(emu.control("invariants"), "{\"ok\":true,\"violations\":[]}");
 }
