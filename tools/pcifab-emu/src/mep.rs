@@ -534,7 +534,9 @@ impl Gas {
     /// Where DMA MRPC output goes: Some(dma_addr) while offered and enabled.
     pub fn dma_mrpc_target(&self) -> Option<u64> {
         let en = self.features.dma_mrpc && self.get32(MRPC_DMA_EN) & DMA_MRPC_EN != 0;
-        en.then(|| u64::from(self.get32(MRPC_DMA_ADDR)) | u64::from(self.get32(MRPC_DMA_ADDR + 4)) << 32)
+        en.then(|| {
+            u64::from(self.get32(MRPC_DMA_ADDR)) | u64::from(self.get32(MRPC_DMA_ADDR + 4)) << 32
+        })
     }
 
     /// Offer DMA MRPC or withdraw it as a firmware reset without it would:
@@ -989,7 +991,10 @@ impl Mep {
             match res {
                 Ok(()) => Some(DMA_MRPC_VECTOR as u16),
                 Err(e) => {
-                    note!("{}: DMA MRPC output to {addr:#x} not written: {e}", self.name);
+                    note!(
+                        "{}: DMA MRPC output to {addr:#x} not written: {e}",
+                        self.name
+                    );
                     None
                 }
             }

@@ -553,11 +553,6 @@ impl Model {
         (t.temp_centi, power, t.utilisation, health)
     }
 
-    /// Logical ports per host.
-    pub fn log_ports(&self) -> u8 {
-        LOG_PORTS
-    }
-
     fn bump_generation(&mut self) {
         self.generation = self.generation.wrapping_add(1).max(1);
     }
@@ -597,18 +592,6 @@ impl Model {
             Some(PortKind::Host(h)) => Ok(h),
             _ => Err(ERR_PHYC_PORT_NOT_EXIST),
         }
-    }
-
-    /// Check a bind of `pdfid` to (`host`, `log_port`) and reserve it.
-    pub fn begin_bind(
-        &mut self,
-        requester: Requester,
-        host: usize,
-        log_port: u8,
-        pdfid: u16,
-    ) -> Result<Request, u32> {
-        let mut v = self.begin_bind_group(requester, host, log_port, &[pdfid])?;
-        Ok(v.remove(0))
     }
 
     /// Check a bind of `pdfids` as one multi-function device (function i is
@@ -859,7 +842,10 @@ impl Model {
                 }
             }
             if usize::from(f.devfn) >= MULTI_FUNC_NUM {
-                v.push(format!("function {:#06x} has function number {}", f.pdfid, f.devfn));
+                v.push(format!(
+                    "function {:#06x} has function number {}",
+                    f.pdfid, f.devfn
+                ));
             }
             if f.vf_index == 0 {
                 for g in self

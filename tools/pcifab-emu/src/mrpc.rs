@@ -346,9 +346,8 @@ impl Exec<'_> {
     /// EXT_FEATURES (0xF000, extended only): `{u32 version, u32 features}`.
     fn ext_features(&self) -> Vec<u8> {
         let mut o = Out::default();
-        o.u32(EXT_FEATURES_VERSION).u32(
-            EXT_FEAT_TELEMETRY | EXT_FEAT_P2P | EXT_FEAT_DMA_ENGINE | EXT_FEAT_UNBIND_REQUEST,
-        );
+        o.u32(EXT_FEATURES_VERSION)
+            .u32(EXT_FEAT_TELEMETRY | EXT_FEAT_P2P | EXT_FEAT_DMA_ENGINE | EXT_FEAT_UNBIND_REQUEST);
         o.0
     }
 
@@ -369,7 +368,7 @@ impl Exec<'_> {
             o.u8(p.id)
                 .u8(part)
                 .u8(0)
-                .u8((p.id / 8) << 4 | p.id % 8)
+                .u8(((p.id / 8) << 4) | (p.id % 8))
                 .u8(width)
                 .u8(if p.link_up { width } else { 0 })
                 .u8(usp)
@@ -382,6 +381,7 @@ impl Exec<'_> {
         for _ in n..LNKSTAT_PORTS {
             o.zeros(3).u8(0xff).zeros(8);
         }
+        debug_assert_eq!(o.0.len(), LNKSTAT_PORTS * LNKSTAT_ENTRY);
         Ok(o.0)
     }
 
@@ -815,11 +815,7 @@ impl Exec<'_> {
         let m = &*self.model;
         let mut o = Out::default();
         o.0.extend_from_slice(&self.pax_general());
-        self.section_hdr(
-            &mut o,
-            DUMP_HVD,
-            12 + m.hosts.len() * Self::hvd_body_len(),
-        );
+        self.section_hdr(&mut o, DUMP_HVD, 12 + m.hosts.len() * Self::hvd_body_len());
         for h in 0..m.hosts.len() {
             self.hvd_body(&mut o, h);
         }
@@ -1151,7 +1147,11 @@ mod tests {
                 &[3, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0][..],
                 ERR_MRPC_NO_PREV_DATA,
             ),
-            (MRPC_GFMS_DB_DUMP, &[6, 0, 0, 0, 3, 0, 0, 0][..], ERR_MRPC_NO_PREV_DATA),
+            (
+                MRPC_GFMS_DB_DUMP,
+                &[6, 0, 0, 0, 3, 0, 0, 0][..],
+                ERR_MRPC_NO_PREV_DATA,
+            ),
             (
                 MRPC_GFMS_DB_DUMP,
                 &[5, 0, 0, 0, 1, 0, 0, 0][..],
@@ -1224,5 +1224,308 @@ mod tests {
         assert_eq!(x.run(MRPC_PORT_CONTROL, &[2, 16, 0, 0]).status, 2);
         assert_eq!(x.notices.len(), 4, "retrain: down, up");
         assert!(m.link_up(16));
+    }
+
+    fn le16(b: &[u8], at: usize) -> u16 {
+        u16::from_le_bytes([b[at], b[at + 1]])
+    }
+
+    fn le32(b: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    }
+
+    fn ok(m: &mut Model, cmd: u32, input: &[u8]) -> Vec<u8> {
+        let r = run(m, cmd, input);
+        assert_eq!(
+            (r.status, r.ret),
+            (MRPC_STATUS_DONE, 0),
+            "cmd {cmd:#x} {input:?}"
+        );
+        r.output
+    }
+
+    /// START, GETs, FINISH as lib/fabric.c's gfms_dump_start/get/finish.
+    fn chunked(m: &mut Model, sub: u8, param: u8) -> Vec<u8> {
+        let st = ok(m, MRPC_GFMS_DB_DUMP, &[sub, param, 0, 0, 1, 0, 0, 0]);
+        // {u32 dw_len @0, u32 num_of_switch @4}
+        let total = le32(&st, 0) as usize;
+        assert_eq!(le32(&st, 4), 1);
+        let mut d = Vec::new();
+        while d.len() < total * 4 {
+            let mut inp = vec![sub, 0, 0, 0, 2, 0, 0, 0];
+            inp.extend_from_slice(&((d.len() / 4) as u32).to_le_bytes());
+            let r = ok(m, MRPC_GFMS_DB_DUMP, &inp);
+            // {u32 offset_dw @0, u32 size_dw @4 (3 + data), u32 rsvd @8, data @12}
+            assert_eq!(le32(&r, 0) as usize, d.len() / 4);
+            let n = le32(&r, 4) as usize - 3;
+            assert_eq!(r.len(), 12 + 4 * n);
+            d.extend_from_slice(&r[12..]);
+        }
+        assert!(ok(m, MRPC_GFMS_DB_DUMP, &[sub, 0, 0, 0, 3, 0, 0, 0]).is_empty());
+        d
+    }
+
+    /// Byte offsets of every structure served, checked against the numbers
+    /// derived from switchtec-user's headers (inc/switchtec/fabric.h,
+    /// mrpc.h, switchtec.h, lib/fabric.c, lib/switchtec.c, lib/pmon.c) and
+    /// Linux's include/linux/switchtec.h, written out here.
+    #[test]
+    fn layouts_match_switchtec_user() {
+        let mut m = model();
+        // switchtec_get_device_info: {u32 dev_info @0, u32 ping_reply @4};
+        // phase = dev_info & 0xff, rev = bits 8-11, gen = bits 12-15 (0: Gen4).
+        let r = ok(&mut m, MRPC_I2C_TWI_PING, &0xdead_beefu32.to_le_bytes());
+        assert_eq!((r.len(), le32(&r, 0), le32(&r, 4)), (8, 3, !0xdead_beef));
+        // set_local_pax_id: one byte.
+        assert_eq!(ok(&mut m, MRPC_GET_PAX_ID, &[]), [0]);
+        // cli/main.c test: out == ~in.
+        assert_eq!(
+            ok(&mut m, MRPC_ECHO, &0x1234_5678u32.to_le_bytes()),
+            (!0x1234_5678u32).to_le_bytes()
+        );
+
+        // switchtec_status_gen345: 52 (Gen4) entries of 12 bytes: phys_port_id
+        // @0, par_id @1, log_port_id @2, stk_id @3, cfg_lnk_width @4,
+        // neg_lnk_width @5, usp_flag @6, linkup_linkrate @7, LTSSM @8 (u16),
+        // lane_reversal @10, first_act_lane @11.
+        let l = ok(&mut m, MRPC_LNKSTAT, &0u64.to_le_bytes());
+        assert_eq!((l.len(), LNKSTAT_ENTRY), (52 * 12, 12));
+        assert_eq!(&l[12..20], &[8, 1, 0, 0x10, 16, 16, 1, 0x84], "h1's USP");
+        assert_eq!(
+            &l[24..32],
+            &[16, 255, 0, 0x20, 4, 4, 0, 0x84],
+            "gpu0: unbound"
+        );
+        assert_eq!(le16(&l, 32), 3);
+        assert_eq!(l[4 * 12 + 3], 0xff, "no fifth port");
+
+        // switchtec_bwcntr_res: time_us @0, egress {posted, comp, nonposted}
+        // @8, ingress @32; 56 bytes. pmon_bw_get: sub @0, count @1, {id, clear} @2.
+        let b = ok(&mut m, MRPC_PMON, &[1, 2, 0, 0, 16, 0]);
+        assert_eq!(b.len(), 2 * 56);
+        assert!(u64::from_le_bytes(b[56..64].try_into().unwrap()) > 0);
+
+        // switchtec_fab_port_config: port_type @0, clock_source @1,
+        // clock_sris @2, hvd_inst @3; FABRIC_HOST 3, FABRIC_EP 2, UNUSED 0.
+        assert_eq!(ok(&mut m, MRPC_PORT_CONFIG, &[1, 8, 0, 0]), [3, 0, 0, 1]);
+        assert_eq!(
+            ok(&mut m, MRPC_PORT_CONFIG, &[1, 16, 0, 0]),
+            [2, 0, 0, 0xff]
+        );
+        assert_eq!(ok(&mut m, MRPC_PORT_CONFIG, &[1, 5, 0, 0]), [0, 0, 0, 0xff]);
+
+        // switchtec_gfms_db_dump_section_hdr: section_class @0, pax_idx @1,
+        // swfid @2, resp_size_dw @4, rsvd @8 (12 bytes).
+        // fabric_general: body rsvd[3] @12, pax_idx[16] {pax_idx, reachable_type,
+        // rsvd u16} @24; 88 bytes.
+        let f = ok(&mut m, MRPC_GFMS_DB_DUMP, &[DUMP_FABRIC]);
+        assert_eq!((f.len(), le32(&f, 4)), (88, 22));
+        assert_eq!(&f[24..32], &[0, REACH_UC, 0, 0, 1, REACH_UR, 0, 0]);
+
+        // pax_general body @12: phy_port_count @12, hvd_count @13, ep_count
+        // @14, ep_function_count @16, rsvd0 @18, rsvd1[3] @20, fid_start @32 ..
+        // pdfid_end @46, rc_port_map @48, ep_port_map @56, fab_port_map @64,
+        // free_port_map @72; 80 bytes.
+        let p = ok(&mut m, MRPC_GFMS_DB_DUMP, &[DUMP_PAX]);
+        assert_eq!((p.len(), le32(&p, 4)), (80, 20));
+        assert_eq!((p[12], p[13], le16(&p, 14), le16(&p, 16)), (4, 2, 2, 10));
+        assert_eq!((le16(&p, 44), le16(&p, 46)), (0x100, 0x6ff), "pdfid range");
+        assert_eq!(le32(&p, 48), 1 | 1 << 8);
+        assert_eq!(le32(&p, 56), 1 << 16 | 1 << 24);
+
+        // hvd_body: hvd_inst_id @0, phy_pid @1, hfid @2, logical_port_count @4,
+        // rsvd @6, port_bound[8 per logical port] {log_pid, bound, bound_pdfid
+        // u16} @8.
+        let h = chunked(&mut m, DUMP_HVD, 1);
+        assert_eq!((h.len(), le32(&h, 4)), (12 + 8 + 4 * 8 * 4, 37));
+        assert_eq!((h[12], h[13], le16(&h, 14), le16(&h, 16)), (1, 8, 0x801, 4));
+        let e = 20 + 4 * 8; // logical port 1, function 0
+        assert_eq!((h[e], h[e + 1], le16(&h, e + 2)), (1, 1, 0x0402));
+
+        // hvd_detail_body @12: hvd_inst_id, phy_pid, hfid u16, vep_count @4,
+        // usp_status @5, rsvd @6, vep_region[vep_count] {type, rsvd, bdf} @8,
+        // then log_dsp_count u16, usp_bdf u16, log_port_region[count * 8]
+        // {log_pid, bound, dsp_bdf, bound_pdfid, bound_hvd_bdf} (8 bytes), then
+        // p2p enable bitmap low/high.
+        let d = chunked(&mut m, DUMP_HVD_DETAIL, 0);
+        let b = 12;
+        assert_eq!((d[b], d[b + 1], d[b + 4], d[b + 5]), (0, 0, 1, 1));
+        let after_vep = b + 8 + 4;
+        assert_eq!(le16(&d, after_vep), 4, "log_dsp_count");
+        let lp = after_vep + 4;
+        assert_eq!(
+            (d[lp], d[lp + 1], le16(&d, lp + 4)),
+            (0, 1, 0x0301),
+            "h0 lport 0"
+        );
+        assert_eq!(d.len(), lp + 4 * 8 * 8 + 8);
+        assert_eq!(le32(&d, 4) as usize * 4, d.len());
+
+        // fab_port body @12: phy_pid @0, rsvd0 @1, attached_phy_pid @4,
+        // attached_sw_idx @5, attached_swfid @6, attached_fw_version @8,
+        // rsvd1 @12; 32 bytes.
+        let fp = ok(&mut m, MRPC_GFMS_DB_DUMP, &[DUMP_FAB_PORT, 16]);
+        assert_eq!((fp.len(), fp[12], fp[16], fp[17]), (32, 16, 0xff, 0xff));
+
+        // ep_port: section hdr, ep_port_hdr {type @0, phy_pid @1, ep_count
+        // @2, size_dw:24 @4} @12, attachement_hdr {function_number @0,
+        // attached_dsp_enumid @2, size_dw:24 @4} @20, functions @28 of 36
+        // bytes: func_id @0, pdfid @2, sriov_cap_pf @4, vf_num @5, rsvd @6,
+        // bound @8, bound_pax_id @9, bound_hvd_phy_pid @10, bound_hvd_log_pid
+        // @11, vid @12, did @14, sub_sys_vid @16, sub_sys_did @18,
+        // device_class:24 | bar_number:8 @20, bars[6] {type, size} @24.
+        let ep = chunked(&mut m, DUMP_EP_PORT, 24);
+        assert_eq!((ep[12], ep[13], le16(&ep, 14)), (0, 24, 1));
+        assert_eq!((le16(&ep, 20), le32(&ep, 24)), (5, 2 + 9 * 5));
+        let fnr = |i: usize| 28 + 36 * i;
+        let pf = fnr(0);
+        assert_eq!(
+            (le16(&ep, pf), le16(&ep, pf + 2), ep[pf + 4], ep[pf + 5]),
+            (0, 0x400, 3, 4)
+        );
+        let vf2 = fnr(2);
+        assert_eq!(
+            (le16(&ep, vf2), le16(&ep, vf2 + 2), ep[vf2 + 4], ep[vf2 + 5]),
+            (2, 0x402, 0, 2)
+        );
+        assert_eq!(
+            &ep[vf2 + 8..vf2 + 12],
+            &[1, 0, 8, 1],
+            "bound to h1 (port 8) lport 1"
+        );
+        assert_eq!((le16(&ep, vf2 + 12), le16(&ep, vf2 + 14)), (0x10de, 0x2331));
+        assert_eq!(le32(&ep, vf2 + 20), 0x0203_0200, "class, 2 BARs");
+        assert_eq!(
+            &ep[vf2 + 24..vf2 + 30],
+            &[BAR_MEM64, 14, 0, 0, BAR_MEM64_PREFETCH, 20]
+        );
+        assert_eq!(ep.len(), fnr(5));
+
+        // PAX_ALL: pax_general, then one HVD header and both bodies, then one
+        // EP header and both ports: exactly what gfms_pax_all_parse consumes.
+        let all = chunked(&mut m, DUMP_PAX_ALL, 0);
+        assert_eq!(&all[..80], &p[..]);
+        let hv = 80;
+        assert_eq!(le32(&all, hv + 4) as usize * 4, 12 + 2 * 136);
+        let eh = hv + 12 + 2 * 136;
+        assert_eq!(le32(&all, eh + 4) as usize * 4, all.len() - eh);
+        assert_eq!(all[eh + 12 + 1], 16, "first EP port");
+
+        // topo_info_reply_gen4: sw_idx @0, rsvd @1, stack_bif[7] @4,
+        // route_port[16] @32, port_bitmap @48, switchtec_fab_port_info[] @56
+        // of 32 bytes (phys_port_id @0, port_type @1, ..., port_cfg_width @24,
+        // port_neg_width @25, cfg_rate @26, neg_rate @27, major_ltssm @28).
+        ok(&mut m, MRPC_TOPO_INFO_DUMP, &[1]);
+        let st = ok(&mut m, MRPC_TOPO_INFO_DUMP, &[2]);
+        assert_eq!((st[0], le16(&st, 2)), (3, (56 + 4 * 32) / 4));
+        let t = ok(&mut m, MRPC_TOPO_INFO_DUMP, &[3, 0, 0, 0]);
+        let t = &t[4..];
+        assert_eq!(
+            u64::from_le_bytes(t[48..56].try_into().unwrap()),
+            1 | 1 << 8 | 1 << 16 | 1 << 24
+        );
+        assert_eq!(&t[56 + 32..56 + 32 + 2], &[8, 3]);
+        assert_eq!(t[56 + 32 + 28], 3);
+
+        // GFMS_EVENT entry: entry_len u16 @0, event_code @2, src_sw_id @3,
+        // data @4; bind data {host_sw_idx, host_phys_port_id, log_port_id,
+        // rsvd, pdfid u16}.
+        let ev = crate::model::GfmsEvent::Binding {
+            code: crate::model::GFMS_BIND,
+            host_port: 8,
+            log_port: 1,
+            pdfid: 0x0402,
+        }
+        .encode();
+        assert_eq!(ev, [12, 0, 6, 0, 0, 8, 1, 0, 0x02, 0x04, 0, 0]);
+
+        // Linux's struct dma_mrpc_output: status @0, cmd_id @4, rtn_code @8,
+        // output_size @12, data @16.
+        assert_eq!(crate::mep::DMA_MRPC_OUTPUT_SIZE, 16 + 1024);
+
+        // EXT_FEATURES: {u32 version @0, u32 features @4}.
+        assert_eq!(
+            ok(&mut m, MRPC_EXT_FEATURES, &[]),
+            [1, 0, 0, 0, 0xf, 0, 0, 0]
+        );
+    }
+
+    #[test]
+    fn bind_requests_as_switchtec_user_fills_them() {
+        let mut m = model();
+        // {subcmd @0, host_sw_idx @1, host_phys_port_id @2, host_log_port_id
+        // @3, function[8] {pdfid u16, next_valid, rsvd} @4}: 36 bytes.
+        let mut bind = vec![1, 0, 0, 2];
+        for (p, nv) in [(0x0303u16, 1u8), (0x0404, 0)] {
+            bind.extend_from_slice(&p.to_le_bytes());
+            bind.extend_from_slice(&[nv, 0xee]);
+        }
+        bind.resize(36, 0x5a);
+        let mut x = Exec {
+            model: &mut m,
+            partition: 0,
+            bad_length: false,
+            notices: Vec::new(),
+            deferred: None,
+        };
+        assert_eq!(x.run(MRPC_GFMS_BIND_UNBIND, &bind).status, MRPC_STATUS_DONE);
+        let reqs = x.deferred.take().expect("deferred");
+        assert_eq!(
+            reqs.iter().map(|r| (r.pdfid, r.devfn)).collect::<Vec<_>>(),
+            [(0x0303, 0), (0x0404, 1)]
+        );
+        for r in &reqs {
+            m.finish(r, true, false);
+        }
+        // {subcmd @0, host_sw_idx @1, host_phys_port_id @2, host_log_port_id
+        // @3, pdfid @4, option @6, rsvd @7}; pdfid and option are not set by
+        // cli/fabric.c: the port alone decides.
+        let mut x = Exec {
+            model: &mut m,
+            partition: 0,
+            bad_length: false,
+            notices: Vec::new(),
+            deferred: None,
+        };
+        let un = [2, 0, 0, 2, 0x34, 0x12, 0x77, 0x88];
+        assert_eq!(x.run(MRPC_GFMS_BIND_UNBIND, &un).status, MRPC_STATUS_DONE);
+        assert_eq!(x.deferred.take().map(|r| r.len()), Some(2));
+        // Eight functions, the last still claiming a successor: refused.
+        let mut eight = vec![1, 0, 0, 3];
+        for i in 0..8u16 {
+            eight.extend_from_slice(&(0x0401 + i).to_le_bytes());
+            eight.extend_from_slice(&[1, 0]);
+        }
+        assert_eq!(x.run(MRPC_GFMS_BIND_UNBIND, &eight).ret, ERR_PARAM_INVALID);
+        assert_eq!(
+            x.run(MRPC_GFMS_BIND_UNBIND, &[2, 0, 0, 3, 0, 0, 0, 0]).ret,
+            0xb
+        );
+        assert_eq!(
+            x.run(MRPC_GFMS_BIND_UNBIND, &[2, 0, 0, 4, 0, 0, 0, 0]).ret,
+            0x6
+        );
+        assert_eq!(
+            x.run(MRPC_GFMS_BIND_UNBIND, &[2, 1, 0, 3, 0, 0, 0, 0]).ret,
+            ERR_PARAM_INVALID
+        );
+    }
+
+    #[test]
+    fn pax_dialect_refuses_extensions() {
+        let mut cfg = Config::parse(include_str!("../fabric.toml")).expect("fabric.toml");
+        cfg.dialect = crate::config::Dialect::Pax;
+        let mut m = Model::new(&cfg);
+        for cmd in [0xf000, 0xf001, 0xf002, 0xf003, 0xf004, 0xf0ff] {
+            assert_eq!(
+                run(&mut m, cmd, &[1, 0, 8, 0, 0, 0, 0, 0]).ret,
+                ERR_CMD_INVALID
+            );
+        }
+        assert_eq!(run(&mut m, MRPC_ECHO, &[0]).output, [0xff]);
+        let req = m
+            .begin_unbind_port(Requester::Control, 0, 0)
+            .expect("h0 lport 0 holds 0x0301");
+        assert!(!m.unbind_request(&req[0]), "no UNBIND_REQUEST in pax");
     }
 }

@@ -283,7 +283,11 @@ fn vfio_user_session_against_the_mep() {
     assert_eq!(c.read32(BAR0, MRPC_STATUS), 2, "DONE");
     assert_eq!(c.read32(BAR0, MRPC_RET), 0);
     let inverted: Vec<u8> = input.iter().map(|b| !b).collect();
-    assert_eq!(c.read(BAR0, MRPC_OUTPUT, 100), inverted, "echo output (inverted)");
+    assert_eq!(
+        c.read(BAR0, MRPC_OUTPUT, 100),
+        inverted,
+        "echo output (inverted)"
+    );
     assert_eq!(c.read(BAR0, MRPC_OUTPUT + 100, 4), [0; 4], "nothing beyond");
     emu.wait_log("h1: MRPC cmd 0x41 (ECHO) input 100 bytes -> status DONE");
 
@@ -702,7 +706,11 @@ fn standard_fabric_commands() {
     );
     let fg = ok(&mut c, 0x83, &[0]);
     assert_eq!(&fg[..12], &[0, 0, 0, 0, 22, 0, 0, 0, 0, 0, 0, 0], "FABRIC");
-    assert_eq!(&fg[24..32], &[0, 0, 0, 0, 1, 2, 0, 0], "PAX 0 local, 1 unreachable");
+    assert_eq!(
+        &fg[24..32],
+        &[0, 0, 0, 0, 1, 2, 0, 0],
+        "PAX 0 local, 1 unreachable"
+    );
     assert_eq!(err(&mut c, 0x83, &[7]), 0x64004, "no such dump");
 
     // Link down of gpu0: EP section shrinks to NON.
