@@ -644,7 +644,8 @@ impl Exec<'_> {
     }
 
     /// One `switchtec_gfms_db_hvd_body`: 8 bytes and 8 `port_bound`
-    /// entries per logical port (entry i: function i of its device).
+    /// entries per logical port, function-major (entry j * count + l:
+    /// function j of logical port l).
     fn hvd_body(&self, o: &mut Out, idx: usize) {
         let m = &*self.model;
         let host = &m.hosts[idx];
@@ -653,8 +654,10 @@ impl Exec<'_> {
             .u16(0x0800 + idx as u16)
             .u16(u16::from(LOG_PORTS))
             .u16(0);
-        for l in 0..LOG_PORTS {
-            for slot in 0..MULTI_FUNC_NUM as u8 {
+        // Function-major, as cli/fabric.c indexes it: entry j * count + l is
+        // function j of logical port l.
+        for slot in 0..MULTI_FUNC_NUM as u8 {
+            for l in 0..LOG_PORTS {
                 let b = m
                     .functions
                     .iter()
@@ -699,8 +702,8 @@ impl Exec<'_> {
         // The VEP: type 0, bdf 00:00.1 of the host's switch.
         o.u8(0).u8(0).u16(0x0001);
         o.u16(u16::from(LOG_PORTS)).u16(0x0000);
-        for l in 0..LOG_PORTS {
-            for slot in 0..MULTI_FUNC_NUM as u8 {
+        for slot in 0..MULTI_FUNC_NUM as u8 {
+            for l in 0..LOG_PORTS {
                 let b = m
                     .functions
                     .iter()
@@ -1335,11 +1338,11 @@ mod tests {
 
         // hvd_body: hvd_inst_id @0, phy_pid @1, hfid @2, logical_port_count @4,
         // rsvd @6, port_bound[8 per logical port] {log_pid, bound, bound_pdfid
-        // u16} @8.
+        // u16} @8, function-major: entry j * logical_port_count + l.
         let h = chunked(&mut m, DUMP_HVD, 1);
         assert_eq!((h.len(), le32(&h, 4)), (12 + 8 + 4 * 8 * 4, 37));
         assert_eq!((h[12], h[13], le16(&h, 14), le16(&h, 16)), (1, 8, 0x801, 4));
-        let e = 20 + 4 * 8; // logical port 1, function 0
+        let e = 20 + 4; // entry 0 * 4 + 1: function 0 of logical port 1
         assert_eq!((h[e], h[e + 1], le16(&h, e + 2)), (1, 1, 0x0402));
 
         // hvd_detail_body @12: hvd_inst_id, phy_pid, hfid u16, vep_count @4,

@@ -645,7 +645,7 @@ fn pax_dialect_multifunction_bind_and_dma_mrpc() {
     let hvd = dump(&mut h1, 3, 0);
     assert_eq!(&hvd[12..14], &[0, 0], "HVD 0 on port 0");
     let slot =
-        |h: &[u8], l: usize, s: usize| h[20 + 4 * (8 * l + s)..24 + 4 * (8 * l + s)].to_vec();
+        |h: &[u8], l: usize, s: usize| h[20 + 4 * (4 * s + l)..24 + 4 * (4 * s + l)].to_vec();
     assert_eq!(slot(&hvd, 1, 0), [1, 1, 0x01, 0x03]);
     assert_eq!(slot(&hvd, 1, 1), [1, 1, 0x02, 0x03]);
     let hvd1 = dump(&mut h0, 3, 1);

@@ -642,7 +642,7 @@ fn standard_fabric_commands() {
     );
     assert_eq!(&h[..12], &[3, 0, 0, 0, 37, 0, 0, 0, 0, 0, 0, 0]);
     assert_eq!(&h[12..20], &[1, 8, 0x01, 0x08, 4, 0, 0, 0]);
-    let slot = |l: usize, s: usize| &h[20 + 4 * (8 * l + s)..24 + 4 * (8 * l + s)];
+    let slot = |l: usize, s: usize| &h[20 + 4 * (4 * s + l)..24 + 4 * (4 * s + l)];
     assert_eq!(slot(0, 0), &[0, 0, 0, 0]);
     assert_eq!(slot(1, 0), &[1, 1, 0x02, 0x04], "gpu1 VF2 on lport 1");
     assert_eq!(slot(1, 1), &[1, 0, 0, 0]);
