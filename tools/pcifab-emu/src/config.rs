@@ -23,6 +23,48 @@ pub struct Config {
     /// Size of every MEP's P2P window (its BAR2), MiB, a power of two.
     #[serde(default = "default_window")]
     pub p2p_window_mib: u32,
+    /// Which firmware the emulator is: plain PAX or PAX with pcifab's extensions.
+    #[serde(default)]
+    pub dialect: Dialect,
+    /// The MRPC interface offers DMA MRPC (dma_ver non-zero).
+    #[serde(default = "default_true")]
+    pub dma_mrpc: bool,
+}
+
+/// The firmware dialect (Documentation/emulator.rst, "Dialects").
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Dialect {
+    /// Switchtec PAX as switchtec-user and Linux define it, nothing more.
+    Pax,
+    /// PAX plus pcifab's extension commands, registers, event and policy.
+    #[default]
+    Extended,
+}
+
+impl Dialect {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Pax => "pax",
+            Dialect::Extended => "extended",
+        }
+    }
+
+    pub fn extended(self) -> bool {
+        self == Dialect::Extended
+    }
+
+    pub fn parse(s: &str) -> Result<Dialect, String> {
+        match s {
+            "pax" => Ok(Dialect::Pax),
+            "extended" => Ok(Dialect::Extended),
+            _ => Err(format!("unknown dialect '{s}'; use pax or extended")),
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// Default and largest P2P window, in MiB.

@@ -111,7 +111,7 @@ fn parse_num<T: TryFrom<u64>>(s: &str, what: &str) -> Result<T, String> {
     T::try_from(v).map_err(|_| format!("{what} {s} is out of range"))
 }
 
-const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|dma-delay MS|hostile SEED>, or fault clear [host|all]";
+const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|dma-delay MS|hostile SEED|dma-mrpc off|on>, or fault clear [host|all]";
 
 /// The outcome of a control bind/unbind as JSON.
 fn bind_result(what: &str, ret: u32, ms: u128) -> Result<String, String> {
@@ -128,12 +128,23 @@ fn bind_result(what: &str, ret: u32, ms: u128) -> Result<String, String> {
     }
 }
 
-/// `bind <pdfid> <host> <log_port>`, as the fabric manager.
+/// `bind <pdfid>[,<pdfid>...] <host> <log_port>`, as the fabric manager:
+/// several PDFIDs bind as one multi-function device (function i = i-th).
 fn bind(args: &[&str], fabric: &Fabric) -> Result<String, String> {
-    let [pdfid, host, lport] = args else {
-        return Err("usage: bind <pdfid> <host> <log_port>".into());
+    let [pdfids, host, lport] = args else {
+        return Err("usage: bind <pdfid>[,<pdfid>...] <host> <log_port>".into());
     };
-    let pdfid: u16 = parse_num(pdfid, "pdfid")?;
+    let list: Vec<u16> = pdfids
+        .split(',')
+        .map(|p| parse_num(p, "pdfid"))
+        .collect::<Result<_, _>>()?;
+    if list.is_empty() || list.len() > model::MULTI_FUNC_NUM {
+        return Err(format!(
+            "give 1 to {} PDFIDs separated by commas",
+            model::MULTI_FUNC_NUM
+        ));
+    }
+    let pdfid = list[0];
     let lport: u8 = parse_num(lport, "logical port")?;
     let h = fabric
         .meps
@@ -141,10 +152,14 @@ fn bind(args: &[&str], fabric: &Fabric) -> Result<String, String> {
         .position(|m| m.name == *host)
         .ok_or_else(|| format!("no host '{host}'"))?;
     let start = std::time::Instant::now();
-    let what = format!("bind of {pdfid:#06x} to {host} logical port {lport}");
+    let what = if list.len() == 1 {
+        format!("bind of {pdfid:#06x} to {host} logical port {lport}")
+    } else {
+        format!("bind of {pdfids} to {host} logical port {lport}")
+    };
     let req = fabric
         .model()
-        .begin_bind(Requester::Control, h, lport, pdfid);
+        .begin_bind_group(Requester::Control, h, lport, &list);
     let ret = match req {
         Ok(req) => fabric.execute(req),
         Err(ret) => {
@@ -169,8 +184,8 @@ fn unbind(args: &[&str], fabric: &Fabric) -> Result<String, String> {
     let req = {
         let mut m = fabric.model();
         match m.function(pdfid).map(|f| f.binding) {
-            None => Err(model::PCIFAB_ERR_PDFID_UNKNOWN),
-            Some(None) => Err(model::PCIFAB_ERR_NOT_BOUND),
+            None => Err(model::ERR_PHYC_PORT_NOT_EXIST),
+            Some(None) => Err(model::ERR_LOGC_PORT_NOT_BIND_PHYC_PORT),
             Some(Some((h, l))) => m.begin_unbind(Requester::Control, h, l, pdfid),
         }
     };
@@ -200,6 +215,17 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
             .map(|i| vec![i])
             .ok_or_else(|| format!("no host '{who}'; use a host name or all"))
     };
+    if let [who, "dma-mrpc", state] = args {
+        let on = match *state {
+            "on" => true,
+            "off" => false,
+            _ => return Err(FAULT_USAGE.into()),
+        };
+        for i in select(who)? {
+            fabric.meps[i].set_dma_mrpc(on);
+        }
+        return Ok("{\"ok\":true}".into());
+    }
     type Apply = Box<dyn Fn(&mut Faults)>;
     let mut arm = None;
     let (targets, apply): (Vec<usize>, Apply) = match args {

@@ -273,45 +273,53 @@ fn fields(cmd: u32, input: &[u8], out: &[u8]) -> Vec<Field> {
                     add(o, 8, Value);
                 }
             }
-            3 => {
-                add(4, 4, Len);
-                add(12, 1, Index);
-                add(13, 1, Port);
-                add(14, 2, Value);
-                add(16, 2, Len);
-                for l in 0..4 {
-                    let e = 20 + 32 * l;
-                    add(e, 1, Index);
-                    add(e + 1, 1, Status);
-                    add(e + 2, 2, Pdfid);
-                }
-            }
-            5 => {
-                add(0, 4, Len);
-                add(4, 4, Len);
-                if u32_at(input, 4) == 2 {
-                    // Section bytes from offset_dw * 4 follow 12 bytes.
-                    let off = u32_at(input, 8).saturating_mul(4);
-                    let mut at = |pos: usize, width: usize, kind: Kind| {
-                        if pos >= off {
-                            add(12 + pos - off, width, kind);
-                        }
-                    };
-                    at(4, 4, Len); // resp_size_dw
-                    at(13, 1, Port);
-                    at(14, 2, Len);
-                    at(16, 4, Len);
-                    at(20, 2, Len);
-                    at(24, 4, Len);
-                    for k in 0..32 {
-                        let f = 28 + 36 * k;
-                        at(f, 2, Index);
-                        at(f + 2, 2, Pdfid);
-                        at(f + 5, 1, Len);
-                        at(f + 8, 1, Status);
-                        at(f + 10, 1, Port);
-                        at(f + 11, 1, Index);
+            1 | 3 | 5 | 6 => {
+                // Chunked: START -> {dw_len, num_of_switch}; GET -> {offset_dw,
+                // size_dw, rsvd, section bytes from offset_dw * 4}.
+                match u32_at(input, 4) {
+                    1 => {
+                        add(0, 4, Len);
+                        add(4, 4, Len);
                     }
+                    2 => {
+                        add(0, 4, Len);
+                        add(4, 4, Len);
+                        let off = u32_at(input, 8).saturating_mul(4);
+                        let mut at = |pos: usize, width: usize, kind: Kind| {
+                            if pos >= off {
+                                add(12 + pos - off, width, kind);
+                            }
+                        };
+                        at(4, 4, Len); // resp_size_dw
+                        if sub == 3 {
+                            at(12, 1, Index);
+                            at(13, 1, Port);
+                            at(14, 2, Value);
+                            at(16, 2, Len);
+                            for k in 0..32 {
+                                let e = 20 + 4 * k;
+                                at(e, 1, Index);
+                                at(e + 1, 1, Status);
+                                at(e + 2, 2, Pdfid);
+                            }
+                        } else if sub == 5 {
+                            at(13, 1, Port);
+                            at(14, 2, Len);
+                            at(16, 4, Len);
+                            at(20, 2, Len);
+                            at(24, 4, Len);
+                            for k in 0..32 {
+                                let f = 28 + 36 * k;
+                                at(f, 2, Index);
+                                at(f + 2, 2, Pdfid);
+                                at(f + 5, 1, Len);
+                                at(f + 8, 1, Status);
+                                at(f + 10, 1, Port);
+                                at(f + 11, 1, Index);
+                            }
+                        }
+                    }
+                    _ => {}
                 }
             }
             _ => {}
@@ -763,7 +771,8 @@ mod tests {
                 (0x82, vec![3, 0, 0x40, 0]),
                 (0x82, vec![4]),
                 (0x83, vec![2]),
-                (0x83, vec![3, 1]),
+                (0x83, vec![3, 1, 0, 0, 1, 0, 0, 0]),
+                (0x83, vec![3, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]),
                 (0x83, vec![5, 16, 0, 0, 1, 0, 0, 0]),
                 (0x83, vec![5, 16, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]),
                 (0x83, vec![5, 16, 0, 0, 3, 0, 0, 0]),
@@ -857,7 +866,7 @@ mod tests {
                 };
                 assert_eq!(r.0, want, "clean reply {i}: {r:?}");
             }
-            assert!(rc[12].2[0] >= 3, "GFMS_EVENT GET had events");
+            assert!(rc[13].2[0] >= 3, "GFMS_EVENT GET had events");
             assert!(ra == rb, "same seed, same commands: same lies");
             assert!(ra != rx, "another seed lies differently");
             let seq = sequence();
@@ -897,7 +906,7 @@ mod tests {
                 (0xf003, vec![1, 0, 8, 0, 0, 0, 0, 0]),
                 (0x04, vec![2, 0, 0, 0]),
                 (0xf004, ext(6, 0, 0)),
-                (0x83, vec![3, 0]),
+                (0x83, vec![2]),
             ] {
                 assert!(
                     run(&a, cmd, &input) == run(&clean, cmd, &input),

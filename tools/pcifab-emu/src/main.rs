@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const USAGE: &str = "\
-usage: pcifab-emu --config FILE --run-dir DIR [--qmp HOST=PATH]... [--verbose]
+usage: pcifab-emu --config FILE --run-dir DIR [--qmp HOST=PATH]... [--dialect D] [--verbose]
 
 Emulates the management endpoint of a Switchtec PAX switch for each host in
 FILE, each on a vfio-user socket DIR/mep-<host>.sock for QEMU's
@@ -39,6 +39,8 @@ vfio-user-pci device, and answers test requests on DIR/control.sock.
   --run-dir DIR   directory for the sockets (created if missing)
   --qmp HOST=PATH QMP socket of HOST's QEMU, for hot-plugging bound
                   functions (repeatable)
+  --dialect D     firmware dialect, pax or extended (overrides the
+                  configuration's `dialect` key)
   --verbose       also log debug messages
   --help          show this help
 ";
@@ -48,6 +50,7 @@ struct Args {
     run_dir: PathBuf,
     verbose: bool,
     qmp: Vec<(String, PathBuf)>,
+    dialect: Option<config::Dialect>,
 }
 
 enum Parsed {
@@ -58,6 +61,7 @@ enum Parsed {
 fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
     let (mut config, mut run_dir, mut verbose) = (None, None, false);
     let mut qmp = Vec::new();
+    let mut dialect = None;
     while let Some(arg) = argv.next() {
         let (name, inline) = match arg.split_once('=') {
             Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
@@ -80,6 +84,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> 
                     .ok_or_else(|| format!("--qmp '{v}' is not HOST=PATH"))?;
                 qmp.push((h.to_owned(), PathBuf::from(p)));
             }
+            "--dialect" => dialect = Some(config::Dialect::parse(&value("pax or extended")?)?),
             "--verbose" if inline.is_none() => verbose = true,
             "--help" | "-h" => return Ok(Parsed::Help),
             _ => return Err(format!("unknown argument '{arg}'")),
@@ -90,6 +95,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> 
         run_dir: run_dir.ok_or("--run-dir DIR is required")?,
         verbose,
         qmp,
+        dialect,
     }))
 }
 
@@ -139,7 +145,15 @@ fn signal_set() -> libc::sigset_t {
 
 fn run(args: Args) -> Result<(), String> {
     log::set_verbose(args.verbose);
-    let config = Config::load(&args.config)?;
+    let mut config = Config::load(&args.config)?;
+    if let Some(d) = args.dialect {
+        config.dialect = d;
+    }
+    info!(
+        "dialect {}, DMA MRPC {}",
+        config.dialect.name(),
+        if config.dma_mrpc { "on" } else { "off" }
+    );
     std::fs::create_dir_all(&args.run_dir)
         .map_err(|e| format!("cannot create run dir {}: {e}", args.run_dir.display()))?;
 

@@ -62,6 +62,8 @@ enum Kind {
     EventHdr,
     /// The pcifab P2P / DMA engine registers.
     P2p,
+    /// MRPC dma_en: bit 0, writable while DMA MRPC is offered.
+    DmaEn,
     ReadOnly,
 }
 
@@ -88,9 +90,37 @@ fn event_hdr_write(old: u32, new: u32, mask: u32) -> u32 {
     v
 }
 
+/// What a MEP's firmware offers beyond the Gen4 GAS (the dialect and DMA MRPC).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GasFeatures {
+    /// The pcifab extension register block (P2P / DMA engine at 0x3000).
+    pub ext: bool,
+    /// DMA MRPC (dma_ver non-zero).
+    pub dma_mrpc: bool,
+}
+
+impl Default for GasFeatures {
+    fn default() -> Self {
+        GasFeatures {
+            ext: true,
+            dma_mrpc: true,
+        }
+    }
+}
+
+/// DMA MRPC: the version in dma_ver, the MSI-X vector in dma_vector, the
+/// enable bit of dma_en (Linux's switchtec.h).
+pub const DMA_MRPC_VER: u32 = 1;
+pub const DMA_MRPC_VECTOR: u32 = 1;
+pub const DMA_MRPC_EN: u32 = 1;
+/// Size of Linux's `struct dma_mrpc_output`: status, cmd_id, rtn_code,
+/// output_size, then the 1024 data bytes.
+pub const DMA_MRPC_OUTPUT_SIZE: usize = 16 + MRPC_PAYLOAD_SIZE as usize;
+
 /// The Global Address Space of one MEP.
 pub struct Gas {
     mem: Vec<u8>,
+    features: GasFeatures,
     partition: u32,
     partitions: u32,
     /// End of the part of the MRPC input buffer written since the last command.
@@ -100,17 +130,30 @@ pub struct Gas {
 }
 
 impl Gas {
-    pub fn new(fw: &Firmware, partition: u32, partitions: u32, window_mib: u32) -> Gas {
+    pub fn new(
+        fw: &Firmware,
+        partition: u32,
+        partitions: u32,
+        window_mib: u32,
+        features: GasFeatures,
+    ) -> Gas {
         let mut g = Gas {
             mem: vec![0; GAS_SIZE as usize],
+            features,
             partition,
             partitions,
             input_end: 0,
             dma_in_flight: false,
         };
-        // MRPC: idle, no DMA MRPC (dma_ver 0).
-        g.put32(MRPC_DMA_VER, 0);
-        g.put32(P2P + P2P_CAPS, P2P_CAPS_BITS | window_mib.min(0xffff) << 16);
+        // MRPC: idle; DMA MRPC offered (dma_ver, dma_vector) or not.
+        if features.dma_mrpc {
+            g.put32(MRPC_DMA_VER, DMA_MRPC_VER);
+            g.put32(MRPC_DMA_VECTOR, DMA_MRPC_VECTOR);
+        }
+        // The extension block; a plain PAX has nothing there (reads 0).
+        if features.ext {
+            g.put32(P2P + P2P_CAPS, P2P_CAPS_BITS | window_mib.min(0xffff) << 16);
+        }
 
         // sys_info.
         let si = SYS_INFO;
@@ -229,7 +272,9 @@ impl Gas {
             Kind::Input
         } else if off == MRPC_CMD {
             Kind::Cmd
-        } else if [MRPC_DMA_EN, MRPC_DMA_ADDR, MRPC_DMA_ADDR + 4].contains(&off)
+        } else if off == MRPC_DMA_EN {
+            Kind::DmaEn
+        } else if [MRPC_DMA_ADDR, MRPC_DMA_ADDR + 4].contains(&off)
             || (TOP_CFG..SW_EVENT).contains(&off)
         {
             Kind::Ram
@@ -242,7 +287,7 @@ impl Gas {
             } else {
                 Kind::ReadOnly
             }
-        } else if (P2P..P2P + P2P_SIZE).contains(&off) {
+        } else if (P2P..P2P + P2P_SIZE).contains(&off) && self.features.ext {
             Kind::P2p
         } else if in_block(PART_CFG, u64::from(self.partitions), PART_CFG_SIZE) {
             let rel = (off - PART_CFG) % PART_CFG_SIZE;
@@ -298,6 +343,13 @@ impl Gas {
                 }
                 Kind::P2p => self.p2p_write(dw - P2P, old, new, mask, &mut w),
                 Kind::Ram => self.put32(dw, new),
+                Kind::DmaEn => {
+                    if self.features.dma_mrpc {
+                        self.put32(dw, new & DMA_MRPC_EN);
+                    } else {
+                        debug!("dma_en write of {new:#x} ignored: no DMA MRPC");
+                    }
+                }
                 Kind::EventHdr => {
                     self.put32(dw, event_hdr_write(old, new, mask));
                     if dw >= PFF_CSR {
@@ -479,6 +531,23 @@ impl Gas {
         (cmd, input)
     }
 
+    /// Where DMA MRPC output goes: Some(dma_addr) while offered and enabled.
+    pub fn dma_mrpc_target(&self) -> Option<u64> {
+        let en = self.features.dma_mrpc && self.get32(MRPC_DMA_EN) & DMA_MRPC_EN != 0;
+        en.then(|| {
+            u64::from(self.get32(MRPC_DMA_ADDR)) | u64::from(self.get32(MRPC_DMA_ADDR + 4)) << 32
+        })
+    }
+
+    /// Offer DMA MRPC or withdraw it as a firmware reset without it would:
+    /// dma_ver and dma_vector read 0 and dma_en is cleared.
+    pub fn set_dma_mrpc(&mut self, on: bool) {
+        self.features.dma_mrpc = on;
+        self.put32(MRPC_DMA_EN, 0);
+        self.put32(MRPC_DMA_VER, if on { DMA_MRPC_VER } else { 0 });
+        self.put32(MRPC_DMA_VECTOR, if on { DMA_MRPC_VECTOR } else { 0 });
+    }
+
     /// Firmware completes a command. Returns the MSI-X vector to signal when
     /// the partition's MRPC completion event has interrupts enabled.
     pub fn finish_mrpc(&mut self, outcome: &MrpcOutcome) -> Option<u16> {
@@ -603,6 +672,8 @@ pub struct Mep {
     pub partition: u32,
     partitions: u32,
     fw: Firmware,
+    /// What the firmware offers after a reset (`fault dma-mrpc` changes it).
+    features: Mutex<GasFeatures>,
     inner: Mutex<Inner>,
     pub connected: AtomicBool,
     pub mrpc_commands: AtomicU64,
@@ -636,15 +707,17 @@ impl Mep {
         partition: u32,
         partitions: u32,
         p2p: Arc<p2p::Shared>,
+        features: GasFeatures,
     ) -> Mep {
         Mep {
+            features: Mutex::new(features),
             name: name.to_owned(),
             partition,
             partitions,
             fw: fw.clone(),
             inner: Mutex::new(Inner {
                 cfg: ConfigSpace::new(fw, p2p.window),
-                gas: Gas::new(fw, partition, partitions, p2p.window_mib()),
+                gas: Gas::new(fw, partition, partitions, p2p.window_mib(), features),
                 bar4: new_bar4(),
                 irqs: Irqs::new(),
                 dma: DmaTable::default(),
@@ -899,6 +972,33 @@ impl Mep {
             return;
         }
         let vector = inner.gas.finish_mrpc(outcome);
+        let dma_vector = inner.gas.dma_mrpc_target().and_then(|addr| {
+            let mut out = vec![0u8; DMA_MRPC_OUTPUT_SIZE];
+            let n = if outcome.status == MRPC_STATUS_DONE {
+                outcome.output.len().min(MRPC_PAYLOAD_SIZE as usize)
+            } else {
+                0
+            };
+            out[4..8].copy_from_slice(&job.cmd.to_le_bytes());
+            out[8..12].copy_from_slice(&outcome.ret.to_le_bytes());
+            out[12..16].copy_from_slice(&(n as u32).to_le_bytes());
+            out[16..16 + n].copy_from_slice(&outcome.output[..n]);
+            // Everything but the status first: the host polls the status.
+            let res = inner
+                .dma
+                .write(addr + 4, &out[4..])
+                .and_then(|()| inner.dma.write(addr, &outcome.status.to_le_bytes()));
+            match res {
+                Ok(()) => Some(DMA_MRPC_VECTOR as u16),
+                Err(e) => {
+                    note!(
+                        "{}: DMA MRPC output to {addr:#x} not written: {e}",
+                        self.name
+                    );
+                    None
+                }
+            }
+        });
         info_or_note!(
             outcome.status != MRPC_STATUS_DONE,
             "{}: MRPC cmd {:#x} ({}) input {} bytes -> status {} ret {:#x}",
@@ -909,6 +1009,9 @@ impl Mep {
             status_name(outcome.status),
             outcome.ret
         );
+        if let Some(v) = dma_vector {
+            self.raise(&inner, v, "DMA MRPC completion", drop_irq);
+        }
         if let Some(v) = vector {
             self.raise(&inner, v, "MRPC completion", drop_irq);
         }
@@ -1008,16 +1111,33 @@ impl Mep {
     pub fn reset(&self) {
         let mut inner = self.lock();
         inner.cfg = ConfigSpace::new(&self.fw, self.p2p.window);
+        let features = *self.features.lock().unwrap_or_else(|e| e.into_inner());
         inner.gas = Gas::new(
             &self.fw,
             self.partition,
             self.partitions,
             self.p2p.window_mib(),
+            features,
         );
         inner.bar4 = new_bar4();
         inner.epoch += 1;
         inner.dma_epoch += 1;
         info!("{}: device reset", self.name);
+    }
+
+    /// `fault <host> dma-mrpc off|on`: the firmware withdraws DMA MRPC (or
+    /// offers it again), now and after later resets.
+    pub fn set_dma_mrpc(&self, on: bool) {
+        self.features
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .dma_mrpc = on;
+        self.lock().gas.set_dma_mrpc(on);
+        info!(
+            "{}: DMA MRPC {}",
+            self.name,
+            if on { "offered" } else { "withdrawn" }
+        );
     }
 
     /// The client went away: drop its eventfds and DMA mappings; the host's upstream port
@@ -1161,6 +1281,10 @@ impl Fabric {
                     i as u32,
                     n,
                     Arc::clone(&shared),
+                    GasFeatures {
+                        ext: config.dialect.extended(),
+                        dma_mrpc: config.dma_mrpc,
+                    },
                 ))
             })
             .collect();
@@ -1201,117 +1325,103 @@ impl Fabric {
         }
     }
 
-    /// Carry out a checked bind or unbind (QMP, scrub, model, events).
-    /// Returns 0 or the pcifab return code. Blocks: never call it on a
-    /// vfio-user socket thread.
-    pub fn execute(&self, req: Request) -> u32 {
+    /// Carry out a checked bind or unbind of one logical port's functions
+    /// (QMP, scrub, model, events): all of them or none. Returns 0 or the
+    /// return code. Blocks: never call it on a vfio-user socket thread.
+    pub fn execute(&self, reqs: Vec<Request>) -> u32 {
+        let Some(&first) = reqs.first() else {
+            return 0;
+        };
         let start = Instant::now();
-        let id = format!("fn-{:04x}", req.pdfid);
-        let host = &self.meps[req.host].name;
-        let qmp = self.qmp.get(req.host).cloned().flatten();
+        let host = self.meps[first.host].name.clone();
+        let qmp = self.qmp.get(first.host).cloned().flatten();
         let mut phantom = false;
         let mut why = String::new();
-        let ret = if req.bind {
-            if self.meps[req.host].take_no_enumerate() {
+        let ret = if first.bind {
+            if self.meps[first.host].take_no_enumerate() {
                 phantom = true;
                 why = "fault no-enumerate: no device_add".into();
                 0
             } else if let Some(q) = qmp {
-                let args = serde_json::json!({
-                    "driver": "vfio-user-pci",
-                    "id": id,
-                    "bus": format!("dsp{}", req.log_port),
-                    "socket": {"type": "unix", "path": self.fn_socket(req.pdfid).to_string_lossy()},
-                });
-                q.forget_deleted(&id);
-                match q.execute("device_add", args) {
-                    Ok(_) => 0,
-                    Err(e) => {
-                        why = format!("device_add: {e}");
-                        model::PCIFAB_ERR_HOTPLUG_FAILED
-                    }
-                }
+                self.hot_add(&q, &reqs, &mut why)
             } else {
                 why = format!("no --qmp socket for host {host}");
                 model::PCIFAB_ERR_HOTPLUG_FAILED
             }
         } else {
-            let (n, pending, phantom_now) = {
+            let (queued, pending, all_phantom) = {
                 let mut m = self.model();
-                let queued = m.unbind_request(&req);
-                let ph = m.function(req.pdfid).is_some_and(|f| f.phantom);
+                let mut queued = false;
+                for r in &reqs {
+                    queued |= m.unbind_request(r);
+                }
+                let ph = reqs
+                    .iter()
+                    .all(|r| m.function(r.pdfid).is_some_and(|f| f.phantom));
                 (queued, m.pending(), ph)
             };
-            if n {
-                self.meps[req.host].signal(
+            if queued {
+                self.meps[first.host].signal(
                     &[Notice {
                         gfms: true,
                         ..Notice::default()
                     }],
-                    pending.get(req.host).copied().unwrap_or(0),
+                    pending.get(first.host).copied().unwrap_or(0),
                 );
             }
-            if phantom_now {
+            if all_phantom {
                 why = "no device in QEMU (no-enumerate or not added)".into();
                 0
             } else if let Some(q) = qmp {
-                match q.device_del_wait(&id, UNBIND_TIMEOUT) {
-                    Ok(()) => 0,
-                    Err(QmpError::Unreachable(e))
-                        if !self.meps[req.host].connected.load(Ordering::Relaxed) =>
-                    {
-                        // The host's QEMU is gone (its MEP client disconnected and its QMP
-                        // does not answer): nothing is left to remove the device from.
-                        why = format!(
-                            "{host}'s QEMU is gone (MEP disconnected; {e}): treated as removed"
-                        );
-                        0
-                    }
-                    Err(QmpError::Timeout) => {
-                        why = "no DEVICE_DELETED in time".into();
-                        model::PCIFAB_ERR_UNBIND_TIMEOUT
-                    }
-                    Err(e) => {
-                        why = format!("device_del: {e}");
-                        model::PCIFAB_ERR_HOTPLUG_FAILED
-                    }
-                }
+                self.hot_remove(&q, &reqs, &mut why)
             } else {
                 why = format!("no --qmp socket for host {host}");
                 model::PCIFAB_ERR_HOTPLUG_FAILED
             }
         };
         let mut lost = Vec::new();
-        if !req.bind && ret == 0 {
-            // No route may reach the function once it is scrubbed: drop its
+        if !first.bind && ret == 0 {
+            // No route may reach a function once it is scrubbed: drop its
             // routes and wait for copies already past their route check.
-            lost = self.model().drop_routes_to(req.pdfid);
+            {
+                let mut m = self.model();
+                for r in &reqs {
+                    lost.extend(m.drop_routes_to(r.pdfid));
+                }
+            }
             self.p2p.quiesce();
-            if let Some(f) = self.function_dev(req.pdfid) {
-                match f.scrub() {
-                    Ok(()) => {}
-                    Err(e) => error!("{id}: scrub failed: {e}"),
+            for r in &reqs {
+                if let Some(f) = self.function_dev(r.pdfid) {
+                    if let Err(e) = f.scrub() {
+                        error!("fn-{:04x}: scrub failed: {e}", r.pdfid);
+                    }
                 }
             }
         }
-        let (notice, violations) = {
+        let (notices, violations) = {
             let mut m = self.model();
-            let n = m.finish(&req, ret == 0, phantom);
-            if !req.bind && ret == 0 {
-                if let Some(f) = m.functions.iter_mut().find(|f| f.pdfid == req.pdfid) {
-                    f.scrubs += 1;
+            let mut notices = Vec::new();
+            for r in &reqs {
+                if let Some(n) = m.finish(r, ret == 0, phantom) {
+                    notices.push(n);
+                }
+                if !r.bind && ret == 0 {
+                    if let Some(f) = m.functions.iter_mut().find(|f| f.pdfid == r.pdfid) {
+                        f.scrubs += 1;
+                    }
                 }
             }
-            (n, m.invariants())
+            (notices, m.invariants())
         };
+        let ids: Vec<String> = reqs.iter().map(|r| format!("{:#06x}", r.pdfid)).collect();
         info_or_note!(
             ret != 0,
-            "{} {:#06x} {} {host} logical port {} requested by {}: {} ({:#x}) in {} ms{}",
-            if req.bind { "bind" } else { "unbind" },
-            req.pdfid,
-            if req.bind { "to" } else { "from" },
-            req.log_port,
-            self.requester_name(req.requester),
+            "{} {} {} {host} logical port {} requested by {}: {} ({:#x}) in {} ms{}",
+            if first.bind { "bind" } else { "unbind" },
+            ids.join(","),
+            if first.bind { "to" } else { "from" },
+            first.log_port,
+            self.requester_name(first.requester),
             model::ret_name(ret),
             ret,
             start.elapsed().as_millis(),
@@ -1324,13 +1434,95 @@ impl Fabric {
         for v in &violations {
             error!("INVARIANT VIOLATED: {v}");
         }
-        if let Some(mut n) = notice {
+        if !notices.is_empty() {
+            let mut n = Notice::default();
+            for x in notices {
+                n.gfms |= x.gfms;
+                n.pffs.extend(x.pffs);
+                n.routes_lost.extend(x.routes_lost);
+            }
             n.routes_lost.extend(lost);
             n.routes_lost.sort_unstable();
             n.routes_lost.dedup();
             self.notify(&[n]);
         }
         ret
+    }
+
+    /// device_add the functions of one logical port as one device: the
+    /// non-zero functions first, function 0 (multifunction=on when there are
+    /// others) last, as QEMU hot-adds a multi-function device. On a failure
+    /// the ones already added are removed again.
+    fn hot_add(&self, q: &Arc<Qmp>, reqs: &[Request], why: &mut String) -> u32 {
+        let multi = reqs.len() > 1;
+        let mut order: Vec<&Request> = reqs.iter().filter(|r| r.devfn != 0).collect();
+        order.extend(reqs.iter().filter(|r| r.devfn == 0));
+        let mut added: Vec<String> = Vec::new();
+        for r in order {
+            let id = format!("fn-{:04x}", r.pdfid);
+            let mut args = serde_json::json!({
+                "driver": "vfio-user-pci",
+                "id": id,
+                "bus": format!("dsp{}", r.log_port),
+                "addr": format!("0.{}", r.devfn),
+                "socket": {"type": "unix", "path": self.fn_socket(r.pdfid).to_string_lossy()},
+            });
+            if multi && r.devfn == 0 {
+                args["multifunction"] = serde_json::Value::Bool(true);
+            }
+            q.forget_deleted(&id);
+            if let Err(e) = q.execute("device_add", args) {
+                *why = format!("device_add {id}: {e}");
+                for a in added.iter().rev() {
+                    if let Err(e) = q.device_del_wait(a, UNBIND_TIMEOUT) {
+                        error!("{a}: not removed after a failed multi-function bind: {e}");
+                    }
+                }
+                return model::PCIFAB_ERR_HOTPLUG_FAILED;
+            }
+            added.push(id);
+        }
+        0
+    }
+
+    /// device_del the device on one logical port (function 0: QEMU takes
+    /// every function of the slot with it) and wait for every function's
+    /// DEVICE_DELETED.
+    fn hot_remove(&self, q: &Arc<Qmp>, reqs: &[Request], why: &mut String) -> u32 {
+        let host = reqs[0].host;
+        let deadline = Instant::now() + UNBIND_TIMEOUT;
+        let main = reqs.iter().find(|r| r.devfn == 0).unwrap_or(&reqs[0]);
+        let id = format!("fn-{:04x}", main.pdfid);
+        let mut res = q.device_del_wait(&id, UNBIND_TIMEOUT);
+        if res.is_ok() {
+            for r in reqs.iter().filter(|r| r.pdfid != main.pdfid) {
+                let other = format!("fn-{:04x}", r.pdfid);
+                res = q.wait_deleted(&other, deadline);
+                if res.is_err() {
+                    break;
+                }
+            }
+        }
+        match res {
+            Ok(()) => 0,
+            Err(QmpError::Unreachable(e)) if !self.meps[host].connected.load(Ordering::Relaxed) => {
+                // The host's QEMU is gone (its MEP client disconnected and its QMP
+                // does not answer): nothing is left to remove the device from.
+                *why = format!(
+                    "{}'s QEMU is gone (MEP disconnected; {e}): treated as removed",
+                    self.meps[host].name
+                );
+                0
+            }
+            Err(QmpError::Timeout) => {
+                *why = "no DEVICE_DELETED in time".into();
+                model::PCIFAB_ERR_UNBIND_TIMEOUT
+            }
+            Err(e) => {
+                *why = format!("device_del: {e}");
+                model::PCIFAB_ERR_HOTPLUG_FAILED
+            }
+        }
     }
 
     /// Bring the configuration's initial bindings into QEMU: for every host
@@ -1535,7 +1727,13 @@ mod tests {
     use super::*;
 
     fn gas(partition: u32, partitions: u32) -> Gas {
-        Gas::new(&Firmware::default(), partition, partitions, 64)
+        Gas::new(
+            &Firmware::default(),
+            partition,
+            partitions,
+            64,
+            GasFeatures::default(),
+        )
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! generation counter and the per-host GFMS event queues. One model is
 //! shared by every MEP (see Documentation/mrpc.rst, "The fabric model").
 
-use crate::config::{Config, Firmware, LOG_PORTS};
+use crate::config::{Config, Dialect, Firmware, LOG_PORTS};
 use crate::gas::{DSPS_PER_PARTITION, PFFS_PER_PARTITION};
 use crate::p2p::{Grant, Route};
 use std::collections::VecDeque;
@@ -49,12 +49,17 @@ pub struct Function {
     pub binding: Option<(usize, u8)>,
     /// A bind (to this partition, logical port) or unbind is in flight.
     pub op: Option<Op>,
+    /// Its function number in the multi-function device on its logical port
+    /// (0 for a single function); meaningful while bound or binding.
+    pub devfn: u8,
     /// Bound by a `no-enumerate` fault: no device was added to QEMU.
     pub phantom: bool,
     /// Times its device memory was scrubbed.
     pub scrubs: u64,
     /// Size of its device memory in bytes (what routes may reach).
     pub dev_mem: u64,
+    /// Size of its BAR2 in bytes.
+    pub bar2: u64,
 }
 
 /// A bind or unbind in flight.
@@ -81,11 +86,26 @@ pub struct Request {
     pub host: usize,
     pub log_port: u8,
     pub requester: Requester,
+    /// Function number on the logical port (PCI function of the device).
+    pub devfn: u8,
 }
 
-// pcifab return codes of GFMS_BIND_UNBIND (Documentation/mrpc.rst).
+/// Most functions one logical port holds (one multi-function device):
+/// switchtec-user's SWITCHTEC_FABRIC_MULTI_FUNC_NUM.
+pub const MULTI_FUNC_NUM: usize = 8;
+
+// Return codes of GFMS_BIND_UNBIND: PAX's (switchtec-user's errors.h) and,
+// for what only an emulator can meet, pcifab's (Documentation/mrpc.rst).
+pub const ERR_PHYC_PORT_ARDY_BIND: u32 = 0x1;
+pub const ERR_LOGC_PORT_ARDY_BIND: u32 = 0x2;
 pub const ERR_PHYC_PORT_NOT_EXIST: u32 = 0x4;
+pub const ERR_NO_LOGC_PORT: u32 = 0x6;
+pub const ERR_BIND_IN_PROGRESS: u32 = 0x7;
+pub const ERR_BIND_SUBCMD_INVALID: u32 = 0x9;
+pub const ERR_LOGC_PORT_NOT_BIND_PHYC_PORT: u32 = 0xb;
+pub const ERR_BIND_CHECK_FAIL: u32 = 0xd;
 pub const ERR_PARAM_INVALID: u32 = 0x64006;
+pub const ERR_MRPC_DENIED: u32 = 0x64010;
 pub const PCIFAB_ERR_PDFID_UNKNOWN: u32 = 0xf0_0001;
 pub const PCIFAB_ERR_RANGE: u32 = 0xf0_0002;
 pub const PCIFAB_ERR_FUNCTION_BUSY: u32 = 0xf0_0003;
@@ -107,8 +127,16 @@ pub const PCIFAB_ERR_GRANT_FULL: u32 = 0xf0_0011;
 pub fn ret_name(ret: u32) -> &'static str {
     match ret {
         0 => "OK",
+        ERR_PHYC_PORT_ARDY_BIND => "PHYC_PORT_ARDY_BIND",
+        ERR_LOGC_PORT_ARDY_BIND => "LOGC_PORT_ARDY_BIND",
         ERR_PHYC_PORT_NOT_EXIST => "PHYC_PORT_NOT_EXIST",
+        ERR_NO_LOGC_PORT => "NO_LOGC_PORT",
+        ERR_BIND_IN_PROGRESS => "BIND_IN_PROGRESS",
+        ERR_BIND_SUBCMD_INVALID => "BIND_SUBCMD_INVALID",
+        ERR_LOGC_PORT_NOT_BIND_PHYC_PORT => "LOGC_PORT_NOT_BIND_PHYC_PORT",
+        ERR_BIND_CHECK_FAIL => "BIND_CHECK_FAIL",
         ERR_PARAM_INVALID => "PARAM_INVALID",
+        ERR_MRPC_DENIED => "MRPC_DENIED",
         PCIFAB_ERR_PDFID_UNKNOWN => "PDFID_UNKNOWN",
         PCIFAB_ERR_RANGE => "RANGE",
         PCIFAB_ERR_FUNCTION_BUSY => "FUNCTION_BUSY",
@@ -266,7 +294,8 @@ pub struct HostState {
     pub events: VecDeque<GfmsEvent>,
     pub overflow: bool,
     pub topo: Option<Vec<u8>>,
-    pub ep_dump: Option<Vec<u8>>,
+    /// The GFMS_DB_DUMP section a START fetched: (sub-command, bytes).
+    pub dump: Option<(u8, Vec<u8>)>,
     /// The P2P routes of this host's MEP, ascending window_off.
     pub routes: Vec<Route>,
 }
@@ -284,6 +313,7 @@ pub struct Notice {
 
 pub struct Model {
     pub fw: Firmware,
+    pub dialect: Dialect,
     /// Sorted by id.
     pub ports: Vec<Port>,
     pub endpoints: Vec<Endpoint>,
@@ -358,6 +388,7 @@ impl Model {
                     class: ep.class,
                     total_vfs: if f == 0 { ep.vfs } else { 0 },
                     binding: None,
+                    devfn: 0,
                     op: None,
                     phantom: false,
                     scrubs: 0,
@@ -366,6 +397,7 @@ impl Model {
                     } else {
                         u64::from(ep.vf_mem_mib) << 20
                     },
+                    bar2: u64::from(if f == 0 { ep.mem_mib } else { ep.vf_mem_mib }) << 20,
                 });
             }
         }
@@ -388,6 +420,7 @@ impl Model {
         functions.sort_by_key(|f| f.pdfid);
         Model {
             fw: cfg.firmware.clone(),
+            dialect: cfg.dialect,
             ports,
             endpoints,
             functions,
@@ -520,11 +553,6 @@ impl Model {
         (t.temp_centi, power, t.utilisation, health)
     }
 
-    /// Logical ports per host.
-    pub fn log_ports(&self) -> u8 {
-        LOG_PORTS
-    }
-
     fn bump_generation(&mut self) {
         self.generation = self.generation.wrapping_add(1).max(1);
     }
@@ -566,98 +594,186 @@ impl Model {
         }
     }
 
-    /// Check a bind of `pdfid` to (`host`, `log_port`) and reserve it.
-    pub fn begin_bind(
+    /// Check a bind of `pdfids` as one multi-function device (function i is
+    /// `pdfids[i]`) to (`host`, `log_port`) and reserve all of them, or none.
+    pub fn begin_bind_group(
         &mut self,
         requester: Requester,
         host: usize,
         log_port: u8,
-        pdfid: u16,
-    ) -> Result<Request, u32> {
-        if log_port >= LOG_PORTS || host >= self.hosts.len() {
+        pdfids: &[u16],
+    ) -> Result<Vec<Request>, u32> {
+        if host >= self.hosts.len() {
             return Err(ERR_PARAM_INVALID);
         }
-        let i = self.index(pdfid).ok_or(PCIFAB_ERR_PDFID_UNKNOWN)?;
+        if log_port >= LOG_PORTS {
+            return Err(ERR_NO_LOGC_PORT);
+        }
+        if pdfids.is_empty() || pdfids.len() > MULTI_FUNC_NUM {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let mut idx = Vec::with_capacity(pdfids.len());
+        for (n, &pdfid) in pdfids.iter().enumerate() {
+            if pdfids[..n].contains(&pdfid) {
+                return Err(ERR_PARAM_INVALID);
+            }
+            idx.push(self.index(pdfid).ok_or(ERR_PHYC_PORT_NOT_EXIST)?);
+        }
         if let Requester::Host(r) = requester {
             let rh = &self.hosts[r];
             if !rh.manager {
-                let ep = self.functions[i].endpoint;
-                if r != host || rh.allowed.as_ref().is_some_and(|a| !a.contains(&ep)) {
-                    return Err(PCIFAB_ERR_DENIED);
+                for &i in &idx {
+                    let ep = self.functions[i].endpoint;
+                    if r != host || rh.allowed.as_ref().is_some_and(|a| !a.contains(&ep)) {
+                        return Err(ERR_MRPC_DENIED);
+                    }
                 }
             }
         }
-        let f = &self.functions[i];
-        if f.binding.is_some() || f.op.is_some() {
-            return Err(PCIFAB_ERR_FUNCTION_BUSY);
+        for &i in &idx {
+            let f = &self.functions[i];
+            if f.op.is_some() {
+                return Err(ERR_BIND_IN_PROGRESS);
+            }
+            if f.binding.is_some() {
+                return Err(ERR_PHYC_PORT_ARDY_BIND);
+            }
         }
-        let port_taken = self
+        if self
             .functions
             .iter()
-            .any(|g| g.binding == Some((host, log_port)) || g.op == Some(Op::Bind(host, log_port)));
-        if port_taken {
-            return Err(PCIFAB_ERR_PORT_BUSY);
+            .any(|g| g.op == Some(Op::Bind(host, log_port)))
+        {
+            return Err(ERR_BIND_IN_PROGRESS);
+        }
+        if self
+            .functions
+            .iter()
+            .any(|g| g.binding == Some((host, log_port)))
+        {
+            return Err(ERR_LOGC_PORT_ARDY_BIND);
         }
         let busy = |g: &Function| g.binding.is_some() || g.op.is_some();
-        let conflict = if f.vf_index == 0 {
-            self.functions
-                .iter()
-                .any(|g| g.pf_pdfid == f.pdfid && g.vf_index != 0 && busy(g))
-        } else {
-            self.function(f.pf_pdfid).is_some_and(busy)
-        };
-        if conflict {
-            return Err(PCIFAB_ERR_PF_VF_CONFLICT);
+        let listed = |g: &Function| pdfids.contains(&g.pdfid);
+        for &i in &idx {
+            let f = &self.functions[i];
+            // A PF and its VFs are never bound at once (here, elsewhere, or
+            // in the same request).
+            let conflict = if f.vf_index == 0 {
+                self.functions
+                    .iter()
+                    .any(|g| g.pf_pdfid == f.pdfid && g.vf_index != 0 && (busy(g) || listed(g)))
+            } else {
+                self.function(f.pf_pdfid)
+                    .is_some_and(|pf| busy(pf) || listed(pf))
+            };
+            if conflict {
+                return Err(ERR_BIND_CHECK_FAIL);
+            }
         }
-        if self.held(host) >= usize::from(self.hosts[host].max_functions) {
-            return Err(PCIFAB_ERR_HOST_LIMIT);
+        if self.held(host) + idx.len() > usize::from(self.hosts[host].max_functions) {
+            return Err(ERR_MRPC_DENIED);
         }
-        self.functions[i].op = Some(Op::Bind(host, log_port));
-        Ok(Request {
-            bind: true,
-            pdfid,
-            host,
-            log_port,
-            requester,
-        })
+        let mut reqs = Vec::with_capacity(idx.len());
+        for (n, &i) in idx.iter().enumerate() {
+            let f = &mut self.functions[i];
+            f.op = Some(Op::Bind(host, log_port));
+            f.devfn = n as u8;
+            reqs.push(Request {
+                bind: true,
+                pdfid: f.pdfid,
+                host,
+                log_port,
+                requester,
+                devfn: n as u8,
+            });
+        }
+        Ok(reqs)
     }
 
-    /// Check an unbind of `pdfid` from (`host`, `log_port`) and reserve it.
+    /// Check an unbind of `pdfid` from (`host`, `log_port`) and reserve it
+    /// with the rest of the device on that logical port.
     pub fn begin_unbind(
         &mut self,
         requester: Requester,
         host: usize,
         log_port: u8,
         pdfid: u16,
-    ) -> Result<Request, u32> {
-        if log_port >= LOG_PORTS || host >= self.hosts.len() {
+    ) -> Result<Vec<Request>, u32> {
+        if host >= self.hosts.len() {
             return Err(ERR_PARAM_INVALID);
         }
-        let i = self.index(pdfid).ok_or(PCIFAB_ERR_PDFID_UNKNOWN)?;
-        let f = &self.functions[i];
+        if log_port >= LOG_PORTS {
+            return Err(ERR_NO_LOGC_PORT);
+        }
+        let i = self.index(pdfid).ok_or(ERR_PHYC_PORT_NOT_EXIST)?;
+        if self.functions[i].op.is_some() {
+            return Err(ERR_BIND_IN_PROGRESS);
+        }
+        if self.functions[i].binding != Some((host, log_port)) {
+            return Err(ERR_LOGC_PORT_NOT_BIND_PHYC_PORT);
+        }
+        self.begin_unbind_port(requester, host, log_port)
+    }
+
+    /// Check an unbind of everything on logical port `log_port` of `host`
+    /// (what a PAX unbind names) and reserve it.
+    pub fn begin_unbind_port(
+        &mut self,
+        requester: Requester,
+        host: usize,
+        log_port: u8,
+    ) -> Result<Vec<Request>, u32> {
+        if host >= self.hosts.len() {
+            return Err(ERR_PARAM_INVALID);
+        }
+        if log_port >= LOG_PORTS {
+            return Err(ERR_NO_LOGC_PORT);
+        }
         if let Requester::Host(r) = requester {
-            if !self.hosts[r].manager && (r != host || f.binding.is_some_and(|b| b.0 != r)) {
-                return Err(PCIFAB_ERR_DENIED);
+            if !self.hosts[r].manager && r != host {
+                return Err(ERR_MRPC_DENIED);
             }
         }
-        if f.op.is_some() {
-            return Err(PCIFAB_ERR_FUNCTION_BUSY);
+        if self
+            .functions
+            .iter()
+            .any(|g| g.op == Some(Op::Bind(host, log_port)))
+        {
+            return Err(ERR_BIND_IN_PROGRESS);
         }
-        if f.binding != Some((host, log_port)) {
-            return Err(PCIFAB_ERR_NOT_BOUND);
+        let mut idx: Vec<usize> = (0..self.functions.len())
+            .filter(|&i| self.functions[i].binding == Some((host, log_port)))
+            .collect();
+        if idx.is_empty() {
+            return Err(ERR_LOGC_PORT_NOT_BIND_PHYC_PORT);
         }
-        self.functions[i].op = Some(Op::Unbind);
-        Ok(Request {
-            bind: false,
-            pdfid,
-            host,
-            log_port,
-            requester,
-        })
+        if idx.iter().any(|&i| self.functions[i].op.is_some()) {
+            return Err(ERR_BIND_IN_PROGRESS);
+        }
+        idx.sort_by_key(|&i| self.functions[i].devfn);
+        let mut reqs = Vec::with_capacity(idx.len());
+        for i in idx {
+            let f = &mut self.functions[i];
+            f.op = Some(Op::Unbind);
+            reqs.push(Request {
+                bind: false,
+                pdfid: f.pdfid,
+                host,
+                log_port,
+                requester,
+                devfn: f.devfn,
+            });
+        }
+        Ok(reqs)
     }
 
     /// The owner is asked to let go (UNBIND_REQUEST on its queue only).
+    /// Only the extended dialect has this event; a plain PAX queues nothing.
     pub fn unbind_request(&mut self, req: &Request) -> bool {
+        if !self.dialect.extended() {
+            return false;
+        }
         let host_port = self.hosts[req.host].port;
         self.queue_to(
             req.host,
@@ -682,9 +798,11 @@ impl Model {
         let mut routes_lost = Vec::new();
         if req.bind {
             f.binding = Some((req.host, req.log_port));
+            f.devfn = req.devfn;
             f.phantom = phantom;
         } else {
             f.binding = None;
+            f.devfn = 0;
             f.phantom = false;
             routes_lost = self.drop_routes_to(req.pdfid);
             self.grants.retain(|g| g.pdfid != req.pdfid);
@@ -716,12 +834,18 @@ impl Model {
                 ));
             }
             for g in &self.functions[a + 1..] {
-                if g.binding == Some((h, l)) {
+                if g.binding == Some((h, l)) && g.devfn == f.devfn {
                     v.push(format!(
-                        "logical port {l} of host {h} holds {:#06x} and {:#06x}",
-                        f.pdfid, g.pdfid
+                        "logical port {l} of host {h} holds {:#06x} and {:#06x} as function {}",
+                        f.pdfid, g.pdfid, f.devfn
                     ));
                 }
+            }
+            if usize::from(f.devfn) >= MULTI_FUNC_NUM {
+                v.push(format!(
+                    "function {:#06x} has function number {}",
+                    f.pdfid, f.devfn
+                ));
             }
             if f.vf_index == 0 {
                 for g in self

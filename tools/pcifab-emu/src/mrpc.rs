@@ -2,12 +2,70 @@
 //! The MRPC commands the firmware serves. Layouts and return codes are those
 //! of Documentation/mrpc.rst.
 
+use crate::config::LOG_PORTS;
 use crate::gas::{MRPC_STATUS_DONE, MRPC_STATUS_ERROR};
-use crate::model::{Model, Notice, PortKind, Request, Requester};
+use crate::model::{Model, Notice, PortKind, Request, Requester, MULTI_FUNC_NUM};
 
 // Commands (switchtec-user's enum mrpc_cmd) and pcifab's extensions.
 pub const MRPC_DIETEMP: u32 = 0x04;
+pub const MRPC_PMON: u32 = 0x07;
+pub const MRPC_LNKSTAT: u32 = 0x1c;
 pub const MRPC_ECHO: u32 = 0x41;
+pub const MRPC_GET_PAX_ID: u32 = 0x81;
+pub const MRPC_PORT_CONFIG: u32 = 0x88;
+pub const MRPC_EP_RESOURCE_ACCESS: u32 = 0x8e;
+pub const MRPC_EP_TUNNEL_CFG: u32 = 0x8f;
+pub const MRPC_I2C_TWI_PING: u32 = 0x100;
+pub const MRPC_EXT_FEATURES: u32 = 0xf000;
+/// The command range of pcifab's extensions (answered in `extended` only).
+pub const EXT_FIRST: u32 = 0xf000;
+pub const EXT_LAST: u32 = 0xf0ff;
+/// EXT_FEATURES: its version and feature bits.
+pub const EXT_FEATURES_VERSION: u32 = 1;
+pub const EXT_FEAT_TELEMETRY: u32 = 1 << 0;
+pub const EXT_FEAT_P2P: u32 = 1 << 1;
+pub const EXT_FEAT_DMA_ENGINE: u32 = 1 << 2;
+pub const EXT_FEAT_UNBIND_REQUEST: u32 = 1 << 3;
+
+// GFMS_DB_DUMP sub-commands (switchtec-user's mrpc.h).
+pub const DUMP_FABRIC: u8 = 0;
+pub const DUMP_PAX_ALL: u8 = 1;
+pub const DUMP_PAX: u8 = 2;
+pub const DUMP_HVD: u8 = 3;
+pub const DUMP_FAB_PORT: u8 = 4;
+pub const DUMP_EP_PORT: u8 = 5;
+pub const DUMP_HVD_DETAIL: u8 = 6;
+/// The `type` of a chunked dump step.
+pub const DUMP_START: u32 = 1;
+pub const DUMP_GET: u32 = 2;
+pub const DUMP_FINISH: u32 = 3;
+
+/// Ports LNKSTAT reports on a Gen4 part (switchtec_max_supported_ports).
+pub const LNKSTAT_PORTS: usize = 52;
+pub const LNKSTAT_ENTRY: usize = 12;
+/// PMON GET_BW_COUNTER: sub-command and the size of one result.
+pub const PMON_GET_BW_COUNTER: u8 = 1;
+pub const BWCNTR_RES_SIZE: usize = 56;
+/// switchtec-user's SWITCHTEC_UNBOUND_PORT: a port in no partition.
+pub const UNBOUND_PORT: u8 = 255;
+/// PORT_CONFIG sub-commands and port types (fabric.h).
+pub const PORT_CONFIG_SET: u8 = 0;
+pub const PORT_CONFIG_GET: u8 = 1;
+pub const FAB_PORT_TYPE_UNUSED: u8 = 0;
+pub const FAB_PORT_TYPE_FABRIC_EP: u8 = 2;
+pub const FAB_PORT_TYPE_FABRIC_HOST: u8 = 3;
+/// GFMS DB reachability (fabric.h): unicast, unreachable.
+pub const REACH_UC: u8 = 0;
+pub const REACH_UR: u8 = 2;
+/// EP function types (sriov_cap_pf) as cli/fabric.c prints them.
+pub const FUNC_SRIOV_PF: u8 = 3;
+pub const FUNC_PF: u8 = 1;
+pub const FUNC_SRIOV_VF: u8 = 0;
+/// EP BAR types (fabric.h).
+pub const BAR_MEM64: u8 = 0x4;
+pub const BAR_MEM64_PREFETCH: u8 = 0xc;
+/// Functions' BAR0 size as a power of two (16 KiB).
+pub const FN_BAR0_EXP: u8 = 14;
 pub const MRPC_TOPO_INFO_DUMP: u32 = 0x82;
 pub const MRPC_GFMS_DB_DUMP: u32 = 0x83;
 pub const MRPC_GFMS_BIND_UNBIND: u32 = 0x84;
@@ -37,6 +95,7 @@ pub const DIETEMP_STOP: u32 = 3;
 
 // Firmware return codes (switchtec-user's errors.h) and pcifab's.
 pub const ERR_PHYC_PORT_NOT_EXIST: u32 = 0x4;
+pub const ERR_MRPC_DENIED: u32 = 0x64010;
 pub const ERR_SUBCMD_INVALID: u32 = 0x64004;
 pub const ERR_CMD_INVALID: u32 = 0x64005;
 pub const ERR_PARAM_INVALID: u32 = 0x64006;
@@ -50,6 +109,8 @@ pub const PAYLOAD: usize = 1024;
 pub const TOPO_CHUNK: usize = 1000;
 /// Dwords per EP port GET reply, its 3 header dwords included.
 pub const EP_CHUNK_DW: usize = 0xf0;
+/// Dwords per GET reply of the other chunked dumps (a whole output buffer).
+pub const DUMP_CHUNK_DW: usize = PAYLOAD / 4;
 /// The length a `bad-length` fault puts in dump replies, in dwords.
 pub const BAD_LEN_DW: u32 = 512;
 
@@ -61,7 +122,15 @@ pub const LIST_MAX_ENTRIES: usize = (PAYLOAD - LIST_HDR_SIZE) / LIST_ENTRY_SIZE;
 pub fn mrpc_name(cmd: u32) -> &'static str {
     match cmd & 0xffff {
         MRPC_DIETEMP => "DIETEMP",
+        MRPC_PMON => "PMON",
+        MRPC_LNKSTAT => "LNKSTAT",
         MRPC_ECHO => "ECHO",
+        MRPC_GET_PAX_ID => "GET_PAX_ID",
+        MRPC_PORT_CONFIG => "PORT_CONFIG",
+        MRPC_EP_RESOURCE_ACCESS => "EP_RESOURCE_ACCESS",
+        MRPC_EP_TUNNEL_CFG => "EP_TUNNEL_CFG",
+        MRPC_I2C_TWI_PING => "I2C_TWI_PING",
+        MRPC_EXT_FEATURES => "EXT_FEATURES",
         MRPC_TOPO_INFO_DUMP => "TOPO_INFO_DUMP",
         MRPC_GFMS_DB_DUMP => "GFMS_DB_DUMP",
         MRPC_GFMS_EVENT => "GFMS_EVENT",
@@ -175,13 +244,22 @@ pub struct Exec<'a> {
     pub notices: Vec<Notice>,
     /// A checked and reserved bind/unbind the worker must now carry out;
     /// the command completes when it is done.
-    pub deferred: Option<Request>,
+    pub deferred: Option<Vec<Request>>,
 }
 
 impl Exec<'_> {
     pub fn run(&mut self, cmd: u32, input: &[u8]) -> MrpcOutcome {
-        let r = match cmd & 0xffff {
-            MRPC_ECHO => Ok(input.to_vec()),
+        let c = cmd & 0xffff;
+        let r = match c {
+            EXT_FIRST..=EXT_LAST if !self.model.dialect.extended() => Err(ERR_CMD_INVALID),
+            // PAX answers ECHO with its input bit-inverted (cli/main.c `test`).
+            MRPC_ECHO => Ok(input.iter().map(|b| !b).collect()),
+            MRPC_I2C_TWI_PING => self.twi_ping(input),
+            MRPC_GET_PAX_ID => Ok(vec![0]),
+            MRPC_LNKSTAT => self.lnkstat(input),
+            MRPC_PMON => self.pmon(input),
+            MRPC_PORT_CONFIG => self.port_config(input),
+            MRPC_EXT_FEATURES => Ok(self.ext_features()),
             MRPC_DIETEMP => self.dietemp(input),
             MRPC_TOPO_INFO_DUMP => self.topo(input),
             MRPC_GFMS_DB_DUMP => self.gfms_db(input),
@@ -192,6 +270,8 @@ impl Exec<'_> {
             MRPC_FUNCTION_TELEMETRY => self.telemetry(input),
             MRPC_FUNCTION_LIST => self.list(input),
             MRPC_P2P_ROUTE => self.p2p_route(input),
+            // Not served: answered as firmware without them answers.
+            MRPC_EP_RESOURCE_ACCESS | MRPC_EP_TUNNEL_CFG => Err(ERR_CMD_INVALID),
             _ => Err(ERR_CMD_INVALID),
         };
         match r {
@@ -204,32 +284,152 @@ impl Exec<'_> {
     }
 
     /// GFMS_BIND_UNBIND: check and reserve; the worker does the rest.
+    ///
+    /// Bind: `{u8 subcmd=1, u8 host_sw_idx, u8 host_phys_port_id,
+    /// u8 host_log_port_id, {u16 pdfid, u8 next_valid, u8 rsvd}[8]}`, the
+    /// functions chained by next_valid from the first. Unbind: `{u8 subcmd=2,
+    /// u8 host_sw_idx, u8 host_phys_port_id, u8 host_log_port_id, u16 pdfid,
+    /// u8 option, u8 rsvd}`; switchtec-user leaves pdfid and option
+    /// unset, so an unbind takes everything on the logical port.
     fn bind_unbind(&mut self, input: &[u8]) -> Res {
         let sub = u8_at(input, 0)?;
         if sub != GFMS_BIND && sub != GFMS_UNBIND {
-            return Err(ERR_SUBCMD_INVALID);
+            return Err(crate::model::ERR_BIND_SUBCMD_INVALID);
         }
-        if input.len() < 8 {
+        if input.len() < 4 {
             return Err(ERR_PARAM_INVALID);
         }
         let (sw, port, log_port) = (input[1], input[2], input[3]);
-        if sw != 0 || log_port >= self.model.log_ports() {
+        if sw != 0 {
             return Err(ERR_PARAM_INVALID);
         }
-        let pdfid = u16_at(input, 4)?;
-        if sub == GFMS_BIND && input[6] != 0 {
-            // One function per logical port.
-            return Err(ERR_PARAM_INVALID);
-        }
-        let host = self.model.host_by_port(port)?;
+        let host = self
+            .model
+            .host_by_port(port)
+            .map_err(|_| ERR_PARAM_INVALID)?;
         let me = Requester::Host(self.partition);
-        let req = if sub == GFMS_BIND {
-            self.model.begin_bind(me, host, log_port, pdfid)?
+        let reqs = if sub == GFMS_BIND {
+            let mut pdfids = Vec::new();
+            for i in 0..MULTI_FUNC_NUM {
+                let at = 4 + 4 * i;
+                pdfids.push(u16_at(input, at)?);
+                if u8_at(input, at + 2)? == 0 {
+                    break;
+                }
+                if i + 1 == MULTI_FUNC_NUM {
+                    // next_valid on the last slot: nothing follows.
+                    return Err(ERR_PARAM_INVALID);
+                }
+            }
+            self.model.begin_bind_group(me, host, log_port, &pdfids)?
         } else {
-            self.model.begin_unbind(me, host, log_port, pdfid)?
+            if input.len() < 8 {
+                return Err(ERR_PARAM_INVALID);
+            }
+            self.model.begin_unbind_port(me, host, log_port)?
         };
-        self.deferred = Some(req);
+        self.deferred = Some(reqs);
         Ok(vec![0; 4])
+    }
+
+    /// I2C_TWI_PING (0x100): `{u32 dev_info, u32 ~ping}`; dev_info is the
+    /// boot phase (3, main firmware) | revision << 8 | generation << 12
+    /// (0: Gen4), as switchtec_get_device_info() reads it.
+    fn twi_ping(&mut self, input: &[u8]) -> Res {
+        let ping = u32_at(input, 0)?;
+        let rev = u32::from(self.model.fw.product_revision.as_bytes().first() == Some(&b'C'));
+        let mut o = Out::default();
+        o.u32(3 | rev << 8).u32(!ping);
+        Ok(o.0)
+    }
+
+    /// EXT_FEATURES (0xF000, extended only): `{u32 version, u32 features}`.
+    fn ext_features(&self) -> Vec<u8> {
+        let mut o = Out::default();
+        o.u32(EXT_FEATURES_VERSION)
+            .u32(EXT_FEAT_TELEMETRY | EXT_FEAT_P2P | EXT_FEAT_DMA_ENGINE | EXT_FEAT_UNBIND_REQUEST);
+        o.0
+    }
+
+    /// LNKSTAT (0x1C): input `u64 port_bitmap` (0: every port); output 52
+    /// entries of 12 bytes, the ports first in ascending order, the rest
+    /// with stk_id 0xff (switchtec_status() skips those).
+    fn lnkstat(&mut self, input: &[u8]) -> Res {
+        let map = u64_at(input, 0)?;
+        let m = &*self.model;
+        let mut o = Out::default();
+        let mut n = 0;
+        for p in m.ports.iter().filter(|p| map == 0 || map >> p.id & 1 != 0) {
+            let (part, usp) = match p.kind {
+                PortKind::Host(h) => (h as u8, 1),
+                PortKind::Endpoint(_) => (UNBOUND_PORT, 0),
+            };
+            let width = if usp == 1 { 16 } else { 4 };
+            o.u8(p.id)
+                .u8(part)
+                .u8(0)
+                .u8(((p.id / 8) << 4) | (p.id % 8))
+                .u8(width)
+                .u8(if p.link_up { width } else { 0 })
+                .u8(usp)
+                .u8(if p.link_up { 0x80 | 4 } else { 4 })
+                .u16(if p.link_up { 3 } else { 0 })
+                .u8(0)
+                .u8(0);
+            n += 1;
+        }
+        for _ in n..LNKSTAT_PORTS {
+            o.zeros(3).u8(0xff).zeros(8);
+        }
+        debug_assert_eq!(o.0.len(), LNKSTAT_PORTS * LNKSTAT_ENTRY);
+        Ok(o.0)
+    }
+
+    /// PMON (0x07): only GET_BW_COUNTER, `{u8 sub, u8 count, {u8 id, u8
+    /// clear}[count]}` -> count `switchtec_bwcntr_res` (56 bytes): the time
+    /// in microseconds and zero byte counts (the emulator counts no traffic).
+    fn pmon(&mut self, input: &[u8]) -> Res {
+        if u8_at(input, 0)? != PMON_GET_BW_COUNTER {
+            return Err(ERR_SUBCMD_INVALID);
+        }
+        let count = usize::from(u8_at(input, 1)?);
+        if count * BWCNTR_RES_SIZE > PAYLOAD || input.len() < 2 + 2 * count {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let mut o = Out::default();
+        for i in 0..count {
+            if self.model.port(input[2 + 2 * i]).is_none() {
+                return Err(ERR_PHYC_PORT_NOT_EXIST);
+            }
+            o.u64(now).zeros(BWCNTR_RES_SIZE - 8);
+        }
+        Ok(o.0)
+    }
+
+    /// PORT_CONFIG (0x88): GET `{u8 sub=1, u8 phys_port_id, u8 rsvd[2]}` ->
+    /// `{u8 port_type, u8 clock_source, u8 clock_sris, u8 hvd_inst}`. SET is
+    /// refused: the fabric's ports are fixed by the configuration.
+    fn port_config(&mut self, input: &[u8]) -> Res {
+        let sub = u8_at(input, 0)?;
+        let id = u8_at(input, 1)?;
+        match sub {
+            PORT_CONFIG_GET => {
+                if id >= crate::config::MAX_PORTS {
+                    return Err(ERR_PARAM_INVALID);
+                }
+                let (ty, hvd) = match self.model.port(id).map(|p| p.kind) {
+                    Some(PortKind::Host(h)) => (FAB_PORT_TYPE_FABRIC_HOST, h as u8),
+                    Some(PortKind::Endpoint(_)) => (FAB_PORT_TYPE_FABRIC_EP, 0xff),
+                    None => (FAB_PORT_TYPE_UNUSED, 0xff),
+                };
+                Ok(vec![ty, 0, 0, hvd])
+            }
+            PORT_CONFIG_SET => Err(ERR_MRPC_DENIED),
+            _ => Err(ERR_SUBCMD_INVALID),
+        }
     }
 
     fn dietemp(&mut self, input: &[u8]) -> Res {
@@ -316,6 +516,16 @@ impl Exec<'_> {
     }
 
     // ---- GFMS_DB_DUMP ----
+    //
+    // Every section starts with switchtec-user's
+    // `switchtec_gfms_db_dump_section_hdr` {u8 section_class (the
+    // sub-command), u8 pax_idx, u16 swfid, u32 resp_size_dw (the whole
+    // section, this header included), u32 rsvd}. FABRIC, PAX and FAB_PORT
+    // answer at once; PAX_ALL, HVD, EP_PORT and HVD_DETAIL are fetched in
+    // steps (`type` at byte 4: 1 START with the index at byte 1 -> {u32
+    // dw_len, u32 num_of_switch}, 2 GET with u32 offset_dw at byte 8 ->
+    // {u32 offset_dw, u32 size_dw (3 + data dwords), u32 rsvd, data}, 3
+    // FINISH), the section START built staying per MEP until FINISH.
 
     fn section_hdr(&self, o: &mut Out, class: u8, size_bytes: usize) {
         let dw = if self.bad_length {
@@ -328,17 +538,92 @@ impl Exec<'_> {
 
     fn gfms_db(&mut self, input: &[u8]) -> Res {
         match u8_at(input, 0)? {
-            2 => Ok(self.pax_general()),
-            3 => self.hvd(usize::from(u8_at(input, 1)?)),
-            5 => self.ep_port(input),
+            DUMP_FABRIC => Ok(self.fabric_general()),
+            DUMP_PAX => Ok(self.pax_general()),
+            DUMP_FAB_PORT => self.fab_port(u8_at(input, 1)?),
+            sub @ (DUMP_PAX_ALL | DUMP_HVD | DUMP_EP_PORT | DUMP_HVD_DETAIL) => {
+                self.dump_step(sub, input)
+            }
             _ => Err(ERR_SUBCMD_INVALID),
         }
     }
 
+    /// One START / GET / FINISH step of a chunked dump.
+    fn dump_step(&mut self, sub: u8, input: &[u8]) -> Res {
+        let p = self.partition;
+        match u32_at(input, 4)? {
+            DUMP_START => {
+                let param = u8_at(input, 1)?;
+                let d = match sub {
+                    DUMP_PAX_ALL => self.pax_all(),
+                    DUMP_HVD => self.hvd_section(usize::from(param))?,
+                    DUMP_EP_PORT => self.ep_section(param)?,
+                    _ => self.hvd_detail(usize::from(param))?,
+                };
+                let dw = if self.bad_length {
+                    BAD_LEN_DW
+                } else {
+                    (d.len() / 4) as u32
+                };
+                self.model.hosts[p].dump = Some((sub, d));
+                let mut o = Out::default();
+                o.u32(dw).u32(1);
+                Ok(o.0)
+            }
+            DUMP_GET => {
+                let off_dw = u32_at(input, 8)? as usize;
+                let d = match &self.model.hosts[p].dump {
+                    Some((s, d)) if *s == sub => d,
+                    _ => return Err(ERR_MRPC_NO_PREV_DATA),
+                };
+                let total = d.len() / 4;
+                if off_dw > total {
+                    return Err(ERR_PARAM_INVALID);
+                }
+                let chunk = if sub == DUMP_EP_PORT {
+                    EP_CHUNK_DW
+                } else {
+                    DUMP_CHUNK_DW
+                };
+                let n = (total - off_dw).min(chunk - 3);
+                let size_dw = if self.bad_length {
+                    BAD_LEN_DW
+                } else {
+                    (3 + n) as u32
+                };
+                let mut o = Out::default();
+                o.u32(off_dw as u32).u32(size_dw).u32(0);
+                o.0.extend_from_slice(&d[off_dw * 4..(off_dw + n) * 4]);
+                Ok(o.0)
+            }
+            DUMP_FINISH => match self.model.hosts[p].dump {
+                Some((s, _)) if s == sub => {
+                    self.model.hosts[p].dump = None;
+                    Ok(Vec::new())
+                }
+                _ => Err(ERR_MRPC_NO_PREV_DATA),
+            },
+            _ => Err(ERR_SUBCMD_INVALID),
+        }
+    }
+
+    /// FABRIC: `switchtec_gfms_db_fabric_general`, this switch (PAX index
+    /// 0) alone: the other 15 indices unreachable.
+    fn fabric_general(&self) -> Vec<u8> {
+        let mut o = Out::default();
+        self.section_hdr(&mut o, DUMP_FABRIC, 12 + 12 + 16 * 4);
+        o.zeros(12);
+        for i in 0..16u8 {
+            o.u8(i).u8(if i == 0 { REACH_UC } else { REACH_UR }).u16(0);
+        }
+        o.0
+    }
+
+    /// PAX: `switchtec_gfms_db_pax_general` (80 bytes).
     fn pax_general(&self) -> Vec<u8> {
         let m = &*self.model;
         let mut o = Out::default();
-        self.section_hdr(&mut o, 2, 80);
+        self.section_hdr(&mut o, DUMP_PAX, 80);
         let is_host = |p: &crate::model::Port| matches!(p.kind, PortKind::Host(_));
         let rc = m.port_map(is_host);
         let ep = m.port_map(|p| !is_host(p));
@@ -358,33 +643,106 @@ impl Exec<'_> {
         o.0
     }
 
-    fn hvd(&self, idx: usize) -> Res {
+    /// One `switchtec_gfms_db_hvd_body`: 8 bytes and 8 `port_bound`
+    /// entries per logical port, function-major (entry j * count + l:
+    /// function j of logical port l).
+    fn hvd_body(&self, o: &mut Out, idx: usize) {
         let m = &*self.model;
-        let host = m.hosts.get(idx).ok_or(ERR_PARAM_INVALID)?;
-        let lports = m.log_ports();
-        let size = 12 + 8 + usize::from(lports) * 8 * 4;
-        let mut o = Out::default();
-        self.section_hdr(&mut o, 3, size);
+        let host = &m.hosts[idx];
         o.u8(idx as u8)
             .u8(host.port)
             .u16(0x0800 + idx as u16)
-            .u16(u16::from(lports))
+            .u16(u16::from(LOG_PORTS))
             .u16(0);
-        for l in 0..lports {
-            let bound = m
-                .functions
-                .iter()
-                .find(|f| f.binding == Some((idx, l)))
-                .map(|f| f.pdfid);
-            for slot in 0..8 {
-                let b = if slot == 0 { bound } else { None };
+        // Function-major, as cli/fabric.c indexes it: entry j * count + l is
+        // function j of logical port l.
+        for slot in 0..MULTI_FUNC_NUM as u8 {
+            for l in 0..LOG_PORTS {
+                let b = m
+                    .functions
+                    .iter()
+                    .find(|f| f.binding == Some((idx, l)) && f.devfn == slot)
+                    .map(|f| f.pdfid);
                 o.u8(l).u8(u8::from(b.is_some())).u16(b.unwrap_or(0));
             }
         }
+    }
+
+    fn hvd_body_len() -> usize {
+        8 + usize::from(LOG_PORTS) * MULTI_FUNC_NUM * 4
+    }
+
+    /// HVD: the section of host (HVD instance) `idx`.
+    fn hvd_section(&self, idx: usize) -> Res {
+        if idx >= self.model.hosts.len() {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let mut o = Out::default();
+        self.section_hdr(&mut o, DUMP_HVD, 12 + Self::hvd_body_len());
+        self.hvd_body(&mut o, idx);
         Ok(o.0)
     }
 
-    fn ep_section(&self, port: u8) -> Res {
+    /// HVD_DETAIL: `switchtec_gfms_db_hvd_detail_body` as the client parses
+    /// it: one VEP (the MEP), the logical DSPs' 8 function entries each, a
+    /// zero P2P enable bitmap and so no P2P bitmaps.
+    fn hvd_detail(&self, idx: usize) -> Res {
+        let m = &*self.model;
+        let host = m.hosts.get(idx).ok_or(ERR_PARAM_INVALID)?;
+        let size = 12 + 8 + 4 + 4 + usize::from(LOG_PORTS) * MULTI_FUNC_NUM * 8 + 8;
+        let mut o = Out::default();
+        self.section_hdr(&mut o, DUMP_HVD_DETAIL, size);
+        let up = m.link_up(host.port);
+        o.u8(idx as u8)
+            .u8(host.port)
+            .u16(0x0800 + idx as u16)
+            .u8(1)
+            .u8(u8::from(up))
+            .u16(0);
+        // The VEP: type 0, bdf 00:00.1 of the host's switch.
+        o.u8(0).u8(0).u16(0x0001);
+        o.u16(u16::from(LOG_PORTS)).u16(0x0000);
+        for slot in 0..MULTI_FUNC_NUM as u8 {
+            for l in 0..LOG_PORTS {
+                let b = m
+                    .functions
+                    .iter()
+                    .find(|f| f.binding == Some((idx, l)) && f.devfn == slot)
+                    .map(|f| f.pdfid);
+                // DSP l is device l on the switch's internal bus 1.
+                let dsp_bdf = 0x0100 | u16::from(l) << 3;
+                o.u8(l)
+                    .u8(u8::from(b.is_some()))
+                    .u16(dsp_bdf)
+                    .u16(b.unwrap_or(0))
+                    .u16(0);
+            }
+        }
+        o.u32(0).u32(0);
+        Ok(o.0)
+    }
+
+    /// FAB_PORT: `switchtec_gfms_db_fab_port`. This switch has no fabric
+    /// (inter-switch) ports; any physical port answers "nothing attached".
+    fn fab_port(&self, pid: u8) -> Res {
+        if pid >= crate::config::MAX_PORTS {
+            return Err(ERR_PHYC_PORT_NOT_EXIST);
+        }
+        let mut o = Out::default();
+        self.section_hdr(&mut o, DUMP_FAB_PORT, 12 + 20);
+        o.u8(pid)
+            .zeros(3)
+            .u8(0xff)
+            .u8(0xff)
+            .u16(0xffff)
+            .u32(0)
+            .zeros(8);
+        Ok(o.0)
+    }
+
+    /// The `switchtec_gfms_db_ep_port` of an endpoint port: port header,
+    /// then (link up) the attachment header and 36 bytes per function.
+    fn ep_port_sub(&self, port: u8) -> Res {
         let m = &*self.model;
         let p = m.port(port).ok_or(ERR_PHYC_PORT_NOT_EXIST)?;
         let PortKind::Endpoint(e) = p.kind else {
@@ -395,9 +753,6 @@ impl Exec<'_> {
         let present = p.link_up;
         let port_dw = if present { 2 + 2 + 9 * n } else { 2 };
         let mut o = Out::default();
-        // The section header's size is always the true one here; a
-        // bad-length fault corrupts the START and GET replies instead.
-        o.u8(5).u8(0).u16(0).u32((3 + port_dw) as u32).u32(0);
         o.u8(if present { 0 } else { 2 })
             .u8(port)
             .u16(u16::from(present))
@@ -409,10 +764,18 @@ impl Exec<'_> {
                     Some((h, l)) => (m.hosts[h].port, l),
                     None => (0, 0),
                 };
+                let (ty, vf_num) = if f.vf_index != 0 {
+                    (FUNC_SRIOV_VF, f.vf_index)
+                } else if f.total_vfs > 0 {
+                    (FUNC_SRIOV_PF, f.total_vfs)
+                } else {
+                    (FUNC_PF, 0)
+                };
+                let bar2_exp = f.bar2.max(1).trailing_zeros() as u8;
                 o.u16(u16::from(f.vf_index))
                     .u16(f.pdfid)
-                    .u8(u8::from(f.vf_index == 0 && f.total_vfs > 0))
-                    .u8(f.total_vfs)
+                    .u8(ty)
+                    .u8(vf_num)
                     .u16(0)
                     .u8(u8::from(f.binding.is_some()))
                     .u8(0)
@@ -422,59 +785,54 @@ impl Exec<'_> {
                     .u16(f.did)
                     .u16(f.vid)
                     .u16(f.did)
-                    .u32(f.class & 0xff_ffff)
-                    .zeros(12);
+                    .u32(f.class & 0xff_ffff | 2 << 24)
+                    .u8(BAR_MEM64)
+                    .u8(FN_BAR0_EXP)
+                    .zeros(2)
+                    .u8(BAR_MEM64_PREFETCH)
+                    .u8(bar2_exp)
+                    .zeros(6);
             }
         }
         Ok(o.0)
     }
 
-    fn ep_port(&mut self, input: &[u8]) -> Res {
-        let p = self.partition;
-        let port = u8_at(input, 1)?;
-        match u32_at(input, 4)? {
-            1 => {
-                let d = self.ep_section(port)?;
-                let dw = if self.bad_length {
-                    BAD_LEN_DW
-                } else {
-                    (d.len() / 4) as u32
-                };
-                self.model.hosts[p].ep_dump = Some(d);
-                let mut o = Out::default();
-                o.u32(dw).u32(1);
-                Ok(o.0)
-            }
-            2 => {
-                let off_dw = u32_at(input, 8)? as usize;
-                let d = self.model.hosts[p]
-                    .ep_dump
-                    .as_ref()
-                    .ok_or(ERR_MRPC_NO_PREV_DATA)?;
-                let total = d.len() / 4;
-                if off_dw > total {
-                    return Err(ERR_PARAM_INVALID);
-                }
-                let n = (total - off_dw).min(EP_CHUNK_DW - 3);
-                let size_dw = if self.bad_length {
-                    BAD_LEN_DW
-                } else {
-                    (3 + n) as u32
-                };
-                let mut o = Out::default();
-                o.u32(off_dw as u32).u32(size_dw).u32(0);
-                o.0.extend_from_slice(&d[off_dw * 4..(off_dw + n) * 4]);
-                Ok(o.0)
-            }
-            3 => {
-                self.model.hosts[p]
-                    .ep_dump
-                    .take()
-                    .ok_or(ERR_MRPC_NO_PREV_DATA)?;
-                Ok(Vec::new())
-            }
-            _ => Err(ERR_SUBCMD_INVALID),
+    /// EP_PORT: one port's section.
+    fn ep_section(&self, port: u8) -> Res {
+        let sub = self.ep_port_sub(port)?;
+        // The section header's size is always the true one here; a
+        // bad-length fault corrupts the START and GET replies instead.
+        let mut o = Out::default();
+        o.u8(DUMP_EP_PORT)
+            .u8(0)
+            .u16(0)
+            .u32((3 + sub.len() / 4) as u32)
+            .u32(0);
+        o.0.extend_from_slice(&sub);
+        Ok(o.0)
+    }
+
+    /// PAX_ALL: the PAX section, every HVD under one header, every EP port
+    /// under one header (switchtec_fab_gfms_db_dump_pax_all's parse).
+    fn pax_all(&self) -> Vec<u8> {
+        let m = &*self.model;
+        let mut o = Out::default();
+        o.0.extend_from_slice(&self.pax_general());
+        self.section_hdr(&mut o, DUMP_HVD, 12 + m.hosts.len() * Self::hvd_body_len());
+        for h in 0..m.hosts.len() {
+            self.hvd_body(&mut o, h);
         }
+        let mut eps = Vec::new();
+        for p in &m.ports {
+            if let PortKind::Endpoint(_) = p.kind {
+                if let Ok(sub) = self.ep_port_sub(p.id) {
+                    eps.extend_from_slice(&sub);
+                }
+            }
+        }
+        self.section_hdr(&mut o, DUMP_EP_PORT, 12 + eps.len());
+        o.0.extend_from_slice(&eps);
+        o.0
     }
 
     // ---- GFMS_EVENT ----
@@ -751,7 +1109,7 @@ mod tests {
     #[test]
     fn basic_commands() {
         let mut m = model();
-        assert_eq!(run(&mut m, MRPC_ECHO, b"abc").output, b"abc");
+        assert_eq!(run(&mut m, MRPC_ECHO, b"abc").output, [!b'a', !b'b', !b'c']);
         let t = run(&mut m, MRPC_DIETEMP, &DIETEMP_GET.to_le_bytes());
         assert_eq!(
             (t.status, t.output),
@@ -779,9 +1137,24 @@ mod tests {
                 ERR_MRPC_NO_PREV_DATA,
             ),
             (MRPC_TOPO_INFO_DUMP, &[4][..], ERR_MRPC_NO_PREV_DATA),
-            (MRPC_GFMS_DB_DUMP, &[0][..], ERR_SUBCMD_INVALID),
+            (MRPC_GFMS_DB_DUMP, &[7][..], ERR_SUBCMD_INVALID),
             (MRPC_GFMS_DB_DUMP, &[3][..], ERR_PARAM_INVALID),
             (MRPC_GFMS_DB_DUMP, &[3, 2][..], ERR_PARAM_INVALID),
+            (
+                MRPC_GFMS_DB_DUMP,
+                &[3, 2, 0, 0, 1, 0, 0, 0][..],
+                ERR_PARAM_INVALID,
+            ),
+            (
+                MRPC_GFMS_DB_DUMP,
+                &[3, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0][..],
+                ERR_MRPC_NO_PREV_DATA,
+            ),
+            (
+                MRPC_GFMS_DB_DUMP,
+                &[6, 0, 0, 0, 3, 0, 0, 0][..],
+                ERR_MRPC_NO_PREV_DATA,
+            ),
             (
                 MRPC_GFMS_DB_DUMP,
                 &[5, 0, 0, 0, 1, 0, 0, 0][..],
@@ -854,5 +1227,308 @@ mod tests {
         assert_eq!(x.run(MRPC_PORT_CONTROL, &[2, 16, 0, 0]).status, 2);
         assert_eq!(x.notices.len(), 4, "retrain: down, up");
         assert!(m.link_up(16));
+    }
+
+    fn le16(b: &[u8], at: usize) -> u16 {
+        u16::from_le_bytes([b[at], b[at + 1]])
+    }
+
+    fn le32(b: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    }
+
+    fn ok(m: &mut Model, cmd: u32, input: &[u8]) -> Vec<u8> {
+        let r = run(m, cmd, input);
+        assert_eq!(
+            (r.status, r.ret),
+            (MRPC_STATUS_DONE, 0),
+            "cmd {cmd:#x} {input:?}"
+        );
+        r.output
+    }
+
+    /// START, GETs, FINISH as lib/fabric.c's gfms_dump_start/get/finish.
+    fn chunked(m: &mut Model, sub: u8, param: u8) -> Vec<u8> {
+        let st = ok(m, MRPC_GFMS_DB_DUMP, &[sub, param, 0, 0, 1, 0, 0, 0]);
+        // {u32 dw_len @0, u32 num_of_switch @4}
+        let total = le32(&st, 0) as usize;
+        assert_eq!(le32(&st, 4), 1);
+        let mut d = Vec::new();
+        while d.len() < total * 4 {
+            let mut inp = vec![sub, 0, 0, 0, 2, 0, 0, 0];
+            inp.extend_from_slice(&((d.len() / 4) as u32).to_le_bytes());
+            let r = ok(m, MRPC_GFMS_DB_DUMP, &inp);
+            // {u32 offset_dw @0, u32 size_dw @4 (3 + data), u32 rsvd @8, data @12}
+            assert_eq!(le32(&r, 0) as usize, d.len() / 4);
+            let n = le32(&r, 4) as usize - 3;
+            assert_eq!(r.len(), 12 + 4 * n);
+            d.extend_from_slice(&r[12..]);
+        }
+        assert!(ok(m, MRPC_GFMS_DB_DUMP, &[sub, 0, 0, 0, 3, 0, 0, 0]).is_empty());
+        d
+    }
+
+    /// Byte offsets of every structure served, checked against the numbers
+    /// derived from switchtec-user's headers (inc/switchtec/fabric.h,
+    /// mrpc.h, switchtec.h, lib/fabric.c, lib/switchtec.c, lib/pmon.c) and
+    /// Linux's include/linux/switchtec.h, written out here.
+    #[test]
+    fn layouts_match_switchtec_user() {
+        let mut m = model();
+        // switchtec_get_device_info: {u32 dev_info @0, u32 ping_reply @4};
+        // phase = dev_info & 0xff, rev = bits 8-11, gen = bits 12-15 (0: Gen4).
+        let r = ok(&mut m, MRPC_I2C_TWI_PING, &0xdead_beefu32.to_le_bytes());
+        assert_eq!((r.len(), le32(&r, 0), le32(&r, 4)), (8, 3, !0xdead_beef));
+        // set_local_pax_id: one byte.
+        assert_eq!(ok(&mut m, MRPC_GET_PAX_ID, &[]), [0]);
+        // cli/main.c test: out == ~in.
+        assert_eq!(
+            ok(&mut m, MRPC_ECHO, &0x1234_5678u32.to_le_bytes()),
+            (!0x1234_5678u32).to_le_bytes()
+        );
+
+        // switchtec_status_gen345: 52 (Gen4) entries of 12 bytes: phys_port_id
+        // @0, par_id @1, log_port_id @2, stk_id @3, cfg_lnk_width @4,
+        // neg_lnk_width @5, usp_flag @6, linkup_linkrate @7, LTSSM @8 (u16),
+        // lane_reversal @10, first_act_lane @11.
+        let l = ok(&mut m, MRPC_LNKSTAT, &0u64.to_le_bytes());
+        assert_eq!((l.len(), LNKSTAT_ENTRY), (52 * 12, 12));
+        assert_eq!(&l[12..20], &[8, 1, 0, 0x10, 16, 16, 1, 0x84], "h1's USP");
+        assert_eq!(
+            &l[24..32],
+            &[16, 255, 0, 0x20, 4, 4, 0, 0x84],
+            "gpu0: unbound"
+        );
+        assert_eq!(le16(&l, 32), 3);
+        assert_eq!(l[4 * 12 + 3], 0xff, "no fifth port");
+
+        // switchtec_bwcntr_res: time_us @0, egress {posted, comp, nonposted}
+        // @8, ingress @32; 56 bytes. pmon_bw_get: sub @0, count @1, {id, clear} @2.
+        let b = ok(&mut m, MRPC_PMON, &[1, 2, 0, 0, 16, 0]);
+        assert_eq!(b.len(), 2 * 56);
+        assert!(u64::from_le_bytes(b[56..64].try_into().unwrap()) > 0);
+
+        // switchtec_fab_port_config: port_type @0, clock_source @1,
+        // clock_sris @2, hvd_inst @3; FABRIC_HOST 3, FABRIC_EP 2, UNUSED 0.
+        assert_eq!(ok(&mut m, MRPC_PORT_CONFIG, &[1, 8, 0, 0]), [3, 0, 0, 1]);
+        assert_eq!(
+            ok(&mut m, MRPC_PORT_CONFIG, &[1, 16, 0, 0]),
+            [2, 0, 0, 0xff]
+        );
+        assert_eq!(ok(&mut m, MRPC_PORT_CONFIG, &[1, 5, 0, 0]), [0, 0, 0, 0xff]);
+
+        // switchtec_gfms_db_dump_section_hdr: section_class @0, pax_idx @1,
+        // swfid @2, resp_size_dw @4, rsvd @8 (12 bytes).
+        // fabric_general: body rsvd[3] @12, pax_idx[16] {pax_idx, reachable_type,
+        // rsvd u16} @24; 88 bytes.
+        let f = ok(&mut m, MRPC_GFMS_DB_DUMP, &[DUMP_FABRIC]);
+        assert_eq!((f.len(), le32(&f, 4)), (88, 22));
+        assert_eq!(&f[24..32], &[0, REACH_UC, 0, 0, 1, REACH_UR, 0, 0]);
+
+        // pax_general body @12: phy_port_count @12, hvd_count @13, ep_count
+        // @14, ep_function_count @16, rsvd0 @18, rsvd1[3] @20, fid_start @32 ..
+        // pdfid_end @46, rc_port_map @48, ep_port_map @56, fab_port_map @64,
+        // free_port_map @72; 80 bytes.
+        let p = ok(&mut m, MRPC_GFMS_DB_DUMP, &[DUMP_PAX]);
+        assert_eq!((p.len(), le32(&p, 4)), (80, 20));
+        assert_eq!((p[12], p[13], le16(&p, 14), le16(&p, 16)), (4, 2, 2, 10));
+        assert_eq!((le16(&p, 44), le16(&p, 46)), (0x100, 0x6ff), "pdfid range");
+        assert_eq!(le32(&p, 48), 1 | 1 << 8);
+        assert_eq!(le32(&p, 56), 1 << 16 | 1 << 24);
+
+        // hvd_body: hvd_inst_id @0, phy_pid @1, hfid @2, logical_port_count @4,
+        // rsvd @6, port_bound[8 per logical port] {log_pid, bound, bound_pdfid
+        // u16} @8, function-major: entry j * logical_port_count + l.
+        let h = chunked(&mut m, DUMP_HVD, 1);
+        assert_eq!((h.len(), le32(&h, 4)), (12 + 8 + 4 * 8 * 4, 37));
+        assert_eq!((h[12], h[13], le16(&h, 14), le16(&h, 16)), (1, 8, 0x801, 4));
+        let e = 20 + 4; // entry 0 * 4 + 1: function 0 of logical port 1
+        assert_eq!((h[e], h[e + 1], le16(&h, e + 2)), (1, 1, 0x0402));
+
+        // hvd_detail_body @12: hvd_inst_id, phy_pid, hfid u16, vep_count @4,
+        // usp_status @5, rsvd @6, vep_region[vep_count] {type, rsvd, bdf} @8,
+        // then log_dsp_count u16, usp_bdf u16, log_port_region[count * 8]
+        // {log_pid, bound, dsp_bdf, bound_pdfid, bound_hvd_bdf} (8 bytes), then
+        // p2p enable bitmap low/high.
+        let d = chunked(&mut m, DUMP_HVD_DETAIL, 0);
+        let b = 12;
+        assert_eq!((d[b], d[b + 1], d[b + 4], d[b + 5]), (0, 0, 1, 1));
+        let after_vep = b + 8 + 4;
+        assert_eq!(le16(&d, after_vep), 4, "log_dsp_count");
+        let lp = after_vep + 4;
+        assert_eq!(
+            (d[lp], d[lp + 1], le16(&d, lp + 4)),
+            (0, 1, 0x0301),
+            "h0 lport 0"
+        );
+        assert_eq!(d.len(), lp + 4 * 8 * 8 + 8);
+        assert_eq!(le32(&d, 4) as usize * 4, d.len());
+
+        // fab_port body @12: phy_pid @0, rsvd0 @1, attached_phy_pid @4,
+        // attached_sw_idx @5, attached_swfid @6, attached_fw_version @8,
+        // rsvd1 @12; 32 bytes.
+        let fp = ok(&mut m, MRPC_GFMS_DB_DUMP, &[DUMP_FAB_PORT, 16]);
+        assert_eq!((fp.len(), fp[12], fp[16], fp[17]), (32, 16, 0xff, 0xff));
+
+        // ep_port: section hdr, ep_port_hdr {type @0, phy_pid @1, ep_count
+        // @2, size_dw:24 @4} @12, attachement_hdr {function_number @0,
+        // attached_dsp_enumid @2, size_dw:24 @4} @20, functions @28 of 36
+        // bytes: func_id @0, pdfid @2, sriov_cap_pf @4, vf_num @5, rsvd @6,
+        // bound @8, bound_pax_id @9, bound_hvd_phy_pid @10, bound_hvd_log_pid
+        // @11, vid @12, did @14, sub_sys_vid @16, sub_sys_did @18,
+        // device_class:24 | bar_number:8 @20, bars[6] {type, size} @24.
+        let ep = chunked(&mut m, DUMP_EP_PORT, 24);
+        assert_eq!((ep[12], ep[13], le16(&ep, 14)), (0, 24, 1));
+        assert_eq!((le16(&ep, 20), le32(&ep, 24)), (5, 2 + 9 * 5));
+        let fnr = |i: usize| 28 + 36 * i;
+        let pf = fnr(0);
+        assert_eq!(
+            (le16(&ep, pf), le16(&ep, pf + 2), ep[pf + 4], ep[pf + 5]),
+            (0, 0x400, 3, 4)
+        );
+        let vf2 = fnr(2);
+        assert_eq!(
+            (le16(&ep, vf2), le16(&ep, vf2 + 2), ep[vf2 + 4], ep[vf2 + 5]),
+            (2, 0x402, 0, 2)
+        );
+        assert_eq!(
+            &ep[vf2 + 8..vf2 + 12],
+            &[1, 0, 8, 1],
+            "bound to h1 (port 8) lport 1"
+        );
+        assert_eq!((le16(&ep, vf2 + 12), le16(&ep, vf2 + 14)), (0x10de, 0x2331));
+        assert_eq!(le32(&ep, vf2 + 20), 0x0203_0200, "class, 2 BARs");
+        assert_eq!(
+            &ep[vf2 + 24..vf2 + 30],
+            &[BAR_MEM64, 14, 0, 0, BAR_MEM64_PREFETCH, 20]
+        );
+        assert_eq!(ep.len(), fnr(5));
+
+        // PAX_ALL: pax_general, then one HVD header and both bodies, then one
+        // EP header and both ports: exactly what gfms_pax_all_parse consumes.
+        let all = chunked(&mut m, DUMP_PAX_ALL, 0);
+        assert_eq!(&all[..80], &p[..]);
+        let hv = 80;
+        assert_eq!(le32(&all, hv + 4) as usize * 4, 12 + 2 * 136);
+        let eh = hv + 12 + 2 * 136;
+        assert_eq!(le32(&all, eh + 4) as usize * 4, all.len() - eh);
+        assert_eq!(all[eh + 12 + 1], 16, "first EP port");
+
+        // topo_info_reply_gen4: sw_idx @0, rsvd @1, stack_bif[7] @4,
+        // route_port[16] @32, port_bitmap @48, switchtec_fab_port_info[] @56
+        // of 32 bytes (phys_port_id @0, port_type @1, ..., port_cfg_width @24,
+        // port_neg_width @25, cfg_rate @26, neg_rate @27, major_ltssm @28).
+        ok(&mut m, MRPC_TOPO_INFO_DUMP, &[1]);
+        let st = ok(&mut m, MRPC_TOPO_INFO_DUMP, &[2]);
+        assert_eq!((st[0], le16(&st, 2)), (3, (56 + 4 * 32) / 4));
+        let t = ok(&mut m, MRPC_TOPO_INFO_DUMP, &[3, 0, 0, 0]);
+        let t = &t[4..];
+        assert_eq!(
+            u64::from_le_bytes(t[48..56].try_into().unwrap()),
+            1 | 1 << 8 | 1 << 16 | 1 << 24
+        );
+        assert_eq!(&t[56 + 32..56 + 32 + 2], &[8, 3]);
+        assert_eq!(t[56 + 32 + 28], 3);
+
+        // GFMS_EVENT entry: entry_len u16 @0, event_code @2, src_sw_id @3,
+        // data @4; bind data {host_sw_idx, host_phys_port_id, log_port_id,
+        // rsvd, pdfid u16}.
+        let ev = crate::model::GfmsEvent::Binding {
+            code: crate::model::GFMS_BIND,
+            host_port: 8,
+            log_port: 1,
+            pdfid: 0x0402,
+        }
+        .encode();
+        assert_eq!(ev, [12, 0, 6, 0, 0, 8, 1, 0, 0x02, 0x04, 0, 0]);
+
+        // Linux's struct dma_mrpc_output: status @0, cmd_id @4, rtn_code @8,
+        // output_size @12, data @16.
+        assert_eq!(crate::mep::DMA_MRPC_OUTPUT_SIZE, 16 + 1024);
+
+        // EXT_FEATURES: {u32 version @0, u32 features @4}.
+        assert_eq!(
+            ok(&mut m, MRPC_EXT_FEATURES, &[]),
+            [1, 0, 0, 0, 0xf, 0, 0, 0]
+        );
+    }
+
+    #[test]
+    fn bind_requests_as_switchtec_user_fills_them() {
+        let mut m = model();
+        // {subcmd @0, host_sw_idx @1, host_phys_port_id @2, host_log_port_id
+        // @3, function[8] {pdfid u16, next_valid, rsvd} @4}: 36 bytes.
+        let mut bind = vec![1, 0, 0, 2];
+        for (p, nv) in [(0x0303u16, 1u8), (0x0404, 0)] {
+            bind.extend_from_slice(&p.to_le_bytes());
+            bind.extend_from_slice(&[nv, 0xee]);
+        }
+        bind.resize(36, 0x5a);
+        let mut x = Exec {
+            model: &mut m,
+            partition: 0,
+            bad_length: false,
+            notices: Vec::new(),
+            deferred: None,
+        };
+        assert_eq!(x.run(MRPC_GFMS_BIND_UNBIND, &bind).status, MRPC_STATUS_DONE);
+        let reqs = x.deferred.take().expect("deferred");
+        assert_eq!(
+            reqs.iter().map(|r| (r.pdfid, r.devfn)).collect::<Vec<_>>(),
+            [(0x0303, 0), (0x0404, 1)]
+        );
+        for r in &reqs {
+            m.finish(r, true, false);
+        }
+        // {subcmd @0, host_sw_idx @1, host_phys_port_id @2, host_log_port_id
+        // @3, pdfid @4, option @6, rsvd @7}; pdfid and option are not set by
+        // cli/fabric.c: the port alone decides.
+        let mut x = Exec {
+            model: &mut m,
+            partition: 0,
+            bad_length: false,
+            notices: Vec::new(),
+            deferred: None,
+        };
+        let un = [2, 0, 0, 2, 0x34, 0x12, 0x77, 0x88];
+        assert_eq!(x.run(MRPC_GFMS_BIND_UNBIND, &un).status, MRPC_STATUS_DONE);
+        assert_eq!(x.deferred.take().map(|r| r.len()), Some(2));
+        // Eight functions, the last still claiming a successor: refused.
+        let mut eight = vec![1, 0, 0, 3];
+        for i in 0..8u16 {
+            eight.extend_from_slice(&(0x0401 + i).to_le_bytes());
+            eight.extend_from_slice(&[1, 0]);
+        }
+        assert_eq!(x.run(MRPC_GFMS_BIND_UNBIND, &eight).ret, ERR_PARAM_INVALID);
+        assert_eq!(
+            x.run(MRPC_GFMS_BIND_UNBIND, &[2, 0, 0, 3, 0, 0, 0, 0]).ret,
+            0xb
+        );
+        assert_eq!(
+            x.run(MRPC_GFMS_BIND_UNBIND, &[2, 0, 0, 4, 0, 0, 0, 0]).ret,
+            0x6
+        );
+        assert_eq!(
+            x.run(MRPC_GFMS_BIND_UNBIND, &[2, 1, 0, 3, 0, 0, 0, 0]).ret,
+            ERR_PARAM_INVALID
+        );
+    }
+
+    #[test]
+    fn pax_dialect_refuses_extensions() {
+        let mut cfg = Config::parse(include_str!("../fabric.toml")).expect("fabric.toml");
+        cfg.dialect = crate::config::Dialect::Pax;
+        let mut m = Model::new(&cfg);
+        for cmd in [0xf000, 0xf001, 0xf002, 0xf003, 0xf004, 0xf0ff] {
+            assert_eq!(
+                run(&mut m, cmd, &[1, 0, 8, 0, 0, 0, 0, 0]).ret,
+                ERR_CMD_INVALID
+            );
+        }
+        assert_eq!(run(&mut m, MRPC_ECHO, &[0]).output, [0xff]);
+        let req = m
+            .begin_unbind_port(Requester::Control, 0, 0)
+            .expect("h0 lport 0 holds 0x0301");
+        assert!(!m.unbind_request(&req[0]), "no UNBIND_REQUEST in pax");
     }
 }

@@ -247,6 +247,12 @@ impl Qmp {
                 Err(e) => return Err(e),
             }
         }
+        self.wait_deleted(id, deadline)
+    }
+
+    /// Wait until QEMU reported `id` deleted (or did already), at most
+    /// until `deadline`.
+    pub fn wait_deleted(&self, id: &str, deadline: Instant) -> Result<(), QmpError> {
         let mut st = self.lock();
         loop {
             if st.deleted.remove(id) {

@@ -233,7 +233,8 @@ fn vfio_user_session_against_the_mep() {
         [2, 1],
         "partition_count, partition_id"
     );
-    assert_eq!(c.read32(BAR0, MRPC_DMA_VER), 0, "no DMA MRPC");
+    assert_eq!(c.read32(BAR0, MRPC_DMA_VER), 1, "DMA MRPC offered");
+    assert_eq!(c.read32(BAR0, MRPC_DMA_VER - 4), 1, "its own MSI-X vector");
     // Unaligned 8-byte and 2-byte accesses.
     let q = c.read(BAR0, SYS_INFO + 2, 8);
     assert_eq!(q, [0, 0, 0x28, 0x42, 0, 0, 0x41, 0x00]);
@@ -281,7 +282,12 @@ fn vfio_user_session_against_the_mep() {
     c.write32(BAR0, MRPC_CMD, 0x41);
     assert_eq!(c.read32(BAR0, MRPC_STATUS), 2, "DONE");
     assert_eq!(c.read32(BAR0, MRPC_RET), 0);
-    assert_eq!(c.read(BAR0, MRPC_OUTPUT, 100), input, "echo output");
+    let inverted: Vec<u8> = input.iter().map(|b| !b).collect();
+    assert_eq!(
+        c.read(BAR0, MRPC_OUTPUT, 100),
+        inverted,
+        "echo output (inverted)"
+    );
     assert_eq!(c.read(BAR0, MRPC_OUTPUT + 100, 4), [0; 4], "nothing beyond");
     emu.wait_log("h1: MRPC cmd 0x41 (ECHO) input 100 bytes -> status DONE");
 
@@ -622,17 +628,28 @@ fn standard_fabric_commands() {
     assert_eq!(le32(&p, 56), 1 << 16 | 1 << 24, "ep ports");
     assert_eq!(le32(&p, 76), 0xffff, "free high");
 
-    // HVD of h1.
-    let h = ok(&mut c, 0x83, &[3, 1]);
+    // HVD of h1: START names the HVD, GET and FINISH only the type.
+    let start = ok(&mut c, 0x83, &[3, 1, 0, 0, 1, 0, 0, 0]);
+    assert_eq!((le32(&start, 0), le32(&start, 4)), (37, 1));
+    let r = ok(&mut c, 0x83, &[3, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!((le32(&r, 0), le32(&r, 4)), (0, 3 + 37));
+    let h = r[12..12 + 4 * 37].to_vec();
+    ok(&mut c, 0x83, &[3, 0, 0, 0, 3, 0, 0, 0]);
+    assert_eq!(
+        err(&mut c, 0x83, &[3, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]),
+        0x64012,
+        "GET after FINISH"
+    );
     assert_eq!(&h[..12], &[3, 0, 0, 0, 37, 0, 0, 0, 0, 0, 0, 0]);
     assert_eq!(&h[12..20], &[1, 8, 0x01, 0x08, 4, 0, 0, 0]);
-    let slot = |l: usize, s: usize| &h[20 + 4 * (8 * l + s)..24 + 4 * (8 * l + s)];
+    let slot = |l: usize, s: usize| &h[20 + 4 * (4 * s + l)..24 + 4 * (4 * s + l)];
     assert_eq!(slot(0, 0), &[0, 0, 0, 0]);
     assert_eq!(slot(1, 0), &[1, 1, 0x02, 0x04], "gpu1 VF2 on lport 1");
     assert_eq!(slot(1, 1), &[1, 0, 0, 0]);
     assert_eq!(slot(3, 7), &[3, 0, 0, 0]);
-    assert_eq!(&h[148..152], &[0; 4]);
-    assert_eq!(err(&mut c, 0x83, &[3, 2]), 0x64006);
+    assert_eq!(h.len(), 148);
+    assert_eq!(err(&mut c, 0x83, &[3, 2, 0, 0, 1, 0, 0, 0]), 0x64006);
+    assert_eq!(err(&mut c, 0x83, &[3, 1]), 0x64006, "no type");
 
     // EP port 16, chunked like lib/fabric.c.
     let start = ok(&mut c, 0x83, &[5, 16, 0, 0, 1, 0, 0, 0]);
@@ -665,16 +682,19 @@ fn standard_fabric_commands() {
     assert_eq!(
         &f(0)[..24],
         &[
-            0, 0, 0x00, 0x03, 1, 4, 0, 0, 0, 0, 0, 0, 0xde, 0x10, 0x30, 0x23, 0xde, 0x10, 0x30,
-            0x23, 0x00, 0x02, 0x03, 0
-        ]
+            0, 0, 0x00, 0x03, 3, 4, 0, 0, 0, 0, 0, 0, 0xde, 0x10, 0x30, 0x23, 0xde, 0x10, 0x30,
+            0x23, 0x00, 0x02, 0x03, 2
+        ],
+        "SRIOV-PF with 4 VFs, class, 2 BARs"
     );
     assert_eq!(
         &f(1)[..12],
-        &[1, 0, 0x01, 0x03, 0, 0, 0, 0, 1, 0, 0, 0],
-        "VF1 bound to h0 (USP port 0) lport 0"
+        &[1, 0, 0x01, 0x03, 0, 1, 0, 0, 1, 0, 0, 0],
+        "SRIOV-VF 1 bound to h0 (USP port 0) lport 0"
     );
-    assert_eq!(&f(1)[24..36], &[0; 12]);
+    assert_eq!(&f(1)[24..28], &[4, 14, 0, 0], "BAR0: 64-bit, 16 KiB");
+    assert_eq!(f(1)[28], 0xc, "BAR2: 64-bit prefetchable");
+    assert_eq!(&f(1)[30..36], &[0; 6]);
     assert_eq!(
         err(&mut c, 0x83, &[5, 16, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]),
         0x64012
@@ -684,7 +704,14 @@ fn standard_fabric_commands() {
         0x4,
         "host port"
     );
-    assert_eq!(err(&mut c, 0x83, &[0]), 0x64004, "FABRIC not served");
+    let fg = ok(&mut c, 0x83, &[0]);
+    assert_eq!(&fg[..12], &[0, 0, 0, 0, 22, 0, 0, 0, 0, 0, 0, 0], "FABRIC");
+    assert_eq!(
+        &fg[24..32],
+        &[0, 0, 0, 0, 1, 2, 0, 0],
+        "PAX 0 local, 1 unreachable"
+    );
+    assert_eq!(err(&mut c, 0x83, &[7]), 0x64004, "no such dump");
 
     // Link down of gpu0: EP section shrinks to NON.
     assert!(emu.control("link 16 down").contains("\"changed\":true"));
@@ -990,7 +1017,8 @@ fn hostile_firmware_over_vfio_user() {
     let lies = (run(0xf001, &summary), run(0xf003, &list));
     let mut echo = b"the mailbox itself stays honest".to_vec();
     echo.resize(1024, 0xa5);
-    assert_eq!(run(0x41, &echo), (0, echo.clone()), "ECHO is byte-exact");
+    let inverted: Vec<u8> = echo.iter().map(|b| !b).collect();
+    assert_eq!(run(0x41, &echo), (0, inverted), "ECHO is exact (inverted)");
     let state = emu.control("state");
     assert!(
         state.contains("\"faults\":[\"hostile 24301\"],")

@@ -25,6 +25,37 @@ pub struct Expected {
     pub allowed: Vec<Option<Vec<String>>>,
     /// Per host: `max_functions` (default 4).
     pub max_functions: Vec<u32>,
+    /// Per host: `usp_port`, the physical port of its upstream port (default: the index).
+    pub usp_ports: Vec<u32>,
+    /// The firmware dialect the emulator speaks in this run: the top-level `dialect` key
+    /// (default "extended"), overridden by `pcifab-harness test --dialect`.
+    pub dialect: Dialect,
+    /// The top-level `dma_mrpc` key (default true): the MEP offers DMA MRPC.
+    pub dma_mrpc: bool,
+}
+
+/// The emulator's firmware dialect (Documentation/emulator.rst, "Dialects").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Pax,
+    Extended,
+}
+
+impl Dialect {
+    pub fn parse(s: &str) -> Result<Dialect, String> {
+        match s {
+            "pax" => Ok(Dialect::Pax),
+            "extended" => Ok(Dialect::Extended),
+            _ => Err(format!("unknown dialect {s:?}: expected pax or extended")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Pax => "pax",
+            Dialect::Extended => "extended",
+        }
+    }
 }
 
 /// One `[[endpoints]]` entry, with the emulator's documented defaults.
@@ -187,6 +218,14 @@ impl Expected {
                 None => Ok(4),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let usp_ports = host_tables
+            .iter()
+            .enumerate()
+            .map(|(i, h)| match h.as_table() {
+                Some(t) => int(t, "usp_port", i as u32, 47),
+                None => Ok(i as u32),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let endpoints = match root.get("endpoints") {
             None => Vec::new(),
             Some(toml::Value::Array(a)) => a
@@ -201,7 +240,19 @@ impl Expected {
             .and_then(|p| p.get("manager"))
             .and_then(|m| m.as_str())
             .map(str::to_string);
+        let dialect = match root.get("dialect") {
+            None => Dialect::Extended,
+            Some(toml::Value::String(d)) => Dialect::parse(d)?,
+            Some(v) => return Err(format!("dialect = {v} is not a string")),
+        };
+        let dma_mrpc = match root.get("dma_mrpc") {
+            None => true,
+            Some(toml::Value::Boolean(b)) => *b,
+            Some(v) => return Err(format!("dma_mrpc = {v} is not a boolean")),
+        };
         Ok(Expected {
+            dialect,
+            dma_mrpc,
             device_id: int(fw, "device_id", 0x4228, 0xffff)?,
             device_version: int(fw, "device_version", 0x4228, 0xffff_ffff)?,
             fw_version: int(fw, "fw_version", 0x0407_0041, 0xffff_ffff)?,
@@ -213,6 +264,7 @@ impl Expected {
             manager,
             allowed,
             max_functions,
+            usp_ports,
         })
     }
 

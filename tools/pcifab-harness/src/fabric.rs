@@ -776,6 +776,9 @@ pub fn start_emulator(
         .arg(&opts.emu_config)
         .arg("--run-dir")
         .arg(run_dir);
+    if let Some(d) = opts.dialect {
+        cmd.arg("--dialect").arg(d.name());
+    }
     for h in hosts {
         let qmp = sock_path(run_dir, &format!("qmp-emu-{h}.sock"))?;
         cmd.arg("--qmp").arg(format!("{h}={}", qmp.display()));

@@ -118,6 +118,8 @@ pub struct Inputs<'a> {
     pub guest_bin: &'a Path,
     pub pcifab_ko: &'a Path,
     pub switchtec_ko: &'a Path,
+    /// The static switchtec-user CLI, installed as /bin/switchtec (optional).
+    pub switchtec_user: Option<&'a Path>,
 }
 
 /// The regular files of the guest binary directory, sorted by name.
@@ -239,6 +241,9 @@ pub fn build(inp: &Inputs, out: &Path) -> Result<PathBuf, String> {
     c.symlink("bin/sh", "busybox");
     for (name, data) in &bins {
         c.file(&format!("bin/{name}"), 0o755, data);
+    }
+    if let Some(p) = inp.switchtec_user {
+        c.file("bin/switchtec", 0o755, &static_binary(p, "switchtec-user")?);
     }
     c.file("lib/modules/pcifab.ko", 0o644, &ko);
     c.file("lib/modules/switchtec.ko", 0o644, &sw);

@@ -11,6 +11,7 @@ mod fabric;
 mod initramfs;
 mod manager;
 mod p2p;
+mod pax_client;
 mod procs;
 mod qmp;
 mod scenarios;
@@ -53,13 +54,20 @@ usage: pcifab-harness <test|demo|bench|list|selftest> --kernel BZIMAGE --module 
          --switchtec SWITCHTEC_KO --guest-bin DIR --emu EMU_BIN --emu-config TOML
          --qemu-root TRIXIE_DIR --results DIR
          [--hosts N] [--filter SUBSTR] [--keep-going] [--debug-kernel] [--busybox PATH]
-         [--no-emu]
+         [--no-emu] [--dialect pax|extended] [--switchtec-user PATH]
+       pcifab-harness summary DIR...
 
   test        boot the fabric, run the scenarios, print `N passed, N failed`
   demo        boot the fabric, load pcifab in every host, print `pcifab info`
   bench       boot one host, measure MRPC echo through pcifab and switchtec
   list        print the scenario names and exit
   selftest    boot the fabric and check the harness and agent themselves
+  summary     read DIR/summary.json of several runs, print `<dialect>: N passed, N failed`
+              per dialect and the overall `N passed, N failed`; exit 1 if any failed
+  --dialect   the emulator's firmware dialect for the whole run (default: the config's
+              `dialect` key, else extended); written to RESULTS/summary.json
+  --switchtec-user  static switchtec-user CLI (tools/scripts/switchtec-user.sh builds
+              it); it goes to the guest's /bin/switchtec for the `pax client` scenarios
   --guest-bin directory of static guest binaries (pcifab, pcifab-agent,
               pcifab-selftest); every file in it goes to the guest's /bin
   --hosts N   boot the first N hosts of the config (default: all)
@@ -99,6 +107,10 @@ pub struct Opts {
     pub keep_going: bool,
     pub no_emu: bool,
     pub debug_kernel: bool,
+    /// `--dialect`: overrides the config's `dialect` key.
+    pub dialect: Option<config::Dialect>,
+    /// `--switchtec-user`: the static switchtec-user CLI for the guests.
+    pub switchtec_user: Option<PathBuf>,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -128,7 +140,8 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             "--no-emu" => no_emu = true,
             "-h" | "--help" => return Err(String::new()),
             "--kernel" | "--module" | "--switchtec" | "--guest-bin" | "--emu" | "--emu-config"
-            | "--qemu-root" | "--results" | "--hosts" | "--filter" | "--busybox" => {
+            | "--qemu-root" | "--results" | "--hosts" | "--filter" | "--busybox" | "--dialect"
+            | "--switchtec-user" => {
                 let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
                 get.insert(a.trim_start_matches('-').to_string(), v.clone());
             }
@@ -151,6 +164,11 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
     let emu_config = path("emu-config")?;
     let qemu_root = path("qemu-root")?;
     let results = path("results")?;
+    let dialect = get
+        .remove("dialect")
+        .map(|d| config::Dialect::parse(&d).map_err(|e| format!("--dialect: {e}")))
+        .transpose()?;
+    let switchtec_user = get.remove("switchtec-user").map(PathBuf::from);
     let busybox = get
         .remove("busybox")
         .map_or_else(|| PathBuf::from("/bin/busybox"), PathBuf::from);
@@ -181,6 +199,8 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         keep_going,
         no_emu,
         debug_kernel,
+        dialect,
+        switchtec_user,
     })
 }
 
@@ -231,6 +251,13 @@ fn check_inputs(o: &Opts) -> Result<(), String> {
         "build it with the agent (`make tools` copies it there)",
     )?;
     check_file(&o.busybox, "--busybox", "install Debian's busybox-static")?;
+    if let Some(p) = &o.switchtec_user {
+        check_file(
+            p,
+            "--switchtec-user",
+            "build it with tools/scripts/switchtec-user.sh",
+        )?;
+    }
     if !o.no_emu {
         check_file(
             &o.emu,
@@ -259,6 +286,8 @@ struct Run {
     log: Arc<CmdLog>,
     passed: usize,
     failed: usize,
+    /// (scenario name, passed) of every scenario that ran, for summary.json.
+    outcomes: Vec<(String, bool)>,
 }
 
 impl Run {
@@ -270,6 +299,7 @@ impl Run {
                 guest_bin: &o.guest_bin,
                 pcifab_ko: &o.module,
                 switchtec_ko: &o.switchtec,
+                switchtec_user: o.switchtec_user.as_deref(),
             },
             &o.results.join("initramfs.cpio"),
         )?;
@@ -382,6 +412,9 @@ impl Run {
             };
             let skip = fabric.take_skip();
             let secs = t.elapsed().as_secs_f64();
+            if skip.is_none() || r.is_err() {
+                self.outcomes.push((s.name.to_string(), r.is_ok()));
+            }
             if !self.report(n, s.name, r, skip.as_deref()) && !self.opts.keep_going {
                 stop = Some("an earlier scenario failed (use --keep-going)");
             }
@@ -396,8 +429,32 @@ impl Run {
             say(&format!("ok {n} - {name} # SKIP not run: interrupted"));
         } else {
             let r = fabric.check_logs("the end of the run", true);
+            self.outcomes.push((name.to_string(), r.is_ok()));
             self.report(n, name, r, None);
         }
+    }
+
+    /// RESULTS/summary.json: the dialect, the kernel, the counts and every scenario.
+    fn write_summary(&self) -> Result<(), String> {
+        let dialect = self.expected.dialect.name();
+        let v = serde_json::json!({
+            "dialect": dialect,
+            "kernel": self.opts.kernel.display().to_string(),
+            "passed": self.passed,
+            "failed": self.failed,
+            "scenarios": self
+                .outcomes
+                .iter()
+                .map(|(name, passed)| serde_json::json!({
+                    "name": name,
+                    "dialect": dialect,
+                    "passed": passed,
+                }))
+                .collect::<Vec<_>>(),
+        });
+        let path = self.opts.results.join("summary.json");
+        std::fs::write(&path, format!("{v:#}\n"))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
 
     /// Prints the KTAP line of test `n` and counts it; returns false for a failure.
@@ -602,8 +659,93 @@ fn show(host: &str, out: &str) {
     }
 }
 
+/// One run's summary.json, as `summary` reads it.
+#[derive(Debug, PartialEq)]
+struct RunSummary {
+    dialect: String,
+    passed: u64,
+    failed: u64,
+}
+
+fn read_summary(dir: &Path) -> Result<RunSummary, String> {
+    let path = dir.join("summary.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        format!(
+            "cannot read {}: {e}; is {} the --results folder of a `pcifab-harness test` run?",
+            path.display(),
+            dir.display()
+        )
+    })?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+    let field = |k: &str| {
+        v.get(k)
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| format!("{}: no number `{k}`", path.display()))
+    };
+    let dialect = v
+        .get("dialect")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| format!("{}: no string `dialect`", path.display()))?;
+    Ok(RunSummary {
+        dialect: dialect.to_string(),
+        passed: field("passed")?,
+        failed: field("failed")?,
+    })
+}
+
+/// The lines `summary` prints: one per dialect (pax first), then the total.
+fn summary_lines(runs: &[RunSummary]) -> Vec<String> {
+    let mut dialects: Vec<&str> = runs.iter().map(|r| r.dialect.as_str()).collect();
+    dialects.sort_by_key(|d| (*d != "pax", *d != "extended", d.to_string()));
+    dialects.dedup();
+    let mut lines = Vec::new();
+    for d in dialects {
+        let (p, f) = runs
+            .iter()
+            .filter(|r| r.dialect == d)
+            .fold((0, 0), |(p, f), r| (p + r.passed, f + r.failed));
+        lines.push(format!("{d}: {p} passed, {f} failed"));
+    }
+    let (p, f) = runs
+        .iter()
+        .fold((0, 0), |(p, f), r| (p + r.passed, f + r.failed));
+    lines.push(format!("{p} passed, {f} failed"));
+    lines
+}
+
+/// `pcifab-harness summary DIR...`.
+fn summary(dirs: &[String]) -> ExitCode {
+    if dirs.is_empty() {
+        eprintln!("pcifab-harness: summary needs at least one results folder");
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    }
+    let mut runs = Vec::new();
+    for d in dirs {
+        match read_summary(Path::new(d)) {
+            Ok(r) => runs.push(r),
+            Err(e) => {
+                eprintln!("pcifab-harness: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    for l in summary_lines(&runs) {
+        println!("{l}");
+    }
+    if runs.iter().any(|r| r.failed > 0) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("summary") {
+        return summary(&args[1..]);
+    }
     let opts = match parse_args(&args) {
         Ok(o) => o,
         Err(e) => {
@@ -648,7 +790,12 @@ fn main() -> ExitCode {
         Expected::load(&opts.emu_config)
     };
     let expected = match expected {
-        Ok(e) => e,
+        Ok(mut e) => {
+            if let Some(d) = opts.dialect {
+                e.dialect = d;
+            }
+            e
+        }
         Err(e) => {
             eprintln!("pcifab-harness: {e}");
             return ExitCode::from(2);
@@ -681,7 +828,12 @@ fn main() -> ExitCode {
         log,
         passed: 0,
         failed: 0,
+        outcomes: Vec::new(),
     };
+    say(&format!(
+        "# dialect: {} (emulator firmware for the whole run)",
+        run.expected.dialect.name()
+    ));
     // Declared before the fabric so it is dropped (killing children) after it.
     let mut children = Children::default();
     let run_dir = match TempDir::new() {
@@ -770,6 +922,9 @@ fn main() -> ExitCode {
             }
         }
         _ => {
+            if let Err(e) = run.write_summary() {
+                say(&format!("# warning: {e}"));
+            }
             say(&format!("{} passed, {} failed", run.passed, run.failed));
             if run.failed == 0 {
                 ExitCode::SUCCESS
@@ -821,5 +976,74 @@ mod tests {
         assert!(parse_args(&v(&["test", "--kernel"])).is_err());
         assert!(parse_args(&v(&["test", "--kernel", "k"])).is_err());
         assert!(parse_args(&v(&["bogus"])).is_err());
+    }
+
+    #[test]
+    fn dialect_and_client_flags() {
+        let base = [
+            "test",
+            "--kernel",
+            "k",
+            "--module",
+            "m",
+            "--switchtec",
+            "s",
+            "--guest-bin",
+            "g",
+            "--emu",
+            "e",
+            "--emu-config",
+            "c",
+            "--qemu-root",
+            "q",
+            "--results",
+            "r",
+        ];
+        let o = parse_args(&v(&base)).unwrap();
+        assert_eq!((o.dialect, o.switchtec_user), (None, None));
+        let mut a = base.to_vec();
+        a.extend(["--dialect", "pax", "--switchtec-user", "/x/switchtec"]);
+        let o = parse_args(&v(&a)).unwrap();
+        assert_eq!(o.dialect, Some(config::Dialect::Pax));
+        assert_eq!(o.switchtec_user, Some(PathBuf::from("/x/switchtec")));
+        let mut a = base.to_vec();
+        a.extend(["--dialect", "gen3"]);
+        assert!(parse_args(&v(&a)).unwrap_err().contains("pax or extended"));
+    }
+
+    #[test]
+    fn summary_of_several_runs() {
+        let dir = std::env::temp_dir().join(format!("pcifab-summary-{}", std::process::id()));
+        let run = |name: &str, json: &str| {
+            let d = dir.join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("summary.json"), json).unwrap();
+            d
+        };
+        let a = run(
+            "a",
+            r#"{"dialect":"extended","kernel":"k","passed":40,"failed":1,"scenarios":[]}"#,
+        );
+        let b = run(
+            "b",
+            r#"{"dialect":"pax","kernel":"k","passed":38,"failed":0,"scenarios":[]}"#,
+        );
+        let runs = vec![read_summary(&a).unwrap(), read_summary(&b).unwrap()];
+        assert_eq!(
+            summary_lines(&runs),
+            [
+                "pax: 38 passed, 0 failed",
+                "extended: 40 passed, 1 failed",
+                "78 passed, 1 failed"
+            ]
+        );
+        let bad = run("c", r#"{"dialect":"pax","passed":"x"}"#);
+        assert!(read_summary(&bad)
+            .unwrap_err()
+            .contains("no number `passed`"));
+        assert!(read_summary(&dir.join("none"))
+            .unwrap_err()
+            .contains("cannot read"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -255,6 +255,14 @@ pub fn all() -> Vec<Scenario> {
             hot_removal,
         ));
     }
+    // The public PAX client over switchtec.ko (pax_client.rs), before pcifab goes away.
+    let at = v
+        .iter()
+        .position(|x| x.name == "rmmod pcifab in every host")
+        .unwrap_or(v.len());
+    for (i, (name, secs, run)) in crate::pax_client::scenarios().into_iter().enumerate() {
+        v.insert(at + i, s(name, secs, run));
+    }
     crate::trust::insert(&mut v);
     v
 }
