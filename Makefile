@@ -64,6 +64,7 @@ tools: deps
 	cp samples/identity.sh $(GUEST_BIN)/pcifab-identity.sh
 	$(CC) -static -O2 -Wall -Wextra -Werror -Iinclude/uapi -o $(GUEST_BIN)/pcifab-identity samples/identity.c
 	$(CC) -static -O2 -Wall -Wextra -Werror -Iinclude/uapi -o $(GUEST_BIN)/pcifab-move samples/move.c
+	$(CC) -static -O2 -Wall -Wextra -Werror -Iinclude/uapi -o $(GUEST_BIN)/pcifab-bind samples/bind.c
 	$(CC) -static -O2 -Wall -Wextra -Werror -Iinclude/uapi -o $(GUEST_BIN)/pcifab-p2p samples/p2p.c
 	cp samples/move-gpu.sh $(GUEST_BIN)/pcifab-move-gpu.sh
 

@@ -12,6 +12,7 @@ mod initramfs;
 mod manager;
 mod p2p;
 mod pax_client;
+mod pax_driver;
 mod procs;
 mod qmp;
 mod scenarios;

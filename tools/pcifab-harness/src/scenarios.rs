@@ -207,6 +207,26 @@ pub fn all() -> Vec<Scenario> {
             crate::manager::host_killed,
         ),
         s(
+            "features: the driver finds the firmware's extensions, PAX refuses the query",
+            120,
+            crate::pax_driver::features,
+        ),
+        s(
+            "extensions: EOPNOTSUPP without them, working with them",
+            180,
+            crate::pax_driver::extensions,
+        ),
+        s(
+            "multi-function bind: three VFs arrive and leave as one device, all or none",
+            300,
+            crate::pax_driver::multi_bind,
+        ),
+        s(
+            "DMA MRPC: host-buffer completions, the mailbox when the firmware withdraws it",
+            300,
+            crate::pax_driver::dma_mrpc,
+        ),
+        s(
             "mrpc classes: unprivileged callers cannot drain events or touch dump sessions",
             120,
             crate::driver_trust::mrpc_classes,
