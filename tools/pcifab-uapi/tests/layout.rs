@@ -609,9 +609,18 @@ fn extra_rust() -> Vec<(String, u64)> {
         ("PCIFAB_FN_LINK_UP".into(), FN_LINK_UP as u64),
         ("PCIFAB_UNBOUND".into(), UNBOUND as u64),
         ("PCIFAB_FEATURE_TELEMETRY".into(), FEATURE_TELEMETRY as u64),
-        ("PCIFAB_FEATURE_P2P_ROUTES".into(), FEATURE_P2P_ROUTES as u64),
-        ("PCIFAB_FEATURE_DMA_ENGINE".into(), FEATURE_DMA_ENGINE as u64),
-        ("PCIFAB_FEATURE_UNBIND_REQUEST".into(), FEATURE_UNBIND_REQUEST as u64),
+        (
+            "PCIFAB_FEATURE_P2P_ROUTES".into(),
+            FEATURE_P2P_ROUTES as u64,
+        ),
+        (
+            "PCIFAB_FEATURE_DMA_ENGINE".into(),
+            FEATURE_DMA_ENGINE as u64,
+        ),
+        (
+            "PCIFAB_FEATURE_UNBIND_REQUEST".into(),
+            FEATURE_UNBIND_REQUEST as u64,
+        ),
         ("PCIFAB_BIND_MAX_PDFIDS".into(), BIND_MAX_PDFIDS as u64),
         (
             "sizeof(struct pcifab_bind)".into(),

@@ -563,15 +563,18 @@ fn child_work(path: &str, p: u64, count: u64, seed: u64) -> Result<(), String> {
                 m.status, m.ret_value
             ));
         }
-        if input[..len] != output[..len] {
+        // PAX firmware answers ECHO with its input bit-inverted.
+        let want: Vec<u8> = input[..len].iter().map(|b| !b).collect();
+        if want[..] != output[..len] {
             let foreign = output[..len]
                 .iter()
-                .find(|&&b| b >> 5 != (p as u8 & 7))
+                .map(|b| !b)
+                .find(|b| b >> 5 != (p as u8 & 7))
                 .map(|b| format!("; bytes of process {} seen", b >> 5))
                 .unwrap_or_default();
             return Err(format!(
-                "process {p} echo {i} ({len} bytes): got back other bytes than sent: {}{foreign}",
-                first_diff(&input[..len], &output[..len])
+                "process {p} echo {i} ({len} bytes): expected the input inverted, got: {}{foreign}",
+                first_diff(&want, &output[..len])
             ));
         }
     }
@@ -751,10 +754,16 @@ fn as_bytes<T: Arg>(v: &T) -> Vec<u8> {
 }
 
 /// One ioctl of the table.
+/// `struct pcifab_identity` and `struct pcifab_bind` of uAPI 1.0, which grew since.
+const IDENTITY_V1_SIZE: usize = 68;
+const BIND_V1_SIZE: usize = 40;
+
 struct Ioctl {
     name: &'static str,
     nr: u32,
     size: usize,
+    /// The first version's size: smaller is `EINVAL`, from here to `size` is accepted.
+    min: usize,
     /// A valid struct of this ioctl, as bytes.
     valid: Vec<u8>,
     /// MRPC commands a successful call starts.
@@ -853,6 +862,11 @@ fn put_u32(buf: &mut [u8], off: usize, v: u32) {
 fn cmd_abi(o: &Opts) -> Res<()> {
     let path = device(o, "/dev/pcifab0");
     let dev = Dev::open(&path, false)?;
+    // P2P calls exist only where the firmware has pcifab's route extension.
+    let mut id = Identity::new();
+    dev.ioctl(pcifab_uapi::PCIFAB_IOCTL_IDENTITY, &mut id)
+        .map_err(|e| check(format!("IDENTITY: {}", errno_name(e))))?;
+    let p2p = id.features & pcifab_uapi::FEATURE_P2P_ROUTES != 0;
     let mut r = AbiRun {
         dev: &dev,
         arena: Arena::new()?,
@@ -867,11 +881,12 @@ fn cmd_abi(o: &Opts) -> Res<()> {
     m.cmd = ECHO;
     m.in_ptr = base + IN_OFF as u64;
     m.out_ptr = base + OUT_OFF as u64;
-    let ioctls = [
+    let mut ioctls = vec![
         Ioctl {
             name: "VERSION",
             nr: pcifab_uapi::PCIFAB_IOCTL_VERSION,
             size: std::mem::size_of::<Version>(),
+            min: std::mem::size_of::<Version>(),
             valid: as_bytes(&Version::new()),
             starts: 0,
         },
@@ -879,6 +894,7 @@ fn cmd_abi(o: &Opts) -> Res<()> {
             name: "IDENTITY",
             nr: pcifab_uapi::PCIFAB_IOCTL_IDENTITY,
             size: std::mem::size_of::<Identity>(),
+            min: IDENTITY_V1_SIZE,
             valid: as_bytes(&Identity::new()),
             starts: 0,
         },
@@ -886,6 +902,7 @@ fn cmd_abi(o: &Opts) -> Res<()> {
             name: "MRPC",
             nr: pcifab_uapi::PCIFAB_IOCTL_MRPC,
             size: std::mem::size_of::<Mrpc>(),
+            min: std::mem::size_of::<Mrpc>(),
             valid: as_bytes(&m),
             starts: 1,
         },
@@ -893,6 +910,7 @@ fn cmd_abi(o: &Opts) -> Res<()> {
             name: "STATS",
             nr: pcifab_uapi::PCIFAB_IOCTL_STATS,
             size: std::mem::size_of::<Stats>(),
+            min: std::mem::size_of::<Stats>(),
             valid: as_bytes(&Stats::new()),
             starts: 0,
         },
@@ -901,6 +919,7 @@ fn cmd_abi(o: &Opts) -> Res<()> {
             name: "P2P_ROUTES",
             nr: pcifab_uapi::PCIFAB_IOCTL_P2P_ROUTES,
             size: std::mem::size_of::<P2pRoutes>(),
+            min: std::mem::size_of::<P2pRoutes>(),
             valid: as_bytes(&{
                 let mut l = P2pRoutes::new();
                 l.route_size = std::mem::size_of::<pcifab_uapi::Route>() as u32;
@@ -909,6 +928,21 @@ fn cmd_abi(o: &Opts) -> Res<()> {
             starts: 1,
         },
     ];
+    if !p2p {
+        // The whole call is refused before its argument matters.
+        r.case(
+            "P2P_ROUTES without the firmware's route extension",
+            pcifab_uapi::PCIFAB_IOCTL_P2P_ROUTES,
+            libc::EOPNOTSUPP,
+            0,
+            |b, _| {
+                let l = P2pRoutes::new();
+                b[..std::mem::size_of::<P2pRoutes>()].copy_from_slice(&as_bytes(&l));
+                b.as_mut_ptr()
+            },
+        )?;
+        ioctls.retain(|io| io.name != "P2P_ROUTES");
+    }
     for io in &ioctls {
         let (n, sz, v) = (io.name, io.size, &io.valid);
         let with_size = |buf: &mut [u8], size: usize| {
@@ -925,7 +959,8 @@ fn cmd_abi(o: &Opts) -> Res<()> {
                 b.as_mut_ptr()
             },
         )?;
-        for (what, size) in [("0", 0), ("4", 4), ("sizeof-1", sz - 1)] {
+        let min = io.min;
+        for (what, size) in [("0", 0), ("4", 4), ("first version's size-1", min - 1)] {
             r.case(
                 &format!("{n} size {what}"),
                 io.nr,
