@@ -19,9 +19,10 @@
 set -euo pipefail
 
 CACHE=${PCIFAB_CACHE:-/var/cache/pcifab}
-VERSION=4.4
+VERSION=4.5
 URL=https://github.com/Microsemi/switchtec-user/archive/refs/tags/v$VERSION.tar.gz
-# sha256 of the tarball at $URL. Must be filled in (and reviewed) when VERSION changes:
+# sha256 of the tarball at $URL (4.5: the switchtec-user the emulator was checked against).
+# Must be filled in (and reviewed) before the first download and when VERSION changes:
 #   curl -fsSL "$URL" | sha256sum
 SHA256=${SWITCHTEC_USER_SHA256:-}
 OUT=$CACHE/switchtec-user

@@ -450,6 +450,20 @@ mod tests {
     }
 
     #[test]
+    fn dialect_and_dma_mrpc() {
+        let c = Config::parse("[[hosts]]\nname = \"a\"\n").expect("minimal");
+        assert_eq!((c.dialect, c.dma_mrpc), (Dialect::Extended, true));
+        let c = Config::parse("dialect = \"pax\"\ndma_mrpc = false\n[[hosts]]\nname = \"a\"\n")
+            .expect("pax");
+        assert_eq!((c.dialect, c.dma_mrpc), (Dialect::Pax, false));
+        let e = Config::parse("dialect = \"gen3\"\n[[hosts]]\nname = \"a\"\n").unwrap_err();
+        assert!(e.contains("dialect"), "{e}");
+        assert_eq!(Dialect::parse("pax"), Ok(Dialect::Pax));
+        assert!(Dialect::parse("PAX").is_err());
+        assert_eq!(Dialect::Extended.name(), "extended");
+    }
+
+    #[test]
     fn defaults_apply() {
         let cfg = Config::parse("[[hosts]]\nname = \"a\"\n").expect("minimal config");
         assert_eq!(cfg.firmware, Firmware::default());

@@ -10,6 +10,7 @@ use crate::model::{Model, Notice, PortKind, Request, Requester, MULTI_FUNC_NUM};
 pub const MRPC_DIETEMP: u32 = 0x04;
 pub const MRPC_PMON: u32 = 0x07;
 pub const MRPC_LNKSTAT: u32 = 0x1c;
+pub const MRPC_PART_INFO: u32 = 0x2b;
 pub const MRPC_ECHO: u32 = 0x41;
 pub const MRPC_GET_PAX_ID: u32 = 0x81;
 pub const MRPC_PORT_CONFIG: u32 = 0x88;
@@ -40,6 +41,19 @@ pub const DUMP_START: u32 = 1;
 pub const DUMP_GET: u32 = 2;
 pub const DUMP_FINISH: u32 = 3;
 
+/// PART_INFO sub-commands (mrpc.h) and the Gen4 flash layout (lib/fw.c).
+pub const PART_INFO_GET_ALL_INFO: u8 = 0;
+pub const PART_INFO_GET_METADATA: u8 = 1;
+/// Partitions map0, map1, keyman0/1, bl2 0/1, cfg0/1, img0/1, nvlog
+/// (switchtec_priv.h's SWITCHTEC_FW_PART_ID_G4_*), then vendor[8].
+pub const FLASH_PARTS_GEN4: usize = 11;
+pub const FLASH_INFO_HDR: usize = 64;
+pub const FLASH_PART_INFO_SIZE: usize = 32;
+pub const FLASH_INFO_SIZE: usize = FLASH_INFO_HDR + (FLASH_PARTS_GEN4 + 8) * FLASH_PART_INFO_SIZE;
+/// sizeof(struct switchtec_fw_metadata_gen4).
+pub const FW_METADATA_GEN4_SIZE: usize = 628;
+/// Every emulated flash partition: 64 KiB at 64 KiB * (id + 1).
+pub const FLASH_PART_BYTES: u32 = 0x1_0000;
 /// Ports LNKSTAT reports on a Gen4 part (switchtec_max_supported_ports).
 pub const LNKSTAT_PORTS: usize = 52;
 pub const LNKSTAT_ENTRY: usize = 12;
@@ -124,6 +138,7 @@ pub fn mrpc_name(cmd: u32) -> &'static str {
         MRPC_DIETEMP => "DIETEMP",
         MRPC_PMON => "PMON",
         MRPC_LNKSTAT => "LNKSTAT",
+        MRPC_PART_INFO => "PART_INFO",
         MRPC_ECHO => "ECHO",
         MRPC_GET_PAX_ID => "GET_PAX_ID",
         MRPC_PORT_CONFIG => "PORT_CONFIG",
@@ -257,6 +272,7 @@ impl Exec<'_> {
             MRPC_I2C_TWI_PING => self.twi_ping(input),
             MRPC_GET_PAX_ID => Ok(vec![0]),
             MRPC_LNKSTAT => self.lnkstat(input),
+            MRPC_PART_INFO => self.part_info(input),
             MRPC_PMON => self.pmon(input),
             MRPC_PORT_CONFIG => self.port_config(input),
             MRPC_EXT_FEATURES => Ok(self.ext_features()),
@@ -341,6 +357,84 @@ impl Exec<'_> {
         let mut o = Out::default();
         o.u32(3 | rev << 8).u32(!ping);
         Ok(o.0)
+    }
+
+    /// PART_INFO (0x2B), Gen4: GET_ALL_INFO -> `switchtec_flash_info_gen4`
+    /// (672 bytes), GET_METADATA `{u8 sub, u8 part_id}` ->
+    /// `switchtec_fw_metadata_gen4` (628 bytes). Copy 0 of every image is
+    /// the active, running one; copy 1 is valid and inactive.
+    fn part_info(&mut self, input: &[u8]) -> Res {
+        let fw = &self.model.fw;
+        match u8_at(input, 0)? {
+            PART_INFO_GET_ALL_INFO => {
+                let mut o = Out::default();
+                o.u32(fw.fw_version)
+                    .u32(16 * FLASH_PART_BYTES)
+                    .u16(fw.device_id)
+                    .u8(0)
+                    .u8(0)
+                    .zeros(4)
+                    .zeros(48);
+                debug_assert_eq!(o.0.len(), FLASH_INFO_HDR);
+                for id in 0..FLASH_PARTS_GEN4 as u32 {
+                    let start = FLASH_PART_BYTES * (id + 1);
+                    let first = id % 2 == 0 || id == 10;
+                    o.u32(0)
+                        .u32(FLASH_PART_BYTES / 2)
+                        .u16((fw.fw_version >> 16) as u16)
+                        .u8(1)
+                        .u8(u8::from(first))
+                        .u32(start)
+                        .u32(start + FLASH_PART_BYTES - 1)
+                        .u32(0)
+                        .u32(FLASH_PART_BYTES / 4)
+                        .u8(0)
+                        .u8(u8::from(first))
+                        .zeros(2);
+                }
+                o.zeros(8 * FLASH_PART_INFO_SIZE);
+                debug_assert_eq!(o.0.len(), FLASH_INFO_SIZE);
+                Ok(o.0)
+            }
+            PART_INFO_GET_METADATA => {
+                let id = u8_at(input, 1)?;
+                // Image types of switchtec-user's switchtec_fw_part_type_gen4:
+                // map 0, keyman 1, bl2 2, cfg 3, img 4 (two copies each).
+                if id >= 10 {
+                    return Err(ERR_PARAM_INVALID);
+                }
+                let mut o = Out::default();
+                o.0.extend_from_slice(b"MSCC_MD ");
+                o.u32(1)
+                    .u32(0)
+                    .u32(0x400)
+                    .u32(0x400)
+                    .u32(FLASH_PART_BYTES / 2)
+                    .u32(u32::from(id / 2))
+                    .u8(0)
+                    .zeros(3)
+                    .u32(fw.fw_version)
+                    .u32(1)
+                    .u32(0);
+                o.0.extend_from_slice(b"20260101");
+                o.0.extend_from_slice(b"00:00:00");
+                let mut img = [0u8; 16];
+                let name = fw.product_id.as_bytes();
+                img[..name.len().min(16)].copy_from_slice(&name[..name.len().min(16)]);
+                o.0.extend_from_slice(&img);
+                o.zeros(4)
+                    .u32(0)
+                    .zeros(512 + 4)
+                    .zeros(8)
+                    .u32(0)
+                    .u32(0)
+                    .u32(0)
+                    .u32(0);
+                debug_assert_eq!(o.0.len(), FW_METADATA_GEN4_SIZE);
+                Ok(o.0)
+            }
+            _ => Err(ERR_SUBCMD_INVALID),
+        }
     }
 
     /// EXT_FEATURES (0xF000, extended only): `{u32 version, u32 features}`.
@@ -1445,6 +1539,30 @@ mod tests {
         // Linux's struct dma_mrpc_output: status @0, cmd_id @4, rtn_code @8,
         // output_size @12, data @16.
         assert_eq!(crate::mep::DMA_MRPC_OUTPUT_SIZE, 16 + 1024);
+
+        // switchtec_flash_info_gen4: firmware_version @0, flash_size @4,
+        // device_id @8, ecc_enable @10, running_*_flag @12..16, rsvd2[12] @16,
+        // then map0, map1, keyman0, keyman1, bl20, bl21, cfg0, cfg1, img0,
+        // img1, nvlog, vendor[8] of 32 bytes each: image_crc @0, image_len @4,
+        // image_version @8, valid @10, active @11, part_start @12, part_end
+        // @16, part_offset @20, part_size_dw @24, read_only @28, is_using @29.
+        let fi = ok(&mut m, MRPC_PART_INFO, &[0]);
+        assert_eq!((fi.len(), FLASH_INFO_SIZE), (672, 672));
+        assert_eq!((le32(&fi, 0), le16(&fi, 8)), (0x0407_0041, 0x4228));
+        let img0 = 64 + 8 * 32;
+        assert_eq!((fi[img0 + 10], fi[img0 + 11], fi[img0 + 29]), (1, 1, 1));
+        let img1 = img0 + 32;
+        assert_eq!((fi[img1 + 10], fi[img1 + 11], fi[img1 + 29]), (1, 0, 0));
+        assert_eq!(le32(&fi, img0 + 24) * 4, FLASH_PART_BYTES);
+        // switchtec_fw_metadata_gen4: magic @0, sub_magic @4, header_len @16,
+        // image_len @24, type @28, fw_id @32, version @36, date_str @48,
+        // img_str @64, image_crc @84, public_key_modulus @88, xml_version
+        // @612, relocatable_img_len @616, link_addr @620, header_crc @624.
+        let md = ok(&mut m, MRPC_PART_INFO, &[1, 8]);
+        assert_eq!((md.len(), &md[..8]), (628, &b"MSCC_MD "[..]));
+        assert_eq!((le32(&md, 28), le32(&md, 36)), (4, 0x0407_0041));
+        assert_eq!(&md[64..73], b"PAX 28XG4");
+        assert_eq!(run(&mut m, MRPC_PART_INFO, &[1, 10]).ret, ERR_PARAM_INVALID);
 
         // EXT_FEATURES: {u32 version @0, u32 features @4}.
         assert_eq!(

@@ -327,6 +327,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dialect_dma_and_ports() {
+        let e = Expected::parse("[[hosts]]\nname = \"a\"\n[[hosts]]\nname = \"b\"\nusp_port = 8\n")
+            .unwrap();
+        assert_eq!((e.dialect, e.dma_mrpc), (Dialect::Extended, true));
+        assert_eq!(e.usp_ports, [0, 8]);
+        let e = Expected::parse("dialect = \"pax\"\ndma_mrpc = false\n[[hosts]]\nname = \"a\"\n")
+            .unwrap();
+        assert_eq!((e.dialect, e.dma_mrpc), (Dialect::Pax, false));
+        assert!(Expected::parse("dialect = 1\n[[hosts]]\nname = \"a\"\n").is_err());
+        assert!(Expected::parse("dialect = \"x\"\n[[hosts]]\nname = \"a\"\n").is_err());
+    }
+
+    #[test]
     fn defaults_and_hosts() {
         let e = Expected::parse("[[hosts]]\nname = \"a\"\n[[hosts]]\nname = \"b\"\n").unwrap();
         assert_eq!(e.hosts, ["a", "b"]);

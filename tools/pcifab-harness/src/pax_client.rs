@@ -110,15 +110,26 @@ fn identify_and_dump(h: &mut Host, e: &Expected) -> Result<(), String> {
     let out = client(h, "list")?;
     expect_in(h, "switchtec list", &out, "switchtec0")?;
     expect_in(h, "switchtec list", &out, e.product_id.trim_end())?;
+    let v = e.fw_version;
+    // switchtec-user's version_to_string: "%x.%02x B%03X".
+    let version = format!("{:x}.{:02x} B{:03X}", v >> 24, (v >> 16) & 0xff, v & 0xffff);
     let out = client(h, &format!("info {DEV}"))?;
     for want in [
         "Main Firmware",
         "Generation:  GEN4",
         "Variant:     PAX",
         &format!("Device ID:   0x{:04x}", e.device_id),
+        &format!("FW Version:  {version}"),
     ] {
         expect_in(h, "switchtec info", &out, want)?;
     }
+    let out = client(h, &format!("fw-info {DEV}"))?;
+    expect_in(
+        h,
+        "switchtec fw-info",
+        &out,
+        &format!("IMG\tVersion: {version}"),
+    )?;
     let out = client(h, &format!("status {DEV}"))?;
     expect_in(
         h,
@@ -354,7 +365,7 @@ fn bind_unbind_inner(f: &mut Fabric) -> Result<(), String> {
 pub fn scenarios() -> Vec<(&'static str, u64, crate::scenarios::ScenarioFn)> {
     vec![
         (
-            "pax client: switchtec-user list, info, status, test, topo-info, gfms-dump",
+            "pax client: switchtec-user list, info, fw-info, status, test, topo-info, gfms-dump",
             600,
             dump_and_identify,
         ),
