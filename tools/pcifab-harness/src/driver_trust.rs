@@ -386,6 +386,12 @@ fn route_count(h: &mut Host) -> Result<usize, String> {
 /// grant and the route go when h0 revokes or unbinds. Before, any host with CAP_SYS_ADMIN
 /// could route onto any bound function and read or write its memory.
 pub fn p2p_grants(f: &mut Fabric) -> Result<(), String> {
+    if crate::pax_driver::refused_without_extensions(
+        f,
+        &["p2p grant 0x0300 --host 1", "p2p grants"],
+    )? {
+        return Ok(());
+    }
     compose_begin(f)?;
     let e = f.expected.clone();
     let emu = f.emu();

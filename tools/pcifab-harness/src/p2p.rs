@@ -137,6 +137,15 @@ fn dma_table_is(emu: &EmuControl, host: &str, baseline: &Value, step: &str) -> R
 /// Same-host and cross-host function-to-function copies, checked through the BARs of the
 /// guests that hold the functions; the CPU reaching a function through the window.
 pub fn p2p_copies(f: &mut Fabric) -> Result<(), String> {
+    if crate::pax_driver::refused_without_extensions(
+        f,
+        &[
+            "p2p route add 0x0300 --size 0x100000 --window-off 0",
+            "p2p copy --from 0x0300:0 --to 0x0401:0 --len 0x1000",
+        ],
+    )? {
+        return Ok(());
+    }
     compose_begin(f)?;
     let e = f.expected.clone();
     let emu = f.emu();
@@ -261,6 +270,12 @@ pub fn p2p_copies(f: &mut Fabric) -> Result<(), String> {
 /// Host<->function copies from user buffers, 1 byte to 64 MiB with unaligned edges, in the
 /// host with the IOMMU and in the one without; a 64 MiB function-to-function copy.
 pub fn p2p_user_buffers(f: &mut Fabric) -> Result<(), String> {
+    if crate::pax_driver::refused_without_extensions(
+        f,
+        &["p2p copy --from 0x0300:0 --to 0x0401:0 --len 0x1000"],
+    )? {
+        return Ok(());
+    }
     compose_begin(f)?;
     let e = f.expected.clone();
     let emu = f.emu();
@@ -319,6 +334,15 @@ pub fn p2p_user_buffers(f: &mut Fabric) -> Result<(), String> {
 /// No device reaches memory it was not given: an IOVA the IOMMU never mapped, an address
 /// outside RAM, a function without a route.
 pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
+    if crate::pax_driver::refused_without_extensions(
+        f,
+        &[
+            "p2p route list",
+            "p2p route add 0x0300 --size 0x1000 --window-off 0",
+        ],
+    )? {
+        return Ok(());
+    }
     compose_begin(f)?;
     let e = f.expected.clone();
     let emu = f.emu();
@@ -436,6 +460,9 @@ const fn libc_enoent() -> i64 {
 /// A route removed during a copy, and the target unbound during a copy: the copy stops with
 /// ROUTE_FAULT and reports what arrived; nothing oopses.
 pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
+    if crate::pax_driver::refused_without_extensions(f, &["p2p route del 0x0"])? {
+        return Ok(());
+    }
     compose_begin(f)?;
     let e = f.expected.clone();
     let emu = f.emu();

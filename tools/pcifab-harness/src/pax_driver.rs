@@ -346,3 +346,43 @@ pub fn dma_mrpc(f: &mut Fabric) -> Result<(), String> {
     }
     c.finish()
 }
+
+/// Under the PAX dialect, a scenario built on pcifab's firmware extensions checks instead
+/// that every call it would make is refused cleanly: `EOPNOTSUPP`, a message that names the
+/// missing firmware feature, no route in the emulator, and a clean kernel log. `Ok(false)`
+/// under the extended dialect: the scenario goes on with its own checks.
+pub fn refused_without_extensions(f: &mut Fabric, calls: &[&str]) -> Result<bool, String> {
+    if f.dialect() != Dialect::Pax {
+        return Ok(false);
+    }
+    compose_begin(f)?;
+    let emu = f.emu();
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    let mut c = Checks::new(&format!("{}: without the firmware's extensions", h.name));
+    for call in calls {
+        let (code, v, out) = pcifab_cmd(h, call)?;
+        c.eq(
+            &format!("`pcifab {call}` errno"),
+            Some(EOPNOTSUPP),
+            v.get("errno").and_then(Value::as_i64),
+        );
+        if code == 0 || !out.contains("firmware") {
+            c.fail(format!(
+                "`pcifab {call}`: expected a failure naming the missing firmware feature, \
+                 got exit {code}: {}",
+                out.trim()
+            ));
+        }
+    }
+    let routes = emu.request(&format!("routes {}", h.name))?;
+    let none = routes
+        .get("routes")
+        .and_then(Value::as_array)
+        .is_some_and(|r| r.is_empty());
+    if !none {
+        c.fail(format!("emulator routes after the refused calls: {routes}"));
+    }
+    c.finish()?;
+    crate::scenarios::dmesg_clean(h)?;
+    Ok(true)
+}

@@ -53,6 +53,9 @@ pub fn sysfs_telemetry(f: &mut Fabric) -> Result<(), String> {
         w.sort();
         expect_eq(&format!("{}: function directories", h.name), w, got)?;
     }
+    if f.dialect() == crate::config::Dialect::Pax {
+        return pax_telemetry(f);
+    }
     // What the configuration says gpu0 reports, in sysfs units (m°C, µW, %, health bits:
     // 2 temperature >= 85 C, 4 power above the limit).
     let gpu0 = e
@@ -129,6 +132,40 @@ pub fn sysfs_telemetry(f: &mut Fabric) -> Result<(), String> {
             &configured,
             &again,
         )?;
+    }
+    Ok(())
+}
+
+/// PAX firmware reports only the die temperature (DIETEMP): every function file fails with
+/// `EOPNOTSUPP`, and the switch's `temperature` follows the firmware's die temperature.
+fn pax_telemetry(f: &mut Fabric) -> Result<(), String> {
+    let emu = f.emu();
+    let state = emu.request("state")?;
+    let die = state["firmware"]["die_temp_centi"]
+        .as_i64()
+        .ok_or_else(|| format!("emulator state has no firmware.die_temp_centi: {state}"))?;
+    for h in &mut f.hosts {
+        let mut c = Checks::new(&format!("{}: telemetry on PAX firmware", h.name));
+        for file in ["temperature", "power", "utilisation", "health"] {
+            let o = h.run(&format!(
+                "cat /sys/class/misc/pcifab0/functions/0x0300/{file}"
+            ))?;
+            if o.code == 0 || !o.out.contains("not supported") {
+                c.fail(format!(
+                    "0x0300/{file}: expected EOPNOTSUPP (\"Operation not supported\"), got \
+                     exit {}: {}",
+                    o.code,
+                    o.out.trim()
+                ));
+            }
+        }
+        let t = h.run_ok("cat /sys/class/misc/pcifab0/temperature")?;
+        c.eq(
+            "die temperature (m°C, from DIETEMP)",
+            (die * 10).to_string(),
+            t.trim().to_string(),
+        );
+        c.finish()?;
     }
     Ok(())
 }

@@ -754,9 +754,8 @@ fn as_bytes<T: Arg>(v: &T) -> Vec<u8> {
 }
 
 /// One ioctl of the table.
-/// `struct pcifab_identity` and `struct pcifab_bind` of uAPI 1.0, which grew since.
+/// `struct pcifab_identity` of uAPI 1.0, which grew since.
 const IDENTITY_V1_SIZE: usize = 68;
-const BIND_V1_SIZE: usize = 40;
 
 struct Ioctl {
     name: &'static str,
@@ -1438,7 +1437,12 @@ fn cmd_unpriv(o: &Opts) -> Res<()> {
         (
             "P2P_ROUTES",
             d.ioctl(pcifab_uapi::PCIFAB_IOCTL_P2P_ROUTES, &mut list),
-            0,
+            // Only firmware with pcifab's route extension has routes to list.
+            if id.features & pcifab_uapi::FEATURE_P2P_ROUTES != 0 {
+                0
+            } else {
+                libc::EOPNOTSUPP
+            },
         ),
     ] {
         let got = r.err().unwrap_or(0);
