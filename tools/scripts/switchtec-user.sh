@@ -6,7 +6,8 @@
 # --switchtec-user). The source is switchtec-user 4.0 as the crates.io package
 # switchtec-user-sys 0.1.11 carries it (its switchtec-user/ folder; crates.io is reachable
 # where GitHub may not be), pinned by sha256 and checked before it is unpacked. It is built
-# with the host's C compiler (the same one that builds the static samples) into the cache;
+# with the host's C compiler (the same one that builds the static samples) into the cache,
+# after undoing the crate's one change to upstream (it renames the device class);
 # nothing is installed. Without curses and OpenSSL: the scenarios need neither the GUI nor
 # firmware signing. Idempotent: a binary built from the same source is kept.
 #
@@ -35,7 +36,7 @@ if [ -n "${SWITCHTEC_USER_SRC:-}" ]; then
 		| xargs -0 sha256sum | sha256sum | cut -c1-16)"
 	src=$SWITCHTEC_USER_SRC
 else
-	key="$CRATE:$SHA256"
+	key="$CRATE:$SHA256:switchtec-names"
 	src=
 fi
 if [ -x "$OUT/switchtec" ] && [ "$(cat "$OUT/switchtec.source" 2>/dev/null)" = "$key" ]; then
@@ -61,6 +62,15 @@ if [ -z "$src" ]; then
 else
 	cp -a "$src/." "$BUILD/"
 	rm -rf "$BUILD/.git"
+fi
+
+# The crate's copy names the device class and nodes "pciswitch" (/sys/class/pciswitch,
+# /dev/pciswitch0); upstream switchtec-user and Linux's switchtec.ko say "switchtec".
+# Restore upstream's names in the three files that carry them.
+if [ -z "$src" ]; then
+	sed -i 's/pciswitch/switchtec/g' "$BUILD/lib/platform/linux.c" "$BUILD/lib/switchtec.c" \
+		"$BUILD/cli/common.h"
+	! grep -rq pciswitch "$BUILD/lib" "$BUILD/cli" || die "unexpected pciswitch names left in $CRATE"
 fi
 
 say "building with ${CC:-cc} (static, no curses, no OpenSSL)"

@@ -481,12 +481,13 @@ fn state(fabric: &Fabric) -> String {
         .iter()
         .map(|m| {
             format!(
-                "{{\"name\":{},\"partition\":{},\"connected\":{},\"mrpc_commands\":{},\"irqs_fired\":{}}}",
+                "{{\"name\":{},\"partition\":{},\"connected\":{},\"mrpc_commands\":{},\"irqs_fired\":{},\"ext_block_accesses\":{}}}",
                 json_str(&m.name),
                 m.partition,
                 m.connected.load(Ordering::Relaxed),
                 m.mrpc_commands.load(Ordering::Relaxed),
-                m.irqs_fired.load(Ordering::Relaxed)
+                m.irqs_fired.load(Ordering::Relaxed),
+                m.ext_block_accesses.load(Ordering::Relaxed)
             )
         })
         .collect();

@@ -678,6 +678,9 @@ pub struct Mep {
     pub connected: AtomicBool,
     pub mrpc_commands: AtomicU64,
     pub irqs_fired: AtomicU64,
+    /// Host reads and writes of the extension register block while the firmware has none
+    /// (the PAX dialect): a driver that speaks PAX never makes one.
+    pub ext_block_accesses: AtomicU64,
     pub faults: Mutex<Faults>,
     /// The command an `mrpc-hang` or `firmware-dead` fault swallowed, still INPROGRESS.
     hung: Mutex<Option<Job>>,
@@ -727,6 +730,7 @@ impl Mep {
             connected: AtomicBool::new(false),
             mrpc_commands: AtomicU64::new(0),
             irqs_fired: AtomicU64::new(0),
+            ext_block_accesses: AtomicU64::new(0),
             faults: Mutex::new(Faults::default()),
             hung: Mutex::new(None),
             hostile: Mutex::new(hostile::State::default()),
@@ -825,7 +829,16 @@ impl Mep {
         f(&mut self.hostile_state().counts);
     }
 
+    /// Counts an access to the extension register block the firmware does not have.
+    fn note_ext_block(&self, region: u32, off: u64) {
+        let in_block = region == REGION_BAR0 && (P2P..P2P + P2P_SIZE).contains(&off);
+        if in_block && !self.features.lock().unwrap_or_else(|e| e.into_inner()).ext {
+            self.ext_block_accesses.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     pub fn region_read(&self, region: u32, off: u64, buf: &mut [u8]) -> Result<(), String> {
+        self.note_ext_block(region, off);
         let inner = self.lock();
         match region {
             REGION_BAR0 => {
@@ -865,6 +878,7 @@ impl Mep {
     }
 
     pub fn region_write(&self, region: u32, off: u64, data: &[u8]) -> Result<(), String> {
+        self.note_ext_block(region, off);
         if region == REGION_BAR2 {
             return p2p::window_write(self, off, data);
         }
