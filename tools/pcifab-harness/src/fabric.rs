@@ -854,7 +854,12 @@ pub fn emu_control(run_dir: &Path, request: &str) -> Result<String, String> {
     let path = run_dir.join("control.sock");
     let mut s = UnixStream::connect(&path)
         .map_err(|e| format!("cannot connect to {}: {e}", path.display()))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))
+    // Binding and unbinding wait for QEMU's hot-plug: on PAX firmware an unbind of a
+    // function in use is a device_del, which waits out pciehp's attention-button delay
+    // (5 s) and the removal before the emulator answers; every other request is quick.
+    let verb = request.split_whitespace().next().unwrap_or("");
+    let timeout = if matches!(verb, "bind" | "unbind") { 60 } else { 5 };
+    s.set_read_timeout(Some(Duration::from_secs(timeout)))
         .map_err(|e| format!("control socket: {e}"))?;
     s.write_all(format!("{request}\n").as_bytes())
         .map_err(|e| format!("control socket write: {e}"))?;

@@ -53,10 +53,10 @@ pub fn features(f: &mut Fabric) -> Result<(), String> {
         let (code, v, out) = pcifab_cmd(h, "mrpc 0xf000 --out-len 8")?;
         match d {
             Dialect::Pax => {
-                c.eq(
+                c.eq_json(
                     "EXT_FEATURES return value on PAX firmware",
-                    Some(ERR_CMD_INVALID),
-                    v.get("ret_value").and_then(Value::as_u64),
+                    Value::from(format!("{ERR_CMD_INVALID:#x}")),
+                    v.get("ret_value").cloned().unwrap_or(Value::Null),
                 );
             }
             Dialect::Extended => {
