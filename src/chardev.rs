@@ -5,28 +5,30 @@
 //! The device is a misc device registered with the MEP as parent and with the attribute groups
 //! of [`crate::sysfs`], so its files exist before user space hears of the device.
 
-use core::{mem::size_of, ptr};
+use core::mem::size_of;
 
 use kernel::{
-    bindings, container_of,
     device::Device,
     fs::File,
-    miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     prelude::*,
     sync::poll::PollTable,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
         Arc,
     },
-    transmute::{AsBytes, FromBytes},
-    types::{ForeignOwnable, Opaque},
+    transmute::AsBytes,
     uaccess::{UserPtr, UserSlice, UserSliceWriter},
 };
 
 use crate::{
-    compose,
-    kext::security::{self, capable, Capability, Lockdown},
-    mrpc, p2p, sysfs, uapi, Mep,
+    compose, fnsysfs,
+    kext::{
+        miscdev::{self, MiscFile, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLPRI},
+        security::{self, capable, Capability, Lockdown},
+    },
+    mrpc, p2p, sysfs,
+    uapi::{self, SizedArg},
+    Mep,
 };
 
 /// Names of the character devices, one per bound management endpoint.
@@ -60,150 +62,41 @@ fn put_slot(slot: usize) {
     }
 }
 
-/// A registered `/dev/pcifabN`.
+/// A name slot taken by [`take_slot`], given back on drop.
+struct Slot(usize);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        put_slot(self.0);
+    }
+}
+
+/// A registered `/dev/pcifabN` with its sysfs attributes and per-function directories.
 ///
-/// # Invariants
-///
-/// `misc` holds a `struct miscdevice` registered with `misc_register()` whose `name` is
-/// `NAMES[slot]` and whose `fops` are those of [`OpenFile`]; it stays registered until drop.
-/// `mep` is initialised before `misc` is registered, so every open and every sysfs read sees it.
-#[pin_data(PinnedDrop)]
+/// Fields drop in declaration order: the per-function directories (which live under the
+/// device's) go first, then the device, then its name.
 pub(crate) struct Registration {
-    mep: Arc<Mep>,
-    slot: usize,
-    #[pin]
-    misc: Opaque<bindings::miscdevice>,
+    _fndirs: Option<fnsysfs::FnDirs>,
+    _misc: Pin<KBox<miscdev::Registration<OpenFile>>>,
+    _slot: Slot,
 }
 
 impl Registration {
     /// Registers the character device of `mep` as a child of `parent`.
-    pub(crate) fn new(parent: &Device, mep: Arc<Mep>) -> impl PinInit<Self, Error> + '_ {
-        pin_init::pin_init_scope(move || {
-            let taken = take_slot()?;
-            let name = NAMES[taken];
-            // `Device` is a transparent wrapper of `struct device`.
-            let parent = ptr::from_ref(parent).cast::<bindings::device>().cast_mut();
-            Ok(try_pin_init!(Self {
-                mep,
-                slot: taken,
-                misc <- Opaque::try_ffi_init(move |raw: *mut bindings::miscdevice| {
-                    let mut misc = MiscDeviceOptions { name }.into_raw::<OpenFile>();
-                    misc.fops = &FOPS.0;
-                    misc.parent = parent;
-                    misc.groups = sysfs::GROUPS.as_ptr();
-                    // SAFETY: `raw` is valid for writes: the initializer owns the slot.
-                    unsafe { raw.write(misc) };
-                    // SAFETY: `raw` holds a fully initialised `miscdevice` that is pinned and
-                    // deregistered in `drop` before its memory goes away.
-                    let ret = unsafe { bindings::misc_register(raw) };
-                    if ret != 0 {
-                        put_slot(taken);
-                    }
-                    kernel::error::to_result(ret)
-                }),
-            }))
+    pub(crate) fn new(parent: &Device, mep: Arc<Mep>) -> Result<Self> {
+        let slot = Slot(take_slot()?);
+        let misc = KBox::pin_init(
+            miscdev::Registration::new(NAMES[slot.0], parent, &sysfs::GROUPS, mep),
+            GFP_KERNEL,
+        )?;
+        let fndirs = fnsysfs::FnDirs::new(Arc::clone(misc.data()), misc.device())
+            .inspect_err(|e| dev_warn!(parent, "no per-function sysfs directories: {:?}\n", e))
+            .ok();
+        Ok(Self {
+            _fndirs: fndirs,
+            _misc: misc,
+            _slot: slot,
         })
-    }
-
-    /// Returns the endpoint behind a registered misc device.
-    ///
-    /// # Safety
-    ///
-    /// `misc` must point to the `misc` field of a live [`Registration`], and the returned
-    /// reference must not be used after that registration is dropped.
-    unsafe fn from_misc<'a>(misc: *mut bindings::miscdevice) -> &'a Self {
-        // SAFETY: `Opaque<T>` is `repr(transparent)`, and by the safety requirements `misc` is
-        // the `misc` field of a live `Registration`.
-        unsafe { &*container_of!(misc.cast::<Opaque<bindings::miscdevice>>(), Self, misc) }
-    }
-
-    /// The kobject of the registered misc device (`/sys/class/misc/pcifabN`).
-    pub(crate) fn kobject(&self) -> *mut bindings::kobject {
-        // SAFETY: By the type invariants `misc` is registered, so `this_device` is set and
-        // lives until `misc_deregister()` in drop.
-        unsafe { &raw mut (*(*self.misc.get()).this_device).kobj }
-    }
-
-    /// Returns the endpoint whose misc device is `dev`.
-    ///
-    /// # Safety
-    ///
-    /// `dev` must be the `this_device` of a registered [`Registration`], and the reference must
-    /// only be used while that device's sysfs callbacks may run (they are drained by
-    /// `misc_deregister()` before the registration is freed).
-    pub(crate) unsafe fn mep_from_device<'a>(dev: *mut bindings::device) -> &'a Mep {
-        // SAFETY: `misc_register()` sets the driver data of `this_device` to the `miscdevice`.
-        let misc = unsafe { bindings::dev_get_drvdata(dev) }.cast::<bindings::miscdevice>();
-        // SAFETY: By the safety requirements, `misc` is the `misc` field of a live
-        // `Registration`.
-        unsafe { &Self::from_misc(misc).mep }
-    }
-}
-
-// SAFETY: The registration is only used through `&self` after construction, and
-// `misc_deregister()` may be called from any thread.
-unsafe impl Send for Registration {}
-// SAFETY: `&Registration` only gives out the `Arc<Mep>`, which is `Sync`; the C side
-// synchronises access to the `miscdevice` itself.
-unsafe impl Sync for Registration {}
-
-#[pinned_drop]
-impl PinnedDrop for Registration {
-    fn drop(self: Pin<&mut Self>) {
-        // SAFETY: By the type invariants `misc` is registered; this deregisters it exactly once,
-        // which also drains running opens and sysfs callbacks.
-        unsafe { bindings::misc_deregister(self.misc.get()) };
-        put_slot(self.slot);
-    }
-}
-
-/// `poll()` bits (`include/uapi/linux/eventpoll.h`; not in the generated bindings).
-const EPOLLIN: u32 = 0x0001;
-const EPOLLPRI: u32 = 0x0002;
-const EPOLLERR: u32 = 0x0008;
-const EPOLLHUP: u32 = 0x0010;
-
-/// File operations of `/dev/pcifabN`: the misc-device ones of [`OpenFile`], plus `poll`,
-/// which the misc-device abstraction does not offer.
-struct Fops(bindings::file_operations);
-
-// SAFETY: The table is immutable and only read by the VFS.
-unsafe impl Sync for Fops {}
-
-static FOPS: Fops = Fops({
-    let misc = MiscDeviceOptions { name: c"pcifab" }.into_raw::<OpenFile>();
-    // SAFETY: `into_raw()` points `fops` at a static, fully initialised `file_operations`.
-    let mut fops = unsafe { *misc.fops };
-    fops.poll = Some(poll);
-    fops
-});
-
-/// `poll()`: readable when events arrived that this file has not read yet; error and hang-up
-/// once the endpoint is gone.
-///
-/// # Safety
-///
-/// Called by the VFS with a valid `file` of `/dev/pcifabN` (whose private data is the
-/// `KBox<OpenFile>` its `open` stored) and a valid poll table.
-unsafe extern "C" fn poll(
-    file: *mut bindings::file,
-    table: *mut bindings::poll_table_struct,
-) -> bindings::__poll_t {
-    // SAFETY: The misc-device `open` stored a `KBox<OpenFile>` in `private_data`; it stays
-    // there until `release`, which cannot run while this call uses the file.
-    let me: &OpenFile = unsafe { <KBox<OpenFile> as ForeignOwnable>::borrow((*file).private_data) };
-    // SAFETY: `file` is valid for the duration of this call.
-    let f = unsafe { File::from_raw_file(file) };
-    // SAFETY: `table` is the poll table the VFS passed for this call.
-    let pt = unsafe { PollTable::from_raw(table) };
-    pt.register_wait(f, me.mep.events.poll_cv());
-    if me.mep.events.gone() || !me.mep.present() {
-        return EPOLLERR | EPOLLHUP;
-    }
-    if me.mep.events.counts().total != me.seen.load(Relaxed) {
-        EPOLLIN | EPOLLPRI
-    } else {
-        0
     }
 }
 
@@ -214,24 +107,32 @@ pub(crate) struct OpenFile {
     seen: Atomic<u64>,
 }
 
-#[vtable]
-impl MiscDevice for OpenFile {
-    type Ptr = KBox<Self>;
+impl MiscFile for OpenFile {
+    type Data = Arc<Mep>;
 
-    fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<KBox<Self>> {
-        // SAFETY: Every `/dev/pcifabN` is the `misc` field of a `Registration`, which
-        // `misc_open()` keeps registered (and therefore alive) during this call.
-        let reg = unsafe { Registration::from_misc(misc.as_raw()) };
-        Ok(KBox::new(
-            Self {
-                mep: reg.mep.clone(),
-                seen: Atomic::new(reg.mep.events.counts().total),
-            },
-            GFP_KERNEL,
-        )?)
+    fn open(mep: &Arc<Mep>) -> Result<Self> {
+        Ok(Self {
+            mep: mep.clone(),
+            seen: Atomic::new(mep.events.counts().total),
+        })
     }
 
-    fn ioctl(me: &Self, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+    /// Readable when events arrived that this file has not read yet; error and hang-up once
+    /// the endpoint is gone.
+    fn poll(&self, file: &File, table: &PollTable<'_>) -> u32 {
+        table.register_wait(file, self.mep.events.poll_cv());
+        if self.mep.events.gone() || !self.mep.present() {
+            return EPOLLERR | EPOLLHUP;
+        }
+        if self.mep.events.counts().total != self.seen.load(Relaxed) {
+            EPOLLIN | EPOLLPRI
+        } else {
+            0
+        }
+    }
+
+    fn ioctl(&self, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+        let me = self;
         // A file whose endpoint went away answers nothing any more, not even VERSION: the
         // caller learns at once that it must reopen (or give up) instead of getting answers
         // from a device that is gone.
@@ -693,16 +594,6 @@ fn allow(class: MrpcClass, lockdown: Lockdown) -> Result {
 /// Whether the calling task may change the fabric's configuration (`CAP_SYS_ADMIN`).
 fn allowed_config() -> Result {
     allow(MrpcClass::Configuration, Lockdown::PciAccess)
-}
-
-/// An ioctl argument struct: `size` and `flags` first, as `include/uapi/linux/pcifab.h` says.
-pub(crate) trait SizedArg: FromBytes + AsBytes + Default {
-    /// Size of the first published version of the struct; smaller is `EINVAL`.
-    const MIN_SIZE: usize;
-    /// `flags` bits this version understands.
-    const FLAGS: u32;
-    /// The `flags` field.
-    fn flags(&self) -> u32;
 }
 
 /// Largest argument struct accepted at all; user structs beyond it are `E2BIG`.
