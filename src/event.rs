@@ -19,7 +19,7 @@ use kernel::{
     workqueue::{impl_has_work, WorkItem},
 };
 
-use crate::{fabric::Fabric, kext, regs, Bar0, Mep};
+use crate::{kext, regs, Bar0, Mep};
 
 /// Event counters since probe.
 #[derive(Clone, Copy, Default)]
@@ -150,9 +150,9 @@ fn occurred(hdr: u32) -> bool {
 /// Reads every enabled event header and clears those whose event occurred.
 ///
 /// Writing a header back clears "occurred" and keeps its interrupt enabled.
-/// Marks `fabric` stale before a fabric or link event is cleared, so that a reader of the view
-/// sees either the event still pending ([`pending`]) or the mark.
-fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, fabric: &Fabric) -> Result<Found> {
+/// Calls `invalidate` (marks the fabric view stale) before a fabric or link event is cleared,
+/// so that a reader of the view sees either the event still pending ([`pending`]) or the mark.
+fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, invalidate: impl Fn()) -> Result<Found> {
     let mut found = Found::default();
 
     let mrpc_loc = || regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL);
@@ -175,7 +175,7 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, fabric: &Fabric) -> Result<
 
     let hdr = bar.read(regs::SW_GFMS_EVENT_HDR);
     if occurred(hdr.bits().into()) {
-        fabric.invalidate();
+        invalidate();
         bar.write_reg(hdr);
         found.gfms += 1;
     }
@@ -187,7 +187,7 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, fabric: &Fabric) -> Result<
         };
         let hdr = bar.read(at);
         if occurred(hdr.bits().into()) {
-            fabric.invalidate();
+            invalidate();
             if let Some(at) = loc() {
                 bar.write(at, hdr);
             }
@@ -249,10 +249,11 @@ impl irq::Handler for Handler {
     fn handle(&self) -> IrqReturn {
         let mep = &self.mep;
         let p2p = mep.p2p.window_size() != 0;
-        let found = match mep.with_bar(|bar| scan(bar, mep.partition, p2p, &mep.fabric)) {
-            Ok(Ok(found)) => found,
-            _ => return IrqReturn::None,
-        };
+        let found =
+            match mep.with_bar(|bar| scan(bar, mep.partition, p2p, || mep.fabric.invalidate())) {
+                Ok(Ok(found)) => found,
+                _ => return IrqReturn::None,
+            };
         let other = found.link.saturating_add(found.gfms);
         if found.p2p != 0 {
             mep.p2p.on_events(found.p2p);
