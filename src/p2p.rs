@@ -18,14 +18,14 @@
 use kernel::{
     device::{Bound, Device},
     dma::{Coherent, DataDirection},
-    io::{io_read, io_write, Io},
+    io::{io_read, io_write, poll::read_poll_timeout, Io},
     new_condvar, new_mutex,
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
         Arc, CondVar, CondVarTimeoutResult, Mutex, MutexGuard,
     },
-    time::{msecs_to_jiffies, Instant, Monotonic},
+    time::{msecs_to_jiffies, Delta, Instant, Monotonic},
 };
 
 use crate::{
@@ -168,16 +168,15 @@ impl P2p {
     }
 
     /// Called by the interrupt handler with the P2P events it cleared.
-    pub(crate) fn on_events(&self, ev: u32) {
-        if ev & regs::P2P_EV_FAULT != 0 {
+    pub(crate) fn on_events(&self, ev: regs::P2P_EVENT_STATUS) {
+        if ev.fault() {
             self.faults.fetch_add(1, Relaxed);
         }
-        if ev & regs::P2P_EV_ROUTES_CHANGED != 0 {
+        if ev.routes_changed() {
             self.stale.store(true, Relaxed);
         }
         // A route the firmware removed may be the one a copy is using: wake it too.
-        if ev & (regs::P2P_EV_DMA_DONE | regs::P2P_EV_DMA_ERROR | regs::P2P_EV_ROUTES_CHANGED) != 0
-        {
+        if ev.dma_done() || ev.dma_error() || ev.routes_changed() {
             self.done.notify_all();
         }
     }
@@ -201,15 +200,19 @@ pub(crate) fn init(mep: &Mep, dev: &Device<Bound>, vector: usize) -> Result {
         .store(u64::from(u16::from(caps.window_mib())) << 20, Relaxed);
     let ring = Coherent::<Desc>::zeroed_slice(dev, RING_ENTRIES, GFP_KERNEL)?;
     let addr = ring.dma_address();
-    let vector = u32::try_from(vector).map_err(|_| EINVAL)?;
+    let vector = u16::try_from(vector).map_err(|_| EINVAL)?;
     mep.with_bar(|bar| {
-        bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_RESET));
+        bar.write_reg(regs::DMA_CTRL::zeroed().with_reset(true));
         bar.write_reg(regs::DMA_RING_LO::zeroed().with_value(addr as u32));
         bar.write_reg(regs::DMA_RING_HI::zeroed().with_value((addr >> 32) as u32));
         bar.write_reg(regs::DMA_RING_SIZE::zeroed().with_value(RING_ENTRIES as u32));
-        bar.write_reg(regs::DMA_IRQ::zeroed().with_value(vector | regs::DMA_IRQ_ENABLE));
-        bar.write_reg(regs::P2P_EVENT_STATUS::zeroed().with_value(regs::P2P_EV_ALL));
-        bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_ENABLE));
+        bar.write_reg(
+            regs::DMA_IRQ::zeroed()
+                .with_vector(vector)
+                .with_enable(true),
+        );
+        bar.write_reg(regs::P2P_EVENT_STATUS::all());
+        bar.write_reg(regs::DMA_CTRL::zeroed().with_enable(true));
     })?;
     let binding = Binding::new(dev)?;
     let mut e = mep.p2p.engine.lock();
@@ -600,18 +603,13 @@ fn run_batch(
     // Wait until the engine's HEAD reaches our TAIL.
     let mut failed = None;
     loop {
-        let (head, status) = mep.with_bar(|bar| {
-            (
-                bar.read(regs::DMA_HEAD).value(),
-                bar.read(regs::DMA_STATUS).value(),
-            )
-        })?;
+        let (head, status) =
+            mep.with_bar(|bar| (bar.read(regs::DMA_HEAD).value(), bar.read(regs::DMA_STATUS)))?;
         let head: u32 = head.into();
-        let status: u32 = status.into();
         if head == tail {
             break;
         }
-        if status & regs::DMA_STATUS_HALTED != 0 {
+        if status.halted() {
             failed = Some(EIO);
             break;
         }
@@ -678,22 +676,21 @@ fn collect(e: &Engine, first: u32, batch: &[(End, End, u64)]) -> Result<(u64, u3
 /// An engine still busy after [`RESET_WAIT_MS`] is marked stuck: whatever host memory it was
 /// given stays allocated, pinned and mapped, and no copy runs on it any more.
 fn reset(mep: &Mep, e: &mut Engine) {
-    let start = Instant::<Monotonic>::now();
     let _ = mep.with_bar(|bar| {
-        bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_RESET));
+        bar.write_reg(regs::DMA_CTRL::zeroed().with_reset(true));
     });
-    let mut idle = false;
-    while start.elapsed().as_millis() < RESET_WAIT_MS {
+    let idle = read_poll_timeout(
         // A device that is gone writes nothing any more.
-        let busy = mep
-            .with_bar(|bar| u32::from(bar.read(regs::DMA_STATUS).value()) & 1 != 0)
-            .unwrap_or(false);
-        if !busy {
-            idle = true;
-            break;
-        }
-        kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
-    }
+        || {
+            Ok(mep
+                .with_bar(|bar| bar.read(regs::DMA_STATUS).busy())
+                .unwrap_or(false))
+        },
+        |busy| !busy,
+        Delta::from_millis(1),
+        Delta::from_millis(RESET_WAIT_MS),
+    )
+    .is_ok();
     e.tail = 0;
     if !idle {
         dev_err!(
@@ -706,7 +703,7 @@ fn reset(mep: &Mep, e: &mut Engine) {
     }
     if !e.dead {
         let _ = mep.with_bar(|bar| {
-            bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_ENABLE));
+            bar.write_reg(regs::DMA_CTRL::zeroed().with_enable(true));
         });
     }
 }
