@@ -16,21 +16,29 @@ use kernel::{
     sync::{aref::ARef, Arc, Mutex, MutexGuard},
 };
 
-/// The binding of a device, or nothing once the driver unbound.
+/// The binding of a device to the driver that made it.
 ///
 /// # Invariants
 ///
-/// `dev` is `Some` only while the device is bound to the driver that made the `Binding`: the
-/// devres action [`Unbind`] registered by [`Binding::new`] sets it to `None` (under the lock)
-/// when the driver unbinds, before the device is released.
+/// `bound` is `true` only while `dev` is bound to the driver that made the `Binding`: the
+/// devres action [`Unbind`] registered by [`Binding::new`] sets it to `false` (under the lock)
+/// when the driver unbinds, before the device is released from the driver.
 #[pin_data]
 pub(crate) struct Binding {
+    dev: ARef<Device>,
     #[pin]
-    dev: Mutex<Option<ARef<Device>>>,
+    bound: Mutex<bool>,
 }
 
 /// Proof that the device of a [`Binding`] stays bound while this guard is held.
-pub(crate) struct BindingGuard<'a>(MutexGuard<'a, Option<ARef<Device>>>);
+///
+/// # Invariants
+///
+/// `_bound` holds the lock of a [`Binding`] whose `bound` is `true`, and `dev` is its device.
+pub(crate) struct BindingGuard<'a> {
+    dev: &'a Device,
+    _bound: MutexGuard<'a, bool>,
+}
 
 /// The devres action that ends a [`Binding`].
 struct Unbind(Arc<Binding>);
@@ -38,7 +46,7 @@ struct Unbind(Arc<Binding>);
 impl Drop for Unbind {
     fn drop(&mut self) {
         // INVARIANT: Runs at unbind, while the device is still bound; waits for the holders.
-        *self.0.dev.lock() = None;
+        *self.0.bound.lock() = false;
     }
 }
 
@@ -47,7 +55,8 @@ impl Binding {
     pub(crate) fn new(dev: &Device<Bound>) -> Result<Arc<Self>> {
         let this = Arc::pin_init(
             pin_init!(Self {
-                dev <- new_mutex!(Some(dev.into())),
+                dev: dev.into(),
+                bound <- new_mutex!(true),
             }),
             GFP_KERNEL,
         )?;
@@ -57,18 +66,21 @@ impl Binding {
 
     /// The bound device, held until the guard is dropped; `None` once the driver unbound.
     pub(crate) fn access(&self) -> Option<BindingGuard<'_>> {
-        let guard = self.dev.lock();
-        guard.is_some().then_some(BindingGuard(guard))
+        let bound = self.bound.lock();
+        // INVARIANT: The lock is held and `bound` is `true`.
+        (*bound).then_some(BindingGuard {
+            dev: &self.dev,
+            _bound: bound,
+        })
     }
 }
 
 impl BindingGuard<'_> {
     /// The bound device.
     pub(crate) fn device(&self) -> &Device<Bound> {
-        let dev: &Device = self.0.as_deref().unwrap_or_else(|| unreachable!());
-        // SAFETY: By the invariants of `Binding` the device is bound while `dev` is `Some`,
-        // and it stays `Some` while this guard holds the lock; the returned borrow cannot
-        // outlive the guard.
-        unsafe { dev.as_bound() }
+        // SAFETY: By the type invariants the binding's `bound` is `true` and stays so while
+        // this guard holds the lock, so by the invariants of `Binding` the device is bound;
+        // the returned borrow cannot outlive the guard.
+        unsafe { self.dev.as_bound() }
     }
 }

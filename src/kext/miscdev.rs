@@ -80,6 +80,11 @@ impl<T: MiscFile> Adapter<T> {
         fops
     };
 
+    /// [`Self::FOPS`], promoted to a static.
+    const fn fops() -> &'static bindings::file_operations {
+        &Self::FOPS
+    }
+
     /// The C `poll` callback.
     ///
     /// # Safety
@@ -148,7 +153,7 @@ impl<T: MiscFile> Registration<T> {
                 data,
                 misc <- Opaque::try_ffi_init(move |raw: *mut bindings::miscdevice| {
                     let mut misc = MiscDeviceOptions { name }.into_raw::<Adapter<T>>();
-                    misc.fops = &Adapter::<T>::FOPS;
+                    misc.fops = Adapter::<T>::fops();
                     // `Device` is a transparent wrapper of `struct device`.
                     misc.parent = core::ptr::from_ref(parent)
                         .cast::<bindings::device>()
