@@ -226,8 +226,9 @@ pub(crate) type ShowFn<D> = fn(&D, &mut PageWriter<'_>) -> Result;
 /// Acts on what was written to a write-only attribute.
 pub(crate) type StoreFn<D> = fn(&D, &[u8]) -> Result;
 
-/// A sysfs attribute of the device of a [`Registration`] whose data is a `D`: read-only with a [`ShowFn`] or
-/// write-only (root) with a [`StoreFn`]; listed with [`sysfs::attribute_groups!`].
+/// A sysfs attribute of the device of a [`Registration`] whose data is a `D`: read-only with a
+/// [`ShowFn`] or write-only (root) with a [`StoreFn`]; listed with
+/// [`sysfs::attribute_groups!`].
 ///
 /// # Invariants
 ///
