@@ -2,32 +2,32 @@
 
 //! `/dev/pcifabN`: the character device of a management endpoint and its ioctls.
 //!
-//! The device is a misc device registered with the MEP as parent and with the attribute groups
-//! of [`crate::sysfs`], so its files exist before user space hears of the device.
-
-use core::{mem::size_of, ptr};
+//! The device is a misc device ([`crate::kext::miscdev`]) registered with the MEP as parent
+//! and with the attribute groups of [`crate::sysfs`], so its files exist before user space
+//! hears of the device. This file registers it and holds an open file's state; the ioctls are
+//! in [`dispatch`], the reading and writing of their size-first argument structs in [`args`],
+//! and who may run what in [`perm`].
 
 use kernel::{
-    bindings, container_of,
     device::Device,
     fs::File,
-    miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     prelude::*,
     sync::poll::PollTable,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
         Arc,
     },
-    transmute::{AsBytes, FromBytes},
-    types::{ForeignOwnable, Opaque},
-    uaccess::{UserPtr, UserSlice, UserSliceWriter},
 };
 
 use crate::{
-    compose,
-    kext::security::{self, capable, Capability, Lockdown},
-    mrpc, p2p, sysfs, uapi, Mep,
+    fnsysfs,
+    kext::miscdev::{self, MiscFile, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLPRI},
+    sysfs, Mep,
 };
+
+mod args;
+mod dispatch;
+mod perm;
 
 /// Names of the character devices, one per bound management endpoint.
 const NAMES: [&CStr; 8] = [
@@ -60,150 +60,41 @@ fn put_slot(slot: usize) {
     }
 }
 
-/// A registered `/dev/pcifabN`.
+/// A name slot taken by [`take_slot`], given back on drop.
+struct Slot(usize);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        put_slot(self.0);
+    }
+}
+
+/// A registered `/dev/pcifabN` with its sysfs attributes and per-function directories.
 ///
-/// # Invariants
-///
-/// `misc` holds a `struct miscdevice` registered with `misc_register()` whose `name` is
-/// `NAMES[slot]` and whose `fops` are those of [`OpenFile`]; it stays registered until drop.
-/// `mep` is initialised before `misc` is registered, so every open and every sysfs read sees it.
-#[pin_data(PinnedDrop)]
+/// Fields drop in declaration order: the per-function directories (which live under the
+/// device's) go first, then the device, then its name.
 pub(crate) struct Registration {
-    mep: Arc<Mep>,
-    slot: usize,
-    #[pin]
-    misc: Opaque<bindings::miscdevice>,
+    _fndirs: Option<fnsysfs::FnDirs>,
+    _misc: Pin<KBox<miscdev::Registration<OpenFile>>>,
+    _slot: Slot,
 }
 
 impl Registration {
     /// Registers the character device of `mep` as a child of `parent`.
-    pub(crate) fn new(parent: &Device, mep: Arc<Mep>) -> impl PinInit<Self, Error> + '_ {
-        pin_init::pin_init_scope(move || {
-            let taken = take_slot()?;
-            let name = NAMES[taken];
-            // `Device` is a transparent wrapper of `struct device`.
-            let parent = ptr::from_ref(parent).cast::<bindings::device>().cast_mut();
-            Ok(try_pin_init!(Self {
-                mep,
-                slot: taken,
-                misc <- Opaque::try_ffi_init(move |raw: *mut bindings::miscdevice| {
-                    let mut misc = MiscDeviceOptions { name }.into_raw::<OpenFile>();
-                    misc.fops = &FOPS.0;
-                    misc.parent = parent;
-                    misc.groups = sysfs::GROUPS.as_ptr();
-                    // SAFETY: `raw` is valid for writes: the initializer owns the slot.
-                    unsafe { raw.write(misc) };
-                    // SAFETY: `raw` holds a fully initialised `miscdevice` that is pinned and
-                    // deregistered in `drop` before its memory goes away.
-                    let ret = unsafe { bindings::misc_register(raw) };
-                    if ret != 0 {
-                        put_slot(taken);
-                    }
-                    kernel::error::to_result(ret)
-                }),
-            }))
+    pub(crate) fn new(parent: &Device, mep: Arc<Mep>) -> Result<Self> {
+        let slot = Slot(take_slot()?);
+        let misc = KBox::pin_init(
+            miscdev::Registration::new(NAMES[slot.0], parent, &sysfs::GROUPS, mep),
+            GFP_KERNEL,
+        )?;
+        let fndirs = fnsysfs::FnDirs::new(Arc::clone(misc.data()), misc.device())
+            .inspect_err(|e| dev_warn!(parent, "no per-function sysfs directories: {:?}\n", e))
+            .ok();
+        Ok(Self {
+            _fndirs: fndirs,
+            _misc: misc,
+            _slot: slot,
         })
-    }
-
-    /// Returns the endpoint behind a registered misc device.
-    ///
-    /// # Safety
-    ///
-    /// `misc` must point to the `misc` field of a live [`Registration`], and the returned
-    /// reference must not be used after that registration is dropped.
-    unsafe fn from_misc<'a>(misc: *mut bindings::miscdevice) -> &'a Self {
-        // SAFETY: `Opaque<T>` is `repr(transparent)`, and by the safety requirements `misc` is
-        // the `misc` field of a live `Registration`.
-        unsafe { &*container_of!(misc.cast::<Opaque<bindings::miscdevice>>(), Self, misc) }
-    }
-
-    /// The kobject of the registered misc device (`/sys/class/misc/pcifabN`).
-    pub(crate) fn kobject(&self) -> *mut bindings::kobject {
-        // SAFETY: By the type invariants `misc` is registered, so `this_device` is set and
-        // lives until `misc_deregister()` in drop.
-        unsafe { &raw mut (*(*self.misc.get()).this_device).kobj }
-    }
-
-    /// Returns the endpoint whose misc device is `dev`.
-    ///
-    /// # Safety
-    ///
-    /// `dev` must be the `this_device` of a registered [`Registration`], and the reference must
-    /// only be used while that device's sysfs callbacks may run (they are drained by
-    /// `misc_deregister()` before the registration is freed).
-    pub(crate) unsafe fn mep_from_device<'a>(dev: *mut bindings::device) -> &'a Mep {
-        // SAFETY: `misc_register()` sets the driver data of `this_device` to the `miscdevice`.
-        let misc = unsafe { bindings::dev_get_drvdata(dev) }.cast::<bindings::miscdevice>();
-        // SAFETY: By the safety requirements, `misc` is the `misc` field of a live
-        // `Registration`.
-        unsafe { &Self::from_misc(misc).mep }
-    }
-}
-
-// SAFETY: The registration is only used through `&self` after construction, and
-// `misc_deregister()` may be called from any thread.
-unsafe impl Send for Registration {}
-// SAFETY: `&Registration` only gives out the `Arc<Mep>`, which is `Sync`; the C side
-// synchronises access to the `miscdevice` itself.
-unsafe impl Sync for Registration {}
-
-#[pinned_drop]
-impl PinnedDrop for Registration {
-    fn drop(self: Pin<&mut Self>) {
-        // SAFETY: By the type invariants `misc` is registered; this deregisters it exactly once,
-        // which also drains running opens and sysfs callbacks.
-        unsafe { bindings::misc_deregister(self.misc.get()) };
-        put_slot(self.slot);
-    }
-}
-
-/// `poll()` bits (`include/uapi/linux/eventpoll.h`; not in the generated bindings).
-const EPOLLIN: u32 = 0x0001;
-const EPOLLPRI: u32 = 0x0002;
-const EPOLLERR: u32 = 0x0008;
-const EPOLLHUP: u32 = 0x0010;
-
-/// File operations of `/dev/pcifabN`: the misc-device ones of [`OpenFile`], plus `poll`,
-/// which the misc-device abstraction does not offer.
-struct Fops(bindings::file_operations);
-
-// SAFETY: The table is immutable and only read by the VFS.
-unsafe impl Sync for Fops {}
-
-static FOPS: Fops = Fops({
-    let misc = MiscDeviceOptions { name: c"pcifab" }.into_raw::<OpenFile>();
-    // SAFETY: `into_raw()` points `fops` at a static, fully initialised `file_operations`.
-    let mut fops = unsafe { *misc.fops };
-    fops.poll = Some(poll);
-    fops
-});
-
-/// `poll()`: readable when events arrived that this file has not read yet; error and hang-up
-/// once the endpoint is gone.
-///
-/// # Safety
-///
-/// Called by the VFS with a valid `file` of `/dev/pcifabN` (whose private data is the
-/// `KBox<OpenFile>` its `open` stored) and a valid poll table.
-unsafe extern "C" fn poll(
-    file: *mut bindings::file,
-    table: *mut bindings::poll_table_struct,
-) -> bindings::__poll_t {
-    // SAFETY: The misc-device `open` stored a `KBox<OpenFile>` in `private_data`; it stays
-    // there until `release`, which cannot run while this call uses the file.
-    let me: &OpenFile = unsafe { <KBox<OpenFile> as ForeignOwnable>::borrow((*file).private_data) };
-    // SAFETY: `file` is valid for the duration of this call.
-    let f = unsafe { File::from_raw_file(file) };
-    // SAFETY: `table` is the poll table the VFS passed for this call.
-    let pt = unsafe { PollTable::from_raw(table) };
-    pt.register_wait(f, me.mep.events.poll_cv());
-    if me.mep.events.gone() || !me.mep.present() {
-        return EPOLLERR | EPOLLHUP;
-    }
-    if me.mep.events.counts().total != me.seen.load(Relaxed) {
-        EPOLLIN | EPOLLPRI
-    } else {
-        0
     }
 }
 
@@ -214,553 +105,31 @@ pub(crate) struct OpenFile {
     seen: Atomic<u64>,
 }
 
-#[vtable]
-impl MiscDevice for OpenFile {
-    type Ptr = KBox<Self>;
+impl MiscFile for OpenFile {
+    type Data = Arc<Mep>;
 
-    fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<KBox<Self>> {
-        // SAFETY: Every `/dev/pcifabN` is the `misc` field of a `Registration`, which
-        // `misc_open()` keeps registered (and therefore alive) during this call.
-        let reg = unsafe { Registration::from_misc(misc.as_raw()) };
-        Ok(KBox::new(
-            Self {
-                mep: reg.mep.clone(),
-                seen: Atomic::new(reg.mep.events.counts().total),
-            },
-            GFP_KERNEL,
-        )?)
+    fn open(mep: &Arc<Mep>) -> Result<Self> {
+        Ok(Self {
+            mep: mep.clone(),
+            seen: Atomic::new(mep.events.counts().total),
+        })
     }
 
-    fn ioctl(me: &Self, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
-        // A file whose endpoint went away answers nothing any more, not even VERSION: the
-        // caller learns at once that it must reopen (or give up) instead of getting answers
-        // from a device that is gone.
-        if me.mep.events.gone() {
-            return Err(ENODEV);
+    /// Readable when events arrived that this file has not read yet; error and hang-up once
+    /// the endpoint is gone.
+    fn poll(&self, file: &File, table: &PollTable<'_>) -> u32 {
+        table.register_wait(file, self.mep.events.poll_cv());
+        if self.mep.events.gone() || !self.mep.present() {
+            return EPOLLERR | EPOLLHUP;
         }
-        match cmd {
-            uapi::PCIFAB_IOCTL_VERSION => me.version(arg),
-            uapi::PCIFAB_IOCTL_IDENTITY => me.identity(arg),
-            uapi::PCIFAB_IOCTL_MRPC => me.mrpc(arg),
-            uapi::PCIFAB_IOCTL_STATS => me.stats(arg),
-            uapi::PCIFAB_IOCTL_EVENTS => me.events(arg),
-            uapi::PCIFAB_IOCTL_INVENTORY => me.inventory(arg),
-            uapi::PCIFAB_IOCTL_BIND => me.bind(arg),
-            uapi::PCIFAB_IOCTL_UNBIND => me.unbind(arg),
-            uapi::PCIFAB_IOCTL_MOVE => me.move_fn(arg),
-            uapi::PCIFAB_IOCTL_P2P_ROUTE_ADD => me.route_add(arg),
-            uapi::PCIFAB_IOCTL_P2P_ROUTE_DEL => me.route_del(arg),
-            uapi::PCIFAB_IOCTL_P2P_ROUTES => me.routes(arg),
-            uapi::PCIFAB_IOCTL_P2P_COPY => me.p2p_copy(arg),
-            uapi::PCIFAB_IOCTL_P2P_DISTANCE => me.p2p_distance(arg),
-            uapi::PCIFAB_IOCTL_P2P_GRANT => me.p2p_grant(arg, true),
-            uapi::PCIFAB_IOCTL_P2P_REVOKE => me.p2p_grant(arg, false),
-            uapi::PCIFAB_IOCTL_P2P_GRANTS => me.p2p_grants(arg),
-            _ => Err(ENOTTY),
-        }
-        .map(|()| 0)
-    }
-}
-
-impl OpenFile {
-    fn version(&self, arg: usize) -> Result {
-        let (mut v, len) = read_arg::<uapi::Version>(arg)?;
-        v.major = uapi::VERSION_MAJOR;
-        v.minor = uapi::VERSION_MINOR;
-        write_arg(arg, &v, len)
-    }
-
-    fn identity(&self, arg: usize) -> Result {
-        let (mut out, len) = read_arg::<uapi::Identity>(arg)?;
-        let id = self.mep.identity()?;
-        (out.pci_vendor, out.pci_device) = self.mep.pci_ids();
-        out.device_id = id.device_id;
-        out.device_version = id.device_version;
-        out.fw_version = id.fw_version;
-        out.partition = id.partition;
-        out.partition_count = id.partition_count;
-        out.vendor_id = id.vendor_id;
-        out.product_id = id.product_id;
-        out.product_revision = id.product_revision;
-        out.features = self.mep.features().bits();
-        out.pax_id = self.mep.pax_id().into();
-        write_arg(arg, &out, len)
-    }
-
-    fn mrpc(&self, arg: usize) -> Result {
-        let (mut m, len) = read_arg::<uapi::Mrpc>(arg)?;
-        let (in_len, out_len) = (m.in_len as usize, m.out_len as usize);
-        if in_len > mrpc::PAYLOAD || out_len > mrpc::PAYLOAD || m.timeout_ms > mrpc::MAX_TIMEOUT_MS
-        {
-            return Err(EINVAL);
-        }
-        let mut input = KVec::from_elem(0u8, in_len, GFP_KERNEL)?;
-        UserSlice::new(UserPtr::from_addr(m.in_ptr as usize), in_len)
-            .reader()
-            .read_slice(&mut input)?;
-        // The class is decided on the bytes the firmware will see: read once, above.
-        allow(mrpc_class(m.cmd, &input), Lockdown::PciAccess)?;
-        let mut output = KVec::from_elem(0u8, out_len, GFP_KERNEL)?;
-        // Prove both destinations writable before the command runs, so a bad pointer cannot
-        // leave a configuration command done but unreported.
-        let out_ptr = UserPtr::from_addr(m.out_ptr as usize);
-        UserSlice::new(out_ptr, out_len)
-            .writer()
-            .write_slice(&output)?;
-        write_arg(arg, &m, len)?;
-
-        if m.cmd & 0xffff == 0xf004 {
-            self.mep.p2p.routes_changed();
-        }
-        // A raw step of a dump session never lands inside the driver's own session.
-        let session = (m.cmd == 0x82 || m.cmd == 0x83).then(|| self.mep.fabric.session());
-        let reply = self
-            .mep
-            .mrpc
-            .run(&self.mep, m.cmd, &input, &mut output, m.timeout_ms);
-        drop(session);
-        let reply = reply?;
-        UserSlice::new(out_ptr, out_len)
-            .writer()
-            .write_slice(&output)?;
-        m.status = reply.status;
-        m.ret_value = reply.ret;
-        write_arg(arg, &m, len)
-    }
-
-    fn events(&self, arg: usize) -> Result {
-        let (mut ev, len) = read_arg::<uapi::Events>(arg)?;
-        if ev.reserved0 != 0 {
-            return Err(EINVAL);
-        }
-        let c = if ev.flags & uapi::EVENTS_WAIT != 0 {
-            self.mep.events.wait(ev.seen, ev.timeout_ms)?
+        if self.mep.events.counts().total != self.seen.load(Relaxed) {
+            EPOLLIN | EPOLLPRI
         } else {
-            self.mep.events.counts()
-        };
-        ev.total = c.total;
-        ev.link = c.link;
-        ev.gfms = c.gfms;
-        ev.irqs = c.irqs;
-        write_arg(arg, &ev, len)?;
-        self.seen.store(c.total, Relaxed);
-        Ok(())
-    }
-
-    fn inventory(&self, arg: usize) -> Result {
-        let (mut inv, len) = read_arg::<uapi::Inventory>(arg)?;
-        let (psize, fsize) = (inv.port_size as usize, inv.function_size as usize);
-        if psize < size_of::<uapi::Port>()
-            || fsize < size_of::<uapi::Function>()
-            || psize > MAX_ARG_SIZE
-            || fsize > MAX_ARG_SIZE
-        {
-            return Err(EINVAL);
-        }
-        let (nports, nfns) = (inv.nr_ports as usize, inv.nr_functions as usize);
-        // Bytes the caller gave us; checked before anything is written.
-        let ports_len = nports.checked_mul(psize).ok_or(EINVAL)?;
-        let fns_len = nfns.checked_mul(fsize).ok_or(EINVAL)?;
-
-        let mep = &self.mep;
-        mep.fabric.with_view(mep, |view| -> Result {
-            let mut w =
-                UserSlice::new(UserPtr::from_addr(inv.ports_ptr as usize), ports_len).writer();
-            for p in view.ports.iter().take(nports) {
-                let e = uapi::Port {
-                    phys_port: p.phys,
-                    kind: p.kind,
-                    link_up: p.link_up.into(),
-                    width: p.width,
-                    rate: p.rate,
-                    reserved: [0; 3],
-                };
-                write_entry(&mut w, e.as_bytes(), psize)?;
-            }
-            let mut w =
-                UserSlice::new(UserPtr::from_addr(inv.functions_ptr as usize), fns_len).writer();
-            for f in view.functions.iter().take(nfns) {
-                let e = uapi::Function {
-                    pdfid: f.pdfid,
-                    pf_pdfid: f.pf_pdfid,
-                    vendor: f.vendor,
-                    device: f.device,
-                    class_code: f.class,
-                    phys_port: f.phys_port,
-                    vf_index: f.vf_index,
-                    total_vfs: f.total_vfs,
-                    flags: f.flags,
-                    bound_host: f.bound_host,
-                    bound_port: f.bound_log_port,
-                    reserved0: 0,
-                    reserved1: 0,
-                };
-                write_entry(&mut w, e.as_bytes(), fsize)?;
-            }
-            inv.generation = view.generation;
-            inv.partition = view.partition.into();
-            inv.host_count = view.host_count.into();
-            inv.nr_ports = view.ports.len() as u32;
-            inv.nr_functions = view.functions.len() as u32;
-            Ok(())
-        })??;
-        write_arg(arg, &inv, len)
-    }
-
-    fn bind(&self, arg: usize) -> Result {
-        let (mut b, len) = read_arg::<uapi::Bind>(arg)?;
-        let timeout = bind_timeout(b.timeout_ms)?;
-        allowed_config()?;
-        let port = (b.port != uapi::ANY_PORT).then_some(b.port);
-        let wait = b.flags & uapi::BIND_NO_WAIT == 0;
-        // Several functions at once: @pdfids, the first of which is @pdfid.
-        let n = usize::try_from(b.nr_pdfids).map_err(|_| EINVAL)?;
-        let pdfids = match n {
-            0 => core::slice::from_ref(&b.pdfid),
-            n if n <= uapi::BIND_MAX_PDFIDS && b.pdfids[0] == b.pdfid => &b.pdfids[..n],
-            _ => return Err(EINVAL),
-        };
-        let mut list = [0u16; uapi::BIND_MAX_PDFIDS];
-        list[..pdfids.len()].copy_from_slice(pdfids);
-        let pdfids = &list[..pdfids.len()];
-        match self.mep.bind(pdfids, b.host, port, timeout, wait) {
-            Ok(bound) => {
-                b.port = bound.port;
-                b.fw_ret = 0;
-                // Never hand the caller's own bytes back as if the kernel had found them.
-                (b.vendor, b.device, b.name) = local_ids(bound.local.as_ref());
-                write_arg(arg, &b, len)
-            }
-            Err(f) => {
-                b.fw_ret = f.fw_ret;
-                write_arg(arg, &b, len)?;
-                Err(f.err)
-            }
+            0
         }
     }
 
-    fn unbind(&self, arg: usize) -> Result {
-        let (mut u, len) = read_arg::<uapi::Unbind>(arg)?;
-        let timeout = bind_timeout(u.timeout_ms)?;
-        if u.reserved0 != 0 {
-            return Err(EINVAL);
-        }
-        allowed_config()?;
-        match self.mep.unbind(u.pdfid, timeout) {
-            Ok((host, port)) => {
-                (u.host, u.port, u.fw_ret) = (host, port, 0);
-                write_arg(arg, &u, len)
-            }
-            Err(f) => {
-                u.fw_ret = f.fw_ret;
-                write_arg(arg, &u, len)?;
-                Err(f.err)
-            }
-        }
+    fn ioctl(&self, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+        self.dispatch(cmd, arg).map(|()| 0)
     }
-
-    fn move_fn(&self, arg: usize) -> Result {
-        let (mut m, len) = read_arg::<uapi::Move>(arg)?;
-        let timeout = bind_timeout(m.timeout_ms)?;
-        if m.reserved0 != 0 {
-            return Err(EINVAL);
-        }
-        allowed_config()?;
-        let port = (m.port != uapi::ANY_PORT).then_some(m.port);
-        match self.mep.move_to(m.pdfid, m.host, port, timeout) {
-            Ok((bound, (from_host, from_port))) => {
-                m.port = bound.port;
-                (m.from_host, m.from_port, m.fw_ret) = (from_host, from_port, 0);
-                (m.vendor, m.device, m.name) = local_ids(bound.local.as_ref());
-                write_arg(arg, &m, len)
-            }
-            Err(f) => {
-                m.fw_ret = f.fw_ret;
-                write_arg(arg, &m, len)?;
-                Err(f.err)
-            }
-        }
-    }
-
-    fn route_add(&self, arg: usize) -> Result {
-        let (mut r, len) = read_arg::<uapi::P2pRoute>(arg)?;
-        if r.route.reserved0 != 0 || r.route.reserved1 != 0 {
-            return Err(EINVAL);
-        }
-        allowed_config()?;
-        match p2p::route_add(&self.mep, r.route) {
-            Ok((route, count)) => {
-                (r.route, r.nr_routes, r.fw_ret) = (route, count, 0);
-                write_arg(arg, &r, len)
-            }
-            Err(f) => {
-                r.fw_ret = f.fw_ret;
-                write_arg(arg, &r, len)?;
-                Err(f.err)
-            }
-        }
-    }
-
-    fn route_del(&self, arg: usize) -> Result {
-        let (mut r, len) = read_arg::<uapi::P2pRoute>(arg)?;
-        allowed_config()?;
-        match p2p::route_del(&self.mep, r.route.window_off) {
-            Ok(count) => {
-                (r.nr_routes, r.fw_ret) = (count, 0);
-                write_arg(arg, &r, len)
-            }
-            Err(f) => {
-                r.fw_ret = f.fw_ret;
-                write_arg(arg, &r, len)?;
-                Err(f.err)
-            }
-        }
-    }
-
-    fn routes(&self, arg: usize) -> Result {
-        let (mut l, len) = read_arg::<uapi::P2pRoutes>(arg)?;
-        let rsize = l.route_size as usize;
-        if rsize < size_of::<uapi::Route>() || rsize > MAX_ARG_SIZE {
-            return Err(EINVAL);
-        }
-        let n = l.nr_routes as usize;
-        let bytes = n.checked_mul(rsize).ok_or(EINVAL)?;
-        // Prove the argument writable before asking the firmware.
-        write_arg(arg, &l, len)?;
-        let routes = p2p::routes(&self.mep)?;
-        let mut w = UserSlice::new(UserPtr::from_addr(l.routes_ptr as usize), bytes).writer();
-        for r in routes.iter().take(n) {
-            write_entry(&mut w, r.as_bytes(), rsize)?;
-        }
-        l.nr_routes = routes.len() as u32;
-        l.window_size = self.mep.p2p.window_size();
-        write_arg(arg, &l, len)
-    }
-
-    fn p2p_copy(&self, arg: usize) -> Result {
-        let (mut c, len) = read_arg::<uapi::P2pCopy>(arg)?;
-        allowed_config()?;
-        // A raw bus address reaches whatever the IOMMU lets the MEP reach: fwctl's rules.
-        let raw = |e: &uapi::P2pEnd| e.kind == uapi::P2P_IOVA;
-        if raw(&c.src) || raw(&c.dst) {
-            allow(MrpcClass::DebugWrite, Lockdown::DevMem)?;
-        }
-        // Prove the argument writable before data moves, so the outcome can be reported.
-        write_arg(arg, &c, len)?;
-        let out = p2p::copy(&self.mep, &c.src, &c.dst, c.len, c.timeout_ms)?;
-        (c.done, c.dma_status) = (out.done, out.status);
-        write_arg(arg, &c, len)?;
-        match out.err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    fn p2p_distance(&self, arg: usize) -> Result {
-        let (mut d, len) = read_arg::<uapi::P2pDistance>(arg)?;
-        if d.reserved0 != 0 {
-            return Err(EINVAL);
-        }
-        let out = p2p::distance(&self.mep, d.a, d.b)?;
-        (d.path, d.hops, d.pci_distance, d.info) = (out.path, out.hops, out.pci_distance, out.info);
-        write_arg(arg, &d, len)
-    }
-
-    fn p2p_grant(&self, arg: usize, grant: bool) -> Result {
-        let (mut g, len) = read_arg::<uapi::P2pGrant>(arg)?;
-        if g.reserved0 != 0 || g.reserved1 != 0 {
-            return Err(EINVAL);
-        }
-        allowed_config()?;
-        match p2p::grant(&self.mep, g.pdfid, g.grantee, grant) {
-            Ok(count) => {
-                (g.nr_grants, g.fw_ret) = (count, 0);
-                write_arg(arg, &g, len)
-            }
-            Err(f) => {
-                (g.nr_grants, g.fw_ret) = (0, f.fw_ret);
-                write_arg(arg, &g, len)?;
-                Err(f.err)
-            }
-        }
-    }
-
-    fn p2p_grants(&self, arg: usize) -> Result {
-        let (mut l, len) = read_arg::<uapi::P2pGrants>(arg)?;
-        let gsize = l.grant_size as usize;
-        if gsize < size_of::<uapi::Grant>() || gsize > MAX_ARG_SIZE {
-            return Err(EINVAL);
-        }
-        let n = l.nr_grants as usize;
-        let bytes = n.checked_mul(gsize).ok_or(EINVAL)?;
-        // Prove the argument writable before asking the firmware.
-        write_arg(arg, &l, len)?;
-        let grants = p2p::grants(&self.mep)?;
-        let mut w = UserSlice::new(UserPtr::from_addr(l.grants_ptr as usize), bytes).writer();
-        for g in grants.iter().take(n) {
-            write_entry(&mut w, g.as_bytes(), gsize)?;
-        }
-        l.nr_grants = u32::try_from(grants.len()).map_err(|_| EIO)?;
-        write_arg(arg, &l, len)
-    }
-
-    fn stats(&self, arg: usize) -> Result {
-        let (mut out, len) = read_arg::<uapi::Stats>(arg)?;
-        let s = self.mep.mrpc.stats();
-        out.mrpc_commands = s.commands;
-        out.mrpc_completions = s.completions;
-        out.mrpc_timeouts = s.timeouts;
-        out.mrpc_firmware_dead = s.firmware_dead;
-        out.event_irqs = self.mep.events.counts().irqs;
-        write_arg(arg, &out, len)
-    }
-}
-
-/// Vendor, device and name of the function this host enumerated; zeros if none.
-fn local_ids(f: Option<&crate::hotplug::Found>) -> (u16, u16, [u8; 16]) {
-    f.map_or((0, 0, [0; 16]), |f| (f.vendor, f.device, f.name))
-}
-
-/// The bound on a bind, unbind or move: 0 is the default, more than the maximum `EINVAL`.
-fn bind_timeout(ms: u32) -> Result<u32> {
-    match ms {
-        0 => Ok(compose::DEFAULT_TIMEOUT_MS),
-        ms if ms > uapi::BIND_MAX_TIMEOUT_MS => Err(EINVAL),
-        ms => Ok(ms),
-    }
-}
-
-/// Which privilege an MRPC command needs, as fwctl classes its RPCs.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum MrpcClass {
-    /// Reads state and changes nothing, not even a session of the driver's: open to anyone
-    /// who can open the device.
-    ReadOnly,
-    /// Changes the fabric's configuration or firmware state the driver relies on (event
-    /// queues, dump sessions): `CAP_SYS_ADMIN`.
-    Configuration,
-    /// Anything else, unknown commands included: `CAP_SYS_RAWIO`, refused under lockdown,
-    /// and it taints the kernel (`TAINT_FWCTL`), as fwctl's debug-write RPCs do.
-    DebugWrite,
-}
-
-/// Classes an MRPC command by its id and, where a command has them, its sub-command
-/// (`Documentation/uapi.rst` lists them). `input` is the caller's input; missing bytes read
-/// as zero, as the firmware reads them.
-pub(crate) fn mrpc_class(cmd: u32, input: &[u8]) -> MrpcClass {
-    let byte = |at: usize| input.get(at).copied().unwrap_or(0);
-    match cmd {
-        // Echo, PAX id.
-        0x41 | 0x81 => MrpcClass::ReadOnly,
-        // Die temperature: GET reads; SET_CLOCK, SET_MEAS and STOP change the sensor.
-        0x04 if input.get(..4).unwrap_or(&[]) == [2, 0, 0, 0] => MrpcClass::ReadOnly,
-        // Fabric database dump: the single-shot sections (FABRIC, PAX_ALL, PAX general, HVD,
-        // FAB_PORT, EP_PORT, HVD_DETAIL) only read; the chunked start/get/finish steps own
-        // a dump session in the firmware.
-        0x83 if byte(0) <= 6 => MrpcClass::ReadOnly,
-        // Other die-temperature and database-dump sub-commands, the topology dump (a session
-        // the driver's inventory read uses), GFMS events (GET consumes the queue the driver
-        // reads UNBIND_REQUEST from; CLEAR empties it), bind/unbind, device management, port
-        // configuration, port control.
-        0x04 | 0x82 | 0x83 | 0x84 | 0x85 | 0x88 | 0x89 | 0x8d => MrpcClass::Configuration,
-        // P2P routes: LIST and GRANT_LIST read; adding and deleting routes and grants
-        // change what a host can reach.
-        0xf004 if matches!(byte(4), 3 | 6) => MrpcClass::ReadOnly,
-        0xf004 => MrpcClass::Configuration,
-        // pcifab's read-only extensions.
-        0xf000..=0xf07f => MrpcClass::ReadOnly,
-        // pcifab's configuration extensions.
-        0xf080..=0xf0ff => MrpcClass::Configuration,
-        _ => MrpcClass::DebugWrite,
-    }
-}
-
-/// Whether the calling task may run a command of `class`: `EPERM` if not. A debug write
-/// that is allowed taints the kernel.
-fn allow(class: MrpcClass, lockdown: Lockdown) -> Result {
-    match class {
-        MrpcClass::ReadOnly => Ok(()),
-        MrpcClass::Configuration if capable(Capability::SysAdmin) => Ok(()),
-        MrpcClass::DebugWrite if capable(Capability::SysRawio) => {
-            security::locked_down(lockdown)?;
-            security::taint_fwctl();
-            Ok(())
-        }
-        _ => Err(EPERM),
-    }
-}
-
-/// Whether the calling task may change the fabric's configuration (`CAP_SYS_ADMIN`).
-fn allowed_config() -> Result {
-    allow(MrpcClass::Configuration, Lockdown::PciAccess)
-}
-
-/// An ioctl argument struct: `size` and `flags` first, as `include/uapi/linux/pcifab.h` says.
-pub(crate) trait SizedArg: FromBytes + AsBytes + Default {
-    /// Size of the first published version of the struct; smaller is `EINVAL`.
-    const MIN_SIZE: usize;
-    /// `flags` bits this version understands.
-    const FLAGS: u32;
-    /// The `flags` field.
-    fn flags(&self) -> u32;
-}
-
-/// Largest argument struct accepted at all; user structs beyond it are `E2BIG`.
-const MAX_ARG_SIZE: usize = 4096;
-
-/// Reads a size-first argument struct from user space.
-///
-/// Returns the struct (bytes the caller did not pass stay zero) and how many bytes to copy back.
-///
-/// # Errors
-///
-/// `EFAULT` for a bad pointer, `EINVAL` for a struct smaller than its first version or with
-/// unknown flags, `E2BIG` for a larger struct whose extra bytes are not zero.
-fn read_arg<T: SizedArg>(arg: usize) -> Result<(T, usize)> {
-    let ptr = UserPtr::from_addr(arg);
-    let size = UserSlice::new(ptr, size_of::<u32>())
-        .reader()
-        .read::<u32>()? as usize;
-    if size < T::MIN_SIZE {
-        return Err(EINVAL);
-    }
-    if size > MAX_ARG_SIZE {
-        return Err(E2BIG);
-    }
-    let len = size.min(size_of::<T>());
-    let mut reader = UserSlice::new(ptr, size).reader();
-    let mut val = T::default();
-    reader.read_slice(&mut val.as_bytes_mut()[..len])?;
-    let mut tail = [0u8; 64];
-    while !reader.is_empty() {
-        let n = reader.len().min(tail.len());
-        reader.read_slice(&mut tail[..n])?;
-        if tail[..n].iter().any(|&b| b != 0) {
-            return Err(E2BIG);
-        }
-    }
-    if val.flags() & !T::FLAGS != 0 {
-        return Err(EINVAL);
-    }
-    Ok((val, len))
-}
-
-/// Writes one array entry of `stride` bytes: the kernel's entry, then zeroes.
-fn write_entry(w: &mut UserSliceWriter, entry: &[u8], stride: usize) -> Result {
-    w.write_slice(entry)?;
-    let zeros = [0u8; 64];
-    let mut pad = stride - entry.len();
-    while pad > 0 {
-        let n = pad.min(zeros.len());
-        w.write_slice(&zeros[..n])?;
-        pad -= n;
-    }
-    Ok(())
-}
-
-/// Copies the first `len` bytes of `val` back to user space.
-fn write_arg<T: SizedArg>(arg: usize, val: &T, len: usize) -> Result {
-    UserSlice::new(UserPtr::from_addr(arg), len)
-        .writer()
-        .write_slice(&val.as_bytes()[..len])
 }

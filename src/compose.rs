@@ -32,7 +32,7 @@ use crate::{
         },
         event, ext,
     },
-    hotplug,
+    hotplug::{self, LOG_PORTS},
     kext::slot::Sysfs,
     Mep,
 };
@@ -41,8 +41,6 @@ pub(crate) use crate::fw::Failure;
 
 /// Fabric-event batches read per work run, at most.
 const EVENT_BATCHES: usize = 16;
-/// Logical downstream ports of a host's virtual switch this driver uses.
-pub(crate) const LOG_PORTS: u8 = 4;
 /// Default bound on a whole bind or unbind, firmware and enumeration included.
 pub(crate) const DEFAULT_TIMEOUT_MS: u32 = 30_000;
 /// Enumeration poll interval, and how often a waiter looks again.

@@ -19,7 +19,7 @@ use kernel::{
     workqueue::{impl_has_work, WorkItem},
 };
 
-use crate::{fabric::Fabric, kext, regs, Bar0, Mep};
+use crate::{kext, regs, Bar0, Mep};
 
 /// Event counters since probe.
 #[derive(Clone, Copy, Default)]
@@ -122,8 +122,8 @@ impl Events {
 #[derive(Default)]
 struct Found {
     mrpc: bool,
-    /// P2P event bits (`regs::P2P_EV_*`) that were set.
-    p2p: u32,
+    /// P2P events that were set (and cleared).
+    p2p: Option<regs::P2P_EVENT_STATUS>,
     link: u64,
     gfms: u64,
 }
@@ -142,40 +142,33 @@ fn local_pffs(bar: &Bar0<'_>, partition: usize) -> Result<[u32; 1 + regs::DSP_PO
     Ok(pffs)
 }
 
-/// Whether an event header says its event occurred.
-fn occurred(hdr: u32) -> bool {
-    hdr & regs::EVENT_OCCURRED != 0
-}
-
 /// Reads every enabled event header and clears those whose event occurred.
 ///
 /// Writing a header back clears "occurred" and keeps its interrupt enabled.
-/// Marks `fabric` stale before a fabric or link event is cleared, so that a reader of the view
-/// sees either the event still pending ([`pending`]) or the mark.
-fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, fabric: &Fabric) -> Result<Found> {
+/// Calls `invalidate` (marks the fabric view stale) before a fabric or link event is cleared,
+/// so that a reader of the view sees either the event still pending ([`pending`]) or the mark.
+fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, invalidate: impl Fn()) -> Result<Found> {
     let mut found = Found::default();
 
     let mrpc_loc = || regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL);
     let hdr = bar.read(mrpc_loc()?);
-    if occurred(hdr.bits().into()) {
+    if hdr.occurred() {
         bar.write(mrpc_loc()?, hdr);
         found.mrpc = true;
     }
 
     // The P2P block exists only where the firmware said so (`P2P_CAPS`, read at probe).
-    let p2p: u32 = if p2p {
-        bar.read(regs::P2P_EVENT_STATUS).value().into()
-    } else {
-        0
-    };
-    if p2p != 0 {
-        bar.write_reg(regs::P2P_EVENT_STATUS::zeroed().with_value(p2p));
-        found.p2p = p2p;
+    if p2p {
+        let ev = bar.read(regs::P2P_EVENT_STATUS);
+        if ev.any() {
+            bar.write_reg(ev);
+            found.p2p = Some(ev);
+        }
     }
 
     let hdr = bar.read(regs::SW_GFMS_EVENT_HDR);
-    if occurred(hdr.bits().into()) {
-        fabric.invalidate();
+    if hdr.occurred() {
+        invalidate();
         bar.write_reg(hdr);
         found.gfms += 1;
     }
@@ -186,8 +179,8 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, fabric: &Fabric) -> Result<
             continue;
         };
         let hdr = bar.read(at);
-        if occurred(hdr.bits().into()) {
-            fabric.invalidate();
+        if hdr.occurred() {
+            invalidate();
             if let Some(at) = loc() {
                 bar.write(at, hdr);
             }
@@ -201,12 +194,12 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, fabric: &Fabric) -> Result<
 pub(crate) fn pending(mep: &Mep) -> Result<bool> {
     let partition = mep.partition;
     mep.with_bar(|bar| -> Result<bool> {
-        if occurred(bar.read(regs::SW_GFMS_EVENT_HDR).bits().into()) {
+        if bar.read(regs::SW_GFMS_EVENT_HDR).occurred() {
             return Ok(true);
         }
         for pff in local_pffs(bar, partition)? {
             if let Some(at) = regs::PFF_LINK_STATE_HDR::try_at(pff as usize) {
-                if occurred(bar.read(at).bits().into()) {
+                if bar.read(at).occurred() {
                     return Ok(true);
                 }
             }
@@ -217,15 +210,28 @@ pub(crate) fn pending(mep: &Mep) -> Result<bool> {
 
 /// Enables (or disables) the interrupts of every event pcifab handles, clearing stale ones.
 pub(crate) fn enable(mep: &Mep, on: bool) -> Result {
-    let bits = regs::EVENT_OCCURRED | if on { regs::EVENT_EN_IRQ } else { 0 };
     let partition = mep.partition;
     mep.with_bar(|bar| -> Result {
         let loc = regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL)?;
-        bar.write(loc, regs::PART_MRPC_COMP_HDR::zeroed().with_bits(bits));
-        bar.write_reg(regs::SW_GFMS_EVENT_HDR::zeroed().with_bits(bits));
+        bar.write(
+            loc,
+            regs::PART_MRPC_COMP_HDR::zeroed()
+                .with_occurred(true)
+                .with_irq_enable(on),
+        );
+        bar.write_reg(
+            regs::SW_GFMS_EVENT_HDR::zeroed()
+                .with_occurred(true)
+                .with_irq_enable(on),
+        );
         for pff in local_pffs(bar, partition)? {
             if let Some(loc) = regs::PFF_LINK_STATE_HDR::try_at(pff as usize) {
-                bar.write(loc, regs::PFF_LINK_STATE_HDR::zeroed().with_bits(bits));
+                bar.write(
+                    loc,
+                    regs::PFF_LINK_STATE_HDR::zeroed()
+                        .with_occurred(true)
+                        .with_irq_enable(on),
+                );
             }
         }
         Ok(())
@@ -249,16 +255,17 @@ impl irq::Handler for Handler {
     fn handle(&self) -> IrqReturn {
         let mep = &self.mep;
         let p2p = mep.p2p.window_size() != 0;
-        let found = match mep.with_bar(|bar| scan(bar, mep.partition, p2p, &mep.fabric)) {
-            Ok(Ok(found)) => found,
-            _ => return IrqReturn::None,
-        };
+        let found =
+            match mep.with_bar(|bar| scan(bar, mep.partition, p2p, || mep.fabric.invalidate())) {
+                Ok(Ok(found)) => found,
+                _ => return IrqReturn::None,
+            };
         let other = found.link.saturating_add(found.gfms);
-        if found.p2p != 0 {
-            mep.p2p.on_events(found.p2p);
+        if let Some(ev) = found.p2p {
+            mep.p2p.on_events(ev);
         }
         if !found.mrpc && other == 0 {
-            return if found.p2p != 0 {
+            return if found.p2p.is_some() {
                 IrqReturn::Handled
             } else {
                 IrqReturn::None

@@ -22,14 +22,14 @@
 
 use kernel::{pci, prelude::*, sync::aref::ARef};
 
-use crate::{
-    compose::LOG_PORTS,
-    kext::{
-        iomem,
-        pci_tree::{self, devfn},
-        slot,
-    },
+use crate::kext::{
+    iomem,
+    pci_tree::{self, devfn},
+    slot,
 };
+
+/// Logical downstream ports of a host's virtual switch this driver uses.
+pub(crate) const LOG_PORTS: u8 = 4;
 
 /// Status of a PCI function found behind a port.
 pub(crate) struct Found {

@@ -7,9 +7,15 @@
 //! use and its `unsafe` stay in here, behind a safe function whose documentation states the
 //! invariants it relies on, so the driver's files above it need neither.
 
+pub(crate) mod binding;
+pub(crate) mod dma;
 pub(crate) mod iomem;
+pub(crate) mod kobject;
+pub(crate) mod miscdev;
 pub(crate) mod pci_enable;
 pub(crate) mod pci_tree;
 pub(crate) mod security;
 pub(crate) mod slot;
+pub(crate) mod sysfs;
+pub(crate) mod user_pages;
 pub(crate) mod workqueue;

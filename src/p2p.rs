@@ -15,26 +15,24 @@
 //! for; a timeout, a signal or unbind resets the engine and waits until it is idle before
 //! the batch's pages are released.
 
-use core::mem::size_of;
-
 use kernel::{
-    bindings,
     device::{Bound, Device},
     dma::{Coherent, DataDirection},
-    io::{io_read, io_write, Io},
+    io::{io_read, io_write, poll::read_poll_timeout, Io},
     new_condvar, new_mutex,
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
-        CondVar, CondVarTimeoutResult, Mutex, MutexGuard,
+        Arc, CondVar, CondVarTimeoutResult, Mutex, MutexGuard,
     },
-    time::{msecs_to_jiffies, Instant, Monotonic},
-    transmute::{AsBytes, FromBytes},
+    time::{msecs_to_jiffies, Delta, Instant, Monotonic},
 };
 
 use crate::{
     fw::{self, ext, Failure},
-    hotplug, regs, uapi, Mep,
+    hotplug,
+    kext::{binding::Binding, user_pages::UserDma},
+    regs, uapi, Mep,
 };
 
 const PAGE: u64 = 4096;
@@ -61,30 +59,25 @@ pub(crate) const DMA_OK: u32 = 1;
 const DMA_HOST_FAULT: u32 = 2;
 const DMA_ROUTE_FAULT: u32 = 3;
 
-/// One DMA descriptor, as the engine reads it.
-#[repr(C)]
-#[derive(Default)]
-struct Desc {
-    control: u32,
-    status: u32,
-    len: u64,
-    src: u64,
-    dst: u64,
-    done: u64,
-    cookie: u64,
-    rsvd: [u64; 2],
+fw::payload! {
+    /// One DMA descriptor, as the engine reads it.
+    struct Desc[64] {
+        control: u32,
+        status: u32,
+        len: u64,
+        src: u64,
+        dst: u64,
+        done: u64,
+        cookie: u64,
+        rsvd: [u64; 2],
+    }
 }
-
-const _: () = assert!(size_of::<Desc>() == 64);
-
-// SAFETY: `repr(C)`, integers only, no padding (size asserted); any bit pattern is valid.
-unsafe impl FromBytes for Desc {}
-// SAFETY: As above.
-unsafe impl AsBytes for Desc {}
 
 /// The engine side of one endpoint; only touched with [`P2p::engine`] held.
 struct Engine {
     ring: Option<Coherent<[Desc]>>,
+    /// The device's binding, which the DMA mapping of user pages needs; set with the ring.
+    binding: Option<Arc<Binding>>,
     /// Next descriptor slot to fill (the engine's TAIL).
     tail: u32,
     /// Unbind started: no more copies.
@@ -137,7 +130,13 @@ impl P2p {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
             copying <- new_mutex!(()),
-            engine <- new_mutex!(Engine { ring: None, tail: 0, dead: false, stuck: false }),
+            engine <- new_mutex!(Engine {
+                ring: None,
+                binding: None,
+                tail: 0,
+                dead: false,
+                stuck: false,
+            }),
             routes <- new_mutex!(()),
             cache <- new_mutex!(None),
             stale: Atomic::new(true),
@@ -169,16 +168,15 @@ impl P2p {
     }
 
     /// Called by the interrupt handler with the P2P events it cleared.
-    pub(crate) fn on_events(&self, ev: u32) {
-        if ev & regs::P2P_EV_FAULT != 0 {
+    pub(crate) fn on_events(&self, ev: regs::P2P_EVENT_STATUS) {
+        if ev.fault() {
             self.faults.fetch_add(1, Relaxed);
         }
-        if ev & regs::P2P_EV_ROUTES_CHANGED != 0 {
+        if ev.routes_changed() {
             self.stale.store(true, Relaxed);
         }
         // A route the firmware removed may be the one a copy is using: wake it too.
-        if ev & (regs::P2P_EV_DMA_DONE | regs::P2P_EV_DMA_ERROR | regs::P2P_EV_ROUTES_CHANGED) != 0
-        {
+        if ev.dma_done() || ev.dma_error() || ev.routes_changed() {
             self.done.notify_all();
         }
     }
@@ -202,18 +200,24 @@ pub(crate) fn init(mep: &Mep, dev: &Device<Bound>, vector: usize) -> Result {
         .store(u64::from(u16::from(caps.window_mib())) << 20, Relaxed);
     let ring = Coherent::<Desc>::zeroed_slice(dev, RING_ENTRIES, GFP_KERNEL)?;
     let addr = ring.dma_address();
-    let vector = u32::try_from(vector).map_err(|_| EINVAL)?;
+    let vector = u16::try_from(vector).map_err(|_| EINVAL)?;
     mep.with_bar(|bar| {
-        bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_RESET));
+        bar.write_reg(regs::DMA_CTRL::zeroed().with_reset(true));
         bar.write_reg(regs::DMA_RING_LO::zeroed().with_value(addr as u32));
         bar.write_reg(regs::DMA_RING_HI::zeroed().with_value((addr >> 32) as u32));
         bar.write_reg(regs::DMA_RING_SIZE::zeroed().with_value(RING_ENTRIES as u32));
-        bar.write_reg(regs::DMA_IRQ::zeroed().with_value(vector | regs::DMA_IRQ_ENABLE));
-        bar.write_reg(regs::P2P_EVENT_STATUS::zeroed().with_value(regs::P2P_EV_ALL));
-        bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_ENABLE));
+        bar.write_reg(
+            regs::DMA_IRQ::zeroed()
+                .with_vector(vector)
+                .with_enable(true),
+        );
+        bar.write_reg(regs::P2P_EVENT_STATUS::all());
+        bar.write_reg(regs::DMA_CTRL::zeroed().with_enable(true));
     })?;
+    let binding = Binding::new(dev)?;
     let mut e = mep.p2p.engine.lock();
     e.ring = Some(ring);
+    e.binding = Some(binding);
     e.tail = 0;
     Ok(())
 }
@@ -472,6 +476,10 @@ pub(crate) fn copy(
         err: None,
     };
     let mut batch = KVec::with_capacity(BATCH, GFP_KERNEL)?;
+    // The device stays bound while the copy runs: unbind takes `copying` (`shut_down()`)
+    // before the binding ends.
+    let binding = e.binding.clone().ok_or(EOPNOTSUPP)?;
+    let bound = binding.access().ok_or(ENODEV)?;
     while copied.done < len && copied.err.is_none() {
         let off = copied.done;
         batch.clear();
@@ -485,7 +493,12 @@ pub(crate) fn copy(
         let mut pinned = None;
         let part = if let Some(addr) = user {
             let part = (len - off).min(USER_CHUNK as u64);
-            let u = UserDma::new(mep, addr + off, part as usize, to_device)?;
+            let dir = if to_device {
+                DataDirection::ToDevice
+            } else {
+                DataDirection::FromDevice
+            };
+            let u = UserDma::new(bound.device(), addr + off, part as usize, dir)?;
             let mut at = 0u64;
             for (seg, seg_len) in u.segments() {
                 let (sa, da) = if to_device {
@@ -590,18 +603,13 @@ fn run_batch(
     // Wait until the engine's HEAD reaches our TAIL.
     let mut failed = None;
     loop {
-        let (head, status) = mep.with_bar(|bar| {
-            (
-                bar.read(regs::DMA_HEAD).value(),
-                bar.read(regs::DMA_STATUS).value(),
-            )
-        })?;
+        let (head, status) =
+            mep.with_bar(|bar| (bar.read(regs::DMA_HEAD).value(), bar.read(regs::DMA_STATUS)))?;
         let head: u32 = head.into();
-        let status: u32 = status.into();
         if head == tail {
             break;
         }
-        if status & regs::DMA_STATUS_HALTED != 0 {
+        if status.halted() {
             failed = Some(EIO);
             break;
         }
@@ -668,22 +676,21 @@ fn collect(e: &Engine, first: u32, batch: &[(End, End, u64)]) -> Result<(u64, u3
 /// An engine still busy after [`RESET_WAIT_MS`] is marked stuck: whatever host memory it was
 /// given stays allocated, pinned and mapped, and no copy runs on it any more.
 fn reset(mep: &Mep, e: &mut Engine) {
-    let start = Instant::<Monotonic>::now();
     let _ = mep.with_bar(|bar| {
-        bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_RESET));
+        bar.write_reg(regs::DMA_CTRL::zeroed().with_reset(true));
     });
-    let mut idle = false;
-    while start.elapsed().as_millis() < RESET_WAIT_MS {
+    let idle = read_poll_timeout(
         // A device that is gone writes nothing any more.
-        let busy = mep
-            .with_bar(|bar| u32::from(bar.read(regs::DMA_STATUS).value()) & 1 != 0)
-            .unwrap_or(false);
-        if !busy {
-            idle = true;
-            break;
-        }
-        kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
-    }
+        || {
+            Ok(mep
+                .with_bar(|bar| bar.read(regs::DMA_STATUS).busy())
+                .unwrap_or(false))
+        },
+        |busy| !busy,
+        Delta::from_millis(1),
+        Delta::from_millis(RESET_WAIT_MS),
+    )
+    .is_ok();
     e.tail = 0;
     if !idle {
         dev_err!(
@@ -696,111 +703,8 @@ fn reset(mep: &Mep, e: &mut Engine) {
     }
     if !e.dead {
         let _ = mep.with_bar(|bar| {
-            bar.write_reg(regs::DMA_CTRL::zeroed().with_value(regs::DMA_CTRL_ENABLE));
+            bar.write_reg(regs::DMA_CTRL::zeroed().with_enable(true));
         });
-    }
-}
-
-/// A user buffer pinned and mapped for the engine; unmapped and unpinned on drop.
-///
-/// # Invariants
-///
-/// `pages` holds `npages` pages pinned with `pin_user_pages_fast()`; `sgt` is a table over
-/// them mapped with `dma_map_sgtable()` for `dev`, which stays bound while this exists (the
-/// caller holds [`P2p::copying`], which unbind takes before the device goes).
-struct UserDma {
-    dev: *mut bindings::device,
-    pages: KVec<*mut bindings::page>,
-    sgt: bindings::sg_table,
-    dir: DataDirection,
-    mapped: bool,
-}
-
-impl UserDma {
-    fn new(mep: &Mep, addr: u64, len: usize, to_device: bool) -> Result<Self> {
-        let first = addr & !(PAGE - 1);
-        let end = addr.checked_add(len as u64).ok_or(EFAULT)?;
-        let npages = usize::try_from((end - first).div_ceil(PAGE)).map_err(|_| EINVAL)?;
-        let mut pages = KVec::from_elem(core::ptr::null_mut(), npages, GFP_KERNEL)?;
-        let dev = core::ptr::from_ref::<Device>(mep.pdev.as_ref())
-            .cast::<bindings::device>()
-            .cast_mut();
-        let dir = if to_device {
-            DataDirection::ToDevice
-        } else {
-            DataDirection::FromDevice
-        };
-        let gup = if to_device { 0 } else { bindings::FOLL_WRITE };
-        // SAFETY: `pages` has room for `npages` pointers; the range is user memory of the
-        // calling task, which the function checks.
-        let got = unsafe {
-            bindings::pin_user_pages_fast(first as usize, npages as i32, gup, pages.as_mut_ptr())
-        };
-        let got = usize::try_from(got).unwrap_or(0);
-        let mut this = Self {
-            dev,
-            pages,
-            // SAFETY: An all-zero `sg_table` is the empty table `sg_alloc_table*()` fills in.
-            sgt: unsafe { core::mem::zeroed() },
-            dir,
-            mapped: false,
-        };
-        if got < npages {
-            this.pages.truncate(got);
-            return Err(EFAULT);
-        }
-        // SAFETY: `sgt` is zeroed and owned; `pages` are `npages` pinned pages.
-        kernel::error::to_result(unsafe {
-            bindings::sg_alloc_table_from_pages_segment(
-                &mut this.sgt,
-                this.pages.as_mut_ptr(),
-                npages as u32,
-                (addr - first) as u32,
-                len,
-                !(PAGE as u32 - 1),
-                bindings::GFP_KERNEL,
-            )
-        })?;
-        // SAFETY: `dev` is bound (the caller holds the engine lock, see the invariants) and
-        // `sgt` a valid table.
-        kernel::error::to_result(unsafe {
-            bindings::dma_map_sgtable(dev, &mut this.sgt, dir.into(), 0)
-        })?;
-        this.mapped = true;
-        Ok(this)
-    }
-
-    /// The mapped segments: bus address and length.
-    fn segments(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        // SAFETY: `sgt` is a valid, DMA-mapped table that lives as long as `self`.
-        let t = unsafe {
-            kernel::scatterlist::SGTable::from_raw(core::ptr::from_ref(&self.sgt).cast_mut())
-        };
-        t.iter().map(|s| (s.dma_address(), s.dma_len()))
-    }
-}
-
-impl Drop for UserDma {
-    fn drop(&mut self) {
-        if self.mapped {
-            // SAFETY: Mapped in `new` for `dev` with `dir`; unmapped once.
-            unsafe { bindings::dma_unmap_sgtable(self.dev, &mut self.sgt, self.dir.into(), 0) };
-        }
-        if !self.sgt.sgl.is_null() {
-            // SAFETY: Allocated by `sg_alloc_table_from_pages_segment()`; freed once.
-            unsafe { bindings::sg_free_table(&mut self.sgt) };
-        }
-        if !self.pages.is_empty() {
-            // SAFETY: Each page was pinned by `pin_user_pages_fast()`; the engine wrote to them
-            // only for a device-to-memory copy, so they are dirtied then.
-            unsafe {
-                bindings::unpin_user_pages_dirty_lock(
-                    self.pages.as_mut_ptr(),
-                    self.pages.len(),
-                    matches!(self.dir, DataDirection::FromDevice),
-                )
-            };
-        }
     }
 }
 

@@ -10,7 +10,7 @@
 
 use kernel::{
     device::Core,
-    dma::{Device as _, DmaMask},
+    dma::DmaMask,
     io::{register::Array, Io},
     irq,
     pci,
@@ -158,9 +158,7 @@ fn read_bytes(bar: &Bar0<'_>, gas_offset: usize, out: &mut [u8]) -> Result {
 /// first (no new users), then the interrupt handler, then the vectors it runs on.
 #[pin_data]
 struct PcifabData<'bound> {
-    /// Dropped first: the per-function directories live under the character device's.
-    fndirs: Option<fnsysfs::FnDirs>,
-    #[pin]
+    /// Dropped first (with the per-function directories below it): no new users.
     chardev: chardev::Registration,
     #[pin]
     irq: irq::Registration<'bound, event::Handler>,
@@ -328,11 +326,7 @@ impl pci::Driver for PcifabDriver {
                 );
                 return Err(ENODEV);
             }
-            // SAFETY: Probe runs before any DMA allocation or mapping of this device.
-            unsafe {
-                pdev.dma_set_mask_and_coherent(DmaMask::new::<64>())?;
-                pdev.dma_set_max_seg_size(u32::MAX);
-            }
+            kext::dma::set_masks(pdev, DmaMask::new::<64>(), u32::MAX)?;
             mep.pax_id.store(
                 fw::query(&mep, &fw::sys::GetPaxId::new())?.id.into(),
                 Relaxed,
@@ -364,6 +358,13 @@ impl pci::Driver for PcifabDriver {
                 acs,
                 mep: MepGuard(mep),
                 enabled,
+                // The two `unsafe` of the driver outside `kext`, and why no safe way exists:
+                // an IRQ vector borrows the `IrqVectorRegistration` for `'bound`, and the
+                // handler registration must be dropped before the vectors are freed. Pin-init
+                // gives no safe reference to a field already initialised in the same
+                // allocation, so the borrow is made from `this`; and `irq::Registration::new()`
+                // of the kernel crate is itself `unsafe` (its caller promises never to forget
+                // the registration), which no wrapper can prove for a value it hands out.
                 irq <- {
                     // `vectors` is initialised before this field (initialisers run in the
                     // order written), lives in the same pinned allocation as `irq`, and is
@@ -408,19 +409,9 @@ impl pci::Driver for PcifabDriver {
                     }
                     None => None,
                 },
-                chardev <- {
+                chardev: {
                     event::enable(&chardev_mep, true)?;
-                    chardev::Registration::new(pdev.as_ref(), chardev_mep.clone())
-                },
-                fndirs: {
-                    // SAFETY: `chardev` is initialised before this field (initialisers run in
-                    // the order written) and lives in the same pinned allocation.
-                    let chardev = unsafe { &*core::ptr::addr_of!((*this.as_ptr()).chardev) };
-                    fnsysfs::FnDirs::new(chardev_mep, chardev.kobject())
-                        .inspect_err(|e| {
-                            dev_warn!(pdev, "no per-function sysfs directories: {:?}\n", e)
-                        })
-                        .ok()
+                    chardev::Registration::new(pdev.as_ref(), chardev_mep)?
                 },
             }))
         })

@@ -40,11 +40,6 @@ pub(crate) const MRPC_STATUS_INPROGRESS: u32 = 1;
 /// MRPC status: the command was interrupted (e.g. by a firmware reset).
 pub(crate) const MRPC_STATUS_INTERRUPTED: u32 = 0x100;
 
-/// Event header bit: the event occurred (write 1 to clear).
-pub(crate) const EVENT_OCCURRED: u32 = 1 << 0;
-/// Event header bit: raise the event interrupt when the event occurs.
-pub(crate) const EVENT_EN_IRQ: u32 = 1 << 3;
-
 register! {
     /// MRPC input buffer, in 32-bit words.
     pub(crate) MRPC_INPUT(u32)[256] @ 0x0 {
@@ -98,7 +93,10 @@ register! {
 
     /// Fabric-manager (GFMS) event header (`sw_event.gfms_event_hdr`).
     pub(crate) SW_GFMS_EVENT_HDR(u32) @ 0x1968 {
-        31:0 bits;
+        /// The event occurred (write 1 to clear).
+        0:0 occurred => bool;
+        /// Raise the event interrupt when the event occurs.
+        3:3 irq_enable => bool;
     }
 
     /// PFF instance of this partition's upstream port (`part_cfg.usp_pff_inst_id`).
@@ -114,7 +112,10 @@ register! {
 
     /// Link-state event header of each PFF (`pff_csr[n].link_state_hdr`).
     pub(crate) PFF_LINK_STATE_HDR(u32)[255, stride = 0x1000] @ 0x134d30 {
-        31:0 bits;
+        /// The event occurred (write 1 to clear).
+        0:0 occurred => bool;
+        /// Raise the event interrupt when the event occurs.
+        3:3 irq_enable => bool;
     }
 
     /// MSI-X vector of this partition's events (`part_cfg.vep_vector_number`).
@@ -129,7 +130,10 @@ register! {
 
     /// MRPC completion event header (`part_cfg.mrpc_comp_hdr`).
     pub(crate) PART_MRPC_COMP_HDR(u32)[48, stride = 0x400] @ 0x413c {
-        31:0 bits;
+        /// The event occurred (write 1 to clear).
+        0:0 occurred => bool;
+        /// Raise the event interrupt when the event occurs.
+        3:3 irq_enable => bool;
     }
 
     /// Switch device id (equals the MEP's PCI device id while the firmware runs).
@@ -164,12 +168,18 @@ register! {
 
     /// P2P DMA engine control (pcifab extension, `Documentation/mrpc.rst`).
     pub(crate) DMA_CTRL(u32) @ 0x3000 {
-        31:0 value;
+        /// Run the engine.
+        0:0 enable => bool;
+        /// Stop the engine and zero its indices.
+        1:1 reset => bool;
     }
 
-    /// P2P DMA engine status: [`DMA_STATUS_HALTED`].
+    /// P2P DMA engine status.
     pub(crate) DMA_STATUS(u32) @ 0x3004 {
-        31:0 value;
+        /// The engine is working on a descriptor.
+        0:0 busy => bool;
+        /// The engine stopped on a ring it could not read or write.
+        1:1 halted => bool;
     }
 
     /// Descriptor ring bus address, low half.
@@ -197,14 +207,24 @@ register! {
         31:0 value;
     }
 
-    /// Completion interrupt: vector and enable.
+    /// Completion interrupt.
     pub(crate) DMA_IRQ(u32) @ 0x301c {
-        31:0 value;
+        /// The MSI-X vector to signal.
+        15:0 vector;
+        /// Signal it.
+        31:31 enable => bool;
     }
 
-    /// P2P events, write 1 to clear: `P2P_EV_*`.
+    /// P2P events, write 1 to clear.
     pub(crate) P2P_EVENT_STATUS(u32) @ 0x3020 {
-        31:0 value;
+        /// A descriptor that asked for an interrupt completed.
+        0:0 dma_done => bool;
+        /// The engine halted.
+        1:1 dma_error => bool;
+        /// A window access outside every route was refused.
+        2:2 fault => bool;
+        /// The firmware removed a route (its target was unbound).
+        3:3 routes_changed => bool;
     }
 
     /// Window accesses refused since reset.
@@ -236,24 +256,21 @@ register! {
     }
 }
 
-/// [`DMA_CTRL`]: run the engine.
-pub(crate) const DMA_CTRL_ENABLE: u32 = 1 << 0;
-/// [`DMA_CTRL`]: stop the engine and zero its indices.
-pub(crate) const DMA_CTRL_RESET: u32 = 1 << 1;
-/// [`DMA_STATUS`]: the engine stopped on a ring it could not read or write.
-pub(crate) const DMA_STATUS_HALTED: u32 = 1 << 1;
-/// [`DMA_IRQ`]: signal the vector in bits 0-15.
-pub(crate) const DMA_IRQ_ENABLE: u32 = 1 << 31;
-/// [`P2P_EVENT_STATUS`]: a descriptor that asked for an interrupt completed.
-pub(crate) const P2P_EV_DMA_DONE: u32 = 1 << 0;
-/// [`P2P_EVENT_STATUS`]: the engine halted.
-pub(crate) const P2P_EV_DMA_ERROR: u32 = 1 << 1;
-/// [`P2P_EVENT_STATUS`]: a window access outside every route was refused.
-pub(crate) const P2P_EV_FAULT: u32 = 1 << 2;
-/// [`P2P_EVENT_STATUS`]: the firmware removed a route (its target was unbound).
-pub(crate) const P2P_EV_ROUTES_CHANGED: u32 = 1 << 3;
-/// Every [`P2P_EVENT_STATUS`] bit.
-pub(crate) const P2P_EV_ALL: u32 = 0xf;
+impl P2P_EVENT_STATUS {
+    /// Every event this driver knows, set: what clears them all.
+    pub(crate) fn all() -> Self {
+        pin_init::zeroed::<Self>()
+            .with_dma_done(true)
+            .with_dma_error(true)
+            .with_fault(true)
+            .with_routes_changed(true)
+    }
+
+    /// Whether any event is set, known to this driver or not.
+    pub(crate) fn any(self) -> bool {
+        self.into_raw() != 0
+    }
+}
 
 /// Downstream ports of a partition pcifab watches (the virtual switch's logical ports).
 pub(crate) const DSP_PORTS: usize = 4;

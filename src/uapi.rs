@@ -13,8 +13,6 @@ use kernel::{
     transmute::{AsBytes, FromBytes},
 };
 
-use crate::chardev::SizedArg;
-
 pub(crate) const VERSION_MAJOR: u32 = 1;
 pub(crate) const VERSION_MINOR: u32 = 6;
 
@@ -70,37 +68,6 @@ pub(crate) const EVENTS_WAIT: u32 = 1 << 0;
 /// `PCIFAB_UNBOUND`.
 pub(crate) const UNBOUND: u8 = 0xff;
 
-/// `struct pcifab_version`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Version {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) major: u32,
-    pub(crate) minor: u32,
-}
-
-/// `struct pcifab_identity`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Identity {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) pci_vendor: u16,
-    pub(crate) pci_device: u16,
-    pub(crate) device_id: u32,
-    pub(crate) device_version: u32,
-    pub(crate) fw_version: u32,
-    pub(crate) partition: u32,
-    pub(crate) partition_count: u32,
-    pub(crate) vendor_id: [u8; 8],
-    pub(crate) product_id: [u8; 24],
-    pub(crate) product_revision: [u8; 2],
-    pub(crate) reserved0: u16,
-    pub(crate) features: u32,
-    pub(crate) pax_id: u32,
-}
-
 /// `struct pcifab_identity` up to `__reserved0` (uAPI 1.0).
 const IDENTITY_V1_SIZE: usize = 68;
 /// `struct pcifab_bind` up to `name` (uAPI 1.0).
@@ -108,293 +75,326 @@ const BIND_V1_SIZE: usize = 40;
 /// `struct pcifab_bind.pdfids`: functions one bind names at most.
 pub(crate) const BIND_MAX_PDFIDS: usize = 8;
 
-/// `struct pcifab_mrpc`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Mrpc {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) cmd: u32,
-    pub(crate) in_len: u32,
-    pub(crate) out_len: u32,
-    pub(crate) timeout_ms: u32,
-    pub(crate) in_ptr: u64,
-    pub(crate) out_ptr: u64,
-    pub(crate) status: u32,
-    pub(crate) ret_value: u32,
+/// An ioctl argument struct: `size` and `flags` first, as `include/uapi/linux/pcifab.h` says.
+pub(crate) trait SizedArg: FromBytes + AsBytes + Default {
+    /// Size of the first published version of the struct; smaller is `EINVAL`.
+    const MIN_SIZE: usize;
+    /// `flags` bits this version understands.
+    const FLAGS: u32;
+    /// The `flags` field.
+    fn flags(&self) -> u32;
 }
 
-/// `struct pcifab_stats`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Stats {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) mrpc_commands: u64,
-    pub(crate) mrpc_completions: u64,
-    pub(crate) mrpc_timeouts: u64,
-    pub(crate) mrpc_firmware_dead: u64,
-    pub(crate) event_irqs: u64,
+/// Compiles only for types every byte pattern of which is valid and which have no padding.
+const fn assert_abi<T: FromBytes + AsBytes>() {}
+
+/// Declares uAPI structs.
+///
+/// `struct Name[SIZE] { field: type, ... }` becomes a `#[repr(C)]` struct with `pub(crate)`
+/// fields that are integers, integer arrays or other uAPI structs, checked at compile time to
+/// be exactly `SIZE` bytes (the size the C header gives it) and the sum of its fields (so it
+/// has no padding), and made [`FromBytes`] and [`AsBytes`].
+macro_rules! abi {
+    ($(
+        $(#[$m:meta])*
+        struct $name:ident[$size:expr] {
+            $( $f:ident : $t:ty ),* $(,)?
+        }
+    )*) => {$(
+        $(#[$m])*
+        #[repr(C)]
+        pub(crate) struct $name { $( pub(crate) $f: $t ),* }
+
+        const _: () = {
+            $( assert_abi::<$t>(); )*
+            assert!(size_of::<$name>() == $size);
+            assert!(size_of::<$name>() == 0 $( + size_of::<$t>() )*);
+        };
+
+        // SAFETY: `$name` is `#[repr(C)]`, every field is `FromBytes` (checked above), and its
+        // size is the sum of its fields' sizes (checked above), so it has no padding and any
+        // byte pattern of that size is a valid value.
+        unsafe impl FromBytes for $name {}
+        // SAFETY: Every field is `AsBytes` and, with no room for padding (checked above), every
+        // byte of a value is initialised.
+        unsafe impl AsBytes for $name {}
+    )*};
 }
 
-/// `struct pcifab_events`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Events {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) timeout_ms: u32,
-    pub(crate) reserved0: u32,
-    pub(crate) seen: u64,
-    pub(crate) total: u64,
-    pub(crate) link: u64,
-    pub(crate) gfms: u64,
-    pub(crate) irqs: u64,
+abi! {
+    /// `struct pcifab_version`.
+    #[derive(Default)]
+    struct Version[16] {
+        size: u32,
+        flags: u32,
+        major: u32,
+        minor: u32,
+    }
+
+    /// `struct pcifab_identity`.
+    #[derive(Default)]
+    struct Identity[76] {
+        size: u32,
+        flags: u32,
+        pci_vendor: u16,
+        pci_device: u16,
+        device_id: u32,
+        device_version: u32,
+        fw_version: u32,
+        partition: u32,
+        partition_count: u32,
+        vendor_id: [u8; 8],
+        product_id: [u8; 24],
+        product_revision: [u8; 2],
+        reserved0: u16,
+        features: u32,
+        pax_id: u32,
+    }
+
+
+    /// `struct pcifab_mrpc`.
+    #[derive(Default)]
+    struct Mrpc[48] {
+        size: u32,
+        flags: u32,
+        cmd: u32,
+        in_len: u32,
+        out_len: u32,
+        timeout_ms: u32,
+        in_ptr: u64,
+        out_ptr: u64,
+        status: u32,
+        ret_value: u32,
+    }
+
+    /// `struct pcifab_stats`.
+    #[derive(Default)]
+    struct Stats[48] {
+        size: u32,
+        flags: u32,
+        mrpc_commands: u64,
+        mrpc_completions: u64,
+        mrpc_timeouts: u64,
+        mrpc_firmware_dead: u64,
+        event_irqs: u64,
+    }
+
+    /// `struct pcifab_events`.
+    #[derive(Default)]
+    struct Events[56] {
+        size: u32,
+        flags: u32,
+        timeout_ms: u32,
+        reserved0: u32,
+        seen: u64,
+        total: u64,
+        link: u64,
+        gfms: u64,
+        irqs: u64,
+    }
+
+    /// `struct pcifab_port`.
+    #[derive(Default)]
+    struct Port[8] {
+        phys_port: u8,
+        kind: u8,
+        link_up: u8,
+        width: u8,
+        rate: u8,
+        reserved: [u8; 3],
+    }
+
+    /// `struct pcifab_function`.
+    #[derive(Default)]
+    struct Function[24] {
+        pdfid: u16,
+        pf_pdfid: u16,
+        vendor: u16,
+        device: u16,
+        class_code: u32,
+        phys_port: u8,
+        vf_index: u8,
+        total_vfs: u8,
+        flags: u8,
+        bound_host: u8,
+        bound_port: u8,
+        reserved0: u16,
+        reserved1: u32,
+    }
+
+    /// `struct pcifab_inventory`.
+    #[derive(Default)]
+    struct Inventory[48] {
+        size: u32,
+        flags: u32,
+        generation: u32,
+        partition: u16,
+        host_count: u16,
+        nr_ports: u32,
+        nr_functions: u32,
+        port_size: u32,
+        function_size: u32,
+        ports_ptr: u64,
+        functions_ptr: u64,
+    }
+
+    /// `struct pcifab_bind`.
+    #[derive(Default)]
+    struct Bind[60] {
+        size: u32,
+        flags: u32,
+        pdfid: u16,
+        host: u8,
+        port: u8,
+        timeout_ms: u32,
+        fw_ret: u32,
+        vendor: u16,
+        device: u16,
+        name: [u8; 16],
+        nr_pdfids: u32,
+        pdfids: [u16; BIND_MAX_PDFIDS],
+    }
+
+    /// `struct pcifab_unbind`.
+    #[derive(Default)]
+    struct Unbind[24] {
+        size: u32,
+        flags: u32,
+        pdfid: u16,
+        host: u8,
+        port: u8,
+        timeout_ms: u32,
+        fw_ret: u32,
+        reserved0: u32,
+    }
+
+    /// `struct pcifab_move`.
+    #[derive(Default)]
+    struct Move[44] {
+        size: u32,
+        flags: u32,
+        pdfid: u16,
+        host: u8,
+        port: u8,
+        timeout_ms: u32,
+        fw_ret: u32,
+        vendor: u16,
+        device: u16,
+        name: [u8; 16],
+        from_host: u8,
+        from_port: u8,
+        reserved0: u16,
+    }
+
+    /// `struct pcifab_route`.
+    #[derive(Default, Clone, Copy)]
+    struct Route[32] {
+        window_off: u64,
+        size: u64,
+        target_off: u64,
+        pdfid: u16,
+        target_host: u8,
+        reserved0: u8,
+        reserved1: u32,
+    }
+
+    /// `struct pcifab_p2p_route`.
+    #[derive(Default)]
+    struct P2pRoute[48] {
+        size: u32,
+        flags: u32,
+        route: Route,
+        fw_ret: u32,
+        nr_routes: u32,
+    }
+
+    /// `struct pcifab_p2p_routes`.
+    #[derive(Default)]
+    struct P2pRoutes[32] {
+        size: u32,
+        flags: u32,
+        nr_routes: u32,
+        route_size: u32,
+        routes_ptr: u64,
+        window_size: u64,
+    }
+
+    /// `struct pcifab_p2p_end`.
+    #[derive(Default, Clone, Copy)]
+    struct P2pEnd[16] {
+        kind: u32,
+        pdfid: u16,
+        reserved0: u16,
+        addr: u64,
+    }
+
+    /// `struct pcifab_p2p_copy`.
+    #[derive(Default)]
+    struct P2pCopy[64] {
+        size: u32,
+        flags: u32,
+        src: P2pEnd,
+        dst: P2pEnd,
+        len: u64,
+        done: u64,
+        dma_status: u32,
+        timeout_ms: u32,
+    }
+
+    /// `struct pcifab_p2p_distance`.
+    #[derive(Default)]
+    struct P2pDistance[32] {
+        size: u32,
+        flags: u32,
+        a: u16,
+        b: u16,
+        path: u32,
+        hops: u32,
+        pci_distance: i32,
+        info: u32,
+        reserved0: u32,
+    }
+
+    /// `struct pcifab_p2p_grant`.
+    #[derive(Default)]
+    struct P2pGrant[24] {
+        size: u32,
+        flags: u32,
+        pdfid: u16,
+        grantee: u8,
+        reserved0: u8,
+        fw_ret: u32,
+        nr_grants: u32,
+        reserved1: u32,
+    }
+
+    /// `struct pcifab_grant`.
+    #[derive(Default, Clone, Copy)]
+    struct Grant[8] {
+        pdfid: u16,
+        holder: u8,
+        grantee: u8,
+        reserved: u32,
+    }
+
+    /// `struct pcifab_p2p_grants`.
+    #[derive(Default)]
+    struct P2pGrants[24] {
+        size: u32,
+        flags: u32,
+        nr_grants: u32,
+        grant_size: u32,
+        grants_ptr: u64,
+    }
 }
 
-/// `struct pcifab_port`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Port {
-    pub(crate) phys_port: u8,
-    pub(crate) kind: u8,
-    pub(crate) link_up: u8,
-    pub(crate) width: u8,
-    pub(crate) rate: u8,
-    pub(crate) reserved: [u8; 3],
-}
-
-/// `struct pcifab_function`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Function {
-    pub(crate) pdfid: u16,
-    pub(crate) pf_pdfid: u16,
-    pub(crate) vendor: u16,
-    pub(crate) device: u16,
-    pub(crate) class_code: u32,
-    pub(crate) phys_port: u8,
-    pub(crate) vf_index: u8,
-    pub(crate) total_vfs: u8,
-    pub(crate) flags: u8,
-    pub(crate) bound_host: u8,
-    pub(crate) bound_port: u8,
-    pub(crate) reserved0: u16,
-    pub(crate) reserved1: u32,
-}
-
-/// `struct pcifab_inventory`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Inventory {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) generation: u32,
-    pub(crate) partition: u16,
-    pub(crate) host_count: u16,
-    pub(crate) nr_ports: u32,
-    pub(crate) nr_functions: u32,
-    pub(crate) port_size: u32,
-    pub(crate) function_size: u32,
-    pub(crate) ports_ptr: u64,
-    pub(crate) functions_ptr: u64,
-}
-
-/// `struct pcifab_bind`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Bind {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) pdfid: u16,
-    pub(crate) host: u8,
-    pub(crate) port: u8,
-    pub(crate) timeout_ms: u32,
-    pub(crate) fw_ret: u32,
-    pub(crate) vendor: u16,
-    pub(crate) device: u16,
-    pub(crate) name: [u8; 16],
-    pub(crate) nr_pdfids: u32,
-    pub(crate) pdfids: [u16; BIND_MAX_PDFIDS],
-}
-
-/// `struct pcifab_unbind`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Unbind {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) pdfid: u16,
-    pub(crate) host: u8,
-    pub(crate) port: u8,
-    pub(crate) timeout_ms: u32,
-    pub(crate) fw_ret: u32,
-    pub(crate) reserved0: u32,
-}
-
-/// `struct pcifab_move`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Move {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) pdfid: u16,
-    pub(crate) host: u8,
-    pub(crate) port: u8,
-    pub(crate) timeout_ms: u32,
-    pub(crate) fw_ret: u32,
-    pub(crate) vendor: u16,
-    pub(crate) device: u16,
-    pub(crate) name: [u8; 16],
-    pub(crate) from_host: u8,
-    pub(crate) from_port: u8,
-    pub(crate) reserved0: u16,
-}
-
-/// `struct pcifab_route`.
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-pub(crate) struct Route {
-    pub(crate) window_off: u64,
-    pub(crate) size: u64,
-    pub(crate) target_off: u64,
-    pub(crate) pdfid: u16,
-    pub(crate) target_host: u8,
-    pub(crate) reserved0: u8,
-    pub(crate) reserved1: u32,
-}
-
-/// `struct pcifab_p2p_route`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct P2pRoute {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) route: Route,
-    pub(crate) fw_ret: u32,
-    pub(crate) nr_routes: u32,
-}
-
-/// `struct pcifab_p2p_routes`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct P2pRoutes {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) nr_routes: u32,
-    pub(crate) route_size: u32,
-    pub(crate) routes_ptr: u64,
-    pub(crate) window_size: u64,
-}
-
-/// `struct pcifab_p2p_end`.
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-pub(crate) struct P2pEnd {
-    pub(crate) kind: u32,
-    pub(crate) pdfid: u16,
-    pub(crate) reserved0: u16,
-    pub(crate) addr: u64,
-}
-
-/// `struct pcifab_p2p_copy`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct P2pCopy {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) src: P2pEnd,
-    pub(crate) dst: P2pEnd,
-    pub(crate) len: u64,
-    pub(crate) done: u64,
-    pub(crate) dma_status: u32,
-    pub(crate) timeout_ms: u32,
-}
-
-/// `struct pcifab_p2p_distance`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct P2pDistance {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) a: u16,
-    pub(crate) b: u16,
-    pub(crate) path: u32,
-    pub(crate) hops: u32,
-    pub(crate) pci_distance: i32,
-    pub(crate) info: u32,
-    pub(crate) reserved0: u32,
-}
-
-/// `struct pcifab_p2p_grant`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct P2pGrant {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) pdfid: u16,
-    pub(crate) grantee: u8,
-    pub(crate) reserved0: u8,
-    pub(crate) fw_ret: u32,
-    pub(crate) nr_grants: u32,
-    pub(crate) reserved1: u32,
-}
-
-/// `struct pcifab_grant`.
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-pub(crate) struct Grant {
-    pub(crate) pdfid: u16,
-    pub(crate) holder: u8,
-    pub(crate) grantee: u8,
-    pub(crate) reserved: u32,
-}
-
-/// `struct pcifab_p2p_grants`.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct P2pGrants {
-    pub(crate) size: u32,
-    pub(crate) flags: u32,
-    pub(crate) nr_grants: u32,
-    pub(crate) grant_size: u32,
-    pub(crate) grants_ptr: u64,
-}
-
-const _: () = assert!(size_of::<P2pGrant>() == 24);
-const _: () = assert!(size_of::<Grant>() == 8);
-const _: () = assert!(size_of::<P2pGrants>() == 24);
 const _: () = assert!(PCIFAB_IOCTL_P2P_GRANTS == 0xfa10);
-const _: () = assert!(size_of::<Route>() == 32);
-const _: () = assert!(size_of::<P2pRoute>() == 48);
-const _: () = assert!(size_of::<P2pRoutes>() == 32);
-const _: () = assert!(size_of::<P2pEnd>() == 16);
-const _: () = assert!(size_of::<P2pCopy>() == 64);
-const _: () = assert!(size_of::<P2pDistance>() == 32);
 const _: () = assert!(PCIFAB_IOCTL_P2P_DISTANCE == 0xfa0d);
-const _: () = assert!(size_of::<Unbind>() == 24);
-const _: () = assert!(size_of::<Move>() == 44);
-const _: () = assert!(size_of::<Events>() == 56);
-const _: () = assert!(size_of::<Port>() == 8);
-const _: () = assert!(size_of::<Function>() == 24);
-const _: () = assert!(size_of::<Inventory>() == 48);
-const _: () = assert!(size_of::<Version>() == 16);
-const _: () = assert!(size_of::<Mrpc>() == 48);
-const _: () = assert!(size_of::<Stats>() == 48);
-const _: () = assert!(size_of::<Identity>() == 76);
-const _: () = assert!(size_of::<Bind>() == 60);
 const _: () = assert!(PCIFAB_IOCTL_VERSION == 0xfa00 && PCIFAB_IOCTL_IDENTITY == 0xfa01);
 
-/// Implements the byte-view traits and [`SizedArg`] for argument structs.
+/// Implements [`SizedArg`] for argument structs of the first version, with no flags.
 macro_rules! sized_args {
     ($($t:ty),* $(,)?) => {$(
-        // SAFETY: The struct is `repr(C)`, made only of integers and byte arrays, and has no
-        // padding (its size is asserted above against the sum the C header gives); every bit
-        // pattern is a valid value.
-        unsafe impl FromBytes for $t {}
-        // SAFETY: As above: `repr(C)`, integers and byte arrays only, no padding.
-        unsafe impl AsBytes for $t {}
-
         impl SizedArg for $t {
             const MIN_SIZE: usize = size_of::<Self>();
             const FLAGS: u32 = 0;
@@ -428,11 +428,6 @@ impl SizedArg for Identity {
     }
 }
 
-// SAFETY: `repr(C)`, integers and byte arrays only, no padding (size asserted above).
-unsafe impl FromBytes for Identity {}
-// SAFETY: As above.
-unsafe impl AsBytes for Identity {}
-
 impl SizedArg for Bind {
     const MIN_SIZE: usize = BIND_V1_SIZE;
     const FLAGS: u32 = BIND_NO_WAIT;
@@ -441,11 +436,6 @@ impl SizedArg for Bind {
     }
 }
 
-// SAFETY: `repr(C)`, integers and byte arrays only, no padding (size asserted above).
-unsafe impl FromBytes for Bind {}
-// SAFETY: As above.
-unsafe impl AsBytes for Bind {}
-
 impl SizedArg for Events {
     const MIN_SIZE: usize = size_of::<Self>();
     const FLAGS: u32 = EVENTS_WAIT;
@@ -453,18 +443,3 @@ impl SizedArg for Events {
         self.flags
     }
 }
-
-// SAFETY: `repr(C)`, integers only, no padding (size asserted above); any bit pattern is valid.
-unsafe impl FromBytes for Events {}
-// SAFETY: As above.
-unsafe impl AsBytes for Events {}
-// SAFETY: `repr(C)`, bytes only; any bit pattern is valid.
-unsafe impl AsBytes for Port {}
-// SAFETY: `repr(C)`, integers only, no padding (size asserted above).
-unsafe impl AsBytes for Function {}
-// SAFETY: `repr(C)`, integers only, no padding (size asserted above); any bit pattern is valid.
-unsafe impl AsBytes for Route {}
-// SAFETY: As above.
-unsafe impl FromBytes for Route {}
-// SAFETY: `repr(C)`, integers only, no padding (size asserted above).
-unsafe impl AsBytes for Grant {}

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! User memory pinned and mapped for a device's DMA.
+//!
+//! The kernel crate maps kernel memory for DMA ([`kernel::dma::Coherent`],
+//! [`kernel::scatterlist::SGTable`] of owned pages) but has no way to pin a user buffer and
+//! map it, which a device copying to or from a process's memory needs. [`UserDma`] pins the
+//! pages of a range of the calling task's memory (`pin_user_pages_fast()`), builds a
+//! scatter-gather table over them and maps it for a bound device; dropping it unmaps and
+//! unpins (marking the pages dirty when the device wrote to them).
+
+use kernel::{
+    bindings,
+    device::{Bound, Device},
+    dma::DataDirection,
+    error::to_result,
+    page::PAGE_SIZE,
+    prelude::*,
+    scatterlist::SGTable,
+};
+
+/// A user buffer pinned and mapped for `dev`; unmapped and unpinned on drop.
+///
+/// # Invariants
+///
+/// `pages` holds pages pinned with `pin_user_pages_fast()` and owned by this object; when
+/// `sgt.sgl` is not null, `sgt` is a table over them allocated by
+/// `sg_alloc_table_from_pages_segment()`; when `mapped`, it is mapped with
+/// `dma_map_sgtable()` for `dev` in direction `dir`. `dev` is bound for `'a`.
+pub(crate) struct UserDma<'a> {
+    dev: &'a Device<Bound>,
+    pages: KVec<*mut bindings::page>,
+    sgt: bindings::sg_table,
+    dir: DataDirection,
+    mapped: bool,
+}
+
+impl<'a> UserDma<'a> {
+    /// Pins the `len` bytes of the calling task's memory at `addr` and maps them for `dev` in
+    /// direction `dir` (`FromDevice`: the device writes them).
+    ///
+    /// # Errors
+    ///
+    /// `EFAULT` if the range is not all mapped user memory (writable for `FromDevice`),
+    /// `EINVAL` for a range too large, `ENOMEM`, or the DMA mapping's error.
+    pub(crate) fn new(
+        dev: &'a Device<Bound>,
+        addr: u64,
+        len: usize,
+        dir: DataDirection,
+    ) -> Result<Self> {
+        let page = PAGE_SIZE as u64;
+        let first = addr & !(page - 1);
+        let end = addr
+            .checked_add(u64::try_from(len).map_err(|_| EINVAL)?)
+            .ok_or(EFAULT)?;
+        let npages = usize::try_from((end - first).div_ceil(page)).map_err(|_| EINVAL)?;
+        let nr = i32::try_from(npages).map_err(|_| EINVAL)?;
+        let mut pages = KVec::from_elem(core::ptr::null_mut(), npages, GFP_KERNEL)?;
+        let gup = match dir {
+            DataDirection::ToDevice => 0,
+            _ => bindings::FOLL_WRITE,
+        };
+        let start = usize::try_from(first).map_err(|_| EFAULT)?;
+        // SAFETY: `pages` has room for `npages` pointers; the range is user memory of the
+        // calling task, which the function checks.
+        let got = unsafe { bindings::pin_user_pages_fast(start, nr, gup, pages.as_mut_ptr()) };
+        let got = usize::try_from(got).unwrap_or(0);
+        let mut this = Self {
+            dev,
+            pages,
+            // SAFETY: An all-zero `sg_table` is the empty table `sg_alloc_table*()` fills in.
+            sgt: unsafe { core::mem::zeroed() },
+            dir,
+            mapped: false,
+        };
+        if got < npages {
+            // INVARIANT: Only the pages pinned are kept, so only those are unpinned.
+            this.pages.truncate(got);
+            return Err(EFAULT);
+        }
+        // SAFETY: `sgt` is zeroed and owned; `pages` are `npages` pinned pages; the offset is
+        // below a page and `len` fits in them.
+        to_result(unsafe {
+            bindings::sg_alloc_table_from_pages_segment(
+                &mut this.sgt,
+                this.pages.as_mut_ptr(),
+                nr as u32,
+                (addr - first) as u32,
+                len,
+                !(PAGE_SIZE as u32 - 1),
+                bindings::GFP_KERNEL,
+            )
+        })?;
+        // `Device` is a transparent wrapper of `struct device`.
+        let raw = core::ptr::from_ref::<Device>(dev)
+            .cast::<bindings::device>()
+            .cast_mut();
+        // SAFETY: `dev` is bound for `'a` and `sgt` a valid table.
+        to_result(unsafe { bindings::dma_map_sgtable(raw, &mut this.sgt, dir.into(), 0) })?;
+        // INVARIANT: Mapped for `dev` in `dir`.
+        this.mapped = true;
+        Ok(this)
+    }
+
+    /// The mapped segments: bus address and length.
+    pub(crate) fn segments(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        // SAFETY: `sgt` is a valid, DMA-mapped table (a `UserDma` is only handed out mapped)
+        // that lives as long as the returned borrow.
+        let t = unsafe { SGTable::from_raw(core::ptr::from_ref(&self.sgt).cast_mut()) };
+        t.iter().map(|s| (s.dma_address(), s.dma_len()))
+    }
+}
+
+impl Drop for UserDma<'_> {
+    fn drop(&mut self) {
+        if self.mapped {
+            let raw = core::ptr::from_ref::<Device>(self.dev)
+                .cast::<bindings::device>()
+                .cast_mut();
+            // SAFETY: Mapped in `new` for `dev`, which is still bound, with `dir`; unmapped
+            // once.
+            unsafe { bindings::dma_unmap_sgtable(raw, &mut self.sgt, self.dir.into(), 0) };
+        }
+        if !self.sgt.sgl.is_null() {
+            // SAFETY: Allocated by `sg_alloc_table_from_pages_segment()`; freed once.
+            unsafe { bindings::sg_free_table(&mut self.sgt) };
+        }
+        if !self.pages.is_empty() {
+            // SAFETY: Each page was pinned by `pin_user_pages_fast()` and is unpinned once; the
+            // device wrote to them only for a device-to-memory mapping, so they are dirtied then.
+            unsafe {
+                bindings::unpin_user_pages_dirty_lock(
+                    self.pages.as_mut_ptr(),
+                    self.pages.len(),
+                    !matches!(self.dir, DataDirection::ToDevice),
+                )
+            };
+        }
+    }
+}
