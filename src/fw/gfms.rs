@@ -265,7 +265,13 @@ impl Hvd {
         let n = self.log_ports();
         let l = usize::from(port);
         (0..FUNCS_PER_LOG_PORT)
-            .filter_map(move |j| if l < n { self.slots.get(j * n + l) } else { None })
+            .filter_map(move |j| {
+                if l < n {
+                    self.slots.get(j * n + l)
+                } else {
+                    None
+                }
+            })
             .filter(|s| s.bound != 0)
             .map(|s| s.bound_pdfid)
     }
