@@ -417,7 +417,6 @@ pub(crate) fn copy(
     len: u64,
     timeout_ms: u32,
 ) -> Result<Copied> {
-    mep.features().require(ext::DMA_ENGINE)?;
     if len == 0 || len > uapi::P2P_MAX_LEN || src.reserved0 != 0 || dst.reserved0 != 0 {
         return Err(EINVAL);
     }
@@ -435,6 +434,8 @@ pub(crate) fn copy(
     if !known(src) || !known(dst) {
         return Err(EINVAL);
     }
+    // A malformed call is EINVAL whatever the firmware; a sound one needs the engine.
+    mep.features().require(ext::DMA_ENGINE)?;
     // A route added behind the driver's back (raw MRPC) is found by reading them again.
     let mut routes = cached_routes(mep, false)?;
     let covered = |routes: &[uapi::Route], e: &uapi::P2pEnd| {

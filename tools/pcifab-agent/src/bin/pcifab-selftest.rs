@@ -935,7 +935,8 @@ fn cmd_abi(o: &Opts) -> Res<()> {
             libc::EOPNOTSUPP,
             0,
             |b, _| {
-                let l = P2pRoutes::new();
+                let mut l = P2pRoutes::new();
+                l.route_size = std::mem::size_of::<pcifab_uapi::Route>() as u32;
                 b[..std::mem::size_of::<P2pRoutes>()].copy_from_slice(&as_bytes(&l));
                 b.as_mut_ptr()
             },
