@@ -91,6 +91,7 @@ fn job(rng: &mut Rng, host: u8) -> RequestSpec {
         preemptible_by_higher: rng.below(4) == 0,
         migratable: true,
         pool: None,
+        tenant: None,
     }
 }
 
