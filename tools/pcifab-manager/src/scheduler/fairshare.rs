@@ -45,6 +45,11 @@ impl Usage {
         self.gpu_s * decay + self.rate * (1.0 - decay) / lambda
     }
 
+    /// GPU-seconds used since the start, without decay, at `now`.
+    pub fn total_at(&self, now: Secs) -> f64 {
+        self.total_gpu_s + self.rate * now.saturating_sub(self.at) as f64
+    }
+
     /// Brings the use up to `now`.
     pub fn advance(&mut self, now: Secs, half_life_s: u64) {
         if now <= self.at {

@@ -59,6 +59,8 @@ pub(super) struct QueueIndex {
     pub shape_ids: HashMap<ShapeKey, usize>,
     /// One request of each shape (its `want` and `pool` are the shape).
     pub shape_spec: Vec<RequestSpec>,
+    /// The pools each shape may use, in order.
+    pub shape_pools: Vec<Vec<usize>>,
     /// Promoted requests by (enqueued, id).
     pub promoted: BTreeSet<(Secs, u64)>,
     /// Requests not yet promoted, by (time of promotion, id).

@@ -14,17 +14,19 @@
 //! replaces ([`Scheduler::pass_full_scan`]) stays as the reference the randomized test
 //! compares it with, and as the fallback while the clock is behind a queued request.
 
+mod capacity;
 mod fairshare;
 mod index;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Mode, DEFAULT_TENANT};
+use capacity::{Capacity, DeviceLevels};
 pub use fairshare::Usage;
 use index::{after_bound, Meta, QueueIndex, RankKey};
 
@@ -221,7 +223,8 @@ pub struct Scheduler {
     pub leases: BTreeMap<u64, Lease>,
     pub queue: Vec<Queued>,
     pub hosts: BTreeMap<Host, HostState>,
-    pub notices: Vec<Notice>,
+    /// The last `MAX_NOTICES` notices (a ring: dropping the oldest is O(1)).
+    pub notices: VecDeque<Notice>,
     pub next_id: u64,
     pub next_notice: u64,
     /// Scheduling passes run (statistics, not stored) and requests granted.
@@ -253,6 +256,8 @@ struct Derived {
     /// Functions held per host (index: host).
     held: Vec<usize>,
     index: QueueIndex,
+    /// Free and pre-emptible capacity per pool.
+    capacity: Capacity,
     /// Entries examined and tree operations, over the scheduler's life (see `ops`).
     ops: u64,
 }
@@ -261,25 +266,6 @@ impl PartialEq for Derived {
     fn eq(&self, _: &Self) -> bool {
         true
     }
-}
-
-/// Whole-GPU and VF levels of a pool: the lowest priority a request needs to pre-empt its
-/// way to each device or VF (0: free; `u64::MAX`: never).
-#[derive(Default)]
-struct Levels {
-    /// Per pool (none: a time-slice pool, which pre-emption does not reach).
-    pools: Vec<Option<PoolLevels>>,
-}
-
-#[derive(Default)]
-struct PoolLevels {
-    devices: Vec<u64>,
-    vfs: Vec<u64>,
-    vfs_by_profile: BTreeMap<String, Vec<u64>>,
-}
-
-fn count_le(v: &[u64], p: u64) -> usize {
-    v.partition_point(|l| *l <= p)
 }
 
 impl Scheduler {
@@ -308,7 +294,7 @@ impl Scheduler {
             leases: BTreeMap::new(),
             queue: Vec::new(),
             hosts: BTreeMap::new(),
-            notices: Vec::new(),
+            notices: VecDeque::new(),
             next_id: 1,
             next_notice: 1,
             passes: 0,
@@ -350,8 +336,23 @@ impl Scheduler {
 
     /// Each tenant's fair-share factor at `now`, in `tenant_names` order.
     pub fn fair_share_factors(&self, now: Secs) -> Vec<f64> {
+        if self.derived.built && self.tenants_are(&self.derived.index.tenants) {
+            return self.factors_of(&self.derived.index.tenants, now);
+        }
+        self.factors_of(&self.tenant_names(), now)
+    }
+
+    /// Whether `names` is `tenant_names()` (without building it).
+    fn tenants_are(&self, names: &[String]) -> bool {
+        let conf = &self.config.manager.tenants;
+        let has_default = conf.iter().any(|t| t.name == DEFAULT_TENANT);
+        names.len() == conf.len() + usize::from(!has_default)
+            && conf.iter().zip(names).all(|(t, n)| t.name == *n)
+            && (has_default || names.last().is_some_and(|n| n == DEFAULT_TENANT))
+    }
+
+    fn factors_of(&self, names: &[String], now: Secs) -> Vec<f64> {
         let hl = self.config.manager.half_life_s;
-        let names = self.tenant_names();
         let weights: Vec<u32> = names
             .iter()
             .map(|n| self.tenant_config(n).map_or(1, |t| t.weight))
@@ -432,15 +433,15 @@ impl Scheduler {
     /// Builds the indexes from the state, if they are missing or stale.
     fn sync(&mut self, now: Secs) {
         let m = &self.config.manager;
-        let names = self.tenant_names();
         let idx = &self.derived.index;
         let fresh = self.derived.built
             && idx.aging == m.aging_s
             && idx.max_prio == m.max_priority
-            && idx.tenants == names
+            && self.tenants_are(&idx.tenants)
             && now >= idx.last_now
             && idx.len() == self.queue.len();
         if !fresh {
+            let names = self.tenant_names();
             let ops = self.ops();
             let mut d = Derived {
                 built: true,
@@ -453,22 +454,27 @@ impl Scheduler {
                 d.held[usize::from(l.spec.host)] += l.units.len();
             }
             for (pos, q) in self.queue.iter().enumerate() {
-                let m = Self::meta_of(&mut d.index, q, pos, false);
+                let m = self.meta_of(&mut d.index, q, pos, false);
                 d.index.insert(q.id, m);
             }
+            d.capacity = self.capacity_scan();
             d.ops = ops;
             self.derived = d;
         }
         self.derived.index.sweep(now);
     }
 
-    fn meta_of(index: &mut QueueIndex, q: &Queued, pos: usize, hidden: bool) -> Meta {
+    fn meta_of(&self, index: &mut QueueIndex, q: &Queued, pos: usize, hidden: bool) -> Meta {
+        let shape = index.shape_id(&q.spec);
+        if index.shape_pools.len() <= shape {
+            index.shape_pools.push(self.pools_for(&q.spec));
+        }
         Meta {
             pos,
             enq: q.enqueued,
             prio: q.spec.priority,
             tenant: Self::tenant_index(&index.tenants, &q.spec),
-            shape: index.shape_id(&q.spec),
+            shape,
             host: q.spec.host,
             promoted: false,
             hidden,
@@ -479,8 +485,10 @@ impl Scheduler {
     fn enqueue(&mut self, q: Queued) {
         if self.derived.built {
             let hidden = self.derived.in_pass;
-            let m = Self::meta_of(&mut self.derived.index, &q, self.queue.len(), hidden);
-            self.derived.index.insert(q.id, m);
+            let mut index = std::mem::take(&mut self.derived.index);
+            let m = self.meta_of(&mut index, &q, self.queue.len(), hidden);
+            index.insert(q.id, m);
+            self.derived.index = index;
             if hidden {
                 self.derived.hidden.push(q.id);
             }
@@ -514,7 +522,7 @@ impl Scheduler {
     }
 
     fn notice(&mut self, now: Secs, host: Host, lease: u64, kind: &str, message: String) {
-        self.notices.push(Notice {
+        self.notices.push_back(Notice {
             seq: self.next_notice,
             at: now,
             host,
@@ -523,9 +531,8 @@ impl Scheduler {
             message,
         });
         self.next_notice += 1;
-        if self.notices.len() > MAX_NOTICES {
-            let extra = self.notices.len() - MAX_NOTICES;
-            self.notices.drain(..extra);
+        while self.notices.len() > MAX_NOTICES {
+            self.notices.pop_front();
         }
     }
 
@@ -929,11 +936,20 @@ impl Scheduler {
                 self.bind(u.pdfid, host);
             }
         }
+        let touched: Vec<usize> = lease.units.iter().map(|u| u.device).collect();
         self.leases.insert(lease.id, lease);
+        for di in touched {
+            self.touch(di);
+        }
     }
 
     /// Takes a unit back from a lease: unbinds it, or hands a time-sliced device on.
     fn uninstall_unit(&mut self, id: u64, u: Unit, now: Secs) {
+        self.uninstall_unit_only(id, u, now);
+        self.touch(u.device);
+    }
+
+    fn uninstall_unit_only(&mut self, id: u64, u: Unit, now: Secs) {
         let d = &mut self.devices[u.device];
         if let Some(k) = d.vfs.iter().position(|v| *v == u.pdfid) {
             if d.vf_lease[k] == Some(id) {
@@ -1042,23 +1058,32 @@ impl Scheduler {
         self.place(spec, &all)?;
         // Lowest priority first, then the youngest lease.
         cands.sort_by_key(|l| (l.spec.priority, std::cmp::Reverse(l.granted_at), l.id));
-        let mut set = BTreeSet::new();
-        let mut order = Vec::new();
-        for l in cands {
-            set.insert(l.id);
-            order.push(l.id);
-            if self.place(spec, &set).is_some() {
-                // Drop victims that turn out not to be needed.
-                for id in order.clone().into_iter().rev() {
-                    set.remove(&id);
-                    if self.place(spec, &set).is_none() {
-                        set.insert(id);
-                    }
-                }
-                return Some(set.into_iter().collect());
+        // The shortest prefix of that order that makes room (more victims never make less
+        // room, so a binary search finds the prefix the one-by-one walk would).
+        let order: Vec<u64> = cands.iter().map(|l| l.id).collect();
+        let fits = |m: usize| {
+            self.place(spec, &order[..m].iter().copied().collect())
+                .is_some()
+        };
+        let (mut lo, mut hi) = (1, order.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
             }
         }
-        None
+        let order = &order[..lo];
+        let mut set: BTreeSet<u64> = order.iter().copied().collect();
+        // Drop victims that turn out not to be needed.
+        for &id in order.iter().rev() {
+            set.remove(&id);
+            if self.place(spec, &set).is_none() {
+                set.insert(id);
+            }
+        }
+        Some(set.into_iter().collect())
     }
 
     fn host_down(&self, host: Host) -> bool {
@@ -1227,33 +1252,13 @@ impl Scheduler {
         // 2. The others.
         if !stopped {
             let mut cursor: Option<RankKey> = None;
-            let mut fits: Vec<Option<bool>> = Vec::new();
-            let mut levels: Option<Levels> = None;
-            while let Some((key, id)) = self.best_candidate(
-                now,
-                &factors,
-                allow_preempt,
-                &tried,
-                cursor.as_ref(),
-                &mut fits,
-                &mut levels,
-            ) {
-                let was = preempted;
+            while let Some((key, id)) =
+                self.best_candidate(now, &factors, allow_preempt, &tried, cursor.as_ref())
+            {
                 let ok = self.consider(id, now, allow_preempt, &mut tried, &mut preempted);
                 if ok {
                     granted += 1;
                 }
-                if preempted && !was {
-                    fits.clear();
-                } else {
-                    // A shape that did not fit still does not.
-                    fits.iter_mut().for_each(|f| {
-                        if *f == Some(true) {
-                            *f = None
-                        }
-                    });
-                }
-                levels = None;
                 if preempted || !ok {
                     cursor = Some(key);
                 }
@@ -1323,17 +1328,20 @@ impl Scheduler {
         false
     }
 
-    /// Whether a request of this shape fits the free pool now (its host's room aside).
-    fn shape_fits(&self, spec: &RequestSpec) -> bool {
-        let (none, avoid) = (BTreeSet::new(), BTreeSet::new());
-        let need = Self::need(spec);
-        self.pools_for(spec)
-            .into_iter()
-            .any(|p| self.fit(p, spec, need, &none, &avoid).is_some())
-    }
-
-    /// The levels of every device and VF (see [`Levels`]).
-    fn levels(&self) -> Levels {
+    /// Device `di`'s levels (see `capacity.rs`); none if it is out of the pool.
+    fn device_levels(&self, di: usize) -> Option<DeviceLevels> {
+        let d = &self.devices[di];
+        if d.unhealthy.is_some() {
+            return None;
+        }
+        let pool = &self.config.pools[d.pool];
+        if pool.mode == Mode::TimeSlice {
+            let open = d.whole.len() < pool.max_sharers;
+            return Some(DeviceLevels {
+                device: if open { 0 } else { u64::MAX },
+                vfs: Vec::new(),
+            });
+        }
         let level = |id: &u64| -> u64 {
             self.leases.get(id).map_or(u64::MAX, |l| {
                 if l.spec.preemptible_by_higher && !l.sliced {
@@ -1343,59 +1351,59 @@ impl Scheduler {
                 }
             })
         };
-        let mut pools: Vec<Option<PoolLevels>> = self
-            .config
-            .pools
+        let whole = d.whole.iter().map(level).max().unwrap_or(0);
+        let vfs: Vec<u64> = d
+            .vf_lease
             .iter()
-            .map(|p| (p.mode != Mode::TimeSlice).then(PoolLevels::default))
+            .map(|l| whole.max(l.as_ref().map_or(0, level)))
             .collect();
-        for d in &self.devices {
-            let Some(pl) = pools.get_mut(d.pool).and_then(|p| p.as_mut()) else {
-                continue;
-            };
-            if d.unhealthy.is_some() {
-                continue;
-            }
-            let whole = d.whole.iter().map(level).max().unwrap_or(0);
-            let mut dev = whole;
-            let by_profile = pl.vfs_by_profile.entry(d.profile.clone()).or_default();
-            for l in &d.vf_lease {
-                let v = whole.max(l.as_ref().map_or(0, level));
-                dev = dev.max(v);
-                pl.vfs.push(v);
-                by_profile.push(v);
-            }
-            pl.devices.push(dev);
-        }
-        for pl in pools.iter_mut().flatten() {
-            pl.devices.sort_unstable();
-            pl.vfs.sort_unstable();
-            pl.vfs_by_profile
-                .values_mut()
-                .for_each(|v| v.sort_unstable());
-        }
-        Levels { pools }
+        let device = vfs.iter().copied().fold(whole, u64::max);
+        Some(DeviceLevels { device, vfs })
     }
 
-    /// Whether pre-empting every lease that allows it and has a priority below the request's
-    /// would make it fit: exactly when `victims` finds a set.
-    fn may_preempt(&self, levels: &Levels, spec: &RequestSpec) -> bool {
-        let p = u64::from(spec.priority);
+    /// The capacity from scratch.
+    fn capacity_scan(&self) -> Capacity {
+        let mut c = Capacity::new(self.config.pools.len(), self.devices.len());
+        for (di, d) in self.devices.iter().enumerate() {
+            c.set(di, d.pool, &d.profile, self.device_levels(di));
+        }
+        c
+    }
+
+    /// Device `di` changed (its leases or its health): its levels again.
+    fn touch(&mut self, di: usize) {
+        if !self.derived.built || di >= self.devices.len() {
+            return;
+        }
+        let new = self.device_levels(di);
+        let d = &self.devices[di];
+        self.derived.capacity.set(di, d.pool, &d.profile, new);
+        self.derived.ops += 1;
+    }
+
+    /// Whether `spec` (a shape) could have its units in one of `pools` at priority `p`:
+    /// p = 0, from the free pool (exactly when `fit` finds them); p > 0, by pre-empting every
+    /// lease that allows it and has a priority below p (exactly when `victims` finds a set,
+    /// the request's room aside).
+    fn capacity_allows(&self, pools: &[usize], spec: &RequestSpec, p: u64) -> bool {
         let need = Self::need(spec);
-        self.pools_for(spec).into_iter().any(|pool| {
-            let Some(pl) = levels.pools.get(pool).and_then(|p| p.as_ref()) else {
+        pools.iter().any(|&pool| {
+            let Some(pc) = self.derived.capacity.pools.get(pool) else {
                 return false;
             };
+            if self.mode(pool) == Mode::TimeSlice {
+                return p == 0 && pc.devices.at_most(0) >= need;
+            }
             match &spec.want {
-                Want::Gpus { .. } => count_le(&pl.devices, p) >= need,
+                Want::Gpus { .. } => pc.devices.at_most(p) >= need,
                 Want::Vfs {
                     profile: Some(prof),
                     ..
-                } => pl
+                } => pc
                     .vfs_by_profile
                     .get(prof)
-                    .is_some_and(|v| count_le(v, p) >= need),
-                Want::Vfs { profile: None, .. } => count_le(&pl.vfs, p) >= need,
+                    .is_some_and(|h| h.at_most(p) >= need),
+                Want::Vfs { profile: None, .. } => pc.vfs.at_most(p) >= need,
             }
         })
     }
@@ -1410,34 +1418,23 @@ impl Scheduler {
         allow_preempt: bool,
         tried: &BTreeSet<(usize, u32)>,
         cursor: Option<&RankKey>,
-        fits: &mut Vec<Option<bool>>,
-        levels: &mut Option<Levels>,
     ) -> Option<(RankKey, u64)> {
         let aging = self.config.manager.aging_s;
         let max_units = self.config.manager.max_functions_per_host;
         let idx = &self.derived.index;
-        if fits.len() < idx.shape_spec.len() {
-            fits.resize(idx.shape_spec.len(), None);
-        }
         let mut best: Option<(RankKey, u64)> = None;
         let mut ops = 0u64;
         for (&s, classes) in &idx.classes {
             let spec = &idx.shape_spec[s];
-            let fit = *fits[s].get_or_insert_with(|| self.shape_fits(spec));
+            let pools = &idx.shape_pools[s];
+            let fit = self.capacity_allows(pools, spec, 0);
             let need = Self::need(spec);
             for (&(p, t), class) in classes {
                 ops += 1;
                 let candidate = fit
-                    || (allow_preempt && !tried.contains(&(s, p)) && {
-                        let l = levels.get_or_insert_with(|| self.levels());
-                        self.may_preempt(
-                            l,
-                            &RequestSpec {
-                                priority: p,
-                                ..spec.clone()
-                            },
-                        )
-                    });
+                    || (allow_preempt
+                        && !tried.contains(&(s, p))
+                        && self.capacity_allows(pools, spec, u64::from(p)));
                 if !candidate {
                     continue;
                 }
@@ -1640,6 +1637,7 @@ impl Scheduler {
             .ok_or_else(|| Refused(format!("{pf:#06x} is not the PF of a pool device")))?;
         let was = self.devices[di].unhealthy.is_some();
         self.devices[di].unhealthy = unhealthy.clone();
+        self.touch(di);
         match (was, unhealthy) {
             (false, Some(reason)) => self.evacuate(di, &reason, now),
             (true, None) => {
@@ -1662,6 +1660,7 @@ impl Scheduler {
         d.vf_lease.iter_mut().for_each(|l| *l = None);
         let pf = d.pf;
         let fns: Vec<Pdfid> = std::iter::once(d.pf).chain(d.vfs.iter().copied()).collect();
+        self.touch(di);
         for f in fns {
             self.unbind(f);
         }
@@ -1922,6 +1921,9 @@ impl Scheduler {
             ));
         }
         if self.derived.built {
+            if self.derived.capacity != self.capacity_scan() {
+                return Err("the capacity index differs from the devices".into());
+            }
             let idx = &self.derived.index;
             if idx.len() != self.queue.len() {
                 return Err(format!(
