@@ -558,7 +558,14 @@ mod tests {
             .all(|g| usize::from(*g) <= LOG_PORTS_PER_HOST));
         // The split is the best: no single GPU moved from one host to another does better.
         let jobs = day_jobs(7);
-        let busy = |h: usize, g: u16| static_host(&jobs, h as u8, g).busy;
+        let table: Vec<Vec<f64>> = (0..DAY_HOSTS)
+            .map(|h| {
+                (0..=LOG_PORTS_PER_HOST as u16)
+                    .map(|g| static_host(&jobs, h, g).busy)
+                    .collect()
+            })
+            .collect();
+        let busy = |h: usize, g: u16| table[h][usize::from(g)];
         let base: Vec<f64> = (0..a.static_split.len())
             .map(|h| busy(h, a.static_split[h]))
             .collect();
