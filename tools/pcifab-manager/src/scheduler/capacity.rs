@@ -12,7 +12,7 @@
 //! are at most p. A shape fits the free pool iff enough levels are 0. In a time-slice pool
 //! a device is 0 while it has room for another sharer, else `u64::MAX`; pre-emption does not reach those pools.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A multiset of levels.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -44,6 +44,12 @@ pub(super) struct PoolCapacity {
     pub devices: Hist,
     pub vfs: Hist,
     pub vfs_by_profile: BTreeMap<String, Hist>,
+    /// Free devices (level 0) in device order: where a whole-GPU request goes.
+    pub free_devices: BTreeSet<usize>,
+    /// Devices without whole leases and with free VFs, in the order VF requests take them
+    /// (untouched last, then fewest free VFs, then device order), all and by profile.
+    pub vf_order: BTreeSet<(bool, usize, usize)>,
+    pub vf_order_by_profile: BTreeMap<String, BTreeSet<(bool, usize, usize)>>,
 }
 
 /// One device's contribution (none: unhealthy).
@@ -51,6 +57,16 @@ pub(super) struct PoolCapacity {
 pub(super) struct DeviceLevels {
     pub device: u64,
     pub vfs: Vec<u64>,
+    /// No whole leases on it.
+    pub whole_free: bool,
+}
+
+impl DeviceLevels {
+    /// Its place in `vf_order`, if it has one.
+    fn vf_key(&self, di: usize) -> Option<(bool, usize, usize)> {
+        let nfree = self.vfs.iter().filter(|l| **l == 0).count();
+        (self.whole_free && nfree > 0).then_some((nfree == self.vfs.len(), nfree, di))
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -77,6 +93,18 @@ impl Capacity {
         };
         if let Some(old) = self.devices.get_mut(di).and_then(|d| d.take()) {
             p.devices.sub(old.device);
+            if old.device == 0 {
+                p.free_devices.remove(&di);
+            }
+            if let Some(k) = old.vf_key(di) {
+                p.vf_order.remove(&k);
+                if let Some(o) = p.vf_order_by_profile.get_mut(profile) {
+                    o.remove(&k);
+                    if o.is_empty() {
+                        p.vf_order_by_profile.remove(profile);
+                    }
+                }
+            }
             for &v in &old.vfs {
                 p.vfs.sub(v);
                 if let Some(h) = p.vfs_by_profile.get_mut(profile) {
@@ -89,6 +117,16 @@ impl Capacity {
         }
         if let Some(n) = &new {
             p.devices.add(n.device);
+            if n.device == 0 {
+                p.free_devices.insert(di);
+            }
+            if let Some(k) = n.vf_key(di) {
+                p.vf_order.insert(k);
+                p.vf_order_by_profile
+                    .entry(profile.to_string())
+                    .or_default()
+                    .insert(k);
+            }
             if !n.vfs.is_empty() && !p.vfs_by_profile.contains_key(profile) {
                 p.vfs_by_profile
                     .insert(profile.to_string(), Hist::default());

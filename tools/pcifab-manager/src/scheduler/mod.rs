@@ -834,6 +834,11 @@ impl Scheduler {
         ignore: &BTreeSet<u64>,
         avoid: &BTreeSet<usize>,
     ) -> Option<Vec<Unit>> {
+        if self.derived.built && ignore.is_empty() && avoid.is_empty() {
+            if let Some(r) = self.fit_indexed(pool, spec, need) {
+                return r;
+            }
+        }
         let free = |l: &Option<u64>| l.is_none_or(|id| ignore.contains(&id));
         let whole_free = |d: &Device| d.whole.iter().all(|id| ignore.contains(id));
         let mode = self.mode(pool);
@@ -903,6 +908,51 @@ impl Scheduler {
         (units.len() == need).then_some(units)
     }
 
+    /// `fit` from the capacity index, for nothing ignored or avoided (the same units: free
+    /// devices in device order; VFs by (untouched, free VFs, device)); none for time-slice
+    /// pools, which it does not index.
+    fn fit_indexed(
+        &self,
+        pool: usize,
+        spec: &RequestSpec,
+        need: usize,
+    ) -> Option<Option<Vec<Unit>>> {
+        if self.mode(pool) == Mode::TimeSlice {
+            return None;
+        }
+        let pc = self.derived.capacity.pools.get(pool)?;
+        let mut units = Vec::with_capacity(need);
+        match &spec.want {
+            Want::Gpus { .. } => {
+                units.extend(pc.free_devices.iter().take(need).map(|&i| Unit {
+                    device: i,
+                    pdfid: self.devices[i].pf,
+                }));
+            }
+            Want::Vfs { profile, .. } => {
+                let order = match profile {
+                    Some(p) => pc.vf_order_by_profile.get(p),
+                    None => Some(&pc.vf_order),
+                };
+                'outer: for &(_, _, i) in order.into_iter().flatten() {
+                    let d = &self.devices[i];
+                    for (k, l) in d.vf_lease.iter().enumerate() {
+                        if units.len() == need {
+                            break 'outer;
+                        }
+                        if l.is_none() {
+                            units.push(Unit {
+                                device: i,
+                                pdfid: d.vfs[k],
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Some((units.len() == need).then_some(units))
+    }
+
     /// Where a request would go (pool, units), counting `ignore` as gone.
     fn place(&self, spec: &RequestSpec, ignore: &BTreeSet<u64>) -> Option<(usize, Vec<Unit>)> {
         let need = Self::need(spec);
@@ -936,7 +986,8 @@ impl Scheduler {
                 self.bind(u.pdfid, host);
             }
         }
-        let touched: Vec<usize> = lease.units.iter().map(|u| u.device).collect();
+        let mut touched: Vec<usize> = lease.units.iter().map(|u| u.device).collect();
+        touched.dedup();
         self.leases.insert(lease.id, lease);
         for di in touched {
             self.touch(di);
@@ -944,11 +995,7 @@ impl Scheduler {
     }
 
     /// Takes a unit back from a lease: unbinds it, or hands a time-sliced device on.
-    fn uninstall_unit(&mut self, id: u64, u: Unit, now: Secs) {
-        self.uninstall_unit_only(id, u, now);
-        self.touch(u.device);
-    }
-
+    /// The caller re-reads the device's levels (`touch`).
     fn uninstall_unit_only(&mut self, id: u64, u: Unit, now: Secs) {
         let d = &mut self.devices[u.device];
         if let Some(k) = d.vfs.iter().position(|v| *v == u.pdfid) {
@@ -991,8 +1038,13 @@ impl Scheduler {
             -1,
             now,
         );
-        for u in lease.units.clone() {
-            self.uninstall_unit(id, u, now);
+        for u in &lease.units {
+            self.uninstall_unit_only(id, *u, now);
+        }
+        let mut touched: Vec<usize> = lease.units.iter().map(|u| u.device).collect();
+        touched.dedup();
+        for di in touched {
+            self.touch(di);
         }
         self.notice(now, lease.spec.host, id, kind, message);
         Some(lease)
@@ -1340,6 +1392,7 @@ impl Scheduler {
             return Some(DeviceLevels {
                 device: if open { 0 } else { u64::MAX },
                 vfs: Vec::new(),
+                whole_free: false,
             });
         }
         let level = |id: &u64| -> u64 {
@@ -1358,7 +1411,11 @@ impl Scheduler {
             .map(|l| whole.max(l.as_ref().map_or(0, level)))
             .collect();
         let device = vfs.iter().copied().fold(whole, u64::max);
-        Some(DeviceLevels { device, vfs })
+        Some(DeviceLevels {
+            device,
+            vfs,
+            whole_free: d.whole.is_empty(),
+        })
     }
 
     /// The capacity from scratch.
