@@ -693,7 +693,7 @@ impl Scheduler {
             .clamp(1, m.max_lease_s);
         let id = self.next_id;
         self.next_id += 1;
-        let (prio, tenant) = (spec.priority, spec.tenant.clone());
+        let prio = spec.priority;
         self.enqueue(Queued {
             id,
             spec,
@@ -703,19 +703,19 @@ impl Scheduler {
         });
         self.schedule(now);
         let granted = self.leases.contains_key(&id);
+        let indexed = self
+            .derived
+            .index
+            .meta
+            .get(&id)
+            .map(|m| m.tenant)
+            .filter(|_| self.derived.built && now >= self.derived.index.max_enq);
         let position = if granted {
             None
-        } else if self.derived.built && now >= self.derived.index.max_enq {
+        } else if let Some(t) = indexed {
             // Counted in the indexes: the requests of higher effective priority, and of
             // equal one with a fair-share factor at least as high (all older).
             let f = self.fair_share_factors(now);
-            let t = Self::tenant_index(
-                &self.derived.index.tenants,
-                &RequestSpec {
-                    tenant,
-                    ..self.queue[self.derived.index.meta[&id].pos].spec.clone()
-                },
-            );
             let n = self.derived.index.count_before(prio, f[t], &f, now);
             Some(n.saturating_sub(1))
         } else {
