@@ -88,6 +88,32 @@ pub struct ManagerConfig {
     pub max_queue: usize,
     /// Most functions one host may hold (a PAX host has four logical downstream ports).
     pub max_functions_per_host: usize,
+    /// Fair share: a tenant's recorded use (GPU-seconds) halves every `half_life_s` seconds
+    /// (0: use is never forgotten).
+    pub half_life_s: u64,
+    /// The tenants requests may name (`[[manager.tenants]]`); a request naming none belongs
+    /// to `default` (weight 1 unless listed here).
+    pub tenants: Vec<TenantConfig>,
+}
+
+/// The name of the tenant of requests that name none.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// One tenant of the fair share.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    /// Its share relative to the other tenants' weights (at least 1).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Most functions its leases may hold at once; none: no limit but the pool's.
+    #[serde(default)]
+    pub quota: Option<usize>,
+}
+
+fn default_weight() -> u32 {
+    1
 }
 
 impl Default for ManagerConfig {
@@ -100,6 +126,8 @@ impl Default for ManagerConfig {
             max_lease_s: 86_400,
             max_queue: 10_000,
             max_functions_per_host: 4,
+            half_life_s: 86_400,
+            tenants: Vec::new(),
         }
     }
 }
@@ -197,6 +225,27 @@ impl Config {
         if m.max_functions_per_host == 0 {
             return Err("[manager] max_functions_per_host must be at least 1".into());
         }
+        let mut tenants = std::collections::BTreeSet::new();
+        for t in &m.tenants {
+            if t.name.is_empty() || t.name.len() > 64 {
+                return Err("[[manager.tenants]] name must be 1 to 64 bytes".into());
+            }
+            if !tenants.insert(t.name.as_str()) {
+                return Err(format!("tenant '{}' is defined twice", t.name));
+            }
+            if t.weight == 0 {
+                return Err(format!(
+                    "tenant '{}': weight must be at least 1 (weights are relative shares)",
+                    t.name
+                ));
+            }
+            if t.quota == Some(0) {
+                return Err(format!(
+                    "tenant '{}': quota must be at least 1 function (leave it out for no limit)",
+                    t.name
+                ));
+            }
+        }
         let ports = &self.failover.host_ports;
         if !ports.is_empty() && ports.len() != usize::from(m.hosts) {
             return Err(format!(
@@ -280,5 +329,48 @@ mod tests {
         let c = Config::parse("[failover]\nhost_ports = [8, 0]\n").expect("two hosts");
         assert_eq!(c.failover.host_ports, vec![8, 0]);
         assert!(Config::parse("[[pools]]\nname='a'\nmode='weird'\ndevices=[]\n").is_err());
+    }
+
+    #[test]
+    fn parses_tenants_and_checks_them() {
+        let c = Config::parse(
+            r#"
+            [manager]
+            half_life_s = 3600
+            [[manager.tenants]]
+            name = "vision"
+            weight = 4
+            quota = 8
+            [[manager.tenants]]
+            name = "nlp"
+            "#,
+        )
+        .expect("parse");
+        assert_eq!(c.manager.half_life_s, 3600);
+        assert_eq!(
+            c.manager.tenants,
+            vec![
+                TenantConfig {
+                    name: "vision".into(),
+                    weight: 4,
+                    quota: Some(8)
+                },
+                TenantConfig {
+                    name: "nlp".into(),
+                    weight: 1,
+                    quota: None
+                }
+            ]
+        );
+        assert_eq!(
+            Config::parse("").expect("empty").manager.half_life_s,
+            86_400
+        );
+        let bad = |t: &str| Config::parse(&format!("[[manager.tenants]]\n{t}\n")).unwrap_err();
+        assert!(bad("name = 'a'\nweight = 0").contains("weight must be at least 1"));
+        assert!(bad("name = 'a'\nquota = 0").contains("quota must be at least 1"));
+        assert!(bad("name = ''").contains("1 to 64 bytes"));
+        assert!(bad("name = 'a'\nshare = 2").contains("unknown field"));
+        assert!(bad("name = 'a'\n[[manager.tenants]]\nname = 'a'").contains("twice"));
     }
 }

@@ -64,6 +64,7 @@ pub fn gpus(host: u8, count: u32, priority: u32, duration: u64) -> RequestSpec {
         preemptible_by_higher: false,
         migratable: true,
         pool: None,
+        tenant: None,
     }
 }
 

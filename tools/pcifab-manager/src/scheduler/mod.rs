@@ -6,13 +6,29 @@
 //! host each function is bound to). Every operation changes that state and queues the
 //! [`Action`]s (bind, unbind, move) that bring the fabric there; the daemon takes them with
 //! [`Scheduler::take_actions`] and hands them to an executor. The rules (ranking, aging and its
-//! starvation bound, pre-emption, sharing modes, failover) are in `Documentation/manager.rst`.
+//! starvation bound, fair share, pre-emption, sharing modes, failover) are in
+//! `Documentation/manager.rst`.
+//!
+//! A scheduling pass is incremental (`index.rs`): it looks at the first request of each class
+//! that can be granted or pre-empt, in rank order, not at the whole queue. The full scan it
+//! replaces ([`Scheduler::pass_full_scan`]) stays as the reference the randomized test
+//! compares it with, and as the fallback while the clock is behind a queued request.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod capacity;
+mod fairshare;
+mod index;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, Mode};
+use crate::config::{Config, Mode, DEFAULT_TENANT};
+use capacity::{Capacity, DeviceLevels};
+pub use fairshare::Usage;
+use index::{after_bound, Meta, QueueIndex, RankKey};
 
 pub type Host = u8;
 pub type Pdfid = u16;
@@ -51,6 +67,17 @@ pub struct RequestSpec {
     /// Only this pool; none: the first pool whose mode fits.
     #[serde(default)]
     pub pool: Option<String>,
+    /// The tenant (`[[manager.tenants]]`) whose fair share and quota the request counts
+    /// against; none: the tenant `default`.
+    #[serde(default)]
+    pub tenant: Option<String>,
+}
+
+impl RequestSpec {
+    /// The tenant's name (`default` for none).
+    pub fn tenant_name(&self) -> &str {
+        self.tenant.as_deref().unwrap_or(DEFAULT_TENANT)
+    }
 }
 
 fn yes() -> bool {
@@ -196,15 +223,49 @@ pub struct Scheduler {
     pub leases: BTreeMap<u64, Lease>,
     pub queue: Vec<Queued>,
     pub hosts: BTreeMap<Host, HostState>,
-    pub notices: Vec<Notice>,
+    /// The last `MAX_NOTICES` notices (a ring: dropping the oldest is O(1)).
+    pub notices: VecDeque<Notice>,
     pub next_id: u64,
     pub next_notice: u64,
     /// Scheduling passes run (statistics, not stored) and requests granted.
     #[serde(skip)]
     pub passes: u64,
     pub grants: u64,
+    /// Each tenant's use, for the fair share and the quotas.
+    #[serde(default)]
+    pub usage: BTreeMap<String, Usage>,
     #[serde(skip)]
     actions: Vec<Action>,
+    /// Indexes and counters derived from the state (rebuilt after loading).
+    #[serde(skip)]
+    derived: Derived,
+    /// Tests: every pass is the full scan (the reference model).
+    #[cfg(test)]
+    #[serde(skip)]
+    pub(crate) full_scan: bool,
+}
+
+/// What the scheduler derives from its state to decide fast: the queue's indexes and the
+/// functions each host holds. Not stored; equal whatever it holds (it is a cache).
+#[derive(Clone, Debug, Default)]
+struct Derived {
+    built: bool,
+    /// A pass is running: requests queued again now are hidden from it.
+    in_pass: bool,
+    hidden: Vec<u64>,
+    /// Functions held per host (index: host).
+    held: Vec<usize>,
+    index: QueueIndex,
+    /// Free and pre-emptible capacity per pool.
+    capacity: Capacity,
+    /// Entries examined and tree operations, over the scheduler's life (see `ops`).
+    ops: u64,
+}
+
+impl PartialEq for Derived {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Scheduler {
@@ -233,13 +294,222 @@ impl Scheduler {
             leases: BTreeMap::new(),
             queue: Vec::new(),
             hosts: BTreeMap::new(),
-            notices: Vec::new(),
+            notices: VecDeque::new(),
             next_id: 1,
             next_notice: 1,
             passes: 0,
             grants: 0,
+            usage: BTreeMap::new(),
             actions: Vec::new(),
+            derived: Derived::default(),
+            #[cfg(test)]
+            full_scan: false,
         }
+    }
+
+    /// Entries examined and tree operations of the incremental passes and the queue's
+    /// indexes so far: the cost measure of `pcifab-manager-bench` and its test.
+    pub fn ops(&self) -> u64 {
+        self.derived.ops + self.derived.index.ops
+    }
+
+    // ---- tenants ----------------------------------------------------------------------
+
+    /// The tenants: the configured ones in order, then `default` if not configured.
+    pub fn tenant_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .config
+            .manager
+            .tenants
+            .iter()
+            .map(|t| t.name.clone())
+            .collect();
+        if !v.iter().any(|n| n == DEFAULT_TENANT) {
+            v.push(DEFAULT_TENANT.into());
+        }
+        v
+    }
+
+    fn tenant_config(&self, name: &str) -> Option<&crate::config::TenantConfig> {
+        self.config.manager.tenants.iter().find(|t| t.name == name)
+    }
+
+    /// Each tenant's fair-share factor at `now`, in `tenant_names` order.
+    pub fn fair_share_factors(&self, now: Secs) -> Vec<f64> {
+        if self.derived.built && self.tenants_are(&self.derived.index.tenants) {
+            return self.factors_of(&self.derived.index.tenants, now);
+        }
+        self.factors_of(&self.tenant_names(), now)
+    }
+
+    /// Whether `names` is `tenant_names()` (without building it).
+    fn tenants_are(&self, names: &[String]) -> bool {
+        let conf = &self.config.manager.tenants;
+        let has_default = conf.iter().any(|t| t.name == DEFAULT_TENANT);
+        names.len() == conf.len() + usize::from(!has_default)
+            && conf.iter().zip(names).all(|(t, n)| t.name == *n)
+            && (has_default || names.last().is_some_and(|n| n == DEFAULT_TENANT))
+    }
+
+    fn factors_of(&self, names: &[String], now: Secs) -> Vec<f64> {
+        let hl = self.config.manager.half_life_s;
+        let weights: Vec<u32> = names
+            .iter()
+            .map(|n| self.tenant_config(n).map_or(1, |t| t.weight))
+            .collect();
+        let used: Vec<f64> = names
+            .iter()
+            .map(|n| self.usage.get(n).map_or(0.0, |u| u.decayed_at(now, hl)))
+            .collect();
+        fairshare::factors(&weights, &used)
+    }
+
+    fn tenant_index(names: &[String], spec: &RequestSpec) -> usize {
+        let n = spec.tenant_name();
+        names
+            .iter()
+            .position(|t| t == n)
+            .or_else(|| names.iter().position(|t| t == DEFAULT_TENANT))
+            .unwrap_or(0)
+    }
+
+    /// GPUs a unit counts for: a whole device 1, a VF 1/VFs of its device.
+    fn unit_gpus(&self, u: Unit) -> f64 {
+        let d = &self.devices[u.device];
+        if u.pdfid == d.pf || d.vfs.is_empty() {
+            1.0
+        } else {
+            1.0 / d.vfs.len() as f64
+        }
+    }
+
+    /// A lease of `host` and `tenant` now holds `units` more (`sign` 1) or fewer (-1).
+    fn account(&mut self, host: Host, tenant: &str, units: &[Unit], sign: isize, now: Secs) {
+        let gpus: f64 = units.iter().map(|u| self.unit_gpus(*u)).sum();
+        let n = units.len();
+        if self.derived.built {
+            let h = &mut self.derived.held[usize::from(host)];
+            *h = if sign > 0 {
+                *h + n
+            } else {
+                h.saturating_sub(n)
+            };
+        }
+        let hl = self.config.manager.half_life_s;
+        self.usage.entry(tenant.to_string()).or_default().charge(
+            now,
+            hl,
+            sign as f64 * gpus,
+            sign * n as isize,
+        );
+    }
+
+    /// Functions the leases of `tenant` not in `ignore` hold.
+    fn tenant_units(&self, tenant: &str, ignore: &BTreeSet<u64>) -> usize {
+        let held = self.usage.get(tenant).map_or(0, |u| u.functions);
+        let gone: usize = ignore
+            .iter()
+            .filter_map(|id| self.leases.get(id))
+            .filter(|l| l.spec.tenant_name() == tenant)
+            .map(|l| l.units.len())
+            .sum();
+        held.saturating_sub(gone)
+    }
+
+    /// Whether the request's host and tenant may hold it (leases in `ignore` counted gone).
+    fn room(&self, spec: &RequestSpec, ignore: &BTreeSet<u64>) -> bool {
+        let need = Self::need(spec);
+        if self.host_units(spec.host, ignore) + need > self.config.manager.max_functions_per_host {
+            return false;
+        }
+        let t = spec.tenant_name();
+        self.tenant_config(t)
+            .and_then(|c| c.quota)
+            .is_none_or(|q| self.tenant_units(t, ignore) + need <= q)
+    }
+
+    // ---- the queue --------------------------------------------------------------------
+
+    /// Builds the indexes from the state, if they are missing or stale.
+    fn sync(&mut self, now: Secs) {
+        let m = &self.config.manager;
+        let idx = &self.derived.index;
+        let fresh = self.derived.built
+            && idx.aging == m.aging_s
+            && idx.max_prio == m.max_priority
+            && self.tenants_are(&idx.tenants)
+            && now >= idx.last_now
+            && idx.len() == self.queue.len();
+        if !fresh {
+            let names = self.tenant_names();
+            let ops = self.ops();
+            let mut d = Derived {
+                built: true,
+                held: vec![0; 256],
+                index: QueueIndex::new(m.aging_s, m.max_priority, names),
+                ..Derived::default()
+            };
+            d.index.last_now = now;
+            for l in self.leases.values() {
+                d.held[usize::from(l.spec.host)] += l.units.len();
+            }
+            for (pos, q) in self.queue.iter().enumerate() {
+                let m = self.meta_of(&mut d.index, q, pos, false);
+                d.index.insert(q.id, m);
+            }
+            d.capacity = self.capacity_scan();
+            d.ops = ops;
+            self.derived = d;
+        }
+        self.derived.index.sweep(now);
+    }
+
+    fn meta_of(&self, index: &mut QueueIndex, q: &Queued, pos: usize, hidden: bool) -> Meta {
+        let shape = index.shape_id(&q.spec);
+        if index.shape_pools.len() <= shape {
+            index.shape_pools.push(self.pools_for(&q.spec));
+        }
+        Meta {
+            pos,
+            enq: q.enqueued,
+            prio: q.spec.priority,
+            tenant: Self::tenant_index(&index.tenants, &q.spec),
+            shape,
+            host: q.spec.host,
+            promoted: false,
+            hidden,
+        }
+    }
+
+    /// Adds a request to the queue (and its indexes).
+    fn enqueue(&mut self, q: Queued) {
+        if self.derived.built {
+            let hidden = self.derived.in_pass;
+            let mut index = std::mem::take(&mut self.derived.index);
+            let m = self.meta_of(&mut index, &q, self.queue.len(), hidden);
+            index.insert(q.id, m);
+            self.derived.index = index;
+            if hidden {
+                self.derived.hidden.push(q.id);
+            }
+        }
+        self.queue.push(q);
+    }
+
+    /// Takes a request out of the queue (and its indexes).
+    fn dequeue(&mut self, id: u64) -> Option<Queued> {
+        if !self.derived.built {
+            let i = self.queue.iter().position(|q| q.id == id)?;
+            return Some(self.queue.remove(i));
+        }
+        let m = self.derived.index.remove(id)?;
+        let q = self.queue.swap_remove(m.pos);
+        if let Some(moved) = self.queue.get(m.pos) {
+            if let Some(mm) = self.derived.index.meta.get_mut(&moved.id) {
+                mm.pos = m.pos;
+            }
+        }
+        Some(q)
     }
 
     /// The fabric changes decided since the last call, in the order to apply them.
@@ -252,7 +522,7 @@ impl Scheduler {
     }
 
     fn notice(&mut self, now: Secs, host: Host, lease: u64, kind: &str, message: String) {
-        self.notices.push(Notice {
+        self.notices.push_back(Notice {
             seq: self.next_notice,
             at: now,
             host,
@@ -261,9 +531,8 @@ impl Scheduler {
             message,
         });
         self.next_notice += 1;
-        if self.notices.len() > MAX_NOTICES {
-            let extra = self.notices.len() - MAX_NOTICES;
-            self.notices.drain(..extra);
+        while self.notices.len() > MAX_NOTICES {
+            self.notices.pop_front();
         }
     }
 
@@ -356,6 +625,22 @@ impl Scheduler {
                 m.max_functions_per_host
             )));
         }
+        if let Some(t) = &spec.tenant {
+            if !self.tenant_names().contains(t) {
+                return Err(Refused(format!(
+                    "no tenant named '{t}'; [[manager.tenants]] in the configuration lists them \
+                     (a request without a tenant belongs to '{DEFAULT_TENANT}')"
+                )));
+            }
+        }
+        if let Some(q) = self.tenant_config(spec.tenant_name()).and_then(|t| t.quota) {
+            if need > q {
+                return Err(Refused(format!(
+                    "tenant '{}' may hold at most {q} functions; ask for fewer",
+                    spec.tenant_name()
+                )));
+            }
+        }
         if let Some(p) = &spec.pool {
             if !self.config.pools.iter().any(|c| c.name == *p) {
                 return Err(Refused(format!("no pool named '{p}'")));
@@ -408,7 +693,8 @@ impl Scheduler {
             .clamp(1, m.max_lease_s);
         let id = self.next_id;
         self.next_id += 1;
-        self.queue.push(Queued {
+        let prio = spec.priority;
+        self.enqueue(Queued {
             id,
             spec,
             submitted: now,
@@ -417,8 +703,21 @@ impl Scheduler {
         });
         self.schedule(now);
         let granted = self.leases.contains_key(&id);
+        let indexed = self
+            .derived
+            .index
+            .meta
+            .get(&id)
+            .map(|m| m.tenant)
+            .filter(|_| self.derived.built && now >= self.derived.index.max_enq);
         let position = if granted {
             None
+        } else if let Some(t) = indexed {
+            // Counted in the indexes: the requests of higher effective priority, and of
+            // equal one with a fair-share factor at least as high (all older).
+            let f = self.fair_share_factors(now);
+            let n = self.derived.index.count_before(prio, f[t], &f, now);
+            Some(n.saturating_sub(1))
         } else {
             self.ranked(now)
                 .iter()
@@ -438,8 +737,7 @@ impl Scheduler {
             self.schedule(now);
             return Ok(());
         }
-        if let Some(i) = self.queue.iter().position(|q| q.id == id) {
-            let q = self.queue.remove(i);
+        if let Some(q) = self.dequeue(id) {
             self.notice(
                 now,
                 q.spec.host,
@@ -473,29 +771,52 @@ impl Scheduler {
             && self.effective_priority(q, now) > u64::from(self.config.manager.max_priority)
     }
 
-    /// Queue indices in the order requests are considered.
+    /// Queue indices in the order requests are considered: promoted requests oldest first,
+    /// then by effective priority, fair-share factor of the tenant, enqueued, id.
     pub fn ranked(&self, now: Secs) -> Vec<usize> {
-        let mut keys: Vec<(u8, u64, Secs, u64, usize)> = self
+        let names = self.tenant_names();
+        let factors = self.fair_share_factors(now);
+        let mut keys: Vec<(u8, u64, f64, Secs, u64, usize)> = self
             .queue
             .iter()
             .enumerate()
             .map(|(i, q)| {
                 if self.promoted(q, now) {
-                    (0, 0, q.enqueued, q.id, i)
+                    (0, 0, 0.0, q.enqueued, q.id, i)
                 } else {
                     let e = self.effective_priority(q, now);
-                    (1, u64::MAX - e, q.enqueued, q.id, i)
+                    let f = factors[Self::tenant_index(&names, &q.spec)];
+                    (1, u64::MAX - e, f, q.enqueued, q.id, i)
                 }
             })
             .collect();
-        keys.sort_unstable();
-        keys.into_iter().map(|k| k.4).collect()
+        keys.sort_unstable_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then(a.1.cmp(&b.1))
+                .then(b.2.total_cmp(&a.2))
+                .then(a.3.cmp(&b.3))
+                .then(a.4.cmp(&b.4))
+        });
+        keys.into_iter().map(|k| k.5).collect()
     }
 
     // ---- placement --------------------------------------------------------------------
 
     /// Functions `host` holds through leases not in `ignore`.
     fn host_units(&self, host: Host, ignore: &BTreeSet<u64>) -> usize {
+        if !self.derived.built {
+            return self.host_units_scan(host, ignore);
+        }
+        let gone: usize = ignore
+            .iter()
+            .filter_map(|id| self.leases.get(id))
+            .filter(|l| l.spec.host == host)
+            .map(|l| l.units.len())
+            .sum();
+        self.derived.held[usize::from(host)].saturating_sub(gone)
+    }
+
+    fn host_units_scan(&self, host: Host, ignore: &BTreeSet<u64>) -> usize {
         self.leases
             .values()
             .filter(|l| l.spec.host == host && !ignore.contains(&l.id))
@@ -513,6 +834,11 @@ impl Scheduler {
         ignore: &BTreeSet<u64>,
         avoid: &BTreeSet<usize>,
     ) -> Option<Vec<Unit>> {
+        if self.derived.built && ignore.is_empty() && avoid.is_empty() {
+            if let Some(r) = self.fit_indexed(pool, spec, need) {
+                return r;
+            }
+        }
         let free = |l: &Option<u64>| l.is_none_or(|id| ignore.contains(&id));
         let whole_free = |d: &Device| d.whole.iter().all(|id| ignore.contains(id));
         let mode = self.mode(pool);
@@ -582,10 +908,55 @@ impl Scheduler {
         (units.len() == need).then_some(units)
     }
 
+    /// `fit` from the capacity index, for nothing ignored or avoided (the same units: free
+    /// devices in device order; VFs by (untouched, free VFs, device)); none for time-slice
+    /// pools, which it does not index.
+    fn fit_indexed(
+        &self,
+        pool: usize,
+        spec: &RequestSpec,
+        need: usize,
+    ) -> Option<Option<Vec<Unit>>> {
+        if self.mode(pool) == Mode::TimeSlice {
+            return None;
+        }
+        let pc = self.derived.capacity.pools.get(pool)?;
+        let mut units = Vec::with_capacity(need);
+        match &spec.want {
+            Want::Gpus { .. } => {
+                units.extend(pc.free_devices.iter().take(need).map(|&i| Unit {
+                    device: i,
+                    pdfid: self.devices[i].pf,
+                }));
+            }
+            Want::Vfs { profile, .. } => {
+                let order = match profile {
+                    Some(p) => pc.vf_order_by_profile.get(p),
+                    None => Some(&pc.vf_order),
+                };
+                'outer: for &(_, _, i) in order.into_iter().flatten() {
+                    let d = &self.devices[i];
+                    for (k, l) in d.vf_lease.iter().enumerate() {
+                        if units.len() == need {
+                            break 'outer;
+                        }
+                        if l.is_none() {
+                            units.push(Unit {
+                                device: i,
+                                pdfid: d.vfs[k],
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Some((units.len() == need).then_some(units))
+    }
+
     /// Where a request would go (pool, units), counting `ignore` as gone.
     fn place(&self, spec: &RequestSpec, ignore: &BTreeSet<u64>) -> Option<(usize, Vec<Unit>)> {
         let need = Self::need(spec);
-        if self.host_units(spec.host, ignore) + need > self.config.manager.max_functions_per_host {
+        if !self.room(spec, ignore) {
             return None;
         }
         let none = BTreeSet::new();
@@ -597,6 +968,7 @@ impl Scheduler {
     /// Records a lease on its units and binds what it holds now.
     fn install(&mut self, lease: Lease, now: Secs) {
         let host = lease.spec.host;
+        self.account(host, lease.spec.tenant_name(), &lease.units, 1, now);
         for u in &lease.units {
             let d = &mut self.devices[u.device];
             if lease.sliced {
@@ -614,11 +986,17 @@ impl Scheduler {
                 self.bind(u.pdfid, host);
             }
         }
+        let mut touched: Vec<usize> = lease.units.iter().map(|u| u.device).collect();
+        touched.dedup();
         self.leases.insert(lease.id, lease);
+        for di in touched {
+            self.touch(di);
+        }
     }
 
     /// Takes a unit back from a lease: unbinds it, or hands a time-sliced device on.
-    fn uninstall_unit(&mut self, id: u64, u: Unit, now: Secs) {
+    /// The caller re-reads the device's levels (`touch`).
+    fn uninstall_unit_only(&mut self, id: u64, u: Unit, now: Secs) {
         let d = &mut self.devices[u.device];
         if let Some(k) = d.vfs.iter().position(|v| *v == u.pdfid) {
             if d.vf_lease[k] == Some(id) {
@@ -653,8 +1031,20 @@ impl Scheduler {
 
     fn end_lease(&mut self, id: u64, now: Secs, kind: &str, message: String) -> Option<Lease> {
         let lease = self.leases.remove(&id)?;
-        for u in lease.units.clone() {
-            self.uninstall_unit(id, u, now);
+        self.account(
+            lease.spec.host,
+            lease.spec.tenant_name(),
+            &lease.units,
+            -1,
+            now,
+        );
+        for u in &lease.units {
+            self.uninstall_unit_only(id, *u, now);
+        }
+        let mut touched: Vec<usize> = lease.units.iter().map(|u| u.device).collect();
+        touched.dedup();
+        for di in touched {
+            self.touch(di);
         }
         self.notice(now, lease.spec.host, id, kind, message);
         Some(lease)
@@ -663,7 +1053,7 @@ impl Scheduler {
     /// Puts a lease's request back in the queue for the time it had left.
     fn requeue(&mut self, lease: Lease, now: Secs) {
         let left = lease.expires_at.saturating_sub(now).max(1);
-        self.queue.push(Queued {
+        self.enqueue(Queued {
             id: lease.id,
             spec: lease.spec,
             submitted: lease.submitted,
@@ -672,9 +1062,8 @@ impl Scheduler {
         });
     }
 
-    /// Turns queue entry `qi` into a lease (the entry stays until the pass removes it).
-    fn grant(&mut self, qi: usize, pool: usize, units: Vec<Unit>, now: Secs) {
-        let q = self.queue[qi].clone();
+    /// Turns a queued request into a lease (the caller takes it out of the queue).
+    fn grant(&mut self, q: Queued, pool: usize, units: Vec<Unit>, now: Secs) {
         let sliced = self.mode(pool) == Mode::TimeSlice;
         let lease = Lease {
             id: q.id,
@@ -721,23 +1110,32 @@ impl Scheduler {
         self.place(spec, &all)?;
         // Lowest priority first, then the youngest lease.
         cands.sort_by_key(|l| (l.spec.priority, std::cmp::Reverse(l.granted_at), l.id));
-        let mut set = BTreeSet::new();
-        let mut order = Vec::new();
-        for l in cands {
-            set.insert(l.id);
-            order.push(l.id);
-            if self.place(spec, &set).is_some() {
-                // Drop victims that turn out not to be needed.
-                for id in order.clone().into_iter().rev() {
-                    set.remove(&id);
-                    if self.place(spec, &set).is_none() {
-                        set.insert(id);
-                    }
-                }
-                return Some(set.into_iter().collect());
+        // The shortest prefix of that order that makes room (more victims never make less
+        // room, so a binary search finds the prefix the one-by-one walk would).
+        let order: Vec<u64> = cands.iter().map(|l| l.id).collect();
+        let fits = |m: usize| {
+            self.place(spec, &order[..m].iter().copied().collect())
+                .is_some()
+        };
+        let (mut lo, mut hi) = (1, order.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
             }
         }
-        None
+        let order = &order[..lo];
+        let mut set: BTreeSet<u64> = order.iter().copied().collect();
+        // Drop victims that turn out not to be needed.
+        for &id in order.iter().rev() {
+            set.remove(&id);
+            if self.place(spec, &set).is_none() {
+                set.insert(id);
+            }
+        }
+        Some(set.into_iter().collect())
     }
 
     fn host_down(&self, host: Host) -> bool {
@@ -758,9 +1156,26 @@ impl Scheduler {
         }
     }
 
-    /// Considers every queued request once, in rank order. Returns the grants made and
-    /// whether leases were pre-empted.
+    /// One pass: the incremental one, or the full scan while the clock is behind a queued
+    /// request (both give the same grants in the same order).
     fn pass(&mut self, now: Secs, allow_preempt: bool) -> (usize, bool) {
+        #[cfg(test)]
+        if self.full_scan {
+            return self.pass_full_scan(now, allow_preempt);
+        }
+        self.sync(now);
+        if now < self.derived.index.max_enq {
+            // The clock went back behind a queued request: ranks are not monotone in the
+            // enqueue time there. Rebuilt at the next pass.
+            self.derived.built = false;
+            return self.pass_full_scan(now, allow_preempt);
+        }
+        self.pass_incremental(now, allow_preempt)
+    }
+
+    /// The reference pass: considers every queued request once, in rank order. Returns the
+    /// grants made and whether leases were pre-empted.
+    pub(crate) fn pass_full_scan(&mut self, now: Secs, allow_preempt: bool) -> (usize, bool) {
         let order = self.ranked(now);
         let n = self.queue.len();
         let mut taken = vec![false; n];
@@ -768,29 +1183,28 @@ impl Scheduler {
         let mut preempted = false;
         // Within a pass free capacity only shrinks (until a pre-emption), so a shape that did
         // not fit will not fit later in the pass.
-        let mut no_fit: BTreeSet<(u64, Host)> = BTreeSet::new();
+        let mut no_fit: BTreeSet<(u64, Host, String)> = BTreeSet::new();
         let mut no_victims: BTreeSet<(u64, u32)> = BTreeSet::new();
-        let max_units = self.config.manager.max_functions_per_host;
         for qi in order {
             let spec = &self.queue[qi].spec;
             if self.host_down(spec.host) {
                 continue;
             }
-            let key = (shape_of(spec), spec.host);
+            let key = (shape_of(spec), spec.host, spec.tenant_name().to_string());
             if !no_fit.contains(&key) {
                 let spec = spec.clone();
                 if let Some((pool, units)) = self.place(&spec, &BTreeSet::new()) {
-                    self.grant(qi, pool, units, now);
+                    self.grant(self.queue[qi].clone(), pool, units, now);
                     taken[qi] = true;
                     granted += 1;
                     continue;
                 }
-                no_fit.insert(key);
+                no_fit.insert(key.clone());
             }
             let spec = self.queue[qi].spec.clone();
-            // Pre-emption frees other hosts' devices, never room under a host's own limit.
-            let room =
-                self.host_units(spec.host, &BTreeSet::new()) + Self::need(&spec) <= max_units;
+            // Pre-emption frees other hosts' devices, never room under a host's own limit
+            // (or a tenant's quota).
+            let room = self.room(&spec, &BTreeSet::new());
             let vkey = (key.0, spec.priority);
             if allow_preempt && room && !no_victims.contains(&vkey) {
                 match self.victims(&spec) {
@@ -813,7 +1227,7 @@ impl Scheduler {
                         no_fit.clear();
                         no_victims.clear();
                         if let Some((pool, units)) = self.place(&spec, &BTreeSet::new()) {
-                            self.grant(qi, pool, units, now);
+                            self.grant(self.queue[qi].clone(), pool, units, now);
                             taken[qi] = true;
                             granted += 1;
                             continue;
@@ -836,6 +1250,305 @@ impl Scheduler {
             keep
         });
         (granted, preempted)
+    }
+
+    /// The incremental pass: the same decisions as [`Self::pass_full_scan`], looking only at
+    /// the requests that can be granted or pre-empt (`index.rs` says why that suffices).
+    ///
+    /// 1. Promoted requests, oldest first: each is granted (placed, or by pre-emption) or
+    ///    ends the pass (the reservation of the starvation bound); a down host's are skipped.
+    /// 2. Then, repeatedly, the best-ranked request among the first request of every class
+    ///    (shape, priority, tenant, host) whose host and tenant have room and whose shape
+    ///    fits the free pool, or may pre-empt (a lease of lower priority allows it and the
+    ///    levels of `Levels` say it would free enough). Free capacity, room and those levels
+    ///    only shrink while nothing is pre-empted, so a request passed over stays passed
+    ///    over; after a pre-emption the search continues strictly after the last request
+    ///    considered, as the full scan does.
+    fn pass_incremental(&mut self, now: Secs, allow_preempt: bool) -> (usize, bool) {
+        self.sync(now);
+        self.derived.in_pass = true;
+        let factors = self.fair_share_factors(now);
+        let mut tried: BTreeSet<(usize, u32)> = BTreeSet::new();
+        let (mut granted, mut preempted) = (0, false);
+        let mut after: Option<(Secs, u64)> = None;
+        let mut stopped = false;
+        // 1. Promoted requests.
+        loop {
+            let mut ops = 0;
+            let next = {
+                let idx = &self.derived.index;
+                let range = match after {
+                    None => idx.promoted.range(..),
+                    Some(k) => idx.promoted.range((Bound::Excluded(k), Bound::Unbounded)),
+                };
+                let mut found = None;
+                for &(enq, id) in range {
+                    ops += 1;
+                    if !self.host_down(idx.meta[&id].host) {
+                        found = Some((enq, id));
+                        break;
+                    }
+                }
+                found
+            };
+            self.derived.ops += ops + 1;
+            let Some(k) = next else { break };
+            after = Some(k);
+            if self.consider(k.1, now, allow_preempt, &mut tried, &mut preempted) {
+                granted += 1;
+            } else {
+                stopped = true;
+                break;
+            }
+        }
+        // 2. The others.
+        if !stopped {
+            let mut cursor: Option<RankKey> = None;
+            while let Some((key, id)) =
+                self.best_candidate(now, &factors, allow_preempt, &tried, cursor.as_ref())
+            {
+                let ok = self.consider(id, now, allow_preempt, &mut tried, &mut preempted);
+                if ok {
+                    granted += 1;
+                }
+                if preempted || !ok {
+                    cursor = Some(key);
+                }
+            }
+        }
+        self.derived.in_pass = false;
+        for id in std::mem::take(&mut self.derived.hidden) {
+            self.derived.index.reveal(id);
+        }
+        (granted, preempted)
+    }
+
+    /// What the full scan does with one request: grant it if it fits, else pre-empt for it
+    /// if it may (once per shape and priority until something is pre-empted). Returns
+    /// whether it was granted.
+    fn consider(
+        &mut self,
+        id: u64,
+        now: Secs,
+        allow_preempt: bool,
+        tried: &mut BTreeSet<(usize, u32)>,
+        preempted: &mut bool,
+    ) -> bool {
+        let Some(m) = self.derived.index.meta.get(&id).copied() else {
+            return false;
+        };
+        let spec = self.queue[m.pos].spec.clone();
+        let none = BTreeSet::new();
+        if let Some((pool, units)) = self.place(&spec, &none) {
+            if let Some(q) = self.dequeue(id) {
+                self.grant(q, pool, units, now);
+                return true;
+            }
+            return false;
+        }
+        let vkey = (m.shape, spec.priority);
+        if allow_preempt && self.room(&spec, &none) && !tried.contains(&vkey) {
+            match self.victims(&spec) {
+                Some(victims) => {
+                    for v in victims {
+                        if let Some(l) = self.end_lease(
+                            v,
+                            now,
+                            "preempted",
+                            format!(
+                                "pre-empted by request {id} (priority {}); queued again",
+                                spec.priority
+                            ),
+                        ) {
+                            self.requeue(l, now);
+                        }
+                    }
+                    *preempted = true;
+                    tried.clear();
+                    if let Some((pool, units)) = self.place(&spec, &none) {
+                        if let Some(q) = self.dequeue(id) {
+                            self.grant(q, pool, units, now);
+                            return true;
+                        }
+                    }
+                }
+                None => {
+                    tried.insert(vkey);
+                }
+            }
+        }
+        false
+    }
+
+    /// Device `di`'s levels (see `capacity.rs`); none if it is out of the pool.
+    fn device_levels(&self, di: usize) -> Option<DeviceLevels> {
+        let d = &self.devices[di];
+        if d.unhealthy.is_some() {
+            return None;
+        }
+        let pool = &self.config.pools[d.pool];
+        if pool.mode == Mode::TimeSlice {
+            let open = d.whole.len() < pool.max_sharers;
+            return Some(DeviceLevels {
+                device: if open { 0 } else { u64::MAX },
+                vfs: Vec::new(),
+                whole_free: false,
+            });
+        }
+        let level = |id: &u64| -> u64 {
+            self.leases.get(id).map_or(u64::MAX, |l| {
+                if l.spec.preemptible_by_higher && !l.sliced {
+                    u64::from(l.spec.priority) + 1
+                } else {
+                    u64::MAX
+                }
+            })
+        };
+        let whole = d.whole.iter().map(level).max().unwrap_or(0);
+        let vfs: Vec<u64> = d
+            .vf_lease
+            .iter()
+            .map(|l| whole.max(l.as_ref().map_or(0, level)))
+            .collect();
+        let device = vfs.iter().copied().fold(whole, u64::max);
+        Some(DeviceLevels {
+            device,
+            vfs,
+            whole_free: d.whole.is_empty(),
+        })
+    }
+
+    /// The capacity from scratch.
+    fn capacity_scan(&self) -> Capacity {
+        let mut c = Capacity::new(self.config.pools.len(), self.devices.len());
+        for (di, d) in self.devices.iter().enumerate() {
+            c.set(di, d.pool, &d.profile, self.device_levels(di));
+        }
+        c
+    }
+
+    /// Device `di` changed (its leases or its health): its levels again.
+    fn touch(&mut self, di: usize) {
+        if !self.derived.built || di >= self.devices.len() {
+            return;
+        }
+        let new = self.device_levels(di);
+        let d = &self.devices[di];
+        self.derived.capacity.set(di, d.pool, &d.profile, new);
+        self.derived.ops += 1;
+    }
+
+    /// Whether `spec` (a shape) could have its units in one of `pools` at priority `p`:
+    /// p = 0, from the free pool (exactly when `fit` finds them); p > 0, by pre-empting every
+    /// lease that allows it and has a priority below p (exactly when `victims` finds a set,
+    /// the request's room aside).
+    fn capacity_allows(&self, pools: &[usize], spec: &RequestSpec, p: u64) -> bool {
+        let need = Self::need(spec);
+        pools.iter().any(|&pool| {
+            let Some(pc) = self.derived.capacity.pools.get(pool) else {
+                return false;
+            };
+            if self.mode(pool) == Mode::TimeSlice {
+                return p == 0 && pc.devices.at_most(0) >= need;
+            }
+            match &spec.want {
+                Want::Gpus { .. } => pc.devices.at_most(p) >= need,
+                Want::Vfs {
+                    profile: Some(prof),
+                    ..
+                } => pc
+                    .vfs_by_profile
+                    .get(prof)
+                    .is_some_and(|h| h.at_most(p) >= need),
+                Want::Vfs { profile: None, .. } => pc.vfs.at_most(p) >= need,
+            }
+        })
+    }
+
+    /// The best-ranked request that the pass would grant or pre-empt for now (after
+    /// `cursor` if given), with its rank.
+    #[allow(clippy::too_many_arguments)]
+    fn best_candidate(
+        &mut self,
+        now: Secs,
+        factors: &[f64],
+        allow_preempt: bool,
+        tried: &BTreeSet<(usize, u32)>,
+        cursor: Option<&RankKey>,
+    ) -> Option<(RankKey, u64)> {
+        let aging = self.config.manager.aging_s;
+        let max_units = self.config.manager.max_functions_per_host;
+        let idx = &self.derived.index;
+        let mut best: Option<(RankKey, u64)> = None;
+        let mut ops = 0u64;
+        for (&s, classes) in &idx.classes {
+            let spec = &idx.shape_spec[s];
+            let pools = &idx.shape_pools[s];
+            let fit = self.capacity_allows(pools, spec, 0);
+            let need = Self::need(spec);
+            for (&(p, t), class) in classes {
+                ops += 1;
+                let candidate = fit
+                    || (allow_preempt
+                        && !tried.contains(&(s, p))
+                        && self.capacity_allows(pools, spec, u64::from(p)));
+                if !candidate {
+                    continue;
+                }
+                let tenant = &idx.tenants[t];
+                let quota_ok = self
+                    .tenant_config(tenant)
+                    .and_then(|c| c.quota)
+                    .is_none_or(|q| self.usage.get(tenant).map_or(0, |u| u.functions) + need <= q);
+                if !quota_ok {
+                    continue;
+                }
+                let f = factors.get(t).copied().unwrap_or(1.0);
+                let host_ok = |h: Host| {
+                    !self.host_down(h) && self.derived.held[usize::from(h)] + need <= max_units
+                };
+                let rank = |enq: Secs, id: u64| RankKey {
+                    e: u64::from(p) + now.saturating_sub(enq).checked_div(aging).unwrap_or(0),
+                    f,
+                    enq,
+                    id,
+                };
+                let mut consider = |k: RankKey| {
+                    if best.is_none_or(|b| k.cmp(&b.0).is_lt()) {
+                        best = Some((k, k.id));
+                    }
+                };
+                match cursor {
+                    None => {
+                        // The first head with room is the class's best.
+                        for &(enq, id, h) in &class.heads {
+                            ops += 1;
+                            if host_ok(h) {
+                                consider(rank(enq, id));
+                                break;
+                            }
+                        }
+                    }
+                    Some(c) => {
+                        let Some(lo) = after_bound(p, f, c, now, aging) else {
+                            continue;
+                        };
+                        for (&h, set) in &class.by_host {
+                            ops += 1;
+                            if !host_ok(h) {
+                                continue;
+                            }
+                            if let Some(&(enq, id)) = set.range((lo, Bound::Unbounded)).next() {
+                                ops += 1;
+                                consider(rank(enq, id));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.derived.ops += ops;
+        best
     }
 
     // ---- time -------------------------------------------------------------------------
@@ -981,6 +1694,7 @@ impl Scheduler {
             .ok_or_else(|| Refused(format!("{pf:#06x} is not the PF of a pool device")))?;
         let was = self.devices[di].unhealthy.is_some();
         self.devices[di].unhealthy = unhealthy.clone();
+        self.touch(di);
         match (was, unhealthy) {
             (false, Some(reason)) => self.evacuate(di, &reason, now),
             (true, None) => {
@@ -1003,6 +1717,7 @@ impl Scheduler {
         d.vf_lease.iter_mut().for_each(|l| *l = None);
         let pf = d.pf;
         let fns: Vec<Pdfid> = std::iter::once(d.pf).chain(d.vfs.iter().copied()).collect();
+        self.touch(di);
         for f in fns {
             self.unbind(f);
         }
@@ -1017,6 +1732,8 @@ impl Scheduler {
                 .filter(|u| u.device == di)
                 .collect();
             lease.units.retain(|u| u.device != di);
+            let tenant = lease.spec.tenant_name().to_string();
+            self.account(lease.spec.host, &tenant, &lost, -1, now);
             // Whole devices must be other devices than the lease has; VFs may share one.
             let avoid: BTreeSet<usize> = match lease.spec.want {
                 Want::Gpus { .. } => lease.units.iter().map(|u| u.device).collect(),
@@ -1224,9 +1941,58 @@ impl Scheduler {
             }
         }
         for h in 0..self.config.manager.hosts {
-            let n = self.host_units(h, &BTreeSet::new());
+            let n = self.host_units_scan(h, &BTreeSet::new());
             if n > self.config.manager.max_functions_per_host {
                 return Err(format!("host {h} holds {n} functions"));
+            }
+            if self.derived.built && self.derived.held[usize::from(h)] != n {
+                return Err(format!(
+                    "host {h} holds {n} functions, the counter says {}",
+                    self.derived.held[usize::from(h)]
+                ));
+            }
+        }
+        let mut by_tenant: BTreeMap<&str, (usize, f64)> = BTreeMap::new();
+        for l in self.leases.values() {
+            let e = by_tenant.entry(l.spec.tenant_name()).or_default();
+            e.0 += l.units.len();
+            e.1 += l.units.iter().map(|u| self.unit_gpus(*u)).sum::<f64>();
+        }
+        for (t, u) in &self.usage {
+            let (n, g) = by_tenant.remove(t.as_str()).unwrap_or_default();
+            if u.functions != n || (u.rate - g).abs() > 1e-6 {
+                return Err(format!(
+                    "tenant {t} holds {n} functions ({g} GPUs), its use says {} ({})",
+                    u.functions, u.rate
+                ));
+            }
+            if let Some(q) = self.tenant_config(t).and_then(|c| c.quota) {
+                if n > q {
+                    return Err(format!("tenant {t} holds {n} functions, quota {q}"));
+                }
+            }
+        }
+        if let Some((t, _)) = by_tenant.into_iter().find(|(_, v)| v.0 > 0) {
+            return Err(format!(
+                "tenant {t} holds functions its use does not record"
+            ));
+        }
+        if self.derived.built {
+            if self.derived.capacity != self.capacity_scan() {
+                return Err("the capacity index differs from the devices".into());
+            }
+            let idx = &self.derived.index;
+            if idx.len() != self.queue.len() {
+                return Err(format!(
+                    "the index has {} requests, the queue {}",
+                    idx.len(),
+                    self.queue.len()
+                ));
+            }
+            for (i, q) in self.queue.iter().enumerate() {
+                if idx.meta.get(&q.id).map(|m| m.pos) != Some(i) {
+                    return Err(format!("request {} is not indexed at {i}", q.id));
+                }
             }
         }
         Ok(())
