@@ -296,7 +296,8 @@ rustc rust-src libstd-rust-dev of that version) so the metadata matches the kern
 	vers=$(dpkg-query -W -f='${Package}=${Version}\n' rustc rust-src bindgen dwarves 2>/dev/null || true)
 	key=$( (echo "$krel $kver"; echo "$vers") | sha256sum | cut -c1-12)
 	out=$base/kbuild-$krel-$key
-	exec 7>"$base/.lock" 2>/dev/null || { mkdir -p "$base"; exec 7>"$base/.lock"; }
+	mkdir -p "$base"
+	exec 7>"$base/.lock"
 	flock 7
 	if [ ! -e "$out/.built" ]; then
 		src=$base/linux-source-$kver
@@ -314,6 +315,57 @@ rustc rust-src libstd-rust-dev of that version) so the metadata matches the kern
 	local args
 	mapfile -t args < <(kmake_args "$out")
 	make -C "$out" M="$PWD" "${args[@]}" modules
+}
+
+# The files of a source package: what dkms.conf and the build need.
+DKMS_FILES="dkms.conf Kbuild Makefile src include tools/Cargo.toml tools/scripts/debian-kernel.sh"
+
+# check-dkms: dkms on a Debian system as a user has it, inside $ROOT: Debian's headers and
+# linux-source of the kernel's upload, dkms from trixie, this checkout added and built.
+check_dkms() {
+	local hdr srcdeb ver stage built
+	hdr=$(fetch_deb "linux-headers-$KREL")
+	srcdeb=$(fetch_deb "linux-source-$(echo "$KREL" | cut -d. -f1-2)")
+	local want="dkms $hdr $srcdeb" key
+	key=$(echo "$want" | sha256sum | cut -c1-12)
+	if [ ! -e "$ROOT/.dkms-$key" ]; then
+		say "installing dkms, linux-headers-$KREL and $(basename "$srcdeb") into $ROOT"
+		# shellcheck disable=SC2086
+		in_root apt-get install -y -qq --no-install-recommends $want >/dev/null \
+			|| die "installing $want in $ROOT failed"
+		rm -f "$ROOT"/.dkms-*
+		touch "$ROOT/.dkms-$key"
+	fi
+	# The checkout's files as a source tarball would carry them (tracked and new, not ignored).
+	stage=$ROOT/tmp/pcifab-dkms-src
+	rm -rf "$stage"
+	mkdir -p "$stage"
+	# shellcheck disable=SC2086
+	(cd "$here" && git ls-files -z --cached --others --exclude-standard -- $DKMS_FILES \
+		| xargs -0 cp --parents -t "$stage") || die "cannot copy the sources to $stage"
+	ver=$(bash -c '. "$1/dkms.conf" && echo "$PACKAGE_VERSION"' _ "$stage")
+	[ -n "$ver" ] || die "dkms.conf yields no PACKAGE_VERSION"
+	say "dkms add and build pcifab/$ver for $KREL"
+	in_root sh -c "
+		set -e
+		if dkms status -m pcifab -v '$ver' | grep -q .; then dkms remove -q pcifab/'$ver' --all; fi
+		rm -rf /usr/src/pcifab-'$ver'
+		dkms add /tmp/pcifab-dkms-src
+		dkms build pcifab/'$ver' -k '$KREL'
+	" || die "dkms build pcifab/$ver -k $KREL failed (dkms printed its make.log above)"
+	built=$(ls "$ROOT/var/lib/dkms/pcifab/$ver/$KREL"/*/module/pcifab.ko* | head -n1)
+	[ -n "$built" ] || die "dkms build left no pcifab.ko under $ROOT/var/lib/dkms/pcifab/$ver/$KREL"
+	mkdir -p "$CACHE/module-dkms"
+	# dkms compresses like the kernel's own modules (xz); busybox insmod takes it plain.
+	case "$built" in
+	*.xz) xz -dc "$built" >"$CACHE/module-dkms/pcifab.ko" ;;
+	*) cp "$built" "$CACHE/module-dkms/pcifab.ko" ;;
+	esac
+	local log
+	log=$(ls "$ROOT/var/lib/dkms/pcifab/$ver/$KREL"/*/log/make.log | head -n1)
+	[ -n "$log" ] || die "dkms left no make.log under $ROOT/var/lib/dkms/pcifab/$ver/$KREL"
+	! grep -q -i -E 'warning|error|undefined' "$log" || die "dkms build log has warnings: $log"
+	say "dkms built $built (vermagic $(in_root modinfo -F vermagic "$CACHE/module-dkms/pcifab.ko")) -> $CACHE/module-dkms/pcifab.ko"
 }
 
 case "$MODE" in
@@ -336,7 +388,9 @@ module)
 	say "module built in $(($(date +%s) - start)) s"
 	;;
 check-dkms)
+	start=$(date +%s)
 	check_dkms
+	say "dkms check took $(($(date +%s) - start)) s"
 	;;
 dkms)
 	[ -n "${2:-}" ] || die "usage: debian-kernel.sh dkms KERNELRELEASE (dkms passes \${kernelver})"
