@@ -152,7 +152,7 @@ test-debian: module-debian tools
 # loaded and checked in a guest on Debian's kernel.
 check-dkms: kernel-debian tools
 	@tools/scripts/debian-kernel.sh check-dkms
-	$(HOST_BIN)/pcifab-harness test --keep-going --filter 'pcifab binds the MEP|identity' \
+	$(HOST_BIN)/pcifab-harness test --keep-going --hosts 1 --filter 'pcifab binds the MEP|identity' \
 		--kernel $(DEBIAN_KDIR)/vmlinuz --module $(PCIFAB_CACHE)/module-dkms/pcifab.ko \
 		$(GUEST_ARGS) --results $(RESULTS)/dkms
 

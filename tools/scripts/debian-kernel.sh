@@ -36,7 +36,7 @@ ROOT=$CACHE/trixie-kbuild
 # What Debian's kernel was built with (CONFIG_*_VERSION_TEXT of its .config); from trixie,
 # the Rust packages pinned to the kernel's rustc.
 TOOLS_MAIN="rustc=$RUST_VER rust-src=$RUST_VER libstd-rust-dev=$RUST_VER rust-clippy=$RUST_VER
-  bindgen gcc-14 make bc bison flex libssl-dev openssl cpio kmod libclang-19-dev python3 xz-utils"
+  rustfmt=$RUST_VER bindgen gcc-14 make bc bison flex libssl-dev openssl cpio kmod libclang-19-dev python3 xz-utils"
 # From trixie-backports: pahole 1.30 (Debian's CONFIG_PAHOLE_VERSION) and its libelf.
 TOOLS_BPO="dwarves libelf-dev"
 # The only differences olddefconfig may leave ('<' Debian's line, '>' ours): Kconfig asks the

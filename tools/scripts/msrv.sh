@@ -26,18 +26,21 @@ MSRV=${PCIFAB_MSRV:-$(ARCH=x86 SRCARCH=x86 "$LINUX_SRC/scripts/min-tool-version.
 exec 9>"$CACHE/.msrv.lock"
 flock 9
 
-# 1. rustc $MSRV with rust-src (the kernel builds core from it) and clippy, kept in the cache.
+# 1. rustc $MSRV with rust-src (the kernel builds core from it), clippy and rustfmt (the
+#    kernel formats the generated bindings with it), kept in the cache.
 export RUSTUP_HOME=$CACHE/rustup CARGO_HOME=$CACHE/cargo-home
 TC=$RUSTUP_HOME/toolchains/$MSRV-x86_64-unknown-linux-gnu
-if [ ! -x "$TC/bin/clippy-driver" ] || [ ! -d "$TC/lib/rustlib/src/rust/library" ]; then
+if [ ! -x "$TC/bin/clippy-driver" ] || [ ! -x "$TC/bin/rustfmt" ] \
+	|| [ ! -d "$TC/lib/rustlib/src/rust/library" ]; then
 	command -v rustup >/dev/null || die "rustup not found (https://rustup.rs)"
-	say "installing rustc $MSRV with rust-src and clippy into $RUSTUP_HOME"
-	rustup -q toolchain install --no-self-update --profile minimal -c rust-src -c clippy "$MSRV" >/dev/null \
+	say "installing rustc $MSRV with rust-src, clippy and rustfmt into $RUSTUP_HOME"
+	rustup -q toolchain install --no-self-update --profile minimal -c rust-src -c clippy -c rustfmt \
+		"$MSRV" >/dev/null \
 		|| die "rustup toolchain install $MSRV failed"
 fi
 "$TC/bin/rustc" --version | grep -q "^rustc $MSRV " || die "$TC/bin/rustc is not $MSRV"
 RUST_ARGS=(RUSTC="$TC/bin/rustc" HOSTRUSTC="$TC/bin/rustc" CLIPPY_DRIVER="$TC/bin/clippy-driver"
-	BINDGEN="$BINDGEN")
+	RUSTFMT="$TC/bin/rustfmt" BINDGEN="$BINDGEN")
 
 # 2. The kernel whose Rust metadata rustc $MSRV builds; keyed like kernel.sh's trees.
 FRAG=$here/tools/kconfig/pcifab-test.config
