@@ -7,7 +7,7 @@
 # A module must be compiled by the rustc that built its kernel's Rust metadata (rust/*.rmeta:
 # rustc refuses metadata of another version). So this builds a kernel of its own with that
 # rustc: the fast test kernel's configuration (tinyconfig + tools/kconfig/pcifab-test.config),
-# vmlinux included so modpost checks every symbol, in $PCIFAB_CACHE/kbuild-msrv-KEY; the
+# vmlinux and its modules included so modpost checks every symbol, in $PCIFAB_CACHE/kbuild-msrv-KEY; the
 # toolchain comes from rustup into $PCIFAB_CACHE/rustup. Then the module is built against it
 # into $PCIFAB_CACHE/module-msrv. Current stable is covered by `make check-module` (the
 # machine's rustup default), 1.85.1 by `make module-debian` (Debian's rustc).
@@ -60,11 +60,17 @@ if [ ! -e "$OUT/.built" ]; then
 	grep -q "^CONFIG_RUSTC_VERSION_TEXT=\"rustc $MSRV " "$OUT/.config" \
 		|| die "$OUT/.config: CONFIG_RUSTC_VERSION_TEXT is not rustc $MSRV"
 	grep -q '^CONFIG_RUST=y' "$OUT/.config" || die "$OUT/.config: Kconfig dropped CONFIG_RUST"
-	"${KMAKE[@]}" -s vmlinux modules_prepare >"$OUT/build.log" 2>&1 || {
+	"${KMAKE[@]}" -s vmlinux modules >"$OUT/build.log" 2>&1 || {
 		tail -30 "$OUT/build.log" >&2; die "kernel build with rustc $MSRV failed, see $OUT/build.log"; }
 	printf '%s\n' "${RUST_ARGS[@]}" >"$OUT/pcifab-kmake-args"
 	touch "$OUT/.built"
 	say "kernel with rustc $MSRV built in $(($(date +%s) - start)) s"
+fi
+# Module.symvers (what modpost checks the module's imports against) comes from `make modules`.
+if [ ! -e "$OUT/Module.symvers" ]; then
+	"${KMAKE[@]}" -s modules >>"$OUT/build.log" 2>&1 || {
+		tail -30 "$OUT/build.log" >&2; die "make modules with rustc $MSRV failed, see $OUT/build.log"; }
+	[ -e "$OUT/Module.symvers" ] || die "make modules left no $OUT/Module.symvers"
 fi
 ln -sfn "$OUT" "$CACHE/kbuild-msrv"
 
