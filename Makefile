@@ -28,7 +28,8 @@ CARGO := cargo
 TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
-	cargo-test qemu-test test soak demo bench help
+	cargo-test qemu-test test soak demo bench help kernel-debian module-debian test-debian \
+	check-dkms check-module-msrv
 
 modules:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) modules
@@ -46,6 +47,12 @@ help:
 	@echo "make soak       the QEMU scenarios on the debug kernel with the trust scenarios at full"
 	@echo "                size (100,000 fuzz calls, 1,000 unload cycles, 5,000 hostile replies)"
 	@echo "make bench      MRPC echo vs switchtec, bind/unbind vs raw hot-plug, manager scheduling"
+	@echo "make kernel-debian  prepare Debian's kernel $(DEBIAN_KREL) for module builds (rust metadata)"
+	@echo "make module-debian  build the module for Debian's kernel (in the trixie build tree)"
+	@echo "make test-debian    a few scenarios on Debian's own kernel with that module"
+	@echo "make check-dkms     dkms build of this checkout for Debian's kernel, loaded in a guest"
+	@echo "make check-module-msrv  the module with clippy on Linux's minimum rustc (1.85.0 for 7.3)"
+	@echo "DEMO_KERNEL=debian / BENCH_KERNEL=debian: demo and bench on Debian's kernel"
 
 deps:
 	@tools/scripts/deps.sh
@@ -96,9 +103,10 @@ lint: deps
 cargo-test: deps
 	$(CARGO) test -q $(TOOLS) --workspace
 
-COMMON_ARGS = --guest-bin $(GUEST_BIN) \
+GUEST_ARGS = --guest-bin $(GUEST_BIN) \
 	--emu $(HOST_BIN)/pcifab-emu --emu-config $(CURDIR)/tools/pcifab-harness/fabric.toml \
-	--qemu-root $(PCIFAB_CACHE)/trixie --results $(RESULTS)
+	--qemu-root $(PCIFAB_CACHE)/trixie
+COMMON_ARGS = $(GUEST_ARGS) --results $(RESULTS)
 # The fast kernel and the module in src/ (demo, bench).
 HARNESS_ARGS = --kernel $(KDIR)/arch/x86/boot/bzImage --module $(CURDIR)/src/pcifab.ko \
 	--switchtec $(KDIR)/drivers/pci/switch/switchtec.ko $(COMMON_ARGS)
@@ -118,12 +126,60 @@ test: deps kernel-debug lint check-module-debug cargo-test tools
 soak: deps kernel-debug check-module-debug tools
 	$(HOST_BIN)/pcifab-harness test --keep-going --soak $(DEBUG_HARNESS_ARGS)
 
+# Debian's own kernel (trixie-backports linux-image-$(DEBIAN_KREL)) and the module built for
+# it; no switchtec.ko (Debian's config leaves PCI_SW_SWITCHTEC off). Documentation/kernels.rst.
+DEBIAN_KREL := 7.3.4+deb13-amd64
+DEBIAN_KDIR := $(PCIFAB_CACHE)/kbuild-debian
+DEBIAN_MO := $(PCIFAB_CACHE)/module-debian
+DEBIAN_HARNESS_ARGS = --kernel $(DEBIAN_KDIR)/vmlinuz --module $(DEBIAN_MO)/src/pcifab.ko \
+	$(GUEST_ARGS)
+# Identity, management (bind, move), P2P and the manager: about 90 s of scenarios.
+DEBIAN_FILTER := pcifab binds the MEP|identity|compose: bind GPU0|compose: move GPU0|p2p: same-host|manager: four requests|rmmod pcifab in every host
+# demo and bench: test (the fast kernel) or debian.
+DEMO_KERNEL ?= test
+BENCH_KERNEL ?= test
+
+kernel-debian: deps
+	@tools/scripts/debian-kernel.sh prepare
+
+module-debian: kernel-debian
+	@tools/scripts/debian-kernel.sh module
+
+test-debian: module-debian tools
+	$(HOST_BIN)/pcifab-harness test --keep-going --filter '$(DEBIAN_FILTER)' \
+		$(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian
+
+# `dkms build` of this checkout inside the trixie build tree, then the module DKMS built
+# loaded and checked in a guest on Debian's kernel.
+check-dkms: kernel-debian tools
+	@tools/scripts/debian-kernel.sh check-dkms
+	$(HOST_BIN)/pcifab-harness test --keep-going --hosts 1 --filter 'pcifab binds the MEP|identity' \
+		--kernel $(DEBIAN_KDIR)/vmlinuz --module $(PCIFAB_CACHE)/module-dkms/pcifab.ko \
+		$(GUEST_ARGS) --results $(RESULTS)/dkms
+
+# The module with clippy on the oldest rustc Linux accepts, against a tree whose Rust
+# metadata that rustc built (tools/scripts/msrv.sh).
+check-module-msrv: deps
+	@tools/scripts/msrv.sh
+
+ifeq ($(DEMO_KERNEL),debian)
+demo: module-debian tools
+	$(HOST_BIN)/pcifab-harness demo $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)
+else
 demo: kernel check-module tools
 	$(HOST_BIN)/pcifab-harness demo $(HARNESS_ARGS)
+endif
 
 # One guest: MRPC echo through pcifab's ioctl vs the C driver's /dev/switchtec0, and
 # bind/unbind latency through pcifab vs raw QMP hot-plug. Documentation/benchmarks.rst
 # records the numbers.
+# BENCH_KERNEL=debian: pcifab's side on Debian's kernel; the comparison with the C driver
+# needs a kernel with switchtec.ko and stays on the fast kernel.
+ifeq ($(BENCH_KERNEL),debian)
+bench: module-debian kernel check-module tools
+	$(HOST_BIN)/pcifab-harness bench $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/bench-debian
+else
 bench: kernel check-module tools
+endif
 	$(HOST_BIN)/pcifab-harness bench $(HARNESS_ARGS)
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench
