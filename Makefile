@@ -28,7 +28,7 @@ CARGO := cargo
 TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
-	cargo-test qemu-test test soak demo bench help kernel-debian module-debian test-debian \
+	cargo-test qemu-test test soak demo bench help kernel-debian module-debian test-debian switchtec-user \
 	check-dkms check-module-msrv
 
 modules:
@@ -108,23 +108,58 @@ GUEST_ARGS = --guest-bin $(GUEST_BIN) \
 	--qemu-root $(PCIFAB_CACHE)/trixie
 COMMON_ARGS = $(GUEST_ARGS) --results $(RESULTS)
 # The fast kernel and the module in src/ (demo, bench).
-HARNESS_ARGS = --kernel $(KDIR)/arch/x86/boot/bzImage --module $(CURDIR)/src/pcifab.ko \
-	--switchtec $(KDIR)/drivers/pci/switch/switchtec.ko $(COMMON_ARGS)
+TEST_KERNEL_ARGS = --kernel $(KDIR)/arch/x86/boot/bzImage --module $(CURDIR)/src/pcifab.ko \
+	--switchtec $(KDIR)/drivers/pci/switch/switchtec.ko $(GUEST_ARGS)
+HARNESS_ARGS = $(TEST_KERNEL_ARGS) --results $(RESULTS)
+# The public PAX client (switchtec-user's CLI) for the `pax client` scenarios.
+SWITCHTEC_USER := $(PCIFAB_CACHE)/switchtec-user/switchtec
 # The sanitizer kernel and the module built for it (test).
 DEBUG_HARNESS_ARGS = --kernel $(DEBUG_KDIR)/arch/x86/boot/bzImage \
 	--module $(DEBUG_MO)/src/pcifab.ko --debug-kernel \
-	--switchtec $(DEBUG_KDIR)/drivers/pci/switch/switchtec.ko $(COMMON_ARGS)
+	--switchtec $(DEBUG_KDIR)/drivers/pci/switch/switchtec.ko \
+	--switchtec-user $(SWITCHTEC_USER) $(GUEST_ARGS)
 
-qemu-test: check-module-debug tools
-	$(HOST_BIN)/pcifab-harness test --keep-going $(DEBUG_HARNESS_ARGS)
+switchtec-user: deps
+	@tools/scripts/switchtec-user.sh
 
-# The order matters: cheap checks first, the QEMU scenarios print the final summary line.
-test: deps kernel-debug lint check-module-debug cargo-test tools
-	$(HOST_BIN)/pcifab-harness test --keep-going $(DEBUG_HARNESS_ARGS)
+qemu-test: check-module-debug tools switchtec-user
+	$(HOST_BIN)/pcifab-harness test --keep-going $(DEBUG_HARNESS_ARGS) --results $(RESULTS)
+
+# The QEMU matrix of make test (Documentation/testing.rst, "The matrix"): every cell that can
+# fail differently, without running every scenario everywhere.
+#   debug kernel  x extended  every scenario, on the sanitizer kernel
+#   Debian kernel x pax       identity, management, composition, manager, the PAX-specific
+#                             scenarios and the P2P scenarios' clean refusals
+#   Debian kernel x extended  the P2P copies (Debian's IOMMU and P2PDMA configuration)
+#   test kernel   x pax       the public PAX client over switchtec.ko (Debian has none)
+#   Debian kernel, DKMS build the identity scenarios
+# Each run writes RESULTS/<cell>/summary.json; a failed cell does not stop the others, and
+# `pcifab-harness summary` prints the per-dialect lines and the final `N passed, N failed`.
+DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|identity|MRPC echo: four|fault|compose|manager|features|extensions|multi-function|DMA MRPC|p2p|rmmod pcifab in every host
+DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host
+TEST_PAX_FILTER := pcifab binds the MEP|in-tree switchtec|pax client
+MATRIX := debug debian-pax debian-extended test-pax dkms
+
+# The order matters: cheap checks first, the QEMU cells last; the summary prints the final line.
+test: deps kernel kernel-debug kernel-debian lint check-module-debug check-module-msrv cargo-test \
+		tools switchtec-user
+	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX))
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended $(DEBUG_HARNESS_ARGS) \
+		--results $(RESULTS)/debug
+	-$(MAKE) -s module-debian
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(DEBIAN_PAX_FILTER)' \
+		$(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-pax
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended \
+		--filter '$(DEBIAN_EXT_FILTER)' $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-extended
+	-$(MAKE) -s check-module
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(TEST_PAX_FILTER)' \
+		$(TEST_KERNEL_ARGS) --switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/test-pax
+	-$(MAKE) -s check-dkms
+	$(HOST_BIN)/pcifab-harness summary $(addprefix $(RESULTS)/,$(MATRIX))
 
 # The same scenarios with the trust scenarios at full size; hours on 2 cores under TCG.
-soak: deps kernel-debug check-module-debug tools
-	$(HOST_BIN)/pcifab-harness test --keep-going --soak $(DEBUG_HARNESS_ARGS)
+soak: deps kernel-debug check-module-debug tools switchtec-user
+	$(HOST_BIN)/pcifab-harness test --keep-going --soak $(DEBUG_HARNESS_ARGS) --results $(RESULTS)
 
 # Debian's own kernel (trixie-backports linux-image-$(DEBIAN_KREL)) and the module built for
 # it; no switchtec.ko (Debian's config leaves PCI_SW_SWITCHTEC off). Documentation/kernels.rst.
@@ -135,9 +170,9 @@ DEBIAN_HARNESS_ARGS = --kernel $(DEBIAN_KDIR)/vmlinuz --module $(DEBIAN_MO)/src/
 	$(GUEST_ARGS)
 # Identity, management (bind, move), P2P and the manager: about 90 s of scenarios.
 DEBIAN_FILTER := pcifab binds the MEP|identity|compose: bind GPU0|compose: move GPU0|p2p: same-host|manager: four requests|rmmod pcifab in every host
-# demo and bench: test (the fast kernel) or debian.
-DEMO_KERNEL ?= test
-BENCH_KERNEL ?= test
+# demo and bench: debian (Debian's own kernel, the default) or test (the fast test kernel).
+DEMO_KERNEL ?= debian
+BENCH_KERNEL ?= debian
 
 kernel-debian: deps
 	@tools/scripts/debian-kernel.sh prepare
