@@ -9,6 +9,7 @@ mod conn;
 mod driver_trust;
 mod fabric;
 mod initramfs;
+mod install;
 mod manager;
 mod p2p;
 mod procs;

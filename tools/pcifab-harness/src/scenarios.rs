@@ -256,6 +256,7 @@ pub fn all() -> Vec<Scenario> {
         ));
     }
     crate::trust::insert(&mut v);
+    crate::install::insert(&mut v);
     v
 }
 
@@ -312,8 +313,8 @@ impl Checks {
     }
 }
 
-const PCIFAB_KO: &str = "/lib/modules/pcifab.ko";
-const SWITCHTEC_KO: &str = "/lib/modules/switchtec.ko";
+pub(crate) const PCIFAB_KO: &str = "/lib/modules/pcifab.ko";
+pub(crate) const SWITCHTEC_KO: &str = "/lib/modules/switchtec.ko";
 /// Shown for a device without a driver.
 const NO_DRIVER: &str = "<no driver>";
 /// Lines of dmesg that fail a scenario (grep -iE).
@@ -362,7 +363,7 @@ pub fn module_loaded(h: &mut Host, module: &str) -> Result<bool, String> {
 }
 
 /// Waits up to `secs` for `test_expr` (a `[ ... ]` test) to hold.
-fn wait_for(h: &mut Host, test_expr: &str, secs: u32) -> Result<bool, String> {
+pub(crate) fn wait_for(h: &mut Host, test_expr: &str, secs: u32) -> Result<bool, String> {
     let script = format!(
         "i=0; while ! {test_expr} && [ $i -lt {} ]; do sleep 0.1; i=$((i+1)); done; {test_expr}",
         secs * 10

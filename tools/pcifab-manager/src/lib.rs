@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod driver;
 pub mod executor;
 pub mod liveness;
+pub mod notify;
 pub mod protocol;
 pub mod scheduler;
 pub mod spool;
