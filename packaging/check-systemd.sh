@@ -14,7 +14,7 @@ cp "$here/udev/60-pcifab.rules" "$d/"
 # verify wants the ExecStart binary to exist: a stand-in in the copy, removed after.
 touch "$root/usr/bin/pcifab-manager" && chmod 0755 "$root/usr/bin/pcifab-manager"
 rc=0
-out=$(chroot "$root" systemd-analyze verify /tmp/pcifab-systemd/pcifab-manager.service 2>&1) || rc=1
+out=$(chroot "$root" systemd-analyze verify --man=no /tmp/pcifab-systemd/pcifab-manager.service 2>&1) || rc=1
 [ -z "$out" ] || { echo "$out"; rc=1; }
 chroot "$root" udevadm verify --resolve-names=never /tmp/pcifab-systemd/60-pcifab.rules || rc=1
 rm -f "$root/usr/bin/pcifab-manager"
