@@ -4,11 +4,6 @@
 //! pcifab-manager's control socket or, on a kernel without UNIX sockets, its spool directory.
 //! Documentation/manager.rst describes the protocol, Documentation/cli.rst the commands.
 
-use std::{
-    io::{BufRead, BufReader, Write},
-    os::unix::net::UnixStream,
-};
-
 use pcifab::cli::{Command, RequestArgs};
 use serde_json::{json, Value};
 
@@ -25,77 +20,18 @@ pub fn run(cli: &Cli) -> Result<(), Error> {
     }
 }
 
-/// One request to the manager, one reply.
-/// One request through the manager's spool directory `SOCKET.d`, which it serves instead of
-/// the socket on a kernel without UNIX sockets (Documentation/manager.rst, "Control socket").
-fn ask_spool(dir: &str, req: &Value) -> Result<String, String> {
-    let dir = std::path::Path::new(dir);
-    let alive = || {
-        std::fs::read_to_string(dir.join("pid"))
-            .ok()
-            .and_then(|p| p.trim().parse::<i32>().ok())
-            // SAFETY: signal 0 only checks that the process exists.
-            .is_some_and(|p| p > 0 && unsafe { libc::kill(p, 0) } == 0)
-    };
-    if !alive() {
-        return Err(format!("no manager is running for {}", dir.display()));
-    }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let name = format!("{nanos:024}-{}-0", std::process::id());
-    let (tmp, path, reply) = (
-        dir.join(format!("{name}.tmp")),
-        dir.join(format!("{name}.req")),
-        dir.join(format!("{name}.reply")),
-    );
-    std::fs::write(&tmp, format!("{req}\n"))
-        .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| format!("cannot write a request into {}: {e}", dir.display()))?;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&reply) {
-            let _ = std::fs::remove_file(&reply);
-            return Ok(text);
-        }
-        if !alive() {
-            let _ = std::fs::remove_file(&path);
-            return Err(format!(
-                "the manager for {} stopped before it answered",
-                dir.display()
-            ));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 /// One request to the manager, one reply; a reply with `"ok": false` is an error (exit 3
 /// when the manager refused the request itself).
 pub fn ask(socket: &str, req: &Value) -> Result<Value, Error> {
-    let hint = "; is pcifab-manager running (--manager-socket PATH names another socket)?";
-    let line = match UnixStream::connect(socket) {
-        Ok(mut s) => {
-            writeln!(s, "{req}").map_err(|e| {
-                failure(format!("cannot send to the manager at {socket}: {e}")).errno(&e)
-            })?;
-            let mut line = String::new();
-            BufReader::new(s).read_line(&mut line).map_err(|e| {
-                failure(format!("no reply from the manager at {socket}: {e}")).errno(&e)
-            })?;
-            line
-        }
-        // No UNIX sockets in this kernel: the manager serves SOCKET.d instead.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EAFNOSUPPORT)) => {
-            ask_spool(&format!("{socket}.d"), req).map_err(|e| {
-                failure(format!("cannot reach the manager at {socket}.d: {e}{hint}"))
-            })?
-        }
-        Err(e) => {
-            return Err(
-                failure(format!("cannot reach the manager at {socket}: {e}{hint}")).errno(&e),
-            )
-        }
-    };
+    let line = pcifab_manager::client::ask(std::path::Path::new(socket), &req.to_string())
+        .map_err(|f| {
+            let mut e = failure(format!(
+                "{} (--manager-socket PATH names another socket)",
+                f.msg
+            ));
+            e.errno = f.errno;
+            e
+        })?;
     let v: Value = serde_json::from_str(&line).map_err(|e| {
         failure(format!(
             "the manager at {socket} answered something that is not JSON ({e}): {line:?}"
