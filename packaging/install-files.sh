@@ -13,8 +13,8 @@ FISHDIR=$PREFIX/share/fish/vendor_completions.d
 
 files() {
     # source|destination|mode
-    echo "$MUSL_BIN/pcifab|$BINDIR/pcifab|0755"
-    echo "$MUSL_BIN/pcifab-manager|$BINDIR/pcifab-manager|0755"
+    echo "${MUSL_BIN:-}/pcifab|$BINDIR/pcifab|0755"
+    echo "${MUSL_BIN:-}/pcifab-manager|$BINDIR/pcifab-manager|0755"
     echo "$GEN_DIR/completions/pcifab.bash|$BASHDIR/pcifab|0644"
     echo "$GEN_DIR/completions/_pcifab|$ZSHDIR/_pcifab|0644"
     echo "$GEN_DIR/completions/pcifab.fish|$FISHDIR/pcifab.fish|0644"
@@ -45,6 +45,8 @@ uninstall)
     files | while IFS='|' read -r src dst mode; do
         rm -f "$D$dst"
     done
+    # The man pages even without the generated ones to list them.
+    rm -f "$D$MANDIR/man1/pcifab.1" "$D$MANDIR"/man1/pcifab-*.1
     rmdir "$D$DOCDIR" 2>/dev/null || true
     ;;
 *)
