@@ -212,38 +212,57 @@ pub struct Progress {
 
 impl Progress {
     pub fn start(what: String, quiet: bool) -> Self {
-        Self::start_on(what, quiet, std::io::stderr().is_terminal())
+        if quiet {
+            return Self {
+                done: Arc::new(AtomicBool::new(false)),
+                thread: None,
+            };
+        }
+        Self::start_on(
+            what,
+            std::io::stderr().is_terminal(),
+            Box::new(std::io::stderr()),
+        )
     }
 
-    fn start_on(what: String, quiet: bool, tty: bool) -> Self {
+    /// Shows progress on `out`, a terminal if `tty`.
+    fn start_on(what: String, tty: bool, mut out: Box<dyn Write + Send>) -> Self {
         let done = Arc::new(AtomicBool::new(false));
-        let thread = (!quiet).then(|| {
+        if !tty {
+            let _ = writeln!(out, "{} {what}...", rfc3339(SystemTime::now()));
+        }
+        let thread = {
             let done = done.clone();
-            if !tty {
-                eprintln!("{} {what}...", rfc3339(SystemTime::now()));
-            }
             std::thread::spawn(move || {
                 let start = Instant::now();
                 let mut shown = 0;
                 let mut drawn = false;
                 while !done.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(100));
+                    if done.load(Ordering::Relaxed) {
+                        break;
+                    }
                     let el = start.elapsed();
                     if tty {
                         // The first tenth of a second shows nothing: quick calls stay quiet.
-                        eprint!("\r{what}: {:.1} s\x1b[K", el.as_secs_f64());
+                        let _ = write!(out, "\r{what}: {:.1} s\x1b[K", el.as_secs_f64());
                         drawn = true;
                     } else if el.as_secs() > shown {
                         shown = el.as_secs();
-                        eprintln!("{} {what}: {shown} s", rfc3339(SystemTime::now()));
+                        let _ = writeln!(out, "{} {what}: {shown} s", rfc3339(SystemTime::now()));
                     }
+                    let _ = out.flush();
                 }
                 if drawn {
-                    eprint!("\r\x1b[K");
+                    let _ = write!(out, "\r\x1b[K");
+                    let _ = out.flush();
                 }
             })
-        });
-        Self { done, thread }
+        };
+        Self {
+            done,
+            thread: Some(thread),
+        }
     }
 }
 
@@ -265,6 +284,63 @@ mod tests {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
         let t = UNIX_EPOCH + Duration::from_secs(1_709_210_096); // leap day 2024
         assert_eq!(rfc3339(t), "2024-02-29T12:34:56Z");
+    }
+
+    /// A writer whose bytes the test can read.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .map_err(|_| std::io::ErrorKind::Other)?
+                .extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Shared {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+        }
+    }
+
+    #[test]
+    fn progress_is_timestamped_lines_off_a_terminal() {
+        let buf = Shared::default();
+        let p = Progress::start_on("binding 0x0300".into(), false, Box::new(buf.clone()));
+        std::thread::sleep(Duration::from_millis(1250));
+        drop(p);
+        let t = buf.text();
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 2, "{t:?}");
+        assert!(lines[0].ends_with("Z binding 0x0300..."), "{t:?}");
+        assert!(lines[1].ends_with("Z binding 0x0300: 1 s"), "{t:?}");
+        assert!(!t.contains('\r') && !t.contains('\x1b'), "{t:?}");
+    }
+
+    #[test]
+    fn progress_is_one_live_line_on_a_terminal() {
+        let buf = Shared::default();
+        let p = Progress::start_on("copying 1 MiB".into(), true, Box::new(buf.clone()));
+        std::thread::sleep(Duration::from_millis(650));
+        drop(p);
+        let t = buf.text();
+        assert!(!t.contains('\n'), "{t:?}");
+        assert!(t.starts_with("\rcopying 1 MiB: 0."), "{t:?}");
+        assert!(t.contains(" s\x1b[K"), "{t:?}");
+        assert!(
+            t.matches("\rcopying 1 MiB: ").count() >= 2,
+            "redrawn: {t:?}"
+        );
+        assert!(
+            t.ends_with("\r\x1b[K"),
+            "the line is erased at the end: {t:?}"
+        );
     }
 
     #[test]
