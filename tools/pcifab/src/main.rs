@@ -14,7 +14,7 @@ mod p2p;
 mod top;
 
 use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
-use out::{emit, failure, refused, usage_error, Error, Progress, EXIT_REFUSED};
+use out::{emit, failure, usage_error, Error, Progress, EXIT_REFUSED};
 use pcifab::cli::{Cli, Command, Compose, SCOPED_GLOBALS};
 use pcifab_uapi::{dev, fixed_str, Arg, Bind, Events, Function, Move, Port, Unbind};
 use serde_json::{json, Value};
@@ -322,7 +322,7 @@ fn show(cli: &Cli, pdfid: u16) -> Result<(), Error> {
         .iter()
         .find(|f| f.pdfid == pdfid)
         .ok_or_else(|| {
-            refused(format!(
+            failure(format!(
                 "no function {} in the fabric; `pcifab list` shows them",
                 pdfid_str(pdfid)
             ))

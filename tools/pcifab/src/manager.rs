@@ -7,7 +7,7 @@
 use pcifab::cli::{Command, RequestArgs};
 use serde_json::{json, Value};
 
-use super::{emit, failure, refused, Cli, Error};
+use super::{emit, failure, out::refused, Cli, Error};
 
 /// Runs a manager command.
 pub fn run(cli: &Cli) -> Result<(), Error> {
