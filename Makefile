@@ -218,3 +218,67 @@ bench: kernel check-module tools
 endif
 	$(HOST_BIN)/pcifab-harness bench $(HARNESS_ARGS)
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench
+
+# ---- install, packages (Documentation/install.rst) ------------------------------------------
+# make install [PREFIX=/usr/local] [DESTDIR=]: the module of src/ for KDIR's kernel (+ depmod
+# when DESTDIR is empty), the static tools, man pages, completions, the udev rule, the
+# modprobe.d file, the sysusers.d file and the systemd unit. PREFIX=/usr puts the system files
+# under /usr/lib (as the packages do); any other PREFIX puts them under /etc.
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR = $(PREFIX)/bin
+MANDIR = $(PREFIX)/share/man
+DOCDIR = $(PREFIX)/share/doc/pcifab-tools
+SYSDIR = $(if $(filter /usr,$(PREFIX)),/usr/lib,/etc)
+UDEVRULESDIR ?= $(SYSDIR)/udev/rules.d
+MODPROBEDIR ?= $(SYSDIR)/modprobe.d
+SYSUSERSDIR ?= $(SYSDIR)/sysusers.d
+UNITDIR ?= $(if $(filter /usr,$(PREFIX)),/usr/lib/systemd/system,/etc/systemd/system)
+KRELEASE = $(shell cat $(KDIR)/include/config/kernel.release 2>/dev/null)
+GEN_DIR = $(CARGO_TARGET_DIR)/pcifab-gen
+PKG_OUT ?= $(PCIFAB_CACHE)/packages
+INSTALL_FILES = packaging/install-files.sh
+
+.PHONY: install install-build install-tools install-module uninstall deb check-packages \
+	check-systemd
+
+# The static tools and what pcifab-gen makes; no `make deps` (an installing machine needs
+# only cargo with the musl target).
+install-build:
+	$(CARGO) build -q --release $(TOOLS) --target $(MUSL) -p pcifab -p pcifab-manager
+	$(CARGO) build -q --release $(TOOLS) -p pcifab --bin pcifab-gen
+	$(HOST_BIN)/pcifab-gen $(GEN_DIR)
+
+install-tools: install-build
+	DESTDIR="$(DESTDIR)" BINDIR="$(BINDIR)" MANDIR="$(MANDIR)" DOCDIR="$(DOCDIR)" \
+	UDEVRULESDIR="$(UDEVRULESDIR)" MODPROBEDIR="$(MODPROBEDIR)" SYSUSERSDIR="$(SYSUSERSDIR)" \
+	UNITDIR="$(UNITDIR)" PREFIX="$(PREFIX)" MUSL_BIN="$(MUSL_BIN)" GEN_DIR="$(GEN_DIR)" \
+		$(INSTALL_FILES) install
+
+install-module:
+	@[ -f src/pcifab.ko ] || { echo "no src/pcifab.ko: run make (KDIR=...) first"; exit 1; }
+	@[ -n "$(KRELEASE)" ] || { echo "no kernel release in $(KDIR)/include/config/kernel.release"; exit 1; }
+	install -D -m 0644 src/pcifab.ko $(DESTDIR)/lib/modules/$(KRELEASE)/extra/pcifab.ko
+	$(if $(DESTDIR),@echo "DESTDIR set: run depmod $(KRELEASE) on the target",depmod -a $(KRELEASE))
+
+install: install-tools install-module
+
+uninstall:
+	DESTDIR="$(DESTDIR)" BINDIR="$(BINDIR)" MANDIR="$(MANDIR)" DOCDIR="$(DOCDIR)" \
+	UDEVRULESDIR="$(UDEVRULESDIR)" MODPROBEDIR="$(MODPROBEDIR)" SYSUSERSDIR="$(SYSUSERSDIR)" \
+	UNITDIR="$(UNITDIR)" PREFIX="$(PREFIX)" GEN_DIR="$(GEN_DIR)" $(INSTALL_FILES) uninstall
+	rm -f $(DESTDIR)/lib/modules/$(KRELEASE)/extra/pcifab.ko
+	$(if $(DESTDIR),,-depmod -a $(KRELEASE))
+
+# pcifab-tools_<version>_amd64.deb and pcifab-dkms_<version>_all.deb into $(PKG_OUT).
+deb: install-build
+	MUSL_BIN="$(MUSL_BIN)" GEN_DIR="$(GEN_DIR)" packaging/build-deb.sh $(PKG_OUT)
+
+# Installs and purges both packages in a copy of the guests' trixie tree (never the tree
+# itself), checking the files land and go.
+check-packages: deb
+	packaging/check-packages.sh $(PKG_OUT)
+
+# systemd-analyze verify of the unit, in the same copy (systemd installed there, not here).
+check-systemd:
+	packaging/check-systemd.sh

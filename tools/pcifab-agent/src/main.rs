@@ -389,6 +389,13 @@ fn serve(port: &mut Port) {
 }
 
 fn main() {
+    if std::env::args()
+        .nth(1)
+        .is_some_and(|a| a == "--version" || a == "-V")
+    {
+        println!("{} {}", env!("CARGO_BIN_NAME"), env!("CARGO_PKG_VERSION"));
+        return;
+    }
     let file = open_port();
     let wr = match file.try_clone() {
         Ok(f) => f,

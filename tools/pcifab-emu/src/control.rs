@@ -633,7 +633,7 @@ mod tests {
         );
         assert!(s.contains("\"product_id\":\"PAX 28XG4\""), "{s}");
         assert!(
-            s.contains("{\"name\":\"h1\",\"partition\":1,\"connected\":false,\"mrpc_commands\":0,\"irqs_fired\":0}"),
+            s.contains("{\"name\":\"h1\",\"partition\":1,\"connected\":false,\"mrpc_commands\":0,\"irqs_fired\":0,\"ext_block_accesses\":0}"),
             "{s}"
         );
         assert_eq!(

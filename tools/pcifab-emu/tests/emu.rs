@@ -338,7 +338,7 @@ fn vfio_user_session_against_the_mep() {
     assert!(state.contains("\"die_temp_centi\":4500"), "{state}");
     assert!(
         state.contains(
-            "{\"name\":\"h1\",\"partition\":1,\"connected\":true,\"mrpc_commands\":4,\"irqs_fired\":1}"
+            "{\"name\":\"h1\",\"partition\":1,\"connected\":true,\"mrpc_commands\":4,\"irqs_fired\":1,\"ext_block_accesses\":0}"
         ),
         "{state}"
     );

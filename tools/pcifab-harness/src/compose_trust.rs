@@ -526,7 +526,7 @@ pub fn double_unbind(f: &mut Fabric) -> Result<(), String> {
                 winners[i] += 1;
                 continue;
             }
-            let err = v.get("error").and_then(Value::as_str).unwrap_or("");
+            let err = v["error"]["message"].as_str().unwrap_or("");
             if *code != 3 || !err.contains("No such file or directory") {
                 c.fail(format!(
                     "h{i} (the loser): expected exit 3 with ENOENT (\"No such file or \

@@ -49,7 +49,8 @@ fn nobody_setup(h: &mut Host) -> Result<(), String> {
 /// Runs `pcifab ARGS --json` as user `nobody`; returns (exit code, JSON line, output).
 fn as_nobody(h: &mut Host, args: &str) -> Result<(i64, Value, String), String> {
     let o = h.run(&format!("su -s /bin/sh nobody -c 'pcifab {args} --json'"))?;
-    let v = json_line(&o.out);
+    let v =
+        json_line(&o.out).map_err(|e| format!("{}: as nobody: `pcifab {args}`: {e}", h.name))?;
     h.log_note(&format!("as nobody: pcifab {args}: exit {}", o.code));
     Ok((o.code, v, o.out))
 }
@@ -412,7 +413,7 @@ pub fn p2p_grants(f: &mut Fabric) -> Result<(), String> {
     c.eq(
         "h1 route add before a grant: errno",
         Some(EACCES),
-        v["errno"].as_i64(),
+        v["error"]["errno"].as_i64(),
     );
     if code == 0 {
         c.fail(format!(
@@ -427,7 +428,7 @@ pub fn p2p_grants(f: &mut Fabric) -> Result<(), String> {
     c.eq(
         "h1 granting itself h0's function: errno",
         Some(EACCES),
-        v["errno"].as_i64(),
+        v["error"]["errno"].as_i64(),
     );
     c.finish()?;
 
@@ -460,7 +461,7 @@ pub fn p2p_grants(f: &mut Fabric) -> Result<(), String> {
     c.eq(
         "h1 route add after the revoke: errno",
         Some(EACCES),
-        v["errno"].as_i64(),
+        v["error"]["errno"].as_i64(),
     );
 
     // Unbound: the firmware drops the grant and every route it allowed.

@@ -858,7 +858,11 @@ pub fn emu_control(run_dir: &Path, request: &str) -> Result<String, String> {
     // function in use is a device_del, which waits out pciehp's attention-button delay
     // (5 s) and the removal before the emulator answers; every other request is quick.
     let verb = request.split_whitespace().next().unwrap_or("");
-    let timeout = if matches!(verb, "bind" | "unbind") { 60 } else { 5 };
+    let timeout = if matches!(verb, "bind" | "unbind") {
+        60
+    } else {
+        5
+    };
     s.set_read_timeout(Some(Duration::from_secs(timeout)))
         .map_err(|e| format!("control socket: {e}"))?;
     s.write_all(format!("{request}\n").as_bytes())

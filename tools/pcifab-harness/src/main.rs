@@ -9,6 +9,7 @@ mod conn;
 mod driver_trust;
 mod fabric;
 mod initramfs;
+mod install;
 mod manager;
 mod p2p;
 mod pax_client;
@@ -761,6 +762,13 @@ fn summary(dirs: &[String]) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    if std::env::args()
+        .nth(1)
+        .is_some_and(|a| a == "--version" || a == "-V")
+    {
+        println!("{} {}", env!("CARGO_BIN_NAME"), env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("summary") {
         return summary(&args[1..]);

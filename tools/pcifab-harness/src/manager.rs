@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use crate::fabric::{EmuControl, Fabric, Host};
 use crate::scenarios::{
-    bar_pattern, check_invariants, check_world, compose_begin, emu_owners, fns_seen, owners,
-    owners_text, Owners,
+    bar_pattern, check_invariants, check_world, compose_begin, emu_owners, fns_seen, json_line,
+    owners, owners_text, Owners,
 };
 
 /// Where the daemon keeps its database in h0 (emptied at the start of every scenario).
@@ -125,13 +125,7 @@ fn manager_log(h0: &mut Host) -> String {
 /// `pcifab ARGS --json` in h0 through the daemon: (exit code, the reply).
 fn cli(h0: &mut Host, args: &str) -> Result<(i64, Value), String> {
     let o = h0.run(&format!("pcifab {args} --json"))?;
-    let v = o
-        .out
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or(Value::Null);
+    let v = json_line(&o.out).map_err(|e| format!("h0: `pcifab {args} --json`: {e}"))?;
     Ok((o.code, v))
 }
 

@@ -13,8 +13,8 @@ use serde_json::Value;
 
 use crate::fabric::{EmuControl, Fabric, Host};
 use crate::scenarios::{
-    bind_here, check_invariants, compose_begin, dmesg_clean, expect_eq, pcifab_cmd, pcifab_ok,
-    selftest_json, Checks,
+    bind_here, check_invariants, compose_begin, dmesg_clean, expect_eq, json_line, pcifab_cmd,
+    pcifab_ok, selftest_json, Checks,
 };
 
 const GPU0: u16 = 0x0300;
@@ -380,9 +380,9 @@ pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
     c.eq_json(
         "dma_status",
         Value::from("HOST_FAULT"),
-        v["dma_status"].clone(),
+        v["error"]["dma_status"].clone(),
     );
-    c.eq_json("done", Value::from(0), v["done"].clone());
+    c.eq_json("done", Value::from(0), v["error"]["done"].clone());
     c.finish()?;
     // From the function to that IOVA: refused too.
     let (_, v) = copy_fails(h0, "0x0300:0", "iova:0x1000", 4096)?;
@@ -391,9 +391,9 @@ pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
     c.eq_json(
         "dma_status",
         Value::from("HOST_FAULT"),
-        v["dma_status"].clone(),
+        v["error"]["dma_status"].clone(),
     );
-    c.eq_json("done", Value::from(0), v["done"].clone());
+    c.eq_json("done", Value::from(0), v["error"]["done"].clone());
     c.finish()?;
     selftest_json(h0, &format!("bar --device {bdf} --check {SEED_A:#x}"), LONG)?;
 
@@ -433,14 +433,18 @@ pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
     expect_eq(
         "h1: copy to 4 GiB (beyond RAM): dma_status",
         Value::from("HOST_FAULT"),
-        v["dma_status"].clone(),
+        v["error"]["dma_status"].clone(),
     )?;
 
     // A function without a route: nothing to reach it by.
     let (code, v) = copy_fails(h0, "0x0300:0", "0x0400:0", 1)?;
     let mut c = Checks::new("h0: copy to 0x0400 without a route");
     c.eq("exit code (refused)", 3, code);
-    c.eq_json("errno", Value::from(libc_enoent()), v["errno"].clone());
+    c.eq_json(
+        "errno",
+        Value::from(libc_enoent()),
+        v["error"]["errno"].clone(),
+    );
     c.finish()?;
     // A route to a function that is not bound is refused by the firmware.
     let (code, _, _) = pcifab_cmd(
@@ -526,15 +530,14 @@ pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
                  cat /tmp/race.rc; cat /tmp/race.json; rm -f /tmp/race.rc",
                 LONG,
             )?;
-            let json = o.lines().find(|l| l.starts_with('{')).unwrap_or("null");
-            let v: Value = serde_json::from_str(json).unwrap_or(Value::Null);
+            let v = json_line(&o)?;
             let rc = o.lines().next().unwrap_or("").trim().to_string();
-            let done = v["done"].as_u64().unwrap_or(u64::MAX);
+            let done = v["error"]["done"].as_u64().unwrap_or(u64::MAX);
             let mut c = Checks::new(&format!("h0: 64 MiB copy, {what} during it"));
             c.eq_json(
                 "dma_status",
                 Value::from("ROUTE_FAULT"),
-                v["dma_status"].clone(),
+                v["error"]["dma_status"].clone(),
             );
             if rc == "0" {
                 c.fail(format!("exit code: expected a failure, got 0 ({o})"));

@@ -284,6 +284,7 @@ pub fn all() -> Vec<Scenario> {
         v.insert(at + i, s(name, secs, run));
     }
     crate::trust::insert(&mut v);
+    crate::install::insert(&mut v);
     v
 }
 
@@ -340,8 +341,8 @@ impl Checks {
     }
 }
 
-const PCIFAB_KO: &str = "/lib/modules/pcifab.ko";
-const SWITCHTEC_KO: &str = "/lib/modules/switchtec.ko";
+pub(crate) const PCIFAB_KO: &str = "/lib/modules/pcifab.ko";
+pub(crate) const SWITCHTEC_KO: &str = "/lib/modules/switchtec.ko";
 /// Shown for a device without a driver.
 const NO_DRIVER: &str = "<no driver>";
 /// Lines of dmesg that fail a scenario (grep -iE).
@@ -390,7 +391,7 @@ pub fn module_loaded(h: &mut Host, module: &str) -> Result<bool, String> {
 }
 
 /// Waits up to `secs` for `test_expr` (a `[ ... ]` test) to hold.
-fn wait_for(h: &mut Host, test_expr: &str, secs: u32) -> Result<bool, String> {
+pub(crate) fn wait_for(h: &mut Host, test_expr: &str, secs: u32) -> Result<bool, String> {
     let script = format!(
         "i=0; while ! {test_expr} && [ $i -lt {} ]; do sleep 0.1; i=$((i+1)); done; {test_expr}",
         secs * 10
@@ -565,6 +566,7 @@ fn sysfs_identity(f: &mut Fabric) -> Result<(), String> {
 
 /// Compares `pcifab info --json` output with the configuration.
 fn check_info_json(h: &Host, e: &Expected, text: &str) -> Result<(), String> {
+    json_line(text).map_err(|err| format!("{}: `pcifab info --json`: {err}", h.name))?;
     let v: Value = serde_json::from_str(text.trim()).map_err(|err| {
         format!(
             "{}: `pcifab info --json`: expected one JSON object, got {:?} ({err})",
@@ -863,6 +865,7 @@ fn num_field(v: &Value, k: &str) -> f64 {
 /// `pcifab stats --json` as a JSON object.
 fn stats(h: &mut Host) -> Result<Value, String> {
     let out = h.run_ok("pcifab stats --json")?;
+    json_line(&out).map_err(|e| format!("{}: `pcifab stats --json`: {e}", h.name))?;
     serde_json::from_str(out.trim())
         .map_err(|e| format!("{}: `pcifab stats --json`: {e}: {out:?}", h.name))
 }
@@ -1134,17 +1137,17 @@ fn fault_error(f: &mut Fabric) -> Result<(), String> {
             let o = h.run("pcifab mrpc 0x41 0a0b --out-len 2 --json")?;
             let mut c = Checks::new(&format!("{}: mrpc-error", h.name));
             c.eq("CLI exit code", 1, o.code);
-            let line = o.out.lines().find(|l| l.starts_with('{')).unwrap_or("");
-            let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+            let v = json_line(&o.out)?;
             c.eq_json(
-                "status",
-                Value::from(255),
-                v.get("status").cloned().unwrap_or_default(),
+                "error code",
+                Value::from("firmware"),
+                v["error"]["code"].clone(),
             );
+            c.eq_json("status", Value::from(255), v["error"]["status"].clone());
             c.eq_json(
                 "ret_value",
                 Value::from("0x64005"),
-                v.get("ret_value").cloned().unwrap_or_default(),
+                v["error"]["ret_value"].clone(),
             );
             if !o.out.contains("return value 0x64005") {
                 c.fail(format!(
@@ -1241,7 +1244,7 @@ fn fault_bad_length(f: &mut Fabric) -> Result<(), String> {
             c.eq("TOPO_INFO_DUMP START exit code", 0, o.code);
             let o = h.run("pcifab mrpc 0x82 03000000 --out-len 1024 --json")?;
             c.eq("TOPO_INFO_DUMP DATA_GET exit code", 0, o.code);
-            let v: Value = serde_json::from_str(o.out.trim()).unwrap_or(Value::Null);
+            let v = json_line(&o.out)?;
             let out = v.get("output").and_then(Value::as_str).unwrap_or("");
             c.eq("output hex digits (1024 bytes, no more)", 2048, out.len());
             c.eq(
@@ -1578,6 +1581,7 @@ pub(crate) fn emu_owners(emu: &EmuControl, e: &Expected) -> Result<(Owners, Valu
 /// `pcifab list --json` in `h`: owners, and the functions array as printed.
 fn list_owners(h: &mut Host) -> Result<(Owners, Value), String> {
     let out = h.run_ok("pcifab list --json")?;
+    json_line(&out).map_err(|e| format!("{}: `pcifab list --json`: {e}", h.name))?;
     let v: Value = serde_json::from_str(out.trim()).map_err(|e| {
         format!(
             "{}: `pcifab list --json`: expected one JSON object, got {:?} ({e})",
@@ -1787,18 +1791,23 @@ fn check_world_except(
 }
 
 /// The first line of `out` that is a JSON object, or null.
-pub(crate) fn json_line(out: &str) -> Value {
-    out.lines()
-        .find(|l| l.starts_with('{'))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or(Value::Null)
+/// The CLI's JSON object in `out` (the first line that starts with `{`), checked against the
+/// schema it names (Documentation/json); Null when `out` has none.
+pub(crate) fn json_line(out: &str) -> Result<Value, String> {
+    let Some(line) = out.lines().find(|l| l.starts_with('{')) else {
+        return Ok(Value::Null);
+    };
+    let v: Value = serde_json::from_str(line)
+        .map_err(|e| format!("the CLI printed a line that is not JSON ({e}): {line}"))?;
+    pcifab_schemas::validate(&v).map_err(|e| format!("the CLI's JSON breaks its schema: {e}"))?;
+    Ok(v)
 }
 
 /// One CLI call; returns (exit code, the JSON line if any, the whole output).
 pub(crate) fn pcifab_cmd(h: &mut Host, args: &str) -> Result<(i64, Value, String), String> {
     let o = h.run(&format!("pcifab {args} --json"))?;
-    let v = json_line(&o.out);
     h.log_note(&format!("pcifab {args}: exit {}", o.code));
+    let v = json_line(&o.out).map_err(|e| format!("{}: `pcifab {args} --json`: {e}", h.name))?;
     Ok((o.code, v, o.out))
 }
 

@@ -349,11 +349,15 @@ pub fn serve(daemon: Daemon, socket: &Path) -> Result<(), String> {
         std::thread::spawn(move || loop {
             std::thread::sleep(Duration::from_secs(1));
             match d.lock() {
-                Ok(mut d) => d.tick(),
+                Ok(mut d) => {
+                    d.tick();
+                    crate::notify::watchdog();
+                }
                 Err(_) => return,
             }
         });
     }
+    crate::notify::ready();
     let Some(listener) = listener else {
         return crate::spool::serve(d, &crate::spool::dir_for(socket));
     };

@@ -57,14 +57,6 @@ impl Driver {
         })
     }
 
-    /// # Safety
-    ///
-    /// Every user pointer inside `arg` must address a live buffer as long as `arg` says.
-    unsafe fn ioctl<T: Arg>(&self, cmd: u32, arg: &mut T) -> std::io::Result<()> {
-        // SAFETY: The caller vouches for the pointers inside `arg`.
-        unsafe { dev::ioctl(&self.file, cmd, arg) }
-    }
-
     /// Runs one firmware command; returns status and return value.
     pub fn mrpc(&self, cmd: u32, input: &[u8], output: &mut [u8]) -> std::io::Result<(u32, u32)> {
         dev::mrpc(&self.file, cmd, input, output, 0)
@@ -89,8 +81,7 @@ impl Driver {
         (b.pdfid, b.host, b.port) = (pdfid, host, pcifab_uapi::ANY_PORT);
         // The manager binds for other hosts: their enumeration is theirs to wait for.
         b.flags = pcifab_uapi::BIND_NO_WAIT;
-        // SAFETY: `pcifab_bind` holds no user pointers.
-        unsafe { self.ioctl(pcifab_uapi::PCIFAB_IOCTL_BIND, &mut b) }.map_err(|err| IoctlError {
+        dev::bind(&self.file, &mut b).map_err(|err| IoctlError {
             what: format!("bind {pdfid:#06x} to host {host}"),
             err,
             fw_ret: b.fw_ret,
@@ -100,8 +91,7 @@ impl Driver {
     pub fn unbind(&self, pdfid: u16) -> Result<(), IoctlError> {
         let mut u = Unbind::new();
         u.pdfid = pdfid;
-        // SAFETY: `pcifab_unbind` holds no user pointers.
-        unsafe { self.ioctl(pcifab_uapi::PCIFAB_IOCTL_UNBIND, &mut u) }.map_err(|err| IoctlError {
+        dev::unbind(&self.file, &mut u).map_err(|err| IoctlError {
             what: format!("unbind {pdfid:#06x}"),
             err,
             fw_ret: u.fw_ret,
@@ -111,8 +101,7 @@ impl Driver {
     pub fn move_to(&self, pdfid: u16, host: u8) -> Result<(), IoctlError> {
         let mut m = Move::new();
         (m.pdfid, m.host, m.port) = (pdfid, host, pcifab_uapi::ANY_PORT);
-        // SAFETY: `pcifab_move` holds no user pointers.
-        unsafe { self.ioctl(pcifab_uapi::PCIFAB_IOCTL_MOVE, &mut m) }.map_err(|err| IoctlError {
+        dev::move_to(&self.file, &mut m).map_err(|err| IoctlError {
             what: format!("move {pdfid:#06x} to host {host}"),
             err,
             fw_ret: m.fw_ret,

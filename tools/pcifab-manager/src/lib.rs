@@ -6,11 +6,13 @@
 //! `Documentation/manager.rst` describes it.
 
 pub mod bench;
+pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod driver;
 pub mod executor;
 pub mod liveness;
+pub mod notify;
 pub mod protocol;
 pub mod scheduler;
 pub mod spool;

@@ -152,27 +152,7 @@ fn run(a: Args) -> Result<(), String> {
 
 /// `--ask`: one request to a running manager; the exit status says how it went.
 fn ask(socket: &std::path::Path, request: &str) -> ExitCode {
-    use std::io::{BufRead, BufReader, Write};
-    let reply = (|| -> Result<String, String> {
-        let mut s = match std::os::unix::net::UnixStream::connect(socket) {
-            Ok(s) => s,
-            Err(e) if spool::no_unix_sockets(&e) => {
-                return spool::ask(&spool::dir_for(socket), request);
-            }
-            Err(e) => {
-                return Err(format!(
-                    "cannot reach the manager at {}: {e}; is it running?",
-                    socket.display()
-                ))
-            }
-        };
-        writeln!(s, "{}", request.trim()).map_err(|e| format!("cannot send: {e}"))?;
-        let mut line = String::new();
-        BufReader::new(s)
-            .read_line(&mut line)
-            .map_err(|e| format!("no reply: {e}"))?;
-        Ok(line)
-    })();
+    let reply = pcifab_manager::client::ask(socket, request).map_err(|f| f.msg);
     match reply {
         Ok(line) => {
             print!("{line}");
@@ -191,6 +171,13 @@ fn ask(socket: &std::path::Path, request: &str) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    if std::env::args()
+        .nth(1)
+        .is_some_and(|a| a == "--version" || a == "-V")
+    {
+        println!("{} {}", env!("CARGO_BIN_NAME"), env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     match parse(&args) {
         Ok(None) => {

@@ -15,12 +15,11 @@ use crate::config::TelemetryConfig;
 use crate::driver::Driver;
 use crate::scheduler::Pdfid;
 
-/// pcifab's FUNCTION_TELEMETRY firmware extension.
-pub const EXT_FUNCTION_TELEMETRY: u32 = 0xf002;
-/// Health flag bits of the reply.
-pub const HEALTH_LINK_DOWN: u32 = 1 << 0;
-pub const HEALTH_THERMAL_WARN: u32 = 1 << 1;
-pub const HEALTH_POWER_WARN: u32 = 1 << 2;
+/// pcifab's FUNCTION_TELEMETRY firmware extension and its health bits (the codec lives in
+/// pcifab-uapi, shared with the CLI).
+pub use pcifab_uapi::telemetry::{
+    EXT_FUNCTION_TELEMETRY, HEALTH_LINK_DOWN, HEALTH_POWER_WARN, HEALTH_THERMAL_WARN,
+};
 
 /// One reading of one function.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,38 +34,18 @@ pub struct Sample {
 
 /// The 8-byte input: header (version 1, size 8), pdfid, reserved.
 pub fn request(pdfid: Pdfid) -> [u8; 8] {
-    let mut b = [0u8; 8];
-    b[..2].copy_from_slice(&1u16.to_le_bytes());
-    b[2..4].copy_from_slice(&8u16.to_le_bytes());
-    b[4..6].copy_from_slice(&pdfid.to_le_bytes());
-    b
+    pcifab_uapi::telemetry::request(pdfid)
 }
 
 /// Decodes a reply; checks its header and that it is about `pdfid`.
 pub fn parse(pdfid: Pdfid, out: &[u8]) -> Result<Sample, String> {
-    let u16_at = |o: usize| u16::from_le_bytes([out[o], out[o + 1]]);
-    let u32_at = |o: usize| u32::from_le_bytes([out[o], out[o + 1], out[o + 2], out[o + 3]]);
-    if out.len() < 24 {
-        return Err(format!("telemetry reply of {} bytes, need 24", out.len()));
-    }
-    let (version, size) = (u16_at(0), u16_at(2));
-    if version != 1 || size < 24 {
-        return Err(format!(
-            "telemetry reply version {version} size {size}: this manager reads version 1, 24 bytes"
-        ));
-    }
-    if u16_at(4) != pdfid {
-        return Err(format!(
-            "telemetry reply is about {:#06x}, asked for {pdfid:#06x}",
-            u16_at(4)
-        ));
-    }
+    let s = pcifab_uapi::telemetry::parse(pdfid, out)?;
     Ok(Sample {
         pdfid,
-        temperature_centi: u32_at(8) as i32,
-        power_mw: u32_at(12),
-        utilisation: out[16],
-        health: u32_at(20),
+        temperature_centi: s.temperature_centi,
+        power_mw: s.power_mw,
+        utilisation: s.utilisation,
+        health: s.health,
     })
 }
 

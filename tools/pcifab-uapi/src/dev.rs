@@ -2,12 +2,39 @@
 
 //! The ioctl calls on an open `/dev/pcifabN`, shared by every tool that talks to the driver.
 
-use std::{fs::File, io, os::fd::AsRawFd};
+use std::{fs::File, io, marker::PhantomData, os::fd::AsRawFd};
 
 use crate::{
-    Arg, Function, Grant, Inventory, Mrpc, P2pCopy, P2pDistance, P2pEnd, P2pGrant, P2pGrants,
-    P2pRoute, P2pRoutes, Port, Route,
+    Arg, Bind, Events, Function, Grant, Identity, Inventory, Move, Mrpc, P2pCopy, P2pDistance,
+    P2pEnd, P2pGrant, P2pGrants, P2pRoute, P2pRoutes, Port, Route, Stats, Unbind, Version,
 };
+
+/// An ioctl number tied to the argument struct it takes: a wrapper cannot pass one ioctl the
+/// struct of another.
+#[derive(Clone, Copy)]
+struct Cmd<T: Arg>(u32, PhantomData<T>);
+
+const fn cmd<T: Arg>(nr: u32) -> Cmd<T> {
+    Cmd(nr, PhantomData)
+}
+
+const VERSION: Cmd<Version> = cmd(crate::PCIFAB_IOCTL_VERSION);
+const IDENTITY: Cmd<Identity> = cmd(crate::PCIFAB_IOCTL_IDENTITY);
+const MRPC: Cmd<Mrpc> = cmd(crate::PCIFAB_IOCTL_MRPC);
+const STATS: Cmd<Stats> = cmd(crate::PCIFAB_IOCTL_STATS);
+const EVENTS: Cmd<Events> = cmd(crate::PCIFAB_IOCTL_EVENTS);
+const INVENTORY: Cmd<Inventory> = cmd(crate::PCIFAB_IOCTL_INVENTORY);
+const BIND: Cmd<Bind> = cmd(crate::PCIFAB_IOCTL_BIND);
+const UNBIND: Cmd<Unbind> = cmd(crate::PCIFAB_IOCTL_UNBIND);
+const MOVE: Cmd<Move> = cmd(crate::PCIFAB_IOCTL_MOVE);
+const ROUTE_ADD: Cmd<P2pRoute> = cmd(crate::PCIFAB_IOCTL_P2P_ROUTE_ADD);
+const ROUTE_DEL: Cmd<P2pRoute> = cmd(crate::PCIFAB_IOCTL_P2P_ROUTE_DEL);
+const ROUTES: Cmd<P2pRoutes> = cmd(crate::PCIFAB_IOCTL_P2P_ROUTES);
+const COPY: Cmd<P2pCopy> = cmd(crate::PCIFAB_IOCTL_P2P_COPY);
+const DISTANCE: Cmd<P2pDistance> = cmd(crate::PCIFAB_IOCTL_P2P_DISTANCE);
+const GRANT: Cmd<P2pGrant> = cmd(crate::PCIFAB_IOCTL_P2P_GRANT);
+const REVOKE: Cmd<P2pGrant> = cmd(crate::PCIFAB_IOCTL_P2P_REVOKE);
+const GRANTS: Cmd<P2pGrants> = cmd(crate::PCIFAB_IOCTL_P2P_GRANTS);
 
 /// Issues `cmd` with `arg`.
 ///
@@ -15,15 +42,72 @@ use crate::{
 ///
 /// Every user pointer inside `arg` must address a buffer at least as long as `arg` says,
 /// alive for the call.
-pub unsafe fn ioctl<T: Arg>(dev: &File, cmd: u32, arg: &mut T) -> io::Result<()> {
+unsafe fn ioctl<T: Arg>(dev: &File, cmd: Cmd<T>, arg: &mut T) -> io::Result<()> {
     // SAFETY: `arg` is a live `repr(C)` struct of this ABI whose `size` bounds what the kernel
-    // reads and writes; the caller vouches for the pointers inside it.
-    let rc = unsafe { libc::ioctl(dev.as_raw_fd(), cmd as _, arg as *mut T) };
+    // reads and writes, and `cmd` is the ioctl that takes it; the caller vouches for the
+    // pointers inside it.
+    let rc = unsafe { libc::ioctl(dev.as_raw_fd(), cmd.0 as _, arg as *mut T) };
     if rc < 0 {
         Err(io::Error::last_os_error())
     } else {
         Ok(())
     }
+}
+
+/// The driver's uAPI version (`PCIFAB_IOCTL_VERSION`).
+pub fn version(dev: &File) -> io::Result<Version> {
+    let mut v = Version::new();
+    // SAFETY: `pcifab_version` holds no user pointers.
+    unsafe { ioctl(dev, VERSION, &mut v) }?;
+    Ok(v)
+}
+
+/// The switch's identity (`PCIFAB_IOCTL_IDENTITY`).
+pub fn identity(dev: &File) -> io::Result<Identity> {
+    let mut id = Identity::new();
+    // SAFETY: `pcifab_identity` holds no user pointers.
+    unsafe { ioctl(dev, IDENTITY, &mut id) }?;
+    Ok(id)
+}
+
+/// The management endpoint's counters (`PCIFAB_IOCTL_STATS`).
+pub fn stats(dev: &File) -> io::Result<Stats> {
+    let mut s = Stats::new();
+    // SAFETY: `pcifab_stats` holds no user pointers.
+    unsafe { ioctl(dev, STATS, &mut s) }?;
+    Ok(s)
+}
+
+/// The event counters (`PCIFAB_IOCTL_EVENTS`); with [`crate::EVENTS_WAIT`] in `ev.flags` it
+/// waits until `ev.total` passes `ev.seen` or `ev.timeout_ms` runs out. `ev` comes back as the
+/// kernel filled it.
+pub fn events(dev: &File, ev: &mut Events) -> io::Result<()> {
+    ev.size = std::mem::size_of::<Events>() as u32;
+    // SAFETY: `pcifab_events` holds no user pointers.
+    unsafe { ioctl(dev, EVENTS, ev) }
+}
+
+/// Binds a function (`PCIFAB_IOCTL_BIND`). `b` comes back as the kernel filled it, on an
+/// error too (`fw_ret`: the firmware's reason).
+pub fn bind(dev: &File, b: &mut Bind) -> io::Result<()> {
+    b.size = std::mem::size_of::<Bind>() as u32;
+    // SAFETY: `pcifab_bind` holds no user pointers.
+    unsafe { ioctl(dev, BIND, b) }
+}
+
+/// Unbinds a function (`PCIFAB_IOCTL_UNBIND`); `u` comes back as the kernel filled it.
+pub fn unbind(dev: &File, u: &mut Unbind) -> io::Result<()> {
+    u.size = std::mem::size_of::<Unbind>() as u32;
+    // SAFETY: `pcifab_unbind` holds no user pointers.
+    unsafe { ioctl(dev, UNBIND, u) }
+}
+
+/// Moves a function to another host (`PCIFAB_IOCTL_MOVE`); `m` comes back as the kernel
+/// filled it.
+pub fn move_to(dev: &File, m: &mut Move) -> io::Result<()> {
+    m.size = std::mem::size_of::<Move>() as u32;
+    // SAFETY: `pcifab_move` holds no user pointers.
+    unsafe { ioctl(dev, MOVE, m) }
 }
 
 /// Runs one firmware command (`PCIFAB_IOCTL_MRPC`); returns its status and return value.
@@ -42,7 +126,7 @@ pub fn mrpc(
     m.in_ptr = input.as_ptr() as u64;
     m.out_ptr = output.as_mut_ptr() as u64;
     // SAFETY: the pointers and lengths come from the two slices, which outlive the call.
-    unsafe { ioctl(dev, crate::PCIFAB_IOCTL_MRPC, &mut m) }?;
+    unsafe { ioctl(dev, MRPC, &mut m) }?;
     Ok((m.status, m.ret_value))
 }
 
@@ -63,7 +147,7 @@ pub fn inventory(dev: &File) -> io::Result<(Inventory, Vec<Port>, Vec<Function>)
         inv.functions_ptr = functions.as_mut_ptr() as u64;
         // SAFETY: `inv` points at `ports` and `functions`, which hold as many entries of the
         // sizes it states and outlive the call.
-        unsafe { ioctl(dev, crate::PCIFAB_IOCTL_INVENTORY, &mut inv) }?;
+        unsafe { ioctl(dev, INVENTORY, &mut inv) }?;
         if inv.nr_ports as usize <= nports && inv.nr_functions as usize <= nfns {
             ports.truncate(inv.nr_ports as usize);
             functions.truncate(inv.nr_functions as usize);
@@ -230,7 +314,7 @@ pub fn route_add(dev: &File, route: &Route) -> Result<P2pRoute, P2pError> {
     let mut r = P2pRoute::new();
     r.route = *route;
     // SAFETY: `pcifab_p2p_route` holds no user pointers.
-    unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_ROUTE_ADD, &mut r) }.map_err(|err| P2pError {
+    unsafe { ioctl(dev, ROUTE_ADD, &mut r) }.map_err(|err| P2pError {
         fw_ret: r.fw_ret,
         ..P2pError::new(P2pOp::RouteAdd, err)
     })?;
@@ -243,7 +327,7 @@ pub fn route_del(dev: &File, window_off: u64) -> Result<P2pRoute, P2pError> {
     let mut r = P2pRoute::new();
     r.route.window_off = window_off;
     // SAFETY: `pcifab_p2p_route` holds no user pointers.
-    unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_ROUTE_DEL, &mut r) }.map_err(|err| P2pError {
+    unsafe { ioctl(dev, ROUTE_DEL, &mut r) }.map_err(|err| P2pError {
         fw_ret: r.fw_ret,
         ..P2pError::new(P2pOp::RouteDel, err)
     })?;
@@ -258,9 +342,9 @@ pub fn grant(dev: &File, pdfid: u16, grantee: u8, grant: bool) -> Result<P2pGran
     g.pdfid = pdfid;
     g.grantee = grantee;
     let (nr, op) = if grant {
-        (crate::PCIFAB_IOCTL_P2P_GRANT, P2pOp::Grant)
+        (GRANT, P2pOp::Grant)
     } else {
-        (crate::PCIFAB_IOCTL_P2P_REVOKE, P2pOp::Revoke)
+        (REVOKE, P2pOp::Revoke)
     };
     // SAFETY: `pcifab_p2p_grant` holds no user pointers.
     unsafe { ioctl(dev, nr, &mut g) }.map_err(|err| P2pError {
@@ -282,8 +366,7 @@ pub fn grants(dev: &File) -> Result<Vec<Grant>, P2pError> {
         g.grants_ptr = grants.as_mut_ptr() as u64;
         // SAFETY: `g` points at `grants`, which holds `nr_grants` entries of `grant_size`
         // bytes and outlives the call.
-        unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_GRANTS, &mut g) }
-            .map_err(|err| P2pError::new(P2pOp::Grants, err))?;
+        unsafe { ioctl(dev, GRANTS, &mut g) }.map_err(|err| P2pError::new(P2pOp::Grants, err))?;
         if g.nr_grants as usize <= n {
             grants.truncate(g.nr_grants as usize);
             return Ok(grants);
@@ -318,8 +401,7 @@ pub fn routes(dev: &File) -> Result<RouteTable, P2pError> {
         r.routes_ptr = routes.as_mut_ptr() as u64;
         // SAFETY: `r` points at `routes`, which holds `nr_routes` entries of `route_size`
         // bytes and outlives the call.
-        unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_ROUTES, &mut r) }
-            .map_err(|err| P2pError::new(P2pOp::Routes, err))?;
+        unsafe { ioctl(dev, ROUTES, &mut r) }.map_err(|err| P2pError::new(P2pOp::Routes, err))?;
         if r.nr_routes as usize <= n {
             routes.truncate(r.nr_routes as usize);
             return Ok(RouteTable {
@@ -395,7 +477,7 @@ pub fn p2p_copy(
     c.timeout_ms = timeout_ms;
     // SAFETY: a user end points at a slice of at least `len` bytes (checked above), borrowed
     // (mutably for the destination) for the whole call; the kernel unmaps it before returning.
-    unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_COPY, &mut c) }.map_err(|err| P2pError {
+    unsafe { ioctl(dev, COPY, &mut c) }.map_err(|err| P2pError {
         done: c.done,
         dma_status: c.dma_status,
         ..P2pError::new(P2pOp::Copy, err)
@@ -412,9 +494,28 @@ pub fn p2p_distance(dev: &File, a: u16, b: u16) -> Result<P2pDistance, P2pError>
     let mut d = P2pDistance::new();
     (d.a, d.b) = (a, b);
     // SAFETY: `pcifab_p2p_distance` holds no user pointers.
-    unsafe { ioctl(dev, crate::PCIFAB_IOCTL_P2P_DISTANCE, &mut d) }
-        .map_err(|err| P2pError::new(P2pOp::Distance, err))?;
+    unsafe { ioctl(dev, DISTANCE, &mut d) }.map_err(|err| P2pError::new(P2pOp::Distance, err))?;
     Ok(d)
+}
+
+/// One reading of a function's telemetry through the FUNCTION_TELEMETRY firmware extension
+/// (MRPC pass-through; [`crate::telemetry`] is the codec).
+pub fn telemetry(dev: &File, pdfid: u16) -> Result<crate::telemetry::Sample, String> {
+    let mut out = [0u8; crate::telemetry::REPLY_LEN];
+    let (status, ret) = mrpc(
+        dev,
+        crate::telemetry::EXT_FUNCTION_TELEMETRY,
+        &crate::telemetry::request(pdfid),
+        &mut out,
+        0,
+    )
+    .map_err(|e| format!("FUNCTION_TELEMETRY {pdfid:#06x}: {e}"))?;
+    if status != crate::MRPC_STATUS_DONE {
+        return Err(format!(
+            "the firmware failed FUNCTION_TELEMETRY for {pdfid:#06x}: return value {ret:#x}"
+        ));
+    }
+    crate::telemetry::parse(pdfid, &out)
 }
 
 /// The name of a [`P2pCopy::dma_status`] value.

@@ -6,6 +6,7 @@
 //! checks every size, field offset and ioctl number against this crate.
 
 pub mod dev;
+pub mod telemetry;
 
 /// Major version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MAJOR`).
 pub const VERSION_MAJOR: u32 = 1;

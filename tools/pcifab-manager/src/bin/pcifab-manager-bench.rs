@@ -11,6 +11,13 @@ use std::process::ExitCode;
 use pcifab_manager::bench;
 
 fn main() -> ExitCode {
+    if std::env::args()
+        .nth(1)
+        .is_some_and(|a| a == "--version" || a == "-V")
+    {
+        println!("{} {}", env!("CARGO_BIN_NAME"), env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut seed = 0x5eed_u64;
     let mut it = args.iter();

@@ -1,0 +1,22 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0-only
+# pkg-root.sh: prints the path of a copy of the guests' trixie tree ($PCIFAB_CACHE/trixie is
+# never modified) with dkms, systemd and udev installed in it, for check-packages.sh and
+# check-systemd.sh. The copy is made once and kept; later runs reuse it.
+set -eu
+cache=${PCIFAB_CACHE:-/var/cache/pcifab}
+base=$cache/trixie
+root=$cache/trixie-pkg
+[ -x "$base/usr/bin/dpkg" ] || { echo "pkg-root.sh: no trixie tree at $base (make deps)" >&2; exit 1; }
+if [ ! -f "$root/.pcifab-pkg-ready" ]; then
+    rm -rf "$root"
+    echo "pkg-root.sh: copying $base to $root (once)" >&2
+    cp -a "$base" "$root"
+    cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+    mount -t proc proc "$root/proc"
+    trap 'umount "$root/proc"' EXIT
+    chroot "$root" sh -c 'export DEBIAN_FRONTEND=noninteractive; apt-get update -q >/dev/null &&
+        apt-get install -y -q --no-install-recommends dkms systemd udev >/dev/null' >&2
+    touch "$root/.pcifab-pkg-ready"
+fi
+echo "$root"

@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! The JSON schemas of `pcifab --json` (Documentation/json/*.schema.json, built in) and the
+//! check that an output object is what its `"schema"` field says: the CLI's tests and the
+//! QEMU harness validate through this one function.
+
+use serde_json::Value;
+
+/// Every schema: (command, the schema file's text). The object of `pcifab <command> --json`
+/// carries `"schema": "pcifab/<command>/v1"`; a failure carries `"pcifab/error/v1"`.
+pub const SCHEMAS: [(&str, &str); 24] = [
+    (
+        "bind",
+        include_str!("../../../Documentation/json/bind.schema.json"),
+    ),
+    (
+        "error",
+        include_str!("../../../Documentation/json/error.schema.json"),
+    ),
+    (
+        "info",
+        include_str!("../../../Documentation/json/info.schema.json"),
+    ),
+    (
+        "leases",
+        include_str!("../../../Documentation/json/leases.schema.json"),
+    ),
+    (
+        "list",
+        include_str!("../../../Documentation/json/list.schema.json"),
+    ),
+    (
+        "move",
+        include_str!("../../../Documentation/json/move.schema.json"),
+    ),
+    (
+        "mrpc",
+        include_str!("../../../Documentation/json/mrpc.schema.json"),
+    ),
+    (
+        "p2p-copy",
+        include_str!("../../../Documentation/json/p2p-copy.schema.json"),
+    ),
+    (
+        "p2p-distance",
+        include_str!("../../../Documentation/json/p2p-distance.schema.json"),
+    ),
+    (
+        "p2p-grant",
+        include_str!("../../../Documentation/json/p2p-grant.schema.json"),
+    ),
+    (
+        "p2p-grants",
+        include_str!("../../../Documentation/json/p2p-grants.schema.json"),
+    ),
+    (
+        "p2p-revoke",
+        include_str!("../../../Documentation/json/p2p-revoke.schema.json"),
+    ),
+    (
+        "p2p-route-add",
+        include_str!("../../../Documentation/json/p2p-route-add.schema.json"),
+    ),
+    (
+        "p2p-route-del",
+        include_str!("../../../Documentation/json/p2p-route-del.schema.json"),
+    ),
+    (
+        "p2p-route-list",
+        include_str!("../../../Documentation/json/p2p-route-list.schema.json"),
+    ),
+    (
+        "queue",
+        include_str!("../../../Documentation/json/queue.schema.json"),
+    ),
+    (
+        "release",
+        include_str!("../../../Documentation/json/release.schema.json"),
+    ),
+    (
+        "request",
+        include_str!("../../../Documentation/json/request.schema.json"),
+    ),
+    (
+        "show",
+        include_str!("../../../Documentation/json/show.schema.json"),
+    ),
+    (
+        "stats",
+        include_str!("../../../Documentation/json/stats.schema.json"),
+    ),
+    (
+        "stats-telemetry",
+        include_str!("../../../Documentation/json/stats-telemetry.schema.json"),
+    ),
+    (
+        "top",
+        include_str!("../../../Documentation/json/top.schema.json"),
+    ),
+    (
+        "unbind",
+        include_str!("../../../Documentation/json/unbind.schema.json"),
+    ),
+    (
+        "watch",
+        include_str!("../../../Documentation/json/watch.schema.json"),
+    ),
+];
+
+/// The schema file of a `pcifab/<command>/v<N>` name.
+pub fn schema_text(name: &str) -> Option<&'static str> {
+    let command = name.strip_prefix("pcifab/")?.strip_suffix("/v1")?;
+    SCHEMAS
+        .iter()
+        .find(|(c, _)| *c == command)
+        .map(|(_, text)| *text)
+}
+
+/// Checks `v` against the schema its `"schema"` field names; the error says which field is
+/// wrong and how.
+pub fn validate(v: &Value) -> Result<(), String> {
+    let name = v
+        .get("schema")
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("no \"schema\" field in {v}"))?;
+    let text = schema_text(name).ok_or_else(|| format!("unknown schema {name:?} in {v}"))?;
+    let schema: Value =
+        serde_json::from_str(text).map_err(|e| format!("schema {name} is not JSON: {e}"))?;
+    let validator = jsonschema::validator_for(&schema)
+        .map_err(|e| format!("schema {name} is not a valid JSON Schema: {e}"))?;
+    let errors: Vec<String> = validator
+        .iter_errors(v)
+        .map(|e| format!("at {}: {e}", e.instance_path()))
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{name}: {} in {v}", errors.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_schema_compiles_and_names_itself() {
+        for (command, text) in SCHEMAS {
+            let s: Value = serde_json::from_str(text).expect(command);
+            jsonschema::validator_for(&s).unwrap_or_else(|e| panic!("{command}: {e}"));
+            assert_eq!(
+                s["properties"]["schema"]["const"],
+                json!(format!("pcifab/{command}/v1")),
+                "{command}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_what_does_not_fit() {
+        let ok = json!({"schema": "pcifab/release/v1", "ok": true, "id": 3});
+        assert!(validate(&ok).is_ok());
+        let bad = json!({"schema": "pcifab/release/v1", "ok": true, "id": "3"});
+        assert!(validate(&bad).unwrap_err().contains("/id"));
+        let extra = json!({"schema": "pcifab/release/v1", "ok": true, "id": 3, "x": 1});
+        assert!(validate(&extra).is_err());
+        assert!(validate(&json!({"ok": true})).is_err());
+        assert!(validate(&json!({"schema": "pcifab/nope/v1"})).is_err());
+    }
+}
