@@ -2043,7 +2043,7 @@ fn compose_conflicts(f: &mut Fabric) -> Result<(), String> {
         (
             0,
             format!("bind {gpu1:#06x} --host 0"),
-            &["PF moves only while its VFs are free"],
+            &["a PF and one of its VFs"],
         ),
         (1, format!("bind {GPU0:#06x} --host 1"), &["policy"]),
         (1, format!("bind {:#06x} --host 1", GPU0 + 2), &["policy"]),

@@ -222,6 +222,14 @@ impl P2pError {
                 "not a pcifab device, or its module predates uAPI 1.4 (no P2P ioctls)"
             }
             (_, libc::ENODEV) => "the management endpoint was removed",
+            (Copy, libc::EOPNOTSUPP) => {
+                "the switch firmware has no P2P DMA engine (pcifab's dma-engine extension; PAX \
+                 firmware has none: see sysfs `features`)"
+            }
+            (_, libc::EOPNOTSUPP) => {
+                "the switch firmware has no P2P routes (pcifab's p2p-routes extension; PAX \
+                 firmware has none: see sysfs `features`)"
+            }
             (Copy, libc::EPERM) => "copies need CAP_SYS_ADMIN, an iova end also CAP_SYS_RAWIO",
             (RouteAdd | RouteDel, libc::EPERM) => "routes are changed with CAP_SYS_ADMIN",
             (RouteAdd, libc::EINVAL) => {

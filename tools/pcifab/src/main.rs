@@ -59,7 +59,24 @@ fn info_json(device: &str, v: &pcifab_uapi::Version, id: &pcifab_uapi::Identity)
         "vendor_id": fixed_str(&id.vendor_id),
         "product_id": fixed_str(&id.product_id),
         "product_revision": fixed_str(&id.product_revision),
+        "features": feature_names(id.features),
+        "pax_id": id.pax_id,
     })
+}
+
+/// The firmware extensions of `PCIFAB_IOCTL_IDENTITY`'s `features`, by name (as sysfs
+/// `features` shows them).
+fn feature_names(bits: u32) -> Vec<&'static str> {
+    [
+        (pcifab_uapi::FEATURE_TELEMETRY, "telemetry"),
+        (pcifab_uapi::FEATURE_P2P_ROUTES, "p2p-routes"),
+        (pcifab_uapi::FEATURE_DMA_ENGINE, "dma-engine"),
+        (pcifab_uapi::FEATURE_UNBIND_REQUEST, "unbind-request"),
+    ]
+    .into_iter()
+    .filter(|(b, _)| bits & b != 0)
+    .map(|(_, n)| n)
+    .collect()
 }
 
 fn info(cli: &Cli) -> Result<(), Error> {
@@ -100,6 +117,16 @@ fn info(cli: &Cli) -> Result<(), Error> {
         "management EP:    {:04x}:{:04x}",
         id.pci_vendor, id.pci_device
     );
+    let features = feature_names(id.features);
+    println!(
+        "firmware features: {}",
+        if features.is_empty() {
+            "none (PAX firmware: no telemetry, P2P routes or DMA engine)".to_string()
+        } else {
+            features.join(" ")
+        }
+    );
+    println!("PAX id:           {}", id.pax_id);
     println!("uAPI:             {}.{}", v.major, v.minor);
     Ok(())
 }
@@ -430,21 +457,26 @@ fn watch(cli: &Cli) -> Result<(), Error> {
     Ok(())
 }
 
-/// Names the firmware's return codes of binding (Documentation/mrpc.rst).
+/// Names the firmware's return codes of binding: PAX's GFMS_BIND_UNBIND codes
+/// (switchtec-user's `errors.h`; Documentation/mrpc.rst) and the emulator's two of its own.
 fn fw_reason(ret: u32) -> Option<&'static str> {
     Some(match ret {
         0 => return None,
-        0x4 => "no such host port",
+        0x1 => "the function is bound or being bound already",
+        0x2 => "that logical port already holds a binding",
+        0x3 => "no such host (partition)",
+        0x4 => "no function with this PDFID, or no such port",
+        0x5 => "the physical port is disabled",
+        0x6 => "no such logical port: the host holds as many functions as it may",
+        0x7 => "another bind or unbind of the function is in progress",
+        0x8 => "the target is an upstream port",
+        0xb => "the logical port holds no binding: the function is not bound there",
+        0xc => "invalid unbind option",
+        0xd => "the binding fails the firmware's checks (a PF and one of its VFs together)",
         0x64006 => "invalid parameter",
-        0xf0_0001 => "no function with this PDFID",
-        0xf0_0003 => "the function is bound or being bound elsewhere",
-        0xf0_0004 => "that logical port already holds a function",
-        0xf0_0005 => "the fabric's policy does not allow it",
-        0xf0_0006 => "the host holds as many functions as it may",
-        0xf0_0007 => "a PF moves only while its VFs are free, a VF only while its PF is free",
+        0x64010 => "the fabric's policy does not allow it",
         0xf0_0008 => "the hot-plug of the target host failed",
         0xf0_0009 => "the owner did not release the function in time",
-        0xf0_000a => "the function is not bound there",
         _ => "firmware error",
     })
 }
