@@ -782,8 +782,22 @@ pub fn endpoint_failure(f: &mut Fabric) -> Result<(), String> {
         expect("R1's functions", hexes(&[g0]), lease_functions(&v["lease"]))?;
         check_world(f, &owners(&[(g0, 1)]), "R1 granted (gpu0 on h1)")?;
 
-        // gpu0 overheats: 99 C, above max_temp_c 90, two polls in a row.
-        emu.request(&format!("telemetry {g0:#06x} 9900 250000 100"))?;
+        // PAX firmware reports no per-function telemetry: there gpu0 fails by its link going
+        // down, which the manager reads from the inventory. With pcifab's extension it
+        // overheats: 99 C, above max_temp_c 90, two polls in a row.
+        let pax = f.dialect() == crate::config::Dialect::Pax;
+        let port0 = f
+            .expected
+            .endpoints
+            .iter()
+            .find(|ep| ep.name == "gpu0")
+            .map(|ep| ep.port)
+            .ok_or("the configuration has no gpu0")?;
+        if pax {
+            emu.request(&format!("link {port0} down"))?;
+        } else {
+            emu.request(&format!("telemetry {g0:#06x} 9900 250000 100"))?;
+        }
         let r = (|| {
             let want = owners(&[(g1, 1)]);
             let took = wait_owners(f, &want, 20, "gpu0 overheating")?;
@@ -795,7 +809,12 @@ pub fn endpoint_failure(f: &mut Fabric) -> Result<(), String> {
             let mut c = crate::scenarios::Checks::new("pool after the fault");
             c.eq("gpu0 healthy", Some(false), d0["healthy"].as_bool());
             let reason = d0["reason"].as_str().unwrap_or("");
-            if !reason.contains("telemetry") || !reason.contains("99.00") {
+            if pax && !reason.contains("link down") {
+                c.fail(format!(
+                    "gpu0 reason: expected \"link down\", got {reason:?}"
+                ));
+            }
+            if !pax && (!reason.contains("telemetry") || !reason.contains("99.00")) {
                 c.fail(format!(
                     "gpu0 reason: expected the telemetry reading (99.00 C), got {reason:?}"
                 ));
@@ -812,9 +831,13 @@ pub fn endpoint_failure(f: &mut Fabric) -> Result<(), String> {
             expect("R2 (h0, 1 GPU) granted while gpu0 is out", false, g)?;
             Ok::<u64, String>(r2)
         })();
-        // Cooled down: one good poll puts gpu0 back; R2 gets it.
-        let normal = configured_telemetry(f, "gpu0")?;
-        emu.request(&format!("telemetry {g0:#06x} {normal}"))?;
+        // Link up again (PAX) or cooled down: one good poll puts gpu0 back; R2 gets it.
+        if pax {
+            emu.request(&format!("link {port0} up"))?;
+        } else {
+            let normal = configured_telemetry(f, "gpu0")?;
+            emu.request(&format!("telemetry {g0:#06x} {normal}"))?;
+        }
         let r2 = r?;
         let want = owners(&[(g1, 1), (g0, 0)]);
         wait_owners(f, &want, 20, "gpu0 back in the pool")?;

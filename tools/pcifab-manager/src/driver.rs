@@ -6,6 +6,10 @@ use std::fs::File;
 
 use pcifab_uapi::{dev, Arg, Bind, Function, Move, Port, Unbind};
 
+/// PAX's DIETEMP command and its GET sub-command (Gen4).
+const DIETEMP: u32 = 0x04;
+const DIETEMP_GET: u32 = 2;
+
 /// An open `/dev/pcifabN`.
 pub struct Driver {
     file: File,
@@ -63,6 +67,33 @@ impl Driver {
     }
 
     /// Every function of the fabric (INVENTORY).
+    /// Whether the firmware has pcifab's per-function telemetry (`PCIFAB_FEATURE_TELEMETRY`);
+    /// PAX firmware has not.
+    pub fn has_telemetry(&self) -> Result<bool, String> {
+        dev::identity(&self.file)
+            .map(|id| id.features & pcifab_uapi::FEATURE_TELEMETRY != 0)
+            .map_err(|e| format!("PCIFAB_IOCTL_IDENTITY on {} failed: {e}", self.path))
+    }
+
+    /// The switch's die temperature in hundredths of a degree Celsius (PAX's DIETEMP).
+    pub fn die_temperature(&self) -> Result<i32, String> {
+        let mut out = [0u8; 4];
+        let (status, ret) = self
+            .mrpc(DIETEMP, &DIETEMP_GET.to_le_bytes(), &mut out)
+            .map_err(|e| format!("DIETEMP on {}: {e}", self.path))?;
+        if status != pcifab_uapi::MRPC_STATUS_DONE {
+            return Err(format!(
+                "the firmware failed DIETEMP: return value {ret:#x}"
+            ));
+        }
+        i32::try_from(u32::from_le_bytes(out)).map_err(|_| {
+            format!(
+                "DIETEMP reported an impossible {:#x}",
+                u32::from_le_bytes(out)
+            )
+        })
+    }
+
     pub fn functions(&self) -> Result<Vec<Function>, String> {
         dev::inventory(&self.file)
             .map(|(_, _, functions)| functions)

@@ -55,7 +55,26 @@ pub trait Source {
 }
 
 impl Source for Driver {
+    /// With pcifab's telemetry extension, the function's own reading. On PAX firmware, which
+    /// reports no per-function telemetry, what PAX does report: the switch's die temperature
+    /// and whether the function's link is up (the inventory), so a device whose link goes
+    /// down still leaves the pool.
     fn read(&mut self, pdfid: Pdfid) -> Result<Sample, String> {
+        if !self.has_telemetry()? {
+            let f = self
+                .functions()?
+                .into_iter()
+                .find(|f| f.pdfid == pdfid)
+                .ok_or_else(|| format!("{pdfid:#06x} is not in the fabric's inventory"))?;
+            let link_down = f.flags & pcifab_uapi::FN_LINK_UP == 0;
+            return Ok(Sample {
+                pdfid,
+                temperature_centi: self.die_temperature()?,
+                power_mw: 0,
+                utilisation: 0,
+                health: if link_down { HEALTH_LINK_DOWN } else { 0 },
+            });
+        }
         let mut out = [0u8; 24];
         let (status, ret) = self
             .mrpc(EXT_FUNCTION_TELEMETRY, &request(pdfid), &mut out)
