@@ -340,8 +340,8 @@ impl Checks {
     }
 }
 
-const PCIFAB_KO: &str = "/lib/modules/pcifab.ko";
-const SWITCHTEC_KO: &str = "/lib/modules/switchtec.ko";
+pub(crate) const PCIFAB_KO: &str = "/lib/modules/pcifab.ko";
+pub(crate) const SWITCHTEC_KO: &str = "/lib/modules/switchtec.ko";
 /// Shown for a device without a driver.
 const NO_DRIVER: &str = "<no driver>";
 /// Lines of dmesg that fail a scenario (grep -iE).
@@ -390,7 +390,7 @@ pub fn module_loaded(h: &mut Host, module: &str) -> Result<bool, String> {
 }
 
 /// Waits up to `secs` for `test_expr` (a `[ ... ]` test) to hold.
-fn wait_for(h: &mut Host, test_expr: &str, secs: u32) -> Result<bool, String> {
+pub(crate) fn wait_for(h: &mut Host, test_expr: &str, secs: u32) -> Result<bool, String> {
     let script = format!(
         "i=0; while ! {test_expr} && [ $i -lt {} ]; do sleep 0.1; i=$((i+1)); done; {test_expr}",
         secs * 10
@@ -1897,7 +1897,7 @@ pub(crate) fn owners(pairs: &[(u16, usize)]) -> Owners {
     pairs.iter().copied().collect()
 }
 
-const GPU0: u16 = 0x0300;
+pub(crate) const GPU0: u16 = 0x0300;
 
 fn compose_bind(f: &mut Fabric) -> Result<(), String> {
     compose_begin(f)?;
@@ -2568,170 +2568,6 @@ fn compose_random(f: &mut Fabric) -> Result<(), String> {
         "the random requests (state the log implies)",
     )?;
     compose_begin(f)
-}
-
-// ------------------------------------------------------------------ bench
-
-/// Round trips and payload size of `pcifab-harness bench`.
-pub const BENCH_COUNT: u64 = 2000;
-pub const BENCH_SIZE: usize = 64;
-
-/// One side of the benchmark.
-pub struct BenchResult {
-    pub rate: f64,
-    pub p50_us: f64,
-    pub p99_us: f64,
-}
-
-fn bench_run(h: &mut Host, sub: &str) -> Result<BenchResult, String> {
-    // A short warm-up (page cache, first interrupts), then the measured run.
-    selftest_json(
-        h,
-        &format!("{sub} --count 100 --size {BENCH_SIZE}"),
-        Duration::from_secs(120),
-    )?;
-    let v = selftest_json(
-        h,
-        &format!("{sub} --count {BENCH_COUNT} --size {BENCH_SIZE} --seed 1"),
-        Duration::from_secs(600),
-    )?;
-    h.log_note(&format!("bench {sub}: {v}"));
-    Ok(BenchResult {
-        rate: num_field(&v, "rate"),
-        p50_us: num_field(&v, "p50_us"),
-        p99_us: num_field(&v, "p99_us"),
-    })
-}
-
-/// MRPC echo through pcifab's ioctl, then through the C driver's /dev/switchtec0, in the
-/// same guest against the same emulated MEP. Leaves pcifab loaded.
-pub fn bench(h: &mut Host) -> Result<(BenchResult, BenchResult), String> {
-    ensure_pcifab(h)?;
-    check_bound_pcifab(h)?;
-    let pcifab = bench_run(h, "echo")?;
-    h.run_ok("rmmod pcifab")?;
-    h.run_ok(&format!("insmod {SWITCHTEC_KO}"))?;
-    let r = if wait_for(h, "[ -c /dev/switchtec0 ]", 10)? {
-        bench_run(h, "switchtec-echo")
-    } else {
-        Err(format!(
-            "{}: /dev/switchtec0 did not appear after insmod switchtec",
-            h.name
-        ))
-    };
-    let _ = h.run(&format!(
-        "rmmod switchtec; [ -d /sys/module/pcifab ] || insmod {PCIFAB_KO}"
-    ));
-    Ok((pcifab, r?))
-}
-
-/// Binds and unbinds measured per side in `pcifab-harness bench`.
-pub const BENCH_COMPOSE_N: usize = 5;
-
-/// Bind-to-usable and unbind latencies (ms) through pcifab and by raw QMP hot-plug.
-pub struct ComposeBench {
-    pub bind_ms: Vec<f64>,
-    pub unbind_ms: Vec<f64>,
-    pub raw_add_ms: Vec<f64>,
-    pub raw_del_ms: Vec<f64>,
-}
-
-pub fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    if s.is_empty() {
-        return f64::NAN;
-    }
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
-/// Host 0 only: GPU0 (0x0300) on logical port 1 (`dsp1`, bus 04), alternately bound and
-/// unbound through pcifab and hot-plugged by the harness's own QMP `device_add` /
-/// `device_del` of the same function server, never both at once.
-pub fn bench_compose(f: &mut Fabric) -> Result<ComposeBench, String> {
-    let emu = f.emu();
-    let e = f.expected.clone();
-    let run_dir = f.run_dir.clone();
-    let h = &mut f.hosts[0];
-    begin(h)?;
-    let (bound, _) = emu_owners(&emu, &e)?;
-    for p in bound.keys() {
-        emu.request(&format!("unbind {p:#06x}"))?;
-    }
-    let bdf = "0000:04:00.0";
-    let sock = run_dir.join(format!("fn-{GPU0:04x}.sock"));
-    let id_ok = |out: &str| out.contains(&format!("\"pdfid\":\"{GPU0:#06x}\""));
-    let mut r = ComposeBench {
-        bind_ms: Vec::new(),
-        unbind_ms: Vec::new(),
-        raw_add_ms: Vec::new(),
-        raw_del_ms: Vec::new(),
-    };
-    // One unmeasured round of each warms the guest's page cache and QEMU.
-    for i in 0..=BENCH_COMPOSE_N {
-        let t = Instant::now();
-        let out = h.run_ok(&format!(
-            "pcifab bind {GPU0:#06x} --host 0 --port 1 >/dev/null && \
-             pcifab-selftest bar-id --device {bdf}"
-        ))?;
-        let bind = t.elapsed().as_secs_f64() * 1000.0;
-        if !id_ok(&out) {
-            return Err(format!(
-                "pcifab bind: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
-            ));
-        }
-        let t = Instant::now();
-        h.run_ok(&format!("pcifab unbind {GPU0:#06x}"))?;
-        let unbind = t.elapsed().as_secs_f64() * 1000.0;
-        // The function must be free in the fabric before the harness plugs it itself.
-        let (bound, _) = emu_owners(&emu, &e)?;
-        if bound.contains_key(&GPU0) {
-            return Err(format!(
-                "{GPU0:#06x} still bound after pcifab unbind: {bound:?}"
-            ));
-        }
-        let mut q = h.qmp()?;
-        let dev = serde_json::json!({
-            "driver": "vfio-user-pci", "id": "raw-0300", "bus": "dsp1",
-            "socket": {"type": "unix", "path": sock.display().to_string()},
-        });
-        let t = Instant::now();
-        q.execute("device_add", Some(dev))?;
-        let out = h.run_ok(&format!(
-            "pcifab-selftest bar-id --device {bdf} --wait 30000"
-        ))?;
-        let add = t.elapsed().as_secs_f64() * 1000.0;
-        if !id_ok(&out) {
-            return Err(format!(
-                "raw device_add: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
-            ));
-        }
-        let t = Instant::now();
-        q.execute("device_del", Some(serde_json::json!({"id": "raw-0300"})))?;
-        q.wait_event(
-            "DEVICE_DELETED",
-            |d| d.get("device").and_then(Value::as_str) == Some("raw-0300"),
-            Instant::now() + Duration::from_secs(30),
-        )?;
-        let del = t.elapsed().as_secs_f64() * 1000.0;
-        h.log_note(&format!(
-            "bench round {i}: pcifab bind {bind:.0} ms, unbind {unbind:.0} ms; raw device_add \
-             {add:.0} ms, device_del {del:.0} ms"
-        ));
-        if i > 0 {
-            r.bind_ms.push(bind);
-            r.unbind_ms.push(unbind);
-            r.raw_add_ms.push(add);
-            r.raw_del_ms.push(del);
-        }
-    }
-    dmesg_clean(h)?;
-    Ok(r)
 }
 
 // ------------------------------------------------------------- self-test
