@@ -104,16 +104,8 @@ fn run_point(
             o.out
         ));
     }
-    let mut secs: f64 = 0.0;
-    let (mut p50, mut p99) = (0.0, 0.0f64);
-    for r in &reports {
-        secs = secs.max(num(r, "secs")?);
-        p50 += num(r, "p50_us")?;
-        p99 = p99.max(num(r, "p99_us")?);
-    }
-    // The callers' own windows overlap; the longest is the run's duration.
+    let (side, secs) = combine(&reports, each)?;
     let total = each * callers as u64;
-    let rate = if secs > 0.0 { total as f64 / secs } else { 0.0 };
     h.log_note(&format!(
         "bench {sub} size {size} callers {callers}: {total} echoes, {secs:.3} s in the \
          guest ({wall:.3} s wall), {}",
@@ -123,11 +115,33 @@ fn run_point(
             .collect::<Vec<_>>()
             .join(" ")
     ));
-    Ok(Side {
-        rate,
-        p50_us: p50 / callers as f64,
-        p99_us: p99,
-    })
+    Ok(side)
+}
+
+/// One point from its callers' reports of `each` echoes: all round trips over the longest
+/// caller's run (their windows overlap), the mean of the medians, the largest p99. Also
+/// returns that longest run (s).
+fn combine(reports: &[Value], each: u64) -> Result<(Side, f64), String> {
+    if reports.is_empty() {
+        return Err("no selftest reports".into());
+    }
+    let mut secs: f64 = 0.0;
+    let (mut p50, mut p99) = (0.0, 0.0f64);
+    for r in reports {
+        secs = secs.max(num(r, "secs")?);
+        p50 += num(r, "p50_us")?;
+        p99 = p99.max(num(r, "p99_us")?);
+    }
+    let total = each * reports.len() as u64;
+    let rate = if secs > 0.0 { total as f64 / secs } else { 0.0 };
+    Ok((
+        Side {
+            rate,
+            p50_us: p50 / reports.len() as f64,
+            p99_us: p99,
+        },
+        secs,
+    ))
 }
 
 /// Every (delay, size, callers) point through `sub`, the completion delay set in the
@@ -375,4 +389,44 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
     }
     dmesg_clean(h)?;
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn callers_combine_into_one_point() {
+        let r = |secs: f64, p50: f64, p99: f64| serde_json::json!({"test": "echo", "secs": secs, "p50_us": p50, "p99_us": p99});
+        let (s, secs) = combine(&[r(0.5, 100.0, 900.0), r(1.0, 300.0, 400.0)], 60).unwrap();
+        assert_eq!(secs, 1.0);
+        assert_eq!(s.rate, 120.0);
+        assert_eq!(s.p50_us, 200.0);
+        assert_eq!(s.p99_us, 900.0);
+        assert!(combine(&[], 60).is_err());
+        let e = combine(&[serde_json::json!({"test": "echo"})], 1).unwrap_err();
+        assert!(e.contains("secs"), "{e}");
+    }
+
+    #[test]
+    fn verdict_needs_both_ratios() {
+        let side = |rate, p99_us| Side {
+            rate,
+            p50_us: 0.0,
+            p99_us,
+        };
+        let pt = |p: Side, s: Side| Point {
+            delay_us: 20,
+            size: 64,
+            callers: 1,
+            pcifab: p,
+            switchtec: s,
+        };
+        assert!(pt(side(100.0, 10.0), side(100.0, 10.0)).meets_goal());
+        assert!(!pt(side(99.0, 5.0), side(100.0, 10.0)).meets_goal());
+        assert!(!pt(side(200.0, 11.0), side(100.0, 10.0)).meets_goal());
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
 }
