@@ -144,22 +144,18 @@ fn combine(reports: &[Value], each: u64) -> Result<(Side, f64), String> {
     ))
 }
 
-/// Every (delay, size, callers) point through `sub`, the completion delay set in the
-/// emulator before each delay's points.
-fn sweep(f: &mut Fabric, sub: &str) -> Result<Vec<Side>, String> {
-    let emu = f.emu();
+/// Every (size, callers) point of completion delay `d` through `sub`.
+fn sweep(f: &mut Fabric, sub: &str, d: u64) -> Result<Vec<Side>, String> {
+    f.emu()
+        .request(&format!("fault all completion-delay {d}"))?;
     let h = &mut f.hosts[0];
     let mut out = Vec::new();
-    for d in DELAYS_US {
-        emu.request(&format!("fault all completion-delay {d}"))?;
-        for size in SIZES {
-            for callers in CALLERS {
-                run_point(h, sub, size, 1, WARMUP)?;
-                out.push(run_point(h, sub, size, callers, POINT_COUNT)?);
-            }
+    for size in SIZES {
+        for callers in CALLERS {
+            run_point(h, sub, size, 1, WARMUP)?;
+            out.push(run_point(h, sub, size, callers, POINT_COUNT)?);
         }
     }
-    emu.request("fault all completion-delay 0")?;
     Ok(out)
 }
 
@@ -169,28 +165,9 @@ pub struct Paths {
     pub switchtec: String,
 }
 
-/// The MRPC table: pcifab's ioctl, then switchtec.ko's /dev/switchtec0, in the same guest
-/// against the same emulated MEP. Leaves pcifab loaded and the completion delay at 0.
-pub fn mrpc(f: &mut Fabric) -> Result<(Vec<Point>, Paths), String> {
-    {
-        let h = &mut f.hosts[0];
-        ensure_pcifab(h)?;
-        check_bound_pcifab(h)?;
-    }
-    let p = sweep(f, "echo");
-    let pcifab_path = {
-        let h = &mut f.hosts[0];
-        let on = h.run_ok("cat /sys/class/misc/pcifab0/mrpc_dma")?;
-        let n = h.run_ok("cat /sys/class/misc/pcifab0/mrpc_dma_commands")?;
-        format!(
-            "mrpc_dma {} ({} commands through DMA MRPC)",
-            on.trim(),
-            n.trim()
-        )
-    };
-    let p = p?;
-    {
-        let h = &mut f.hosts[0];
+/// Unloads pcifab and loads switchtec.ko, or back.
+fn swap(h: &mut Host, to_switchtec: bool) -> Result<(), String> {
+    if to_switchtec {
         h.run_ok(&format!("rmmod pcifab && insmod {SWITCHTEC_KO}"))?;
         if !wait_for(h, "[ -c /dev/switchtec0 ]", 10)? {
             return Err(format!(
@@ -198,26 +175,63 @@ pub fn mrpc(f: &mut Fabric) -> Result<(Vec<Point>, Paths), String> {
                 h.name
             ));
         }
+        Ok(())
+    } else {
+        h.run_ok(&format!("rmmod switchtec && insmod {PCIFAB_KO}"))?;
+        check_bound_pcifab(h)
     }
-    let s = sweep(f, "switchtec-echo");
+}
+
+/// The MRPC table: per completion delay, every point through pcifab's ioctl, then through
+/// switchtec.ko's /dev/switchtec0, in the same guest against the same emulated MEP (the
+/// drivers alternate per delay, so a change of the shared machine's load hits both).
+/// Leaves pcifab loaded and the completion delay at 0.
+pub fn mrpc(f: &mut Fabric) -> Result<(Vec<Point>, Paths), String> {
+    {
+        let h = &mut f.hosts[0];
+        ensure_pcifab(h)?;
+        check_bound_pcifab(h)?;
+    }
+    let r = mrpc_inner(f);
     let h = &mut f.hosts[0];
-    // switchtec.ko takes DMA MRPC when dma_ver is non-zero and use_dma_mrpc is set; its
-    // interrupts (the event vector and, with DMA MRPC, the DMA MRPC vector) show which.
-    let switchtec_path = format!(
-        "use_dma_mrpc {}; /proc/interrupts: {}",
-        h.run_ok("cat /sys/module/switchtec/parameters/use_dma_mrpc")?
-            .trim(),
-        h.run("grep switchtec /proc/interrupts | tr -s ' ' | tr '\\n' ';'")?
-            .out
-            .trim()
-    );
     let _ = h.run(&format!(
-        "rmmod switchtec; [ -d /sys/module/pcifab ] || insmod {PCIFAB_KO}"
+        "[ -d /sys/module/switchtec ] && rmmod switchtec; \
+         [ -d /sys/module/pcifab ] || insmod {PCIFAB_KO}"
     ));
-    let s = s?;
+    f.emu().request("fault all completion-delay 0")?;
+    r
+}
+
+fn mrpc_inner(f: &mut Fabric) -> Result<(Vec<Point>, Paths), String> {
     let mut points = Vec::new();
-    let mut i = 0;
+    let mut switchtec_path = String::new();
+    let mut pcifab_paths = Vec::new();
     for d in DELAYS_US {
+        let p = sweep(f, "echo", d)?;
+        let h = &mut f.hosts[0];
+        let on = h.run_ok("cat /sys/class/misc/pcifab0/mrpc_dma")?;
+        let n = h.run_ok("cat /sys/class/misc/pcifab0/mrpc_dma_commands")?;
+        pcifab_paths.push(format!(
+            "{d} us: mrpc_dma {} ({} commands through DMA MRPC since load)",
+            on.trim(),
+            n.trim()
+        ));
+        swap(h, true)?;
+        let s = sweep(f, "switchtec-echo", d)?;
+        let h = &mut f.hosts[0];
+        // switchtec.ko takes DMA MRPC when dma_ver is non-zero and use_dma_mrpc is set;
+        // its interrupts (the event vector and, with DMA MRPC, the DMA MRPC vector) show
+        // which.
+        switchtec_path = format!(
+            "use_dma_mrpc {}; /proc/interrupts: {}",
+            h.run_ok("cat /sys/module/switchtec/parameters/use_dma_mrpc")?
+                .trim(),
+            h.run("grep switchtec /proc/interrupts | tr -s ' ' | tr '\\n' ';'")?
+                .out
+                .trim()
+        );
+        swap(h, false)?;
+        let mut i = 0;
         for size in SIZES {
             for callers in CALLERS {
                 points.push(Point {
@@ -231,6 +245,7 @@ pub fn mrpc(f: &mut Fabric) -> Result<(Vec<Point>, Paths), String> {
             }
         }
     }
+    let pcifab_path = pcifab_paths.join(", ");
     Ok((
         points,
         Paths {
