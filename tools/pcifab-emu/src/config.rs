@@ -29,7 +29,14 @@ pub struct Config {
     /// The MRPC interface offers DMA MRPC (dma_ver non-zero).
     #[serde(default = "default_true")]
     pub dma_mrpc: bool,
+    /// Microseconds from the write of an MRPC command register to the command's completion
+    /// (status, DMA MRPC output, interrupt); 0: done before the write is acknowledged.
+    #[serde(default)]
+    pub mrpc_completion_us: u64,
 }
+
+/// Longest MRPC completion delay (config key and control request), microseconds.
+pub const MAX_COMPLETION_US: u64 = 1_000_000;
 
 /// The firmware dialect (Documentation/emulator.rst, "Dialects").
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -230,6 +237,12 @@ impl Config {
         if !w.is_power_of_two() || w > MAX_P2P_WINDOW_MIB {
             return Err(format!(
                 "p2p_window_mib = {w} must be a power of two from 1 to {MAX_P2P_WINDOW_MIB} (MiB)"
+            ));
+        }
+        if self.mrpc_completion_us > MAX_COMPLETION_US {
+            return Err(format!(
+                "mrpc_completion_us = {} is too long; use 0 to {MAX_COMPLETION_US} (microseconds)",
+                self.mrpc_completion_us
             ));
         }
         check_str("firmware.vendor_id", &fw.vendor_id, 8)?;
@@ -456,6 +469,11 @@ mod tests {
         let c = Config::parse("dialect = \"pax\"\ndma_mrpc = false\n[[hosts]]\nname = \"a\"\n")
             .expect("pax");
         assert_eq!((c.dialect, c.dma_mrpc), (Dialect::Pax, false));
+        let c = Config::parse("mrpc_completion_us = 20\n[[hosts]]\nname = \"a\"\n").unwrap();
+        assert_eq!(c.mrpc_completion_us, 20);
+        let e =
+            Config::parse("mrpc_completion_us = 1000001\n[[hosts]]\nname = \"a\"\n").unwrap_err();
+        assert!(e.contains("mrpc_completion_us"), "{e}");
         let e = Config::parse("dialect = \"gen3\"\n[[hosts]]\nname = \"a\"\n").unwrap_err();
         assert!(e.contains("dialect"), "{e}");
         assert_eq!(Dialect::parse("pax"), Ok(Dialect::Pax));

@@ -111,7 +111,7 @@ fn parse_num<T: TryFrom<u64>>(s: &str, what: &str) -> Result<T, String> {
     T::try_from(v).map_err(|_| format!("{what} {s} is out of range"))
 }
 
-const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|dma-delay MS|hostile SEED|dma-mrpc off|on>, or fault clear [host|all]";
+const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|dma-delay MS|completion-delay US|hostile SEED|dma-mrpc off|on>, or fault clear [host|all]";
 
 /// The outcome of a control bind/unbind as JSON.
 fn bind_result(what: &str, ret: u32, ms: u128) -> Result<String, String> {
@@ -229,8 +229,8 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
     type Apply = Box<dyn Fn(&mut Faults)>;
     let mut arm = None;
     let (targets, apply): (Vec<usize>, Apply) = match args {
-        ["clear"] => (select("all")?, Box::new(|f| *f = Faults::default())),
-        ["clear", who] | [who, "clear"] => (select(who)?, Box::new(|f| *f = Faults::default())),
+        ["clear"] => (select("all")?, Box::new(clear_faults)),
+        ["clear", who] | [who, "clear"] => (select(who)?, Box::new(clear_faults)),
         [who, "mrpc-hang"] => (select(who)?, Box::new(|f| f.hang = true)),
         [who, "mrpc-error", ret] => {
             let ret: u32 = parse_num(ret, "return code")?;
@@ -254,6 +254,16 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
             }
             (select(who)?, Box::new(move |f| f.dma_delay_ms = ms))
         }
+        [who, "completion-delay", us] => {
+            let us: u64 = parse_num(us, "completion delay")?;
+            if us > crate::config::MAX_COMPLETION_US {
+                return Err(format!(
+                    "completion-delay {us} us is too long; use at most {}",
+                    crate::config::MAX_COMPLETION_US
+                ));
+            }
+            (select(who)?, Box::new(move |f| f.completion_us = us))
+        }
         [who, "hostile", seed] => {
             let seed: u64 = parse_num(seed, "seed")?;
             arm = Some(seed);
@@ -273,6 +283,14 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
         );
     }
     Ok("{\"ok\":true}".into())
+}
+
+/// `fault clear`: every fault off; the completion delay (a setting) stays.
+fn clear_faults(f: &mut Faults) {
+    *f = Faults {
+        completion_us: f.completion_us,
+        ..Faults::default()
+    };
 }
 
 /// `link <phys_port> <up|down>`.

@@ -616,6 +616,9 @@ pub struct Faults {
     /// Hostile firmware with this seed: replies, event registers and DMA
     /// write-backs lie (see `hostile`).
     pub hostile: Option<u64>,
+    /// Commands complete this many microseconds after the write of the
+    /// command register (config `mrpc_completion_us`; kept by `fault clear`).
+    pub completion_us: u64,
 }
 
 impl Faults {
@@ -649,6 +652,9 @@ impl Faults {
         if let Some(seed) = self.hostile {
             v.push(format!("hostile {seed}"));
         }
+        if self.completion_us > 0 {
+            v.push(format!("completion-delay {}", self.completion_us));
+        }
         v
     }
 }
@@ -660,6 +666,8 @@ pub struct Job {
     epoch: u64,
     cmd: u32,
     input: Vec<u8>,
+    /// When the host wrote the command register.
+    written: Instant,
 }
 
 /// How long a write of the command register waits for a command without an
@@ -902,6 +910,7 @@ impl Mep {
                     epoch: inner.epoch,
                     cmd,
                     input,
+                    written: Instant::now(),
                 }
             };
             self.mrpc_commands.fetch_add(1, Ordering::Relaxed);
@@ -946,7 +955,7 @@ impl Mep {
             return;
         }
         let f = self.faults();
-        if f.hang || f.dead || f.delay_ms > 0 {
+        if f.hang || f.dead || f.delay_ms > 0 || f.completion_us > 0 {
             return;
         }
         let deadline = Instant::now() + SYNC_WAIT;
@@ -1302,6 +1311,10 @@ impl Fabric {
                 ))
             })
             .collect();
+        for m in &meps {
+            let m: &Arc<Mep> = m;
+            m.set_faults(|f| f.completion_us = config.mrpc_completion_us);
+        }
         let mut qmps = vec![None; config.hosts.len()];
         for (host, path) in qmp {
             let i = config
@@ -1692,6 +1705,13 @@ impl Fabric {
                     if hostile::corrupt_reply(&mut rng, job.cmd, &job.input, &mut outcome) {
                         mep.hostile_count(|c| c.mrpc_replies += 1);
                     }
+                }
+            }
+            if f.completion_us > 0 {
+                let at = job.written + Duration::from_micros(f.completion_us);
+                let left = at.saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    std::thread::sleep(left);
                 }
             }
             mep.complete(&job, &outcome, f.drop_irq);

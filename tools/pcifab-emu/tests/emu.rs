@@ -852,6 +852,36 @@ fn fault_injection() {
     assert_eq!(c.read32(BAR0, MRPC_STATUS), 2);
     c.write32(BAR0, PART_CFG + MRPC_COMP_HDR, 0x9);
 
+    // completion-delay: the write returns at once, the command completes (status and
+    // interrupt) no sooner than that long after it; `fault clear` keeps the setting.
+    assert_eq!(emu.control("fault clear"), "{\"ok\":true}");
+    assert_eq!(
+        emu.control("fault h0 completion-delay 200000"),
+        "{\"ok\":true}"
+    );
+    assert_eq!(emu.control("fault clear"), "{\"ok\":true}");
+    let state = emu.control("state");
+    assert!(
+        state.contains("\"faults\":[\"completion-delay 200000\"]"),
+        "{state}"
+    );
+    let t = std::time::Instant::now();
+    c.write32(BAR0, MRPC_CMD, 0x41);
+    assert_eq!(c.read32(BAR0, MRPC_STATUS), 1, "INPROGRESS");
+    assert!(t.elapsed() < Duration::from_millis(150), "write not held");
+    assert_eq!(wait_eventfd(&efd, 5000), Some(1));
+    assert!(
+        t.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(c.read32(BAR0, MRPC_STATUS), 2);
+    c.write32(BAR0, PART_CFG + MRPC_COMP_HDR, 0x9);
+    assert!(emu
+        .control("fault h0 completion-delay 1000001")
+        .contains("too long"));
+    assert_eq!(emu.control("fault h0 completion-delay 0"), "{\"ok\":true}");
+
     // mrpc-error.
     assert_eq!(emu.control("fault clear"), "{\"ok\":true}");
     assert_eq!(emu.control("fault h0 mrpc-error 0x64007"), "{\"ok\":true}");

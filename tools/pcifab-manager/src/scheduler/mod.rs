@@ -202,6 +202,29 @@ pub struct Submitted {
 }
 
 /// A hash of what a request asks for and where (requests of one shape fit alike).
+/// The hosts and tenants (those with a quota) of promoted requests passed over in a pass
+/// because their own host or tenant is full: nothing later in the pass is granted to them
+/// (or pre-empts for them), so the room those requests wait for only grows.
+#[derive(Default)]
+struct Holds {
+    hosts: BTreeSet<Host>,
+    tenants: BTreeSet<String>,
+}
+
+impl Holds {
+    /// Holds `host`, and `tenant` if it has a quota (without one it never lacks room).
+    fn hold(&mut self, host: Host, tenant: &str, has_quota: bool) {
+        self.hosts.insert(host);
+        if has_quota {
+            self.tenants.insert(tenant.to_string());
+        }
+    }
+
+    fn holds(&self, host: Host, tenant: &str) -> bool {
+        self.hosts.contains(&host) || self.tenants.contains(tenant)
+    }
+}
+
 fn shape_of(spec: &RequestSpec) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -1185,9 +1208,10 @@ impl Scheduler {
         // not fit will not fit later in the pass.
         let mut no_fit: BTreeSet<(u64, Host, String)> = BTreeSet::new();
         let mut no_victims: BTreeSet<(u64, u32)> = BTreeSet::new();
+        let mut holds = Holds::default();
         for qi in order {
             let spec = &self.queue[qi].spec;
-            if self.host_down(spec.host) {
+            if self.host_down(spec.host) || holds.holds(spec.host, spec.tenant_name()) {
                 continue;
             }
             let key = (shape_of(spec), spec.host, spec.tenant_name().to_string());
@@ -1239,8 +1263,15 @@ impl Scheduler {
                 }
             }
             if self.promoted(&self.queue[qi], now) {
-                // Reserve: nothing behind a promoted request may take what it waits for.
-                break;
+                let spec = &self.queue[qi].spec;
+                if self.room(spec, &BTreeSet::new()) {
+                    // Reserve: nothing behind a promoted request may take what it waits for.
+                    break;
+                }
+                // Its own host or tenant is full: the pool cannot help it. It is passed
+                // over, and nothing behind it may take room from its host or tenant.
+                let quota = self.tenant_config(spec.tenant_name()).and_then(|c| c.quota);
+                holds.hold(spec.host, spec.tenant_name(), quota.is_some());
             }
         }
         let mut i = 0;
@@ -1272,6 +1303,7 @@ impl Scheduler {
         let (mut granted, mut preempted) = (0, false);
         let mut after: Option<(Secs, u64)> = None;
         let mut stopped = false;
+        let mut holds = Holds::default();
         // 1. Promoted requests.
         loop {
             let mut ops = 0;
@@ -1284,7 +1316,8 @@ impl Scheduler {
                 let mut found = None;
                 for &(enq, id) in range {
                     ops += 1;
-                    if !self.host_down(idx.meta[&id].host) {
+                    let m = &idx.meta[&id];
+                    if !self.host_down(m.host) && !holds.holds(m.host, &idx.tenants[m.tenant]) {
                         found = Some((enq, id));
                         break;
                     }
@@ -1296,17 +1329,30 @@ impl Scheduler {
             after = Some(k);
             if self.consider(k.1, now, allow_preempt, &mut tried, &mut preempted) {
                 granted += 1;
-            } else {
+                continue;
+            }
+            let Some(m) = self.derived.index.meta.get(&k.1).copied() else {
+                continue;
+            };
+            let spec = &self.queue[m.pos].spec;
+            if self.room(spec, &BTreeSet::new()) {
                 stopped = true;
                 break;
             }
+            let quota = self.tenant_config(spec.tenant_name()).and_then(|c| c.quota);
+            holds.hold(spec.host, spec.tenant_name(), quota.is_some());
         }
         // 2. The others.
         if !stopped {
             let mut cursor: Option<RankKey> = None;
-            while let Some((key, id)) =
-                self.best_candidate(now, &factors, allow_preempt, &tried, cursor.as_ref())
-            {
+            while let Some((key, id)) = self.best_candidate(
+                now,
+                &factors,
+                allow_preempt,
+                &tried,
+                &holds,
+                cursor.as_ref(),
+            ) {
                 let ok = self.consider(id, now, allow_preempt, &mut tried, &mut preempted);
                 if ok {
                     granted += 1;
@@ -1474,6 +1520,7 @@ impl Scheduler {
         factors: &[f64],
         allow_preempt: bool,
         tried: &BTreeSet<(usize, u32)>,
+        holds: &Holds,
         cursor: Option<&RankKey>,
     ) -> Option<(RankKey, u64)> {
         let aging = self.config.manager.aging_s;
@@ -1496,6 +1543,9 @@ impl Scheduler {
                     continue;
                 }
                 let tenant = &idx.tenants[t];
+                if holds.tenants.contains(tenant.as_str()) {
+                    continue;
+                }
                 let quota_ok = self
                     .tenant_config(tenant)
                     .and_then(|c| c.quota)
@@ -1505,7 +1555,9 @@ impl Scheduler {
                 }
                 let f = factors.get(t).copied().unwrap_or(1.0);
                 let host_ok = |h: Host| {
-                    !self.host_down(h) && self.derived.held[usize::from(h)] + need <= max_units
+                    !self.host_down(h)
+                        && !holds.hosts.contains(&h)
+                        && self.derived.held[usize::from(h)] + need <= max_units
                 };
                 let rank = |enq: Secs, id: u64| RankKey {
                     e: u64::from(p) + now.saturating_sub(enq).checked_div(aging).unwrap_or(0),
@@ -2000,13 +2052,21 @@ impl Scheduler {
 
     /// The starvation bound of `Documentation/manager.rst` for a request of priority `p` that
     /// found `queued_before` requests in the queue: it is granted within this many seconds
-    /// (healthy devices, its host up, scheduling passes at least once a second).
+    /// (healthy devices, the hosts of it and of the requests ahead of it up, scheduling
+    /// passes at least once a second).
+    ///
+    /// Every request ahead is promoted by the promotion time of a priority-0 request (the
+    /// request's own when nothing is ahead); from then on, each of them and the request
+    /// itself is granted within `2 · max_lease_s + 1` of the previous grant: one lease
+    /// length for its own host and tenant to free (a passed-over request holds them), one
+    /// for the pool (a request with room that does not fit ends the pass).
     pub fn starvation_bound(&self, p: u32, queued_before: usize) -> Option<Secs> {
         let m = &self.config.manager;
         if m.aging_s == 0 {
             return None;
         }
-        let promote = u64::from(m.max_priority + 1 - p.min(m.max_priority)) * m.aging_s;
-        Some(promote + (queued_before as u64 + 1) * m.max_lease_s + 1)
+        let lowest = if queued_before == 0 { p } else { 0 };
+        let promote = u64::from(m.max_priority + 1 - lowest.min(m.max_priority)) * m.aging_s;
+        Some(promote + (queued_before as u64 + 1) * (2 * m.max_lease_s + 1))
     }
 }

@@ -1,0 +1,447 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! `pcifab-harness bench`: MRPC echo through pcifab and through the in-tree C driver at
+//! several firmware completion delays, payload sizes and caller counts, and bind/unbind
+//! latency through pcifab against raw hot-plug (Documentation/benchmarks.rst).
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::fabric::{Fabric, Host};
+use crate::scenarios::{
+    begin, check_bound_pcifab, dmesg_clean, emu_owners, ensure_pcifab, wait_for, GPU0, PCIFAB_KO,
+    SWITCHTEC_KO,
+};
+
+/// Firmware completion delays (us), payload sizes (bytes) and caller counts of the table.
+pub const DELAYS_US: [u64; 3] = [0, 20, 200];
+pub const SIZES: [usize; 4] = [4, 64, 256, 1024];
+pub const CALLERS: [usize; 2] = [1, 4];
+/// Measured round trips per point, over all callers; a short warm-up runs first.
+pub const POINT_COUNT: u64 = 240;
+const WARMUP: u64 = 20;
+
+/// One side of one point.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Side {
+    /// Round trips per second, all callers together.
+    pub rate: f64,
+    /// Median and 99th percentile latency (us); with several callers the mean of their
+    /// medians and the largest of their 99th percentiles.
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+/// One point of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct Point {
+    pub delay_us: u64,
+    pub size: usize,
+    pub callers: usize,
+    pub pcifab: Side,
+    pub switchtec: Side,
+}
+
+impl Point {
+    pub fn rate_ratio(&self) -> f64 {
+        self.pcifab.rate / self.switchtec.rate
+    }
+    pub fn p99_ratio(&self) -> f64 {
+        self.pcifab.p99_us / self.switchtec.p99_us
+    }
+    /// Goal: pcifab at least as fast and no worse at the 99th percentile.
+    pub fn meets_goal(&self) -> bool {
+        self.rate_ratio() >= 1.0 && self.p99_ratio() <= 1.0
+    }
+}
+
+fn num(v: &Value, k: &str) -> Result<f64, String> {
+    v.get(k)
+        .and_then(Value::as_f64)
+        .ok_or_else(|| format!("selftest JSON {v}: expected a number in {k:?}"))
+}
+
+/// `callers` processes of `pcifab-selftest <sub>` at once, `count` echoes of `size` bytes
+/// over all of them; every one must exit 0 and report.
+fn run_point(
+    h: &mut Host,
+    sub: &str,
+    size: usize,
+    callers: usize,
+    count: u64,
+) -> Result<Side, String> {
+    let each = count.div_ceil(callers as u64).max(1);
+    let script = format!(
+        "rm -f /tmp/bench-*.json; pids=''; \
+         for i in $(seq 1 {callers}); do \
+           pcifab-selftest {sub} --count {each} --size {size} --seed $i > /tmp/bench-$i.json 2>&1 & \
+           pids=\"$pids $!\"; \
+         done; rc=0; for p in $pids; do wait $p || rc=1; done; cat /tmp/bench-*.json; exit $rc"
+    );
+    let t = Instant::now();
+    let o = h.run_timeout(&script, Duration::from_secs(300))?;
+    let wall = t.elapsed().as_secs_f64();
+    if o.code != 0 {
+        return Err(format!(
+            "{}: {callers} x `pcifab-selftest {sub} --count {each} --size {size}` failed \
+             (exit {}):\n{}",
+            h.name, o.code, o.out
+        ));
+    }
+    let reports: Vec<Value> = o
+        .out
+        .lines()
+        .filter(|l| l.starts_with("{\"test\":"))
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: selftest JSON: {e}; output:\n{}", h.name, o.out))?;
+    if reports.len() != callers {
+        return Err(format!(
+            "{}: expected {callers} reports of `pcifab-selftest {sub}`, got {}:\n{}",
+            h.name,
+            reports.len(),
+            o.out
+        ));
+    }
+    let (side, secs) = combine(&reports, each)?;
+    let total = each * callers as u64;
+    h.log_note(&format!(
+        "bench {sub} size {size} callers {callers}: {total} echoes, {secs:.3} s in the \
+         guest ({wall:.3} s wall), {}",
+        reports
+            .iter()
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+    Ok(side)
+}
+
+/// One point from its callers' reports of `each` echoes: all round trips over the longest
+/// caller's run (their windows overlap), the mean of the medians, the largest p99. Also
+/// returns that longest run (s).
+fn combine(reports: &[Value], each: u64) -> Result<(Side, f64), String> {
+    if reports.is_empty() {
+        return Err("no selftest reports".into());
+    }
+    let mut secs: f64 = 0.0;
+    let (mut p50, mut p99) = (0.0, 0.0f64);
+    for r in reports {
+        secs = secs.max(num(r, "secs")?);
+        p50 += num(r, "p50_us")?;
+        p99 = p99.max(num(r, "p99_us")?);
+    }
+    let total = each * reports.len() as u64;
+    let rate = if secs > 0.0 { total as f64 / secs } else { 0.0 };
+    Ok((
+        Side {
+            rate,
+            p50_us: p50 / reports.len() as f64,
+            p99_us: p99,
+        },
+        secs,
+    ))
+}
+
+/// Every (size, callers) point of completion delay `d` through `sub`.
+fn sweep(f: &mut Fabric, sub: &str, d: u64) -> Result<Vec<Side>, String> {
+    f.emu()
+        .request(&format!("fault all completion-delay {d}"))?;
+    let h = &mut f.hosts[0];
+    let mut out = Vec::new();
+    for size in SIZES {
+        for callers in CALLERS {
+            run_point(h, sub, size, 1, WARMUP)?;
+            out.push(run_point(h, sub, size, callers, POINT_COUNT)?);
+        }
+    }
+    Ok(out)
+}
+
+/// What each driver's MRPC completion path is (DMA MRPC or the mailbox).
+pub struct Paths {
+    pub pcifab: String,
+    pub switchtec: String,
+}
+
+/// Unloads pcifab and loads switchtec.ko, or back.
+fn swap(h: &mut Host, to_switchtec: bool) -> Result<(), String> {
+    if to_switchtec {
+        h.run_ok(&format!("rmmod pcifab && insmod {SWITCHTEC_KO}"))?;
+        if !wait_for(h, "[ -c /dev/switchtec0 ]", 10)? {
+            return Err(format!(
+                "{}: /dev/switchtec0 did not appear after insmod switchtec",
+                h.name
+            ));
+        }
+        Ok(())
+    } else {
+        h.run_ok(&format!("rmmod switchtec && insmod {PCIFAB_KO}"))?;
+        check_bound_pcifab(h)
+    }
+}
+
+/// The MRPC table: per completion delay, every point through pcifab's ioctl, then through
+/// switchtec.ko's /dev/switchtec0, in the same guest against the same emulated MEP (the
+/// drivers alternate per delay, so a change of the shared machine's load hits both).
+/// Leaves pcifab loaded and the completion delay at 0.
+pub fn mrpc(f: &mut Fabric) -> Result<(Vec<Point>, Paths), String> {
+    {
+        let h = &mut f.hosts[0];
+        ensure_pcifab(h)?;
+        check_bound_pcifab(h)?;
+    }
+    let r = mrpc_inner(f);
+    let h = &mut f.hosts[0];
+    let _ = h.run(&format!(
+        "[ -d /sys/module/switchtec ] && rmmod switchtec; \
+         [ -d /sys/module/pcifab ] || insmod {PCIFAB_KO}"
+    ));
+    f.emu().request("fault all completion-delay 0")?;
+    r
+}
+
+fn mrpc_inner(f: &mut Fabric) -> Result<(Vec<Point>, Paths), String> {
+    let mut points = Vec::new();
+    let mut switchtec_path = String::new();
+    let mut pcifab_paths = Vec::new();
+    for d in DELAYS_US {
+        let p = sweep(f, "echo", d)?;
+        let h = &mut f.hosts[0];
+        let on = h.run_ok("cat /sys/class/misc/pcifab0/mrpc_dma")?;
+        let n = h.run_ok("cat /sys/class/misc/pcifab0/mrpc_dma_commands")?;
+        pcifab_paths.push(format!(
+            "{d} us: mrpc_dma {} ({} commands through DMA MRPC since load)",
+            on.trim(),
+            n.trim()
+        ));
+        swap(h, true)?;
+        let s = sweep(f, "switchtec-echo", d)?;
+        let h = &mut f.hosts[0];
+        // switchtec.ko takes DMA MRPC when dma_ver is non-zero and use_dma_mrpc is set;
+        // its interrupts (the event vector and, with DMA MRPC, the DMA MRPC vector) show
+        // which.
+        switchtec_path = format!(
+            "use_dma_mrpc {}; /proc/interrupts: {}",
+            h.run_ok("cat /sys/module/switchtec/parameters/use_dma_mrpc")?
+                .trim(),
+            h.run("grep switchtec /proc/interrupts | tr -s ' ' | tr '\\n' ';'")?
+                .out
+                .trim()
+        );
+        swap(h, false)?;
+        let mut i = 0;
+        for size in SIZES {
+            for callers in CALLERS {
+                points.push(Point {
+                    delay_us: d,
+                    size,
+                    callers,
+                    pcifab: p[i],
+                    switchtec: s[i],
+                });
+                i += 1;
+            }
+        }
+    }
+    let pcifab_path = pcifab_paths.join(", ");
+    Ok((
+        points,
+        Paths {
+            pcifab: pcifab_path,
+            switchtec: switchtec_path,
+        },
+    ))
+}
+
+/// Binds and unbinds measured per side.
+pub const COMPOSE_N: usize = 5;
+
+/// Bind-to-usable and unbind latencies (ms) through pcifab and the raw baselines.
+pub struct ComposeBench {
+    pub bind_ms: Vec<f64>,
+    pub unbind_ms: Vec<f64>,
+    pub raw_add_ms: Vec<f64>,
+    /// Slot powered off through sysfs, then QMP `device_del`, to DEVICE_DELETED.
+    pub raw_del_ms: Vec<f64>,
+    /// Of each pcifab bind: the `pcifab bind` command alone (it returns once the function
+    /// is enumerated) and the time since this host's last power-off of the slot.
+    pub bind_cmd_ms: Vec<f64>,
+    pub since_poweroff_ms: Vec<f64>,
+}
+
+/// The median (NaN of nothing).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// The slot directory under /sys/bus/pci/slots whose address is `addr` (`0000:04:00`).
+fn slot_of(h: &mut Host, addr: &str) -> Result<String, String> {
+    let o = h.run_ok(&format!(
+        "for s in /sys/bus/pci/slots/*; do [ \"$(cat $s/address)\" = {addr} ] && echo $s; done; true"
+    ))?;
+    o.lines()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| format!("{}: no hot-plug slot with address {addr}", h.name))
+}
+
+/// Host 0 only: GPU0 (0x0300) on logical port 1 (`dsp1`, bus 04), alternately bound and
+/// unbound through pcifab, and hot-plugged by the harness's own QMP `device_add`, then
+/// removed by powering the slot off through sysfs and QMP `device_del`; never both at once.
+pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
+    let emu = f.emu();
+    let e = f.expected.clone();
+    let run_dir = f.run_dir.clone();
+    let h = &mut f.hosts[0];
+    begin(h)?;
+    let (bound, _) = emu_owners(&emu, &e)?;
+    for p in bound.keys() {
+        emu.request(&format!("unbind {p:#06x}"))?;
+    }
+    let bdf = "0000:04:00.0";
+    let slot = slot_of(h, "0000:04:00")?;
+    let sock = run_dir.join(format!("fn-{GPU0:04x}.sock"));
+    let id_ok = |out: &str| out.contains(&format!("\"pdfid\":\"{GPU0:#06x}\""));
+    let mut r = ComposeBench {
+        bind_ms: Vec::new(),
+        unbind_ms: Vec::new(),
+        raw_add_ms: Vec::new(),
+        raw_del_ms: Vec::new(),
+        bind_cmd_ms: Vec::new(),
+        since_poweroff_ms: Vec::new(),
+    };
+    let mut powered_off: Option<Instant> = None;
+    // One unmeasured round of each warms the guest's page cache and QEMU.
+    for i in 0..=COMPOSE_N {
+        let since = powered_off.map_or(f64::INFINITY, |t| t.elapsed().as_secs_f64() * 1000.0);
+        let t = Instant::now();
+        let out = h.run_ok(&format!(
+            "read a _ < /proc/uptime; pcifab bind {GPU0:#06x} --host 0 --port 1 >/dev/null && \
+             read b _ < /proc/uptime && pcifab-selftest bar-id --device {bdf} && \
+             echo bind_cmd_s=$a,$b"
+        ))?;
+        let bind = t.elapsed().as_secs_f64() * 1000.0;
+        if !id_ok(&out) {
+            return Err(format!(
+                "pcifab bind: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
+            ));
+        }
+        // /proc/uptime: 10 ms resolution.
+        let bind_cmd = out
+            .lines()
+            .find_map(|l| l.strip_prefix("bind_cmd_s="))
+            .and_then(|v| v.trim().split_once(','))
+            .and_then(|(a, b)| Some((a.parse::<f64>().ok()?, b.parse::<f64>().ok()?)))
+            .map_or(f64::NAN, |(a, b)| (b - a) * 1000.0);
+        let t = Instant::now();
+        h.run_ok(&format!("pcifab unbind {GPU0:#06x}"))?;
+        let unbind = t.elapsed().as_secs_f64() * 1000.0;
+        powered_off = Some(Instant::now());
+        // The function must be free in the fabric before the harness plugs it itself.
+        let (bound, _) = emu_owners(&emu, &e)?;
+        if bound.contains_key(&GPU0) {
+            return Err(format!(
+                "{GPU0:#06x} still bound after pcifab unbind: {bound:?}"
+            ));
+        }
+        let mut q = h.qmp()?;
+        let dev = serde_json::json!({
+            "driver": "vfio-user-pci", "id": "raw-0300", "bus": "dsp1",
+            "socket": {"type": "unix", "path": sock.display().to_string()},
+        });
+        let t = Instant::now();
+        q.execute("device_add", Some(dev))?;
+        let out = h.run_ok(&format!(
+            "pcifab-selftest bar-id --device {bdf} --wait 30000"
+        ))?;
+        let add = t.elapsed().as_secs_f64() * 1000.0;
+        if !id_ok(&out) {
+            return Err(format!(
+                "raw device_add: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
+            ));
+        }
+        let t = Instant::now();
+        h.run_ok(&format!("echo 0 > {slot}/power"))?;
+        // QEMU unplugs the devices of a slot the guest powered off (indicator off) itself;
+        // `device_del` is then refused as DeviceNotFound and DEVICE_DELETED is already
+        // queued.
+        match q.execute("device_del", Some(serde_json::json!({"id": "raw-0300"}))) {
+            Ok(_) => {}
+            Err(e) if e.contains("DeviceNotFound") => {}
+            Err(e) => return Err(e),
+        }
+        q.wait_event(
+            "DEVICE_DELETED",
+            |d| d.get("device").and_then(Value::as_str) == Some("raw-0300"),
+            Instant::now() + Duration::from_secs(30),
+        )?;
+        let del = t.elapsed().as_secs_f64() * 1000.0;
+        h.log_note(&format!(
+            "bench round {i}: pcifab bind {bind:.0} ms (bind command {bind_cmd:.0} ms, \
+             {since:.0} ms after pcifab's power-off of the slot), unbind {unbind:.0} ms; raw \
+             device_add {add:.0} ms, power-off + device_del {del:.0} ms"
+        ));
+        if i > 0 {
+            r.bind_ms.push(bind);
+            r.unbind_ms.push(unbind);
+            r.raw_add_ms.push(add);
+            r.raw_del_ms.push(del);
+            r.bind_cmd_ms.push(bind_cmd);
+            r.since_poweroff_ms.push(since);
+        }
+    }
+    dmesg_clean(h)?;
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn callers_combine_into_one_point() {
+        let r = |secs: f64, p50: f64, p99: f64| serde_json::json!({"test": "echo", "secs": secs, "p50_us": p50, "p99_us": p99});
+        let (s, secs) = combine(&[r(0.5, 100.0, 900.0), r(1.0, 300.0, 400.0)], 60).unwrap();
+        assert_eq!(secs, 1.0);
+        assert_eq!(s.rate, 120.0);
+        assert_eq!(s.p50_us, 200.0);
+        assert_eq!(s.p99_us, 900.0);
+        assert!(combine(&[], 60).is_err());
+        let e = combine(&[serde_json::json!({"test": "echo"})], 1).unwrap_err();
+        assert!(e.contains("secs"), "{e}");
+    }
+
+    #[test]
+    fn verdict_needs_both_ratios() {
+        let side = |rate, p99_us| Side {
+            rate,
+            p50_us: 0.0,
+            p99_us,
+        };
+        let pt = |p: Side, s: Side| Point {
+            delay_us: 20,
+            size: 64,
+            callers: 1,
+            pcifab: p,
+            switchtec: s,
+        };
+        assert!(pt(side(100.0, 10.0), side(100.0, 10.0)).meets_goal());
+        assert!(!pt(side(99.0, 5.0), side(100.0, 10.0)).meets_goal());
+        assert!(!pt(side(200.0, 11.0), side(100.0, 10.0)).meets_goal());
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+}
