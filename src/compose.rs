@@ -347,18 +347,32 @@ fn left(start: &Instant<Monotonic>, timeout_ms: u32) -> u32 {
 
 impl Mep {
     /// Finds where `pdfid` is bound: `(host, logical port)`.
+    ///
+    /// A function whose endpoint's link is down is missing from the endpoint records but
+    /// may still hold a host's logical port: the hosts' virtual switches (HVD) say where.
     fn binding(&self, pdfid: u16) -> Result<Option<(u8, u8)>> {
-        self.fabric
-            .with_view(self, |v| {
-                v.functions.iter().find(|f| f.pdfid == pdfid).map(|f| {
-                    if f.bound_host == crate::uapi::UNBOUND {
-                        None
-                    } else {
-                        Some((f.bound_host, f.bound_log_port))
-                    }
-                })
-            })?
-            .ok_or(ENOENT)
+        let (found, hosts) = self.fabric.with_view(self, |v| {
+            let found = v.functions.iter().find(|f| f.pdfid == pdfid).map(|f| {
+                if f.bound_host == crate::uapi::UNBOUND {
+                    None
+                } else {
+                    Some((f.bound_host, f.bound_log_port))
+                }
+            });
+            (found, v.host_count)
+        })?;
+        if let Some(b) = found {
+            return Ok(b);
+        }
+        for host in 0..hosts {
+            let h = hvd(self, host)?;
+            if let Some(port) = (0..LOG_PORTS)
+                .find(|&l| h.ports.get(usize::from(l)).copied().flatten() == Some(pdfid))
+            {
+                return Ok(Some((host, port)));
+            }
+        }
+        Err(ENOENT)
     }
 
     /// Binds `pdfids` (1 to [`fw::bind::MAX_FUNCS`], the first one function 0) together to

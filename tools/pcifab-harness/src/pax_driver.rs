@@ -56,7 +56,7 @@ pub fn features(f: &mut Fabric) -> Result<(), String> {
                 c.eq_json(
                     "EXT_FEATURES return value on PAX firmware",
                     Value::from(format!("{ERR_CMD_INVALID:#x}")),
-                    v.get("ret_value").cloned().unwrap_or(Value::Null),
+                    v["error"]["ret_value"].clone(),
                 );
             }
             Dialect::Extended => {
@@ -89,7 +89,7 @@ pub fn extensions(f: &mut Fabric) -> Result<(), String> {
                 c.eq(
                     "`pcifab p2p route list` errno",
                     Some(EOPNOTSUPP),
-                    v.get("errno").and_then(Value::as_i64),
+                    v["error"]["errno"].as_i64(),
                 );
                 if code == 0 || !out.contains("firmware") {
                     c.fail(format!(
@@ -365,7 +365,7 @@ pub fn refused_without_extensions(f: &mut Fabric, calls: &[&str]) -> Result<bool
         c.eq(
             &format!("`pcifab {call}` errno"),
             Some(EOPNOTSUPP),
-            v.get("errno").and_then(Value::as_i64),
+            v["error"]["errno"].as_i64(),
         );
         if code == 0 || !out.contains("firmware") {
             c.fail(format!(
