@@ -150,7 +150,8 @@ DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p g
 MATRIX := debug debian-pax debian-extended dkms
 
 # The order matters: cheap checks first, the QEMU cells last; the summary prints the final line.
-test: deps kernel-debug kernel-debian lint check-module-debug check-module-msrv cargo-test tools
+test: deps kernel-debug kernel-debian lint check-module-debug check-module-msrv cargo-test tools \
+		check-packages check-systemd
 	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX))
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended $(DEBUG_HARNESS_ARGS) \
 		--results $(RESULTS)/debug

@@ -41,6 +41,10 @@ mkdir -p "$src" "$k/DEBIAN"
 cp -r "$top/src" "$top/include" "$src/"
 cp "$top/Kbuild" "$top/Makefile" "$src/"
 cp "$conf" "$src/dkms.conf"
+# What dkms.conf uses: the version's one home and the build command for Debian's kernels.
+mkdir -p "$src/tools/scripts"
+cp "$top/tools/Cargo.toml" "$src/tools/"
+cp "$top/tools/scripts/debian-kernel.sh" "$src/tools/scripts/"
 find "$src" \( -name '*.o' -o -name '*.ko' -o -name '*.mod*' -o -name '.*.cmd' \) -delete
 sed -e "s/@VERSION@/$version/" "$top/packaging/debian/pcifab-dkms/control" >"$k/DEBIAN/control"
 for s in postinst prerm; do
