@@ -407,7 +407,14 @@ impl Mep {
         let mut order = [0u16; fw::bind::MAX_FUNCS];
         order[..pdfids.len()].copy_from_slice(pdfids);
         let order = &mut order[..pdfids.len()];
-        order.sort_unstable();
+        // At most eight: an insertion sort (core's sort trips objtool with rustc 1.85).
+        for i in 1..order.len() {
+            let mut j = i;
+            while j > 0 && order[j - 1] > order[j] {
+                order.swap(j - 1, j);
+                j -= 1;
+            }
+        }
         let mut held = KVec::with_capacity(pdfids.len(), GFP_KERNEL)?;
         let mut r = None;
         for &p in order.iter() {

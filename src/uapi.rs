@@ -86,6 +86,8 @@ pub(crate) trait SizedArg: FromBytes + AsBytes + Default {
 }
 
 /// Compiles only for types every byte pattern of which is valid and which have no padding.
+// Used in `abi!`'s constants, which rustc 1.85 does not count as uses.
+#[allow(dead_code)]
 const fn assert_abi<T: FromBytes + AsBytes>() {}
 
 /// Declares uAPI structs.
