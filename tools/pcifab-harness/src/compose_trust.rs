@@ -293,6 +293,12 @@ pub fn unbind_mep_during_pciehp_removal(f: &mut Fabric) -> Result<(), String> {
             "h0: expected one hot-plug slot with address {addr} (the port of {bdf}), got {slot:?}"
         ));
     }
+    // Every firmware command of h0 takes 400 ms from here, so that pcifab's unbind is still
+    // in the driver when the harness unbinds the MEP (without it a fast unbind can be over
+    // before the harness sees it start); cleared before the MEP binds again.
+    emu.request("fault h0 delay 400")?;
+    let delay = ClearFault(f.emu(), "h0");
+    let h0 = &mut f.hosts[0];
     h0.run_ok(&format!(
         "rm -f /tmp/pw.out /tmp/pw.rc /tmp/ub.out /tmp/ub.rc /tmp/ub.pid; \
          (echo 0 > /sys/bus/pci/slots/{slot}/power; echo $? >/tmp/pw.rc) \
@@ -321,6 +327,7 @@ pub fn unbind_mep_during_pciehp_removal(f: &mut Fabric) -> Result<(), String> {
     ));
     let power = wait_bg(h0, "pw", 15)?;
     let unbind = wait_bg(h0, "ub", 15)?;
+    drop(delay);
     let mut c = Checks::new("h0: MEP unbound while pciehp removes GPU0");
     c.eq("exit code of the sysfs unbind", 0, code);
     if secs > UNBIND_MEP_MAX_S {
@@ -364,6 +371,15 @@ pub fn unbind_mep_during_pciehp_removal(f: &mut Fabric) -> Result<(), String> {
     c.finish()?;
     freed?;
     check_world(f, &Owners::new(), "the MEP unbound during a pciehp removal")
+}
+
+/// Clears host `.1`'s emulator faults when dropped, whatever path the scenario takes.
+struct ClearFault(crate::fabric::EmuControl, &'static str);
+
+impl Drop for ClearFault {
+    fn drop(&mut self) {
+        let _ = self.0.request(&format!("fault clear {}", self.1));
+    }
 }
 
 /// `PCI_EXT_CAP_ID_ACS` and its control register.
