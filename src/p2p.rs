@@ -464,6 +464,11 @@ pub(crate) fn copy(
 
     let start = Instant::<Monotonic>::now();
     let _copying = mep.p2p.copying.lock();
+    // The device stays bound while the copy runs: unbind takes `copying` (`shut_down()`)
+    // before the binding ends. The binding is held before the engine is locked, never the
+    // other way round: the engine's lock is dropped and retaken while a batch waits.
+    let binding = mep.p2p.engine.lock().binding.clone().ok_or(EOPNOTSUPP)?;
+    let bound = binding.access().ok_or(ENODEV)?;
     let mut e = mep.p2p.engine.lock();
     if e.dead || mep.p2p.abort.load(Relaxed) {
         return Err(ENODEV);
@@ -477,10 +482,6 @@ pub(crate) fn copy(
         err: None,
     };
     let mut batch = KVec::with_capacity(BATCH, GFP_KERNEL)?;
-    // The device stays bound while the copy runs: unbind takes `copying` (`shut_down()`)
-    // before the binding ends.
-    let binding = e.binding.clone().ok_or(EOPNOTSUPP)?;
-    let bound = binding.access().ok_or(ENODEV)?;
     while copied.done < len && copied.err.is_none() {
         let off = copied.done;
         batch.clear();
