@@ -196,15 +196,20 @@ impl Mrpc {
         Ok(Some(usize::from(vector)))
     }
 
-    /// Stops DMA MRPC; the buffer is freed with the endpoint. Called on unbind.
+    /// Stops DMA MRPC and frees its buffer. Called on unbind.
+    ///
+    /// The buffer is freed here, not with the endpoint: open files may keep the endpoint
+    /// for longer than the device stays bound, and DMA memory must not outlive the binding.
+    /// Called after [`Mrpc::kill`], so the caller holding the mailbox returns at once.
     pub(crate) fn dma_shut_down(&self, mep: &Mep) {
-        let mb = self.mailbox.lock();
-        if mb.dma.is_some() {
+        let mut mb = self.mailbox.lock();
+        if let Some(buf) = mb.dma.take() {
             let _ = mep.with_bar(|bar| {
                 bar.write_reg(regs::MRPC_DMA_EN::zeroed());
                 bar.write_reg(regs::MRPC_DMA_ADDR_LO::zeroed());
                 bar.write_reg(regs::MRPC_DMA_ADDR_HI::zeroed());
             });
+            drop(buf);
         }
         self.dma_active.store(false, Relaxed);
     }
