@@ -230,8 +230,11 @@ pub(crate) fn shut_down(mep: &Mep) {
     let _copying = mep.p2p.copying.lock();
     let mut e = mep.p2p.engine.lock();
     e.dead = true;
-    // Stopped and idle before the ring goes: the engine writes statuses back into it.
-    reset(mep, &mut e);
+    // Stopped and idle before the ring goes: the engine writes statuses back into it. Only
+    // an engine that was set up (the firmware has the extension) is touched at all.
+    if e.ring.is_some() {
+        reset(mep, &mut e);
+    }
     // The ring's DMA mapping must not outlive the binding (the IOMMU domain and the DMA ops
     // of the device go with it), while open files may keep the `Mep` for longer.
     let ring = e.ring.take();
