@@ -14,6 +14,9 @@ const DIETEMP_GET: u32 = 2;
 pub struct Driver {
     file: File,
     pub path: String,
+    /// Whether the firmware has per-function telemetry: asked once, it does not change while
+    /// the device stays open.
+    telemetry: std::sync::OnceLock<bool>,
 }
 
 /// A failed ioctl: the errno and, for composition, the firmware's return code.
@@ -58,6 +61,7 @@ impl Driver {
         Ok(Self {
             file,
             path: path.into(),
+            telemetry: std::sync::OnceLock::new(),
         })
     }
 
@@ -70,9 +74,13 @@ impl Driver {
     /// Whether the firmware has pcifab's per-function telemetry (`PCIFAB_FEATURE_TELEMETRY`);
     /// PAX firmware has not.
     pub fn has_telemetry(&self) -> Result<bool, String> {
-        dev::identity(&self.file)
+        if let Some(&t) = self.telemetry.get() {
+            return Ok(t);
+        }
+        let t = dev::identity(&self.file)
             .map(|id| id.features & pcifab_uapi::FEATURE_TELEMETRY != 0)
-            .map_err(|e| format!("PCIFAB_IOCTL_IDENTITY on {} failed: {e}", self.path))
+            .map_err(|e| format!("PCIFAB_IOCTL_IDENTITY on {} failed: {e}", self.path))?;
+        Ok(*self.telemetry.get_or_init(|| t))
     }
 
     /// The switch's die temperature in hundredths of a degree Celsius (PAX's DIETEMP).
