@@ -3,7 +3,7 @@
 #
 # Build a test kernel (bzImage and the in-tree switchtec.ko) from the cached Linux source.
 #
-#   kernel.sh [test]   tinyconfig + tools/kconfig/pcifab-test.config, GCC: the fast kernel of
+#   kernel.sh [test]   tinyconfig + tools/kconfig/pcifab-{test,io}.config, GCC: the fast kernel of
 #                      `make demo` and `make bench`; linked as $PCIFAB_CACHE/kbuild.
 #   kernel.sh debug    the same + tools/kconfig/pcifab-debug.config, built with LLVM=-19 (KASAN
 #                      with Rust needs clang): the sanitizer kernel every QEMU scenario of
@@ -20,7 +20,7 @@ LINUX_SRC=$(sed -n 's/^LINUX_SRC := //p' "$CACHE/env.mk")
 BINDGEN=$(sed -n 's/^BINDGEN := //p' "$CACHE/env.mk")
 export LIBCLANG_PATH=/usr/lib/llvm-19/lib
 
-FRAGS=("$here/tools/kconfig/pcifab-test.config")
+FRAGS=("$here/tools/kconfig/pcifab-test.config" "$here/tools/kconfig/pcifab-io.config")
 LLVM_ARGS=()
 case "$VARIANT" in
 test) LINK=$CACHE/kbuild; MINUTES="about 5" ;;

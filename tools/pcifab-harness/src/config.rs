@@ -75,6 +75,9 @@ pub struct Endpoint {
     pub power_mw: u32,
     pub power_limit_mw: u32,
     pub utilisation: u32,
+    /// `kind`: "gpu" (the emulator's register-file function, default) or "nvme" (QEMU's
+    /// nvme device on the drive's image).
+    pub kind: String,
 }
 
 impl Endpoint {
@@ -114,7 +117,17 @@ fn endpoint(i: usize, t: &toml::Value) -> Result<Endpoint, String> {
         int(t, k, d, 0xffff_ffff).map_err(|e| format!("[[endpoints]] {name}: {e}"))
     };
     let device_id = req("device_id")?;
+    let kind = match t.get("kind") {
+        None => "gpu".to_string(),
+        Some(toml::Value::String(k)) if k == "gpu" || k == "nvme" => k.clone(),
+        Some(k) => {
+            return Err(format!(
+                "[[endpoints]] {name}: kind = {k} is not \"gpu\" or \"nvme\""
+            ))
+        }
+    };
     Ok(Endpoint {
+        kind,
         port: req("port")?,
         vendor_id: req("vendor_id")?,
         device_id,

@@ -482,6 +482,9 @@ pub struct Fabric {
     pub debug_kernel: bool,
     /// The results folder (`splats.log` goes there).
     pub results: PathBuf,
+    /// `--guest-bin`: the guests' tools, also run here on files of the test world (the
+    /// drives' images).
+    pub guest_bin: PathBuf,
     /// `RESULTS/emu.log` when the emulator runs, and the bytes of it already checked.
     pub emu_log: Option<PathBuf>,
     pub(crate) emu_log_seen: u64,
@@ -544,6 +547,7 @@ impl Fabric {
             run_dir,
             debug_kernel,
             emu_log: with_emu.then(|| results.join("emu.log")),
+            guest_bin: PathBuf::new(),
             results,
             emu_log_seen: 0,
             expected_emu_errors: Vec::new(),

@@ -12,6 +12,7 @@ mod fabric;
 mod initramfs;
 mod install;
 mod manager;
+mod nvme;
 mod p2p;
 mod pax_client;
 mod pax_driver;
@@ -370,14 +371,16 @@ impl Run {
                 ));
             }
         }
-        Ok(Fabric::new(
+        let mut fabric = Fabric::new(
             hosts,
             self.expected.clone(),
             run_dir.to_path_buf(),
             o.results.clone(),
             o.debug_kernel,
             !o.no_emu,
-        ))
+        );
+        fabric.guest_bin = o.guest_bin.clone();
+        Ok(fabric)
     }
 
     fn scenarios(&mut self, fabric: &mut Fabric) {
@@ -387,6 +390,19 @@ impl Run {
         } else {
             scenarios::all()
         };
+        // The nvme scenarios need a drive in the fabric (fabric-nvme.toml); on a fabric
+        // without one they are not part of the run, and the run says so.
+        let drives = self.expected.endpoints.iter().any(|e| e.kind == "nvme");
+        let (all, absent): (Vec<_>, Vec<_>) = all
+            .into_iter()
+            .partition(|s| drives || !s.name.starts_with("nvme:"));
+        if !absent.is_empty() && self.opts.mode != Mode::Selftest {
+            say(&format!(
+                "# {} nvme scenarios are not in this run: the fabric configuration declares no \
+                 endpoint of kind \"nvme\" (they run on tools/pcifab-harness/fabric-nvme.toml)",
+                absent.len()
+            ));
+        }
         let list: Vec<_> = all
             .into_iter()
             .filter(|s| filter.as_deref().is_none_or(|f| filter_matches(f, s.name)))

@@ -280,7 +280,9 @@ pub fn all() -> Vec<Scenario> {
         .iter()
         .position(|x| x.name == "rmmod pcifab in every host")
         .unwrap_or(v.len());
-    for (i, (name, secs, run)) in crate::pax_client::scenarios().into_iter().enumerate() {
+    let pax = crate::pax_client::scenarios();
+    let nvme = crate::nvme::scenarios();
+    for (i, (name, secs, run)) in pax.into_iter().chain(nvme).enumerate() {
         v.insert(at + i, s(name, secs, run));
     }
     crate::trust::insert(&mut v);
@@ -1579,7 +1581,7 @@ pub(crate) fn emu_owners(emu: &EmuControl, e: &Expected) -> Result<(Owners, Valu
 }
 
 /// `pcifab list --json` in `h`: owners, and the functions array as printed.
-fn list_owners(h: &mut Host) -> Result<(Owners, Value), String> {
+pub(crate) fn list_owners(h: &mut Host) -> Result<(Owners, Value), String> {
     let out = h.run_ok("pcifab list --json")?;
     json_line(&out).map_err(|e| format!("{}: `pcifab list --json`: {e}", h.name))?;
     let v: Value = serde_json::from_str(out.trim()).map_err(|e| {

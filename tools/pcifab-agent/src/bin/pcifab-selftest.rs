@@ -13,6 +13,8 @@ use std::time::Instant;
 
 use pcifab_uapi::{Arg, Identity, Mrpc, P2pCopy, P2pRoutes, Stats, Version};
 
+#[path = "selftest/blk.rs"]
+mod blk;
 #[path = "selftest/cycles.rs"]
 mod cycles;
 #[path = "selftest/faults.rs"]
@@ -1912,7 +1914,14 @@ fn cmd_hold_bar(o: &Opts) -> Res<()> {
 
 /// Usage of the commands that live in their own modules.
 fn more_usage() -> String {
-    [p2p::USAGE, fuzz::USAGE, cycles::USAGE, faults::USAGE].concat()
+    [
+        p2p::USAGE,
+        fuzz::USAGE,
+        cycles::USAGE,
+        faults::USAGE,
+        blk::USAGE,
+    ]
+    .concat()
 }
 
 fn main() -> ExitCode {
@@ -1939,6 +1948,9 @@ fn main() -> ExitCode {
         "fuzz" => Some(fuzz::cmd_fuzz),
         "unload-cycles" => Some(cycles::cmd_unload_cycles),
         "probe-faults" => Some(faults::cmd_probe_faults),
+        "blk-write" => Some(blk::cmd_blk_write),
+        "blk-verify" => Some(blk::cmd_blk_verify),
+        "blk-stream" => Some(blk::cmd_blk_stream),
         _ => None,
     };
     let r = if let Some(run) = p2p_cmd {
@@ -1969,11 +1981,7 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(Fail::Usage(m)) => {
-            eprintln!(
-                "pcifab-selftest: {m}\n\n{USAGE}{}{}",
-                p2p::USAGE,
-                fuzz::USAGE
-            );
+            eprintln!("pcifab-selftest: {m}\n\n{USAGE}{}", more_usage());
             ExitCode::from(2)
         }
         Err(Fail::Check(m)) => {
