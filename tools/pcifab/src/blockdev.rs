@@ -297,38 +297,54 @@ pub fn wait_disks(roots: &Roots, pci: &Path, timeout: Duration, interval: Durati
     }
 }
 
-/// The functions this host enumerated behind logical port `port` of the switch whose
-/// management endpoint's sysfs directory is `mep`: the downstream port is device `port`
-/// function 0 on the secondary bus of the upstream port (function 0 beside the endpoint), the
-/// functions are device 0 behind it. Unbinding or moving a function away from this host
-/// removes everything behind that port.
-pub fn port_functions(mep: &Path, port: u8) -> Vec<(String, PathBuf)> {
-    let Some((dom, bus, dev, _)) = mep.file_name().and_then(|n| n.to_str()).and_then(parse_bdf)
+/// A PCI function this host enumerated behind one of its logical ports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortFunction {
+    /// The logical port.
+    pub port: u8,
+    /// Its PCI name (`0000:03:00.0`).
+    pub bdf: String,
+    /// Its sysfs directory.
+    pub dir: PathBuf,
+}
+
+/// The functions this host enumerated behind its logical ports, for the switch whose
+/// management endpoint's sysfs directory is `mep`: logical port `L` is the downstream port at
+/// device `L` function 0 on the secondary bus of the upstream port (device 0 function 0 of the
+/// endpoint's bus), the functions are device 0 behind it (as the driver finds them). Unbinding or moving a function away from
+/// this host removes everything behind its port.
+pub fn port_functions(mep: &Path) -> Vec<PortFunction> {
+    let Some((dom, bus, _, _)) = mep.file_name().and_then(|n| n.to_str()).and_then(parse_bdf)
     else {
         return Vec::new();
     };
     let Some(parent) = mep.parent() else {
         return Vec::new();
     };
-    let usp = parent.join(format!("{dom:04x}:{bus:02x}:{dev:02x}.0"));
+    let usp = parent.join(format!("{dom:04x}:{bus:02x}:00.0"));
     let mut budget = MAX_ENTRIES;
-    let child_at = |dir: &Path, want_dev: u8, budget: &mut usize| -> Vec<(String, PathBuf)> {
+    let children = |dir: &Path, budget: &mut usize| -> Vec<(String, u8, u8, PathBuf)> {
         subdirs(dir, budget)
             .into_iter()
             .filter_map(|p| {
                 let n = p.file_name()?.to_str()?.to_string();
-                let (_, _, d, _) = parse_bdf(&n)?;
-                (d == want_dev).then_some((n, p))
+                let (_, _, d, f) = parse_bdf(&n)?;
+                Some((n, d, f, p))
             })
             .collect()
     };
-    let Some((_, dsp)) = child_at(&usp, port, &mut budget)
-        .into_iter()
-        .find(|(n, _)| n.ends_with(".0"))
-    else {
-        return Vec::new();
-    };
-    child_at(&dsp, 0, &mut budget)
+    let mut out = Vec::new();
+    for (_, port, func, dsp) in children(&usp, &mut budget) {
+        if func != 0 {
+            continue;
+        }
+        for (bdf, d, _, dir) in children(&dsp, &mut budget) {
+            if d == 0 {
+                out.push(PortFunction { port, bdf, dir });
+            }
+        }
+    }
+    out
 }
 
 /// The sysfs directory of the PCI device (the management endpoint) behind the character device
@@ -534,9 +550,14 @@ fn openers(roots: &Roots, blocks: &[&Block]) -> (Vec<(usize, u32, String)>, usiz
         let mut hit = vec![false; blocks.len()];
         for fd in fds.flatten() {
             let p = fd.path();
-            let target = fs::read_link(&p).ok();
+            let Ok(target) = fs::read_link(&p) else {
+                continue; // closed since the listing
+            };
+            // Sockets, pipes and anonymous inodes ("socket:[..]") are no block devices; a
+            // node of another name (another /dev, a container's) is found by its number.
+            let is_path = target.is_absolute();
             for (i, b) in blocks.iter().enumerate() {
-                if !hit[i] && (target.as_deref() == Some(b.node.as_path()) || rdev_is(&p, b)) {
+                if !hit[i] && (target == b.node || (is_path && rdev_is(&p, b))) {
                     hit[i] = true;
                 }
             }

@@ -661,7 +661,33 @@ fn no_block_device_message(
 /// block devices behind its logical port. Refuses (error `busy`) on a mount, swap or holder
 /// unless `force`; warns on stderr about open files and, with `force`, about everything found.
 /// Functions bound to other hosts are not checked here (their host's pcifab does that).
+///
+/// sysfs is looked at first: only when some function behind this host's logical ports has a
+/// block device does it ask the driver (the inventory) which port `pdfid` is bound to.
 fn check_in_use(cli: &Cli, dev: &File, verb: &str, pdfid: u16, force: bool) -> Result<(), Error> {
+    let roots = Roots::system();
+    let mep = match blockdev::char_device_pci_dir(&roots, std::path::Path::new(&cli.device)) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!(
+                "pcifab: warning: cannot check whether block devices of {} are in use: {e}",
+                pdfid_str(pdfid)
+            );
+            return Ok(());
+        }
+    };
+    let with_disks: Vec<(blockdev::PortFunction, Vec<blockdev::Disk>)> =
+        blockdev::port_functions(&mep)
+            .into_iter()
+            .map(|f| {
+                let d = blockdev::disks_under(&roots, &f.dir);
+                (f, d)
+            })
+            .filter(|(_, d)| !d.is_empty())
+            .collect();
+    if with_disks.is_empty() {
+        return Ok(());
+    }
     let fab = inventory(dev, &cli.device)?;
     let Some(f) = fab.functions.iter().find(|f| f.pdfid == pdfid) else {
         return Ok(()); // the ioctl says it does not exist
@@ -669,23 +695,10 @@ fn check_in_use(cli: &Cli, dev: &File, verb: &str, pdfid: u16, force: bool) -> R
     if f.flags & pcifab_uapi::FN_BOUND == 0 || u16::from(f.bound_host) != fab.inv.partition {
         return Ok(());
     }
-    let roots = Roots::system();
-    let mep = match blockdev::char_device_pci_dir(&roots, std::path::Path::new(&cli.device)) {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!(
-                "pcifab: warning: cannot check whether the block devices of {} are in use: {e}",
-                pdfid_str(pdfid)
-            );
-            return Ok(());
-        }
-    };
-    let found: Vec<(String, Usage)> = blockdev::port_functions(&mep, f.bound_port)
+    let found: Vec<(String, Usage)> = with_disks
         .into_iter()
-        .map(|(bdf, dir)| {
-            let disks = blockdev::disks_under(&roots, &dir);
-            (bdf, blockdev::usage(&roots, &disks))
-        })
+        .filter(|(pf, _)| pf.port == f.bound_port)
+        .map(|(pf, disks)| (pf.bdf, blockdev::usage(&roots, &disks)))
         .collect();
     in_use_verdict(verb, pdfid, &found, force)
 }

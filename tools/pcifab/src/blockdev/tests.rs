@@ -264,14 +264,32 @@ fn the_functions_behind_a_logical_port_are_found_from_the_mep() {
     ] {
         fs::create_dir_all(t.p(&format!("{base}/0000:01:00.0/{f}"))).expect("mkdir");
     }
-    let got: Vec<String> = port_functions(&mep, 1)
+    // Port 3: a function; beside it on the downstream bus, not behind a port, a stray one.
+    fs::create_dir_all(t.p(&format!("{base}/0000:01:00.0/0000:02:03.0/0000:04:00.0")))
+        .expect("mkdir");
+    fs::create_dir_all(t.p(&format!("{base}/0000:01:00.0/0000:02:03.1/0000:05:00.0")))
+        .expect("mkdir");
+    fs::create_dir_all(t.p(&format!("{base}/0000:01:00.0/0000:02:03.0/0000:04:01.0")))
+        .expect("mkdir");
+    let got: Vec<(u8, String)> = port_functions(&mep)
         .into_iter()
-        .map(|(n, _)| n)
+        .map(|f| (f.port, f.bdf))
         .collect();
-    assert_eq!(got, ["0000:03:00.0", "0000:03:00.1"]);
-    assert!(port_functions(&mep, 2).is_empty());
-    assert!(port_functions(&mep, 3).is_empty());
-    assert!(port_functions(&t.p("sys/devices/not-a-bdf"), 1).is_empty());
+    assert_eq!(
+        got,
+        [
+            (1, "0000:03:00.0".to_string()),
+            (1, "0000:03:00.1".to_string()),
+            (3, "0000:04:00.0".to_string()),
+        ]
+    );
+    let f = &port_functions(&mep)[0];
+    assert_eq!(
+        f.dir,
+        t.p(&format!("{base}/0000:01:00.0/0000:02:01.0/0000:03:00.0"))
+    );
+    assert!(port_functions(&t.p("sys/devices/not-a-bdf")).is_empty());
+    assert!(port_functions(&t.p(&format!("{base}/0000:01:00.0/0000:02:02.0"))).is_empty());
 }
 
 /// The nvme tree with: p1 mounted (by number), p2 swap, the disk held by dm-0 and open by
