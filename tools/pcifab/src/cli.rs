@@ -76,10 +76,13 @@ pub enum Command {
         /// The function (PDFID, e.g. 0x0300).
         #[arg(value_parser = pdfid)]
         pdfid: u16,
+        /// Unbind it from this host even if its block devices are mounted, swap or held.
+        #[arg(long)]
+        force: bool,
     },
     /// Unbind a function where it is and bind it to another host (back where it was on
     /// failure; needs CAP_SYS_ADMIN).
-    Move(Compose),
+    Move(MoveArgs),
     /// Print events as they arrive (--count N stops after N reports).
     Watch,
     /// Counters of the management endpoint (MRPC, interrupts), or one telemetry snapshot.
@@ -141,6 +144,20 @@ pub struct Compose {
     /// Return when the fabric bound it; do not wait for the host to see it (bind only).
     #[arg(long)]
     pub no_wait: bool,
+    /// Wait up to SECS seconds for the block device of a mass-storage function bound to
+    /// this host (0: do not wait).
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = block_secs)]
+    pub block_timeout: u32,
+}
+
+/// The options of `move`.
+#[derive(Debug, Args)]
+pub struct MoveArgs {
+    #[command(flatten)]
+    pub to: Compose,
+    /// Move it away from this host even if its block devices are mounted, swap or held.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -360,6 +377,17 @@ fn ms(s: &str) -> Result<u32, String> {
 
 fn count(s: &str) -> Result<u32, String> {
     number(s)
+}
+
+/// Longest `--block-timeout`, in seconds.
+pub const MAX_BLOCK_TIMEOUT_S: u32 = 3600;
+
+fn block_secs(s: &str) -> Result<u32, String> {
+    let n = number(s)?;
+    if n > MAX_BLOCK_TIMEOUT_S {
+        return Err(format!("{n} s is more than {MAX_BLOCK_TIMEOUT_S} s"));
+    }
+    Ok(n)
 }
 
 fn out_len(s: &str) -> Result<u32, String> {

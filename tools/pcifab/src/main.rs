@@ -8,14 +8,16 @@
 
 use std::{fs::File, process::ExitCode};
 
+mod blockdev;
 mod manager;
 mod out;
 mod p2p;
 mod top;
 
+use blockdev::{Appeared, Decision, Roots, Usage};
 use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
 use out::{emit, failure, usage_error, Error, Progress, EXIT_REFUSED};
-use pcifab::cli::{Cli, Command, Compose, SCOPED_GLOBALS};
+use pcifab::cli::{Cli, Command, Compose, MoveArgs, SCOPED_GLOBALS};
 use pcifab_uapi::{dev, fixed_str, Arg, Bind, Events, Function, Move, Port, Unbind};
 use serde_json::{json, Value};
 
@@ -510,6 +512,28 @@ fn c_name(raw: &[u8]) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
+/// `bind`'s object; `blocks` only for a storage function bound here.
+fn bind_json(b: &Bind, ms: u64, blocks: Option<&[String]>) -> Value {
+    let mut o = json!({"pdfid": pdfid_str(b.pdfid), "host": b.host, "port": b.port,
+               "device": c_name(&b.name), "vendor": format!("{:#06x}", b.vendor),
+               "device_id": format!("{:#06x}", b.device), "elapsed_ms": ms});
+    if let Some(bl) = blocks {
+        o["block_devices"] = json!(bl);
+    }
+    o
+}
+
+/// `move`'s object; `blocks` only for a storage function moved here.
+fn move_json(m: &Move, ms: u64, blocks: Option<&[String]>) -> Value {
+    let mut o = json!({"pdfid": pdfid_str(m.pdfid), "from_host": m.from_host,
+               "from_port": m.from_port, "host": m.host, "port": m.port,
+               "device": c_name(&m.name), "elapsed_ms": ms});
+    if let Some(bl) = blocks {
+        o["block_devices"] = json!(bl);
+    }
+    o
+}
+
 fn bind(cli: &Cli, a: &Compose) -> Result<(), Error> {
     let (pdfid, host) = (a.pdfid, a.host);
     let dev = open(&cli.device)?;
@@ -529,13 +553,11 @@ fn bind(cli: &Cli, a: &Compose) -> Result<(), Error> {
     r.map_err(|e| compose_error("bind", pdfid, e, b.fw_ret))?;
     let ms = start.elapsed().as_millis() as u64;
     let name = c_name(&b.name);
+    let blocks = name
+        .as_deref()
+        .and_then(|n| storage_block_devices(cli, pdfid, n, a.block_timeout));
     if cli.json {
-        emit(
-            "bind",
-            json!({"pdfid": pdfid_str(pdfid), "host": host, "port": b.port, "device": name,
-                   "vendor": format!("{:#06x}", b.vendor), "device_id": format!("{:#06x}", b.device),
-                   "elapsed_ms": ms}),
-        );
+        emit("bind", bind_json(&b, ms, blocks.as_deref()));
         return Ok(());
     }
     match name {
@@ -552,11 +574,205 @@ fn bind(cli: &Cli, a: &Compose) -> Result<(), Error> {
             b.port
         ),
     }
+    print_block_devices(blocks.as_deref());
     Ok(())
 }
 
-fn unbind(cli: &Cli, pdfid: u16) -> Result<(), Error> {
+fn print_block_devices(blocks: Option<&[String]>) {
+    for b in blocks.unwrap_or_default() {
+        println!("block device: {b}");
+    }
+}
+
+/// Interval of polling for a block device after a bind.
+const BLOCK_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The block device nodes of function `pdfid`, bound here as PCI device `bdf`, if it is a
+/// mass-storage function (PCI class 0x01xxxx); waits up to `secs` seconds for the first one
+/// and warns on stderr if none appears. `None` when it is no storage function.
+fn storage_block_devices(cli: &Cli, pdfid: u16, bdf: &str, secs: u32) -> Option<Vec<String>> {
+    let roots = Roots::system();
+    let dir = blockdev::pci_dir(&roots, bdf)?;
+    let class = blockdev::pci_class(&dir)?;
+    if !blockdev::is_storage(class) {
+        return None;
+    }
+    let progress = (secs > 0)
+        .then(|| Progress::start(format!("waiting for the block device of {bdf}"), cli.json));
+    let r = blockdev::wait_disks(
+        &roots,
+        &dir,
+        std::time::Duration::from_secs(u64::from(secs)),
+        BLOCK_POLL,
+    );
+    drop(progress);
+    match r {
+        Appeared::Disks(d) => Some(
+            d.iter()
+                .map(|d| d.disk.node.display().to_string())
+                .collect(),
+        ),
+        Appeared::TimedOut { sysfs_only } => {
+            if secs > 0 {
+                eprintln!(
+                    "pcifab: warning: {}",
+                    no_block_device_message(pdfid, bdf, class, secs, &dir, &sysfs_only)
+                );
+            }
+            Some(Vec::new())
+        }
+    }
+}
+
+/// The warning when no block device of a storage function appeared in time.
+fn no_block_device_message(
+    pdfid: u16,
+    bdf: &str,
+    class: u32,
+    secs: u32,
+    dir: &std::path::Path,
+    sysfs_only: &[blockdev::Disk],
+) -> String {
+    let driver = match blockdev::pci_driver(dir) {
+        Some(d) => format!("driver {d} is bound to it"),
+        None => format!(
+            "no driver is bound to it (/sys/bus/pci/devices/{bdf}/driver is missing: \
+             is the driver for class {class:#08x}, e.g. nvme, loaded?)"
+        ),
+    };
+    let mut m = format!(
+        "no block device of {} ({bdf}, class {class:#08x}) appeared within {secs} s; {driver}; \
+         check the kernel log (dmesg) for its probe; --block-timeout SECS waits longer",
+        pdfid_str(pdfid)
+    );
+    for d in sysfs_only {
+        m.push_str(&format!(
+            "; sysfs shows {} ({}:{}) but {} does not exist (is /dev a devtmpfs, or udev running?)",
+            d.disk.name,
+            d.disk.major,
+            d.disk.minor,
+            d.disk.node.display()
+        ));
+    }
+    m
+}
+
+/// Before `verb` (unbind, move) takes `pdfid` away: if it is bound to this host, who uses the
+/// block devices behind its logical port. Refuses (error `busy`) on a mount, swap or holder
+/// unless `force`; warns on stderr about open files and, with `force`, about everything found.
+/// Functions bound to other hosts are not checked here (their host's pcifab does that).
+///
+/// sysfs is looked at first: only when some function behind this host's logical ports has a
+/// block device does it ask the driver (the inventory) which port `pdfid` is bound to.
+fn check_in_use(cli: &Cli, dev: &File, verb: &str, pdfid: u16, force: bool) -> Result<(), Error> {
+    let roots = Roots::system();
+    let mep = match blockdev::char_device_pci_dir(&roots, std::path::Path::new(&cli.device)) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!(
+                "pcifab: warning: cannot check whether block devices of {} are in use: {e}",
+                pdfid_str(pdfid)
+            );
+            return Ok(());
+        }
+    };
+    let with_disks: Vec<(blockdev::PortFunction, Vec<blockdev::Disk>)> =
+        blockdev::port_functions(&mep)
+            .into_iter()
+            .map(|f| {
+                let d = blockdev::disks_under(&roots, &f.dir);
+                (f, d)
+            })
+            .filter(|(_, d)| !d.is_empty())
+            .collect();
+    if with_disks.is_empty() {
+        return Ok(());
+    }
+    let fab = inventory(dev, &cli.device)?;
+    let Some(f) = fab.functions.iter().find(|f| f.pdfid == pdfid) else {
+        return Ok(()); // the ioctl says it does not exist
+    };
+    if f.flags & pcifab_uapi::FN_BOUND == 0 || u16::from(f.bound_host) != fab.inv.partition {
+        return Ok(());
+    }
+    let found: Vec<(String, Usage)> = with_disks
+        .into_iter()
+        .filter(|(pf, _)| pf.port == f.bound_port)
+        .map(|(pf, disks)| (pf.bdf, blockdev::usage(&roots, &disks)))
+        .collect();
+    in_use_verdict(verb, pdfid, &found, force)
+}
+
+/// Decides on what [`check_in_use`] found: the busy error, or warnings on stderr.
+fn in_use_verdict(
+    verb: &str,
+    pdfid: u16,
+    found: &[(String, Usage)],
+    force: bool,
+) -> Result<(), Error> {
+    let all = Usage {
+        found: found.iter().flat_map(|(_, u)| u.found.clone()).collect(),
+        uninspected: found.iter().map(|(_, u)| u.uninspected).max().unwrap_or(0),
+    };
+    let uses = || -> String {
+        let mut parts: Vec<String> = found
+            .iter()
+            .flat_map(|(bdf, u)| {
+                u.found
+                    .iter()
+                    .map(move |f| format!("{} ({bdf})", f.describe()))
+            })
+            .collect();
+        if all.uninspected > 0 {
+            parts.push(format!(
+                "{} processes not inspected (their open files could not be read)",
+                all.uninspected
+            ));
+        }
+        parts.join("; ")
+    };
+    let bdfs: Vec<&str> = found.iter().map(|(b, _)| b.as_str()).collect();
+    let what = format!("{} ({})", pdfid_str(pdfid), bdfs.join(", "));
+    match blockdev::decide(&all, force) {
+        Decision::Proceed => Ok(()),
+        Decision::Warn => {
+            let msg = if all.refuses() {
+                format!("--force: {verb} of {what} although {}", uses())
+            } else if all.found.is_empty() {
+                format!("{what}: {}", uses())
+            } else {
+                format!(
+                    "{what}: {}; their I/O fails once the device is gone",
+                    uses()
+                )
+            };
+            eprintln!("pcifab: warning: {msg}");
+            Ok(())
+        }
+        Decision::Refuse => {
+            let in_use: Vec<Value> = found
+                .iter()
+                .flat_map(|(bdf, u)| {
+                    u.found.iter().map(move |f| {
+                        json!({"bdf": bdf, "device": f.node.display().to_string(),
+                               "use": f.what.kind(), "by": f.what.by()})
+                    })
+                })
+                .collect();
+            Err(out::busy(format!(
+                "refusing to {verb} {what}: {}; unmount/stop them or pass --force",
+                uses()
+            ))
+            .detail("pdfid", json!(pdfid_str(pdfid)))
+            .detail("in_use", json!(in_use))
+            .detail("not_inspected", json!(all.uninspected)))
+        }
+    }
+}
+
+fn unbind(cli: &Cli, pdfid: u16, force: bool) -> Result<(), Error> {
     let dev = open(&cli.device)?;
+    check_in_use(cli, &dev, "unbind", pdfid, force)?;
     let mut u = Unbind::new();
     u.pdfid = pdfid;
     u.timeout_ms = cli.timeout.unwrap_or(0);
@@ -582,7 +798,8 @@ fn unbind(cli: &Cli, pdfid: u16) -> Result<(), Error> {
     Ok(())
 }
 
-fn move_cmd(cli: &Cli, a: &Compose) -> Result<(), Error> {
+fn move_cmd(cli: &Cli, args: &MoveArgs) -> Result<(), Error> {
+    let (a, force) = (&args.to, args.force);
     let (pdfid, host) = (a.pdfid, a.host);
     if a.no_wait {
         return Err(usage_error(
@@ -590,6 +807,7 @@ fn move_cmd(cli: &Cli, a: &Compose) -> Result<(), Error> {
         ));
     }
     let dev = open(&cli.device)?;
+    check_in_use(cli, &dev, "move", pdfid, force)?;
     let mut m = Move::new();
     (m.pdfid, m.host, m.port) = (pdfid, host, a.port.unwrap_or(pcifab_uapi::ANY_PORT));
     m.timeout_ms = cli.timeout.unwrap_or(0);
@@ -603,12 +821,11 @@ fn move_cmd(cli: &Cli, a: &Compose) -> Result<(), Error> {
     r.map_err(|e| compose_error("move", pdfid, e, m.fw_ret))?;
     let ms = start.elapsed().as_millis() as u64;
     let name = c_name(&m.name);
+    let blocks = name
+        .as_deref()
+        .and_then(|n| storage_block_devices(cli, pdfid, n, a.block_timeout));
     if cli.json {
-        emit(
-            "move",
-            json!({"pdfid": pdfid_str(pdfid), "from_host": m.from_host, "from_port": m.from_port,
-                   "host": host, "port": m.port, "device": name, "elapsed_ms": ms}),
-        );
+        emit("move", move_json(&m, ms, blocks.as_deref()));
     } else {
         println!(
             "{} moved from host {} port {} to host {host} port {}{} in {ms} ms",
@@ -618,6 +835,7 @@ fn move_cmd(cli: &Cli, a: &Compose) -> Result<(), Error> {
             m.port,
             name.map(|n| format!(" ({n})")).unwrap_or_default()
         );
+        print_block_devices(blocks.as_deref());
     }
     Ok(())
 }
@@ -643,7 +861,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
         Command::List => list(cli),
         Command::Show { pdfid } => show(cli, *pdfid),
         Command::Bind(a) => bind(cli, a),
-        Command::Unbind { pdfid } => unbind(cli, *pdfid),
+        Command::Unbind { pdfid, force } => unbind(cli, *pdfid, *force),
         Command::Move(a) => move_cmd(cli, a),
         Command::Watch => watch(cli),
         Command::Stats { telemetry: false } => stats(cli),

@@ -56,8 +56,8 @@ impl Error {
     /// The code scripts match on: the errno's name, else the kind.
     pub fn code(&self) -> String {
         match self.errno {
-            Some(n) => errno_name(n),
-            None => self.kind.to_string(),
+            Some(n) if self.kind != BUSY => errno_name(n),
+            _ => self.kind.to_string(),
         }
     }
 
@@ -109,6 +109,21 @@ pub fn failure(msg: impl Into<String>) -> Error {
         exit: EXIT_FAILED,
         errno: None,
         kind: "failed",
+        details: Map::new(),
+    }
+}
+
+/// The code of [`busy`]: it names itself over its errno.
+pub const BUSY: &str = "busy";
+
+/// This tool refused to take a function away from this host: its block devices are in use
+/// (errno EBUSY, code `busy`, exit 3).
+pub fn busy(msg: impl Into<String>) -> Error {
+    Error {
+        msg: msg.into(),
+        exit: EXIT_REFUSED,
+        errno: Some(libc::EBUSY),
+        kind: BUSY,
         details: Map::new(),
     }
 }
@@ -352,5 +367,9 @@ mod tests {
         assert_eq!(j["error"]["errno"], libc::EPERM);
         assert_eq!(usage_error("y").json("info")["error"]["code"], "usage");
         assert_eq!(errno_name(4000), "E4000");
+        let b = busy("in use").json("unbind");
+        assert_eq!(b["error"]["code"], "busy");
+        assert_eq!(b["error"]["errno"], libc::EBUSY);
+        assert_eq!(b["exit_code"], EXIT_REFUSED);
     }
 }

@@ -80,6 +80,11 @@ fn options_that_do_not_apply_are_errors() {
         "release 1 2",
         "top --interval 0",
         "top --sort bogus",
+        "bind 0x300 --host 0 --force",
+        "unbind 0x300 --block-timeout 5",
+        "bind 0x300 --host 0 --block-timeout 3601",
+        "bind 0x300 --host 0 --block-timeout x",
+        "move 0x300 --host 0 --block-timeout -1",
     ] {
         assert_eq!(parse_err(bad).exit, out::EXIT_USAGE, "{bad}");
     }
@@ -102,6 +107,10 @@ fn the_harness_command_lines_parse() {
         "bind 0x0300 --host 1 --no-wait",
         "unbind 0x0300 --timeout 2000",
         "move 0x0300 --host 1 --timeout 2000",
+        "bind 0x0500 --host 0 --block-timeout 60 --json",
+        "bind 0x0500 --host 0 --block-timeout 0",
+        "unbind 0x0500 --force --json",
+        "move 0x0500 --host 1 --force --block-timeout 5",
         "watch --count 1 --timeout 100",
         "p2p route add 0x0401 --size 1M",
         "p2p route add 0x0300 --size 16M --target-off 4k --window-off 0x1000000",
@@ -180,4 +189,135 @@ fn device_outputs_fit_their_schemas() {
     e = compose_error("move", 1, std::io::Error::from_raw_os_error(libc::EPERM), 0);
     assert!(e.msg.contains("CAP_SYS_ADMIN") && e.exit == 1);
     valid(e.json("move"));
+}
+
+#[test]
+fn new_storage_options_reach_the_commands() {
+    let c = parse("bind 0x0500 --host 0").expect("parse");
+    let Command::Bind(a) = &c.command else {
+        panic!("{:?}", c.command)
+    };
+    assert_eq!(a.block_timeout, 30, "the default --block-timeout");
+    let c = parse("move 0x0500 --host 1 --force --block-timeout 0").expect("parse");
+    let Command::Move(m) = &c.command else {
+        panic!("{:?}", c.command)
+    };
+    assert!(m.force && m.to.block_timeout == 0 && m.to.host == 1);
+    let c = parse("unbind 0x0500").expect("parse");
+    assert!(matches!(c.command, Command::Unbind { force: false, .. }));
+    let c = parse("unbind 0x0500 --force").expect("parse");
+    assert!(matches!(c.command, Command::Unbind { force: true, .. }));
+}
+
+#[test]
+fn block_devices_fit_the_bind_and_move_schemas() {
+    let mut b = Bind::new();
+    (b.pdfid, b.host, b.port) = (0x500, 0, 1);
+    b.name[..12].copy_from_slice(b"0000:03:00.0");
+    let disks = vec!["/dev/nvme0n1".to_string()];
+    for blocks in [None, Some(&[][..]), Some(&disks[..])] {
+        let v = emitted("bind", bind_json(&b, 12, blocks));
+        valid(v.clone());
+        assert_eq!(v.get("block_devices").cloned(), blocks.map(|d| json!(d)));
+    }
+    let mut m = Move::new();
+    (m.pdfid, m.host, m.port, m.from_host) = (0x500, 0, 1, 1);
+    let v = emitted("move", move_json(&m, 7, Some(&disks)));
+    valid(v.clone());
+    assert_eq!(v["block_devices"], json!(["/dev/nvme0n1"]));
+    valid(emitted("move", move_json(&m, 7, None)));
+}
+
+fn found(node: &str, what: blockdev::Use) -> blockdev::Found {
+    blockdev::Found {
+        node: node.into(),
+        what,
+    }
+}
+
+#[test]
+fn a_mounted_swap_or_held_device_refuses_with_error_busy() {
+    use blockdev::Use;
+    let usage = Usage {
+        found: vec![
+            found("/dev/nvme0n1", Use::Held("dm-0".into())),
+            found("/dev/nvme0n1p1", Use::Mounted("/mnt/data".into())),
+            found("/dev/nvme0n1p2", Use::Swap),
+            found("/dev/nvme0n1", Use::Open(42, "dd".into())),
+        ],
+        uninspected: 2,
+    };
+    let f = [("0000:03:00.0".to_string(), usage)];
+    let e = in_use_verdict("unbind", 0x500, &f, false).expect_err("not refused");
+    assert_eq!(
+        e.msg,
+        "refusing to unbind 0x0500 (0000:03:00.0): /dev/nvme0n1 is held by dm-0 \
+         (0000:03:00.0); /dev/nvme0n1p1 is mounted on /mnt/data (0000:03:00.0); \
+         /dev/nvme0n1p2 is in use as swap (0000:03:00.0); /dev/nvme0n1 is open by 42 (dd) \
+         (0000:03:00.0); 2 processes not inspected (their open files could not be read); \
+         unmount/stop them or pass --force"
+    );
+    assert_eq!((e.exit, e.code()), (EXIT_REFUSED, "busy".to_string()));
+    let j = e.json("unbind");
+    valid(j.clone());
+    assert_eq!(j["error"]["errno"], libc::EBUSY);
+    assert_eq!(j["error"]["pdfid"], "0x0500");
+    assert_eq!(j["error"]["not_inspected"], 2);
+    assert_eq!(
+        j["error"]["in_use"][1],
+        json!({"bdf": "0000:03:00.0", "device": "/dev/nvme0n1p1", "use": "mounted",
+               "by": "/mnt/data"})
+    );
+    assert_eq!(j["error"]["in_use"][2]["by"], "");
+    assert_eq!(j["error"]["in_use"][3]["by"], "42 (dd)");
+    assert!(
+        in_use_verdict("move", 0x500, &f, true).is_ok(),
+        "--force goes ahead"
+    );
+    for only in [Use::Mounted("/".into()), Use::Swap, Use::Held("md0".into())] {
+        let f = [(
+            "0000:03:00.0".to_string(),
+            Usage {
+                found: vec![found("/dev/sda", only.clone())],
+                uninspected: 0,
+            },
+        )];
+        let e = in_use_verdict("move", 0x500, &f, false).expect_err("not refused");
+        assert!(
+            e.msg.starts_with("refusing to move 0x0500"),
+            "{only:?}: {e}"
+        );
+        valid(e.json("move"));
+    }
+}
+
+#[test]
+fn open_files_alone_or_nothing_do_not_refuse() {
+    let open = Usage {
+        found: vec![found("/dev/nvme0n1", blockdev::Use::Open(7, "fio".into()))],
+        uninspected: 0,
+    };
+    let f = [("0000:03:00.0".to_string(), open)];
+    assert!(in_use_verdict("unbind", 0x500, &f, false).is_ok());
+    let f = [("0000:03:00.0".to_string(), Usage::default())];
+    assert!(in_use_verdict("unbind", 0x500, &f, false).is_ok());
+    assert!(in_use_verdict("unbind", 0x500, &[], false).is_ok());
+}
+
+#[test]
+fn the_no_block_device_warning_says_what_to_check() {
+    let dir = std::env::temp_dir().join(format!("pcifab-warn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let m = no_block_device_message(0x500, "0000:03:00.0", 0x010802, 30, &dir, &[]);
+    assert_eq!(
+        m,
+        "no block device of 0x0500 (0000:03:00.0, class 0x010802) appeared within 30 s; no \
+         driver is bound to it (/sys/bus/pci/devices/0000:03:00.0/driver is missing: is the \
+         driver for class 0x010802, e.g. nvme, loaded?); check the kernel log (dmesg) for its \
+         probe; --block-timeout SECS waits longer"
+    );
+    std::os::unix::fs::symlink("/sys/bus/pci/drivers/nvme", dir.join("driver")).expect("link");
+    let m = no_block_device_message(0x500, "0000:03:00.0", 0x010802, 5, &dir, &[]);
+    assert!(m.contains("within 5 s; driver nvme is bound to it; check the kernel log (dmesg)"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
