@@ -29,7 +29,7 @@ TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
 	cargo-test qemu-test test soak demo bench help kernel-debian module-debian test-debian switchtec-user pax-client \
-	check-dkms check-module-msrv
+	check-dkms check-module-msrv test-nvme
 
 modules:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) modules
@@ -114,9 +114,15 @@ HARNESS_ARGS = $(TEST_KERNEL_ARGS) --results $(RESULTS)
 # The public PAX client (switchtec-user's CLI) for the `pax client` scenarios.
 SWITCHTEC_USER := $(PCIFAB_CACHE)/switchtec-user/switchtec
 # The sanitizer kernel and the module built for it (test).
-DEBUG_HARNESS_ARGS = --kernel $(DEBUG_KDIR)/arch/x86/boot/bzImage \
+DEBUG_KERNEL_ARGS = --kernel $(DEBUG_KDIR)/arch/x86/boot/bzImage \
 	--module $(DEBUG_MO)/src/pcifab.ko --debug-kernel \
-	--switchtec $(DEBUG_KDIR)/drivers/pci/switch/switchtec.ko $(GUEST_ARGS)
+	--switchtec $(DEBUG_KDIR)/drivers/pci/switch/switchtec.ko
+DEBUG_HARNESS_ARGS = $(DEBUG_KERNEL_ARGS) $(GUEST_ARGS)
+# The nvme scenarios' fabric: two hosts and an NVMe drive (QEMU's nvme device).
+NVME_HARNESS_ARGS = $(DEBUG_KERNEL_ARGS) --guest-bin $(GUEST_BIN) \
+	--emu $(HOST_BIN)/pcifab-emu --emu-config $(CURDIR)/tools/pcifab-harness/fabric-nvme.toml \
+	--qemu-root $(PCIFAB_CACHE)/trixie
+NVME_FILTER := agent answers|pcifab binds the MEP|nvme:|rmmod pcifab in every host
 
 switchtec-user: deps
 	@tools/scripts/switchtec-user.sh
@@ -142,12 +148,14 @@ pax-client: kernel check-module tools switchtec-user
 #   Debian kernel x pax       identity, management, composition, manager, the PAX-specific
 #                             scenarios and the P2P scenarios' clean refusals
 #   Debian kernel x extended  the P2P copies (Debian's IOMMU and P2PDMA configuration)
+#   debug kernel  x pax       the NVMe drive (fabric-nvme.toml): Linux's nvme driver on a
+#                             composed drive, data across moves, removal with I/O in flight
 #   Debian kernel, DKMS build the identity scenarios
 # Each run writes RESULTS/<cell>/summary.json; a failed cell does not stop the others, and
 # `pcifab-harness summary` prints the per-dialect lines and the final `N passed, N failed`.
 DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|identity|MRPC echo: four|fault|compose|manager|features|extensions|multi-function|DMA MRPC|p2p|rmmod pcifab in every host
 DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host
-MATRIX := debug debian-pax debian-extended dkms
+MATRIX := debug nvme debian-pax debian-extended dkms
 
 # The order matters: cheap checks first, the QEMU cells last; the summary prints the final line.
 test: deps kernel-debug kernel-debian lint check-module-debug check-module-msrv cargo-test tools \
@@ -155,6 +163,8 @@ test: deps kernel-debug kernel-debian lint check-module-debug check-module-msrv 
 	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX))
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended $(DEBUG_HARNESS_ARGS) \
 		--results $(RESULTS)/debug
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
+		$(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
 	-$(MAKE) -s module-debian
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(DEBIAN_PAX_FILTER)' \
 		$(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-pax
@@ -162,6 +172,11 @@ test: deps kernel-debug kernel-debian lint check-module-debug check-module-msrv 
 		--filter '$(DEBIAN_EXT_FILTER)' $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-extended
 	-$(MAKE) -s check-dkms
 	$(HOST_BIN)/pcifab-harness summary $(addprefix $(RESULTS)/,$(MATRIX))
+
+# The nvme cell of make test alone.
+test-nvme: deps kernel-debug check-module-debug tools
+	$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
+		$(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
 
 # The same scenarios with the trust scenarios at full size; hours on 2 cores under TCG.
 soak: deps kernel-debug check-module-debug tools

@@ -143,7 +143,7 @@ fn take(h: &mut Host, verb: &str, pdfid: u16) -> Result<(String, f64), String> {
     let v = pcifab_ok(h, &what)?;
     let dev = reported_block_device(h, &what, &v)?;
     h.run_ok_timeout(
-        &format!("dd if={dev} of=/dev/null bs=4096 count=1 iflag=direct 2>&1"),
+        &format!("dd if={dev} of=/dev/null bs=4096 count=1 2>&1"),
         CMD,
     )
     .map_err(|e| {
