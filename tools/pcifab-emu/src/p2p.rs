@@ -191,6 +191,11 @@ impl Model {
             // The holder needs no grant: refuse rather than record nonsense.
             return Err(model::ERR_PARAM_INVALID);
         }
+        if self.function(pdfid).is_some_and(|f| f.dev_mem == 0) {
+            // No device memory the fabric reaches (an nvme function): a
+            // grant could never carry a route.
+            return Err(model::ERR_PARAM_INVALID);
+        }
         if !self.granted(pdfid, grantee) {
             if self.grants.len() >= MAX_GRANTS {
                 return Err(model::PCIFAB_ERR_GRANT_FULL);
