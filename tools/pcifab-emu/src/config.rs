@@ -570,7 +570,7 @@ fn validate_nvme(ep: &Endpoint, who: &str) -> Result<(), String> {
     );
     if ids != (NVME_VENDOR_ID, NVME_DEVICE_ID, NVME_CLASS) {
         return Err(format!(
-            "{who}: vendor_id, device_id and class of an nvme endpoint are QEMU's: its nvme device shows {NVME_VENDOR_ID:04x}:{NVME_DEVICE_ID:04x} class {NVME_CLASS:06x}, not {:04x}:{:04x} class {:06x}; leave the keys out",
+            "{who}: QEMU's nvme device shows {NVME_VENDOR_ID:04x}:{NVME_DEVICE_ID:04x} class {NVME_CLASS:06x}, not {:04x}:{:04x} class {:06x} as vendor_id, device_id and class say; leave those keys out of an nvme endpoint",
             ids.0, ids.1, ids.2
         ));
     }
@@ -784,5 +784,142 @@ mod tests {
             .map(|i| format!("[[hosts]]\nname = \"h{i}\"\n"))
             .collect();
         assert!(Config::parse(&max).is_ok());
+    }
+
+    #[test]
+    fn nvme_endpoints() {
+        let nv = |extra: &str| {
+            format!(
+                "[[hosts]]\nname = \"h\"\n[[endpoints]]\nname = \"nvme0\"\nport = 20\n\
+                 kind = \"nvme\"\n{extra}"
+            )
+        };
+        let c = Config::parse(&nv("")).expect("minimal nvme endpoint");
+        let ep = &c.endpoints[0];
+        assert!(ep.is_nvme());
+        assert_eq!(
+            (ep.vid(), ep.did(), ep.class_code()),
+            (0x1b36, 0x0010, 0x01_0802)
+        );
+        assert_eq!(
+            (ep.pf_mem_mib(), ep.pf_dev_mem_mib(), ep.vf_mem()),
+            (0, 0, 0)
+        );
+        assert_eq!(ep.capacity_bytes(), 64 << 20);
+        assert_eq!(
+            ep.image_path(Path::new("/run")),
+            PathBuf::from("/run/nvme0.img")
+        );
+        assert_eq!(ep.nvme_serial(), "pcifab-nvme0");
+        let c = Config::parse(&nv(
+            "capacity_mib = 65536\nimage = \"disks/a.raw\"\nvendor_id = 0x1b36\n\
+             device_id = 0x10\nclass = 0x010802\ntemp_centi = 3000\n",
+        ))
+        .expect("nvme with every key");
+        let ep = &c.endpoints[0];
+        assert_eq!(ep.capacity_bytes(), 65536 << 20);
+        assert_eq!(
+            ep.image_path(Path::new("/run")),
+            PathBuf::from("/run/disks/a.raw")
+        );
+        let c = Config::parse(&nv("image = \"/abs/b.img\"\n")).expect("absolute image");
+        assert_eq!(
+            c.endpoints[0].image_path(Path::new("/run")),
+            PathBuf::from("/abs/b.img")
+        );
+        // A gpu endpoint (the default kind) is unchanged.
+        let g = Config::parse(
+            "[[hosts]]\nname = \"h\"\n[[endpoints]]\nname = \"g\"\nport = 16\n\
+             vendor_id = 1\ndevice_id = 2\nclass = 3\n",
+        )
+        .expect("gpu");
+        assert_eq!(g.endpoints[0].kind, EndpointKind::Gpu);
+        assert_eq!(
+            (g.endpoints[0].pf_mem_mib(), g.endpoints[0].vf_mem()),
+            (16, 4)
+        );
+        for (extra, want) in [
+            (
+                "vfs = 1\n",
+                "endpoints[0].vfs = 1 but an nvme endpoint has no VFs",
+            ),
+            (
+                "vendor_id = 0x8086\n",
+                "QEMU's nvme device shows 1b36:0010 class 010802, not 8086:0010 class 010802",
+            ),
+            ("device_id = 0x0011\n", "shows 1b36:0010 class 010802"),
+            ("class = 0x010801\n", "not 1b36:0010 class 010801"),
+            (
+                "mem_mib = 2\n",
+                "endpoints[0].mem_mib does not apply to an nvme endpoint",
+            ),
+            ("vf_mem_mib = 2\n", "endpoints[0].vf_mem_mib does not apply"),
+            (
+                "dev_mem_mib = 2\n",
+                "endpoints[0].dev_mem_mib does not apply",
+            ),
+            (
+                "vf_device_id = 2\n",
+                "endpoints[0].vf_device_id does not apply",
+            ),
+            (
+                "capacity_mib = 0\n",
+                "endpoints[0].capacity_mib = 0 is out of range; use 1 to 65536",
+            ),
+            (
+                "capacity_mib = 65537\n",
+                "capacity_mib = 65537 is out of range",
+            ),
+            (
+                "image = \"\"\n",
+                "endpoints[0].image = \"\" is not a file name",
+            ),
+            ("kind = \"ssd\"\n", "kind"),
+        ] {
+            let e = err(&nv(extra));
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+        let e = err(
+            "[[hosts]]\nname = \"h\"\n[[endpoints]]\nname = \"a-very-long-name\"\nport = 20\n\
+             kind = \"nvme\"\n",
+        );
+        assert!(
+            e.contains("endpoints[0].name 'a-very-long-name' is too long")
+                && e.contains("at most 13"),
+            "{e}"
+        );
+        assert!(Config::parse(
+            "[[hosts]]\nname = \"h\"\n[[endpoints]]\nname = \"a-long-name13\"\nport = 20\n\
+             kind = \"nvme\"\n"
+        )
+        .is_ok());
+        // A gpu endpoint needs its ids and takes no nvme keys.
+        let gpu = |extra: &str| {
+            format!("[[hosts]]\nname = \"h\"\n[[endpoints]]\nname = \"g\"\nport = 16\n{extra}")
+        };
+        let e = err(&gpu("kind = \"gpu\"\n"));
+        assert!(
+            e.contains(
+                "endpoints[0] ('g') has no vendor_id, device_id, class; a gpu endpoint needs"
+            ),
+            "{e}"
+        );
+        let e = err(&gpu("vendor_id = 1\ndevice_id = 2\n"));
+        assert!(e.contains("has no class;"), "{e}");
+        for (extra, want) in [
+            (
+                "capacity_mib = 8\n",
+                "endpoints[0].capacity_mib applies to kind = \"nvme\" only",
+            ),
+            (
+                "image = \"x.img\"\n",
+                "endpoints[0].image applies to kind = \"nvme\" only",
+            ),
+        ] {
+            let e = err(&gpu(&format!(
+                "vendor_id = 1\ndevice_id = 2\nclass = 3\n{extra}"
+            )));
+            assert!(e.contains(want), "{extra}: {e}");
+        }
     }
 }
