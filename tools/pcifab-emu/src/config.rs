@@ -644,6 +644,26 @@ mod tests {
         assert_eq!(cfg.hosts[0].name, "h0");
         assert_eq!(cfg.hosts[1].name, "h1");
         assert_eq!(cfg.firmware, Firmware::default());
+        // The commented nvme example, uncommented, is valid as it stands.
+        let mut on = false;
+        let mut nvme = String::new();
+        for line in text.lines() {
+            on |= line == "# [[endpoints]]";
+            if on && line.is_empty() {
+                break;
+            }
+            if on && !line.starts_with("# #") {
+                nvme.push_str(line.strip_prefix("# ").unwrap_or(line));
+                nvme.push('\n');
+            }
+        }
+        let cfg = Config::parse(&format!("{text}\n{nvme}")).expect("nvme example must parse");
+        let ep = cfg.endpoints.last().expect("nvme0");
+        assert_eq!(
+            (ep.name.as_str(), ep.is_nvme(), ep.port),
+            ("nvme0", true, 20)
+        );
+        assert_eq!(ep.capacity_bytes(), 64 << 20);
     }
 
     #[test]
