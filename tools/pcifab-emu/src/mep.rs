@@ -1376,8 +1376,11 @@ impl Fabric {
     }
 
     /// The image and serial number of function `pdfid` when it is an nvme function.
+    /// Takes no lock: the configuration says which endpoint owns `pdfid`.
     pub fn nvme(&self, pdfid: u16) -> Option<(PathBuf, String)> {
-        let e = self.model().function(pdfid)?.endpoint;
+        let e = self.config.endpoints.iter().position(|ep| {
+            (model::pdfid(ep.port, 0)..=model::pdfid(ep.port, ep.vfs)).contains(&pdfid)
+        })?;
         let image = self.images.get(e)?.clone()?;
         Some((image, self.config.endpoints[e].nvme_serial()))
     }
@@ -1603,14 +1606,14 @@ impl Fabric {
     }
 
     /// `blockdev-del` of nvme function `pdfid`'s image node in `q`'s QEMU,
-    /// which closes the image and releases QEMU's lock on it. A failure is
-    /// an error (the image stays open there) but changes nothing else.
+    /// which closes the image there. A failure is an error (the image stays
+    /// open and the node name taken) but changes nothing else.
     fn blockdev_del(&self, q: &Arc<Qmp>, pdfid: u16) {
         let node = nvme::node_name(pdfid);
         match q.execute("blockdev-del", serde_json::json!({ "node-name": node })) {
             Ok(_) => debug!("{}: blockdev-del {node} done", q.host),
             Err(e) => error!(
-                "{}: blockdev-del {node} failed: {e}; its image stays open (and locked) in that QEMU",
+                "{}: blockdev-del {node} failed: {e}; its image stays open in that QEMU",
                 q.host
             ),
         }
