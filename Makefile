@@ -108,8 +108,9 @@ GUEST_ARGS = --guest-bin $(GUEST_BIN) \
 	--qemu-root $(PCIFAB_CACHE)/trixie
 COMMON_ARGS = $(GUEST_ARGS) --results $(RESULTS)
 # The fast kernel and the module in src/ (demo, bench).
-TEST_KERNEL_ARGS = --kernel $(KDIR)/arch/x86/boot/bzImage --module $(CURDIR)/src/pcifab.ko \
-	--switchtec $(KDIR)/drivers/pci/switch/switchtec.ko $(GUEST_ARGS)
+TEST_KERNEL_ONLY = --kernel $(KDIR)/arch/x86/boot/bzImage --module $(CURDIR)/src/pcifab.ko \
+	--switchtec $(KDIR)/drivers/pci/switch/switchtec.ko
+TEST_KERNEL_ARGS = $(TEST_KERNEL_ONLY) $(GUEST_ARGS)
 HARNESS_ARGS = $(TEST_KERNEL_ARGS) --results $(RESULTS)
 # The public PAX client (switchtec-user's CLI) for the `pax client` scenarios.
 SWITCHTEC_USER := $(PCIFAB_CACHE)/switchtec-user/switchtec
@@ -119,9 +120,10 @@ DEBUG_KERNEL_ARGS = --kernel $(DEBUG_KDIR)/arch/x86/boot/bzImage \
 	--switchtec $(DEBUG_KDIR)/drivers/pci/switch/switchtec.ko
 DEBUG_HARNESS_ARGS = $(DEBUG_KERNEL_ARGS) $(GUEST_ARGS)
 # The nvme scenarios' fabric: two hosts and an NVMe drive (QEMU's nvme device).
-NVME_HARNESS_ARGS = $(DEBUG_KERNEL_ARGS) --guest-bin $(GUEST_BIN) \
+NVME_GUEST_ARGS = --guest-bin $(GUEST_BIN) \
 	--emu $(HOST_BIN)/pcifab-emu --emu-config $(CURDIR)/tools/pcifab-harness/fabric-nvme.toml \
 	--qemu-root $(PCIFAB_CACHE)/trixie
+NVME_HARNESS_ARGS = $(DEBUG_KERNEL_ARGS) $(NVME_GUEST_ARGS)
 NVME_FILTER := agent answers|pcifab binds the MEP|nvme:|rmmod pcifab in every host
 
 switchtec-user: deps
@@ -222,9 +224,14 @@ check-module-msrv: deps
 ifeq ($(DEMO_KERNEL),debian)
 demo: module-debian tools
 	$(HOST_BIN)/pcifab-harness demo $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)
+	$(HOST_BIN)/pcifab-harness demo --kernel $(DEBIAN_KDIR)/vmlinuz \
+		--module $(DEBIAN_MO)/src/pcifab.ko --kernel-modules $(DEBIAN_KDIR)/debian-modules \
+		$(NVME_GUEST_ARGS) --results $(RESULTS)/demo-drive
 else
 demo: kernel check-module tools
 	$(HOST_BIN)/pcifab-harness demo $(HARNESS_ARGS)
+	$(HOST_BIN)/pcifab-harness demo $(TEST_KERNEL_ONLY) $(NVME_GUEST_ARGS) \
+		--results $(RESULTS)/demo-drive
 endif
 
 # One guest: MRPC echo through pcifab's ioctl vs the C driver's /dev/switchtec0, and

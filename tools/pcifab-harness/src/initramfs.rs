@@ -105,6 +105,12 @@ mount -t tmpfs tmpfs /tmp
 if [ -d /sys/kernel/debug ] && grep -qw debugfs /proc/filesystems; then
     mount -t debugfs debugfs /sys/kernel/debug || echo "pcifab-init: debugfs mount failed"
 fi
+# Modules the fabric's devices need from a kernel that has them as modules (Debian's nvme),
+# in dependency order (--kernel-modules).
+for m in /lib/modules/extra/*.ko; do
+    [ -e "$m" ] || continue
+    insmod "$m" || echo "pcifab-init: insmod $m failed"
+done
 [ -n "$pcifab_host" ] && hostname "$pcifab_host"
 # Which kernel this guest runs: the harness reports it per host as well.
 echo "pcifab-init: kernel $(uname -r)"
@@ -124,6 +130,81 @@ pub struct Inputs<'a> {
     pub switchtec_ko: Option<&'a Path>,
     /// The static switchtec-user CLI, installed as /bin/switchtec (optional).
     pub switchtec_user: Option<&'a Path>,
+    /// Kernel modules the init loads at boot, in this order: (name, uncompressed .ko).
+    pub extra_modules: Vec<(String, Vec<u8>)>,
+}
+
+/// The modules `names` need from the module tree `dir` (a kernel's
+/// /lib/modules/RELEASE), dependencies first, read (and decompressed with `xz` when they
+/// are `.ko.xz`) for [`Inputs::extra_modules`]. Dependencies come from `modinfo`.
+pub fn modules_from_tree(dir: &Path, names: &[&str]) -> Result<Vec<(String, Vec<u8>)>, String> {
+    fn find(dir: &Path, file: &str, depth: u32) -> Option<PathBuf> {
+        let rd = fs::read_dir(dir).ok()?;
+        let mut subdirs = Vec::new();
+        for e in rd.flatten() {
+            let p = e.path();
+            let ft = e.file_type().ok()?;
+            if ft.is_dir() {
+                subdirs.push(p);
+            } else if e.file_name().to_str() == Some(file) {
+                return Some(p);
+            }
+        }
+        if depth == 0 {
+            return None;
+        }
+        subdirs.iter().find_map(|d| find(d, file, depth - 1))
+    }
+    fn visit(
+        dir: &Path,
+        name: &str,
+        out: &mut Vec<(String, Vec<u8>)>,
+        seen: &mut Vec<String>,
+    ) -> Result<(), String> {
+        if seen.iter().any(|s| s == name) {
+            return Ok(());
+        }
+        seen.push(name.to_string());
+        let path = [".ko", ".ko.xz"]
+            .iter()
+            .find_map(|ext| find(&dir.join("kernel"), &format!("{name}{ext}"), 8))
+            .ok_or_else(|| {
+                format!(
+                    "--kernel-modules {}: no module {name}.ko or {name}.ko.xz under kernel/",
+                    dir.display()
+                )
+            })?;
+        let o = std::process::Command::new("modinfo")
+            .args(["-F", "depends"])
+            .arg(&path)
+            .output()
+            .map_err(|e| format!("cannot run modinfo (kmod) on {}: {e}", path.display()))?;
+        let deps = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        for d in deps.split(',').filter(|d| !d.is_empty()) {
+            visit(dir, d, out, seen)?;
+        }
+        let data = if path.extension().is_some_and(|e| e == "xz") {
+            let o = std::process::Command::new("xz")
+                .arg("-dc")
+                .arg(&path)
+                .output()
+                .map_err(|e| format!("cannot run xz (xz-utils) on {}: {e}", path.display()))?;
+            if !o.status.success() {
+                return Err(format!("xz -dc {} failed", path.display()));
+            }
+            o.stdout
+        } else {
+            read(&path, "module")?
+        };
+        out.push((name.to_string(), data));
+        Ok(())
+    }
+    let mut out = Vec::new();
+    let mut seen = Vec::new();
+    for n in names {
+        visit(dir, n, &mut out, &mut seen)?;
+    }
+    Ok(out)
 }
 
 /// The regular files of the guest binary directory, sorted by name.
@@ -237,6 +318,7 @@ pub fn build(inp: &Inputs, out: &Path) -> Result<PathBuf, String> {
         "tmp",
         "lib",
         "lib/modules",
+        "lib/modules/extra",
         "root",
     ] {
         c.dir(d);
@@ -253,6 +335,9 @@ pub fn build(inp: &Inputs, out: &Path) -> Result<PathBuf, String> {
         c.file("bin/switchtec", 0o755, &static_binary(p, "switchtec-user")?);
     }
     c.file("lib/modules/pcifab.ko", 0o644, &ko);
+    for (i, (name, data)) in inp.extra_modules.iter().enumerate() {
+        c.file(&format!("lib/modules/extra/{i:02}-{name}.ko"), 0o644, data);
+    }
     if let Some(sw) = &sw {
         c.file("lib/modules/switchtec.ko", 0o644, sw);
     }

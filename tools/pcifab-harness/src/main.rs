@@ -59,6 +59,7 @@ usage: pcifab-harness <test|demo|bench|list|selftest> --kernel BZIMAGE --module 
          --qemu-root TRIXIE_DIR --results DIR
          [--hosts N] [--filter SUBSTR] [--keep-going] [--debug-kernel] [--busybox PATH]
          [--no-emu] [--dialect pax|extended] [--switchtec-user PATH]
+         [--kernel-modules DIR]
        pcifab-harness summary DIR...
 
   test        boot the fabric, run the scenarios, print `N passed, N failed`
@@ -86,6 +87,9 @@ usage: pcifab-harness <test|demo|bench|list|selftest> --kernel BZIMAGE --module 
               and the kernel parameters those checks need
   --busybox   static busybox for the guest (default /bin/busybox)
   --no-emu    development aid: no emulator, a pci-testdev stands in for the MEP
+  --kernel-modules DIR  the kernel's module tree (/lib/modules/RELEASE): when the fabric
+              has an nvme drive, nvme.ko and its dependencies from there are loaded at
+              boot (Debian's kernel has them as modules; the test kernels built in)
 ";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -118,6 +122,9 @@ pub struct Opts {
     pub dialect: Option<config::Dialect>,
     /// `--switchtec-user`: the static switchtec-user CLI for the guests.
     pub switchtec_user: Option<PathBuf>,
+    /// `--kernel-modules DIR`: the kernel's module tree, for the modules the fabric's
+    /// devices need (nvme for a drive) when the kernel has them as modules.
+    pub kernel_modules: Option<PathBuf>,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -148,6 +155,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             "-h" | "--help" => return Err(String::new()),
             "--kernel" | "--module" | "--switchtec" | "--guest-bin" | "--emu" | "--emu-config"
             | "--qemu-root" | "--results" | "--hosts" | "--filter" | "--busybox" | "--dialect"
+            | "--kernel-modules"
             | "--switchtec-user" => {
                 let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
                 get.insert(a.trim_start_matches('-').to_string(), v.clone());
@@ -176,6 +184,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         .map(|d| config::Dialect::parse(&d).map_err(|e| format!("--dialect: {e}")))
         .transpose()?;
     let switchtec_user = get.remove("switchtec-user").map(PathBuf::from);
+    let kernel_modules = get.remove("kernel-modules").map(PathBuf::from);
     let busybox = get
         .remove("busybox")
         .map_or_else(|| PathBuf::from("/bin/busybox"), PathBuf::from);
@@ -208,6 +217,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         debug_kernel,
         dialect,
         switchtec_user,
+        kernel_modules,
     })
 }
 
@@ -302,6 +312,13 @@ struct Run {
 impl Run {
     fn setup(&mut self, children: &mut Children, run_dir: &Path) -> Result<Fabric, String> {
         let o = &self.opts;
+        // A drive in the fabric needs the nvme driver; a kernel that has it as a module
+        // gets it (and what it depends on) loaded at boot.
+        let drives = self.expected.endpoints.iter().any(|e| e.kind == "nvme");
+        let extra_modules = match (&o.kernel_modules, drives) {
+            (Some(dir), true) => initramfs::modules_from_tree(dir, &["nvme"])?,
+            _ => Vec::new(),
+        };
         let initrd = initramfs::build(
             &initramfs::Inputs {
                 busybox: &o.busybox,
@@ -309,6 +326,7 @@ impl Run {
                 pcifab_ko: &o.module,
                 switchtec_ko: o.switchtec.as_deref(),
                 switchtec_user: o.switchtec_user.as_deref(),
+                extra_modules,
             },
             &o.results.join("initramfs.cpio"),
         )?;
@@ -653,6 +671,9 @@ impl Run {
         if fabric.hosts.len() < 2 {
             return Ok(());
         }
+        if let Some(ssd) = fabric.expected.endpoints.iter().find(|e| e.kind == "nvme") {
+            return demo_drive(fabric, ssd.pdfid(0));
+        }
         // Lists the GPU-like functions the host has enumerated, waiting up to 10 s for one.
         const GPUS: &str = "i=0; until grep -qs 0x10de /sys/bus/pci/devices/*/vendor || \
              [ $i -ge 100 ]; do sleep 0.1; i=$((i+1)); done; \
@@ -714,6 +735,41 @@ impl Run {
         }
         Ok(())
     }
+}
+
+/// The demo on a fabric with an NVMe drive (fabric-nvme.toml): Linux's own nvme driver
+/// takes the drive in host 0, which writes a pattern on it; host 1 asks for the drive and
+/// reads the same blocks back.
+fn demo_drive(fabric: &mut Fabric, pdfid: u16) -> Result<(), String> {
+    let seed = 0xd3_0000 + u64::from(std::process::id() & 0xffff);
+    let bind = format!("pcifab bind {pdfid:#06x} --host 0");
+    let steps: [(usize, &str, String); 6] = [
+        (0, "the fabric, as host 0 sees it", "pcifab list".into()),
+        (0, "host 0 takes the drive; Linux's nvme driver binds it", bind),
+        (
+            0,
+            "host 0 writes a seeded pattern over the whole drive (direct I/O)",
+            format!("pcifab-selftest blk-write --dev /dev/nvme0n1 --seed {seed}"),
+        ),
+        (
+            1,
+            "host 1 asks for the drive: host 0's kernel gives it up, host 1's takes it",
+            format!("pcifab move {pdfid:#06x} --host 1"),
+        ),
+        (
+            1,
+            "host 1 reads every block back: each must be the one host 0 wrote",
+            format!("pcifab-selftest blk-verify --dev /dev/nvme0n1 --seed {seed}"),
+        ),
+        (1, "the fabric now, from host 1", "pcifab list".into()),
+    ];
+    for (host, what, cmd) in steps {
+        let h = &mut fabric.hosts[host];
+        say(&format!("--- {what} (on {}: {cmd})", h.name));
+        let out = h.run_ok_timeout(&cmd, std::time::Duration::from_secs(180))?;
+        show(&h.name, &out);
+    }
+    Ok(())
 }
 
 /// Prints a command's output, each line prefixed by the host's name.

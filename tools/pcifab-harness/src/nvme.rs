@@ -70,7 +70,7 @@ fn drive(f: &Fabric) -> Result<(u16, String), String> {
 /// The drive's image file, as the emulator's state names it.
 fn image(f: &Fabric, pdfid: u16) -> Result<PathBuf, String> {
     let v = f.emu().request("state")?;
-    v.get("bindings")
+    v.get("functions")
         .and_then(Value::as_array)
         .and_then(|a| {
             a.iter()
