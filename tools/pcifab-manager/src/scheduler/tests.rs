@@ -36,6 +36,7 @@ fn random_config(rng: &mut Rng) -> Config {
             mode,
             slice_s: 1 + rng.below(20),
             max_sharers: 1 + rng.below(3) as usize,
+            scrub: mode == Mode::Whole && rng.below(2) == 0,
             devices,
         });
     }
@@ -150,11 +151,27 @@ fn compare(seed: u64, steps: usize, busy: bool) -> (u64, u64) {
             }
             inc.tick(now);
             full.tick(now);
+        } else if what < 92 && rng.below(3) == 0 {
+            // A scrub ends (a device of a scrub pool waiting for it), well or badly.
+            let due = inc.scrubs_due();
+            assert_eq!(due, full.scrubs_due(), "{}", ctx());
+            if let Some(&pf) = due.get(rng.below(due.len().max(1) as u64) as usize) {
+                let r = (rng.below(4) != 0).then_some(()).ok_or("test".to_string());
+                let a = inc.scrub_done(pf, r.clone(), now);
+                let b = full.scrub_done(pf, r, now);
+                assert_eq!(a, b, "{}", ctx());
+            }
         } else if what < 92 {
             let pf = pfs[rng.below(pfs.len() as u64) as usize];
             let bad = (rng.below(2) == 0).then(|| "test".to_string());
-            let a = inc.set_health(pf, bad.clone(), now);
-            let b = full.set_health(pf, bad, now);
+            let (a, b) = match bad {
+                Some(_) => (
+                    inc.set_health(pf, bad.clone(), now),
+                    full.set_health(pf, bad, now),
+                ),
+                // Put back as an operator does (a failed scrub waits for another).
+                None => (inc.readmit(pf, now), full.readmit(pf, now)),
+            };
             assert_eq!(a, b, "{}", ctx());
         } else {
             let h = rng.below(u64::from(c.manager.hosts)) as u8;
