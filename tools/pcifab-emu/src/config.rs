@@ -2,7 +2,7 @@
 //! The TOML fabric description (see `fabric.toml` for every key).
 
 use serde::Deserialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Most partitions a PAX switch has (and so most hosts).
 pub const MAX_HOSTS: usize = 48;
@@ -152,16 +152,51 @@ pub const MAX_VFS: u8 = 31;
 /// Logical downstream ports per host.
 pub const LOG_PORTS: u8 = 4;
 
+/// What an endpoint's functions are (Documentation/emulator.rst, "NVMe endpoints").
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EndpointKind {
+    /// GPU-like register file with device memory, served here over vfio-user.
+    #[default]
+    Gpu,
+    /// QEMU's own `nvme` device on a backing image, added by QMP; no device memory here.
+    Nvme,
+}
+
+impl EndpointKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EndpointKind::Gpu => "gpu",
+            EndpointKind::Nvme => "nvme",
+        }
+    }
+}
+
+/// What QEMU's `nvme` device shows in config space: Red Hat's QEMU NVMe
+/// controller, class mass storage / NVM / NVMe I/O controller.
+pub const NVME_VENDOR_ID: u16 = 0x1b36;
+pub const NVME_DEVICE_ID: u16 = 0x0010;
+pub const NVME_CLASS: u32 = 0x01_0802;
+/// Default and largest capacity of an nvme endpoint's image, MiB.
+pub const DEFAULT_NVME_CAPACITY_MIB: u32 = 64;
+pub const MAX_NVME_CAPACITY_MIB: u32 = 65536;
+/// Longest serial number QEMU's nvme device keeps (the Identify field).
+pub const NVME_SERIAL_MAX: usize = 20;
+/// Prefix of an nvme function's serial number; the endpoint name follows.
+pub const NVME_SERIAL_PREFIX: &str = "pcifab-";
+
 /// An endpoint device: one PF with `vfs` VFs on an endpoint port.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Endpoint {
     pub name: String,
     pub port: u8,
-    pub vendor_id: u16,
-    pub device_id: u16,
+    #[serde(default)]
+    pub kind: EndpointKind,
+    pub vendor_id: Option<u16>,
+    pub device_id: Option<u16>,
     pub vf_device_id: Option<u16>,
-    pub class: u32,
+    pub class: Option<u32>,
     #[serde(default)]
     pub vfs: u8,
     #[serde(default = "default_temp")]
@@ -172,28 +207,85 @@ pub struct Endpoint {
     pub power_limit_mw: u32,
     #[serde(default)]
     pub utilisation: u8,
-    /// BAR2 (device memory) of the PF, MiB, a power of two.
-    #[serde(default = "default_pf_mem")]
-    pub mem_mib: u32,
-    /// BAR2 of each VF, MiB, a power of two.
-    #[serde(default = "default_vf_mem")]
-    pub vf_mem_mib: u32,
-    /// Device memory of the PF, MiB (None: `mem_mib`); BAR2 shows its start.
+    /// BAR2 (device memory) of the PF, MiB, a power of two (gpu only).
+    pub mem_mib: Option<u32>,
+    /// BAR2 of each VF, MiB, a power of two (gpu only).
+    pub vf_mem_mib: Option<u32>,
+    /// Device memory of the PF, MiB (None: `mem_mib`); BAR2 shows its start (gpu only).
     pub dev_mem_mib: Option<u32>,
+    /// Size of the backing image, MiB (nvme only).
+    pub capacity_mib: Option<u32>,
+    /// Backing image file (nvme only); relative to the run directory.
+    pub image: Option<String>,
 }
 
 impl Endpoint {
+    pub fn is_nvme(&self) -> bool {
+        self.kind == EndpointKind::Nvme
+    }
+
+    /// PCI vendor id (validated: present for gpu, QEMU's for nvme).
+    pub fn vid(&self) -> u16 {
+        self.vendor_id.unwrap_or(NVME_VENDOR_ID)
+    }
+
+    /// PCI device id of the PF.
+    pub fn did(&self) -> u16 {
+        self.device_id.unwrap_or(NVME_DEVICE_ID)
+    }
+
+    /// PCI device id of the VFs.
+    pub fn vf_did(&self) -> u16 {
+        self.vf_device_id.unwrap_or(self.did())
+    }
+
+    /// 24-bit class code.
+    pub fn class_code(&self) -> u32 {
+        self.class.unwrap_or(NVME_CLASS)
+    }
+
+    /// BAR2 of the PF in MiB; 0 for nvme (no device memory here).
+    pub fn pf_mem_mib(&self) -> u32 {
+        match self.kind {
+            EndpointKind::Gpu => self.mem_mib.unwrap_or(DEFAULT_PF_MEM_MIB),
+            EndpointKind::Nvme => 0,
+        }
+    }
+
+    /// BAR2 (and device memory) of each VF in MiB; 0 for nvme.
+    pub fn vf_mem(&self) -> u32 {
+        match self.kind {
+            EndpointKind::Gpu => self.vf_mem_mib.unwrap_or(DEFAULT_VF_MEM_MIB),
+            EndpointKind::Nvme => 0,
+        }
+    }
+
     /// Device memory of the PF in MiB: what routes and the DMA engine reach.
     pub fn pf_dev_mem_mib(&self) -> u32 {
-        self.dev_mem_mib.unwrap_or(self.mem_mib)
+        match self.kind {
+            EndpointKind::Gpu => self.dev_mem_mib.unwrap_or(self.pf_mem_mib()),
+            EndpointKind::Nvme => 0,
+        }
     }
-}
 
-fn default_pf_mem() -> u32 {
-    DEFAULT_PF_MEM_MIB
-}
-fn default_vf_mem() -> u32 {
-    DEFAULT_VF_MEM_MIB
+    /// Size of an nvme endpoint's image in bytes.
+    pub fn capacity_bytes(&self) -> u64 {
+        u64::from(self.capacity_mib.unwrap_or(DEFAULT_NVME_CAPACITY_MIB)) << 20
+    }
+
+    /// The image file of an nvme endpoint: `image` (relative to `run_dir`)
+    /// or `run_dir/<name>.img`.
+    pub fn image_path(&self, run_dir: &Path) -> PathBuf {
+        match &self.image {
+            Some(i) => run_dir.join(i),
+            None => run_dir.join(format!("{}.img", self.name)),
+        }
+    }
+
+    /// Serial number of an nvme function in QEMU.
+    pub fn nvme_serial(&self) -> String {
+        format!("{NVME_SERIAL_PREFIX}{}", self.name)
+    }
 }
 
 fn default_temp() -> i32 {
@@ -329,26 +421,9 @@ impl Config {
                     ep.vfs
                 ));
             }
-            if ep.class > 0xff_ffff {
-                return Err(format!(
-                    "{who}.class = {:#x} is not a 24-bit class code (base << 16 | sub << 8 | prog_if)",
-                    ep.class
-                ));
-            }
-            for (key, v) in [("mem_mib", ep.mem_mib), ("vf_mem_mib", ep.vf_mem_mib)] {
-                if !v.is_power_of_two() || v > MAX_MEM_MIB {
-                    return Err(format!(
-                        "{who}.{key} = {v} must be a power of two from 1 to {MAX_MEM_MIB} (MiB)"
-                    ));
-                }
-            }
-            if let Some(d) = ep.dev_mem_mib {
-                if d < ep.mem_mib || d > MAX_DEV_MEM_MIB {
-                    return Err(format!(
-                        "{who}.dev_mem_mib = {d} must be at least mem_mib ({}) and at most {MAX_DEV_MEM_MIB} (MiB); BAR2 shows the first mem_mib of it",
-                        ep.mem_mib
-                    ));
-                }
+            match ep.kind {
+                EndpointKind::Gpu => validate_gpu(ep, &who)?,
+                EndpointKind::Nvme => validate_nvme(ep, &who)?,
             }
             if ep.utilisation > 100 {
                 return Err(format!(
@@ -428,6 +503,115 @@ impl Config {
     }
 }
 
+/// The keys a gpu endpoint needs and the ones only nvme takes.
+fn validate_gpu(ep: &Endpoint, who: &str) -> Result<(), String> {
+    let missing: Vec<&str> = [
+        ("vendor_id", ep.vendor_id.is_none()),
+        ("device_id", ep.device_id.is_none()),
+        ("class", ep.class.is_none()),
+    ]
+    .iter()
+    .filter(|k| k.1)
+    .map(|k| k.0)
+    .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "{who} ('{}') has no {}; a gpu endpoint needs vendor_id, device_id and class (kind = \"nvme\" takes QEMU's)",
+            ep.name,
+            missing.join(", ")
+        ));
+    }
+    for (key, given) in [
+        ("capacity_mib", ep.capacity_mib.is_some()),
+        ("image", ep.image.is_some()),
+    ] {
+        if given {
+            return Err(format!(
+                "{who}.{key} applies to kind = \"nvme\" only; remove it or set kind = \"nvme\""
+            ));
+        }
+    }
+    let class = ep.class_code();
+    if class > 0xff_ffff {
+        return Err(format!(
+            "{who}.class = {class:#x} is not a 24-bit class code (base << 16 | sub << 8 | prog_if)"
+        ));
+    }
+    for (key, v) in [("mem_mib", ep.pf_mem_mib()), ("vf_mem_mib", ep.vf_mem())] {
+        if !v.is_power_of_two() || v > MAX_MEM_MIB {
+            return Err(format!(
+                "{who}.{key} = {v} must be a power of two from 1 to {MAX_MEM_MIB} (MiB)"
+            ));
+        }
+    }
+    if let Some(d) = ep.dev_mem_mib {
+        if d < ep.pf_mem_mib() || d > MAX_DEV_MEM_MIB {
+            return Err(format!(
+                "{who}.dev_mem_mib = {d} must be at least mem_mib ({}) and at most {MAX_DEV_MEM_MIB} (MiB); BAR2 shows the first mem_mib of it",
+                ep.pf_mem_mib()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An nvme endpoint: QEMU's nvme device, one function, no device memory here.
+fn validate_nvme(ep: &Endpoint, who: &str) -> Result<(), String> {
+    if ep.vfs != 0 {
+        return Err(format!(
+            "{who}.vfs = {} but an nvme endpoint has no VFs (QEMU's nvme device is one function); use 0",
+            ep.vfs
+        ));
+    }
+    let ids = (
+        ep.vendor_id.unwrap_or(NVME_VENDOR_ID),
+        ep.device_id.unwrap_or(NVME_DEVICE_ID),
+        ep.class.unwrap_or(NVME_CLASS),
+    );
+    if ids != (NVME_VENDOR_ID, NVME_DEVICE_ID, NVME_CLASS) {
+        return Err(format!(
+            "{who}: QEMU's nvme device shows {NVME_VENDOR_ID:04x}:{NVME_DEVICE_ID:04x} class {NVME_CLASS:06x}, not {:04x}:{:04x} class {:06x} as vendor_id, device_id and class say; leave those keys out of an nvme endpoint",
+            ids.0, ids.1, ids.2
+        ));
+    }
+    for (key, given) in [
+        ("vf_device_id", ep.vf_device_id.is_some()),
+        ("mem_mib", ep.mem_mib.is_some()),
+        ("vf_mem_mib", ep.vf_mem_mib.is_some()),
+        ("dev_mem_mib", ep.dev_mem_mib.is_some()),
+    ] {
+        if given {
+            return Err(format!(
+                "{who}.{key} does not apply to an nvme endpoint (no VFs, no device memory the fabric reaches); remove it"
+            ));
+        }
+    }
+    if let Some(c) = ep.capacity_mib {
+        if !(1..=MAX_NVME_CAPACITY_MIB).contains(&c) {
+            return Err(format!(
+                "{who}.capacity_mib = {c} is out of range; use 1 to {MAX_NVME_CAPACITY_MIB} (MiB)"
+            ));
+        }
+    }
+    if let Some(i) = &ep.image {
+        if i.is_empty() || i.contains('\0') {
+            return Err(format!(
+                "{who}.image = {i:?} is not a file name; give a path (relative to the run directory) or leave it out for RUN_DIR/{}.img",
+                ep.name
+            ));
+        }
+    }
+    let serial = ep.nvme_serial();
+    if serial.len() > NVME_SERIAL_MAX {
+        return Err(format!(
+            "{who}.name '{}' is too long for an nvme endpoint: its serial number '{serial}' must fit QEMU's {NVME_SERIAL_MAX} characters; use at most {} characters",
+            ep.name,
+            NVME_SERIAL_MAX - NVME_SERIAL_PREFIX.len()
+        ));
+    }
+    Ok(())
+}
+
 fn check_str(key: &str, value: &str, max: usize) -> Result<(), String> {
     if !value.is_ascii() || value.bytes().any(|b| b.is_ascii_control()) {
         return Err(format!("{key} = {value:?} must be printable ASCII"));
@@ -460,6 +644,26 @@ mod tests {
         assert_eq!(cfg.hosts[0].name, "h0");
         assert_eq!(cfg.hosts[1].name, "h1");
         assert_eq!(cfg.firmware, Firmware::default());
+        // The commented nvme example, uncommented, is valid as it stands.
+        let mut on = false;
+        let mut nvme = String::new();
+        for line in text.lines() {
+            on |= line == "# [[endpoints]]";
+            if on && line.is_empty() {
+                break;
+            }
+            if on && !line.starts_with("# #") {
+                nvme.push_str(line.strip_prefix("# ").unwrap_or(line));
+                nvme.push('\n');
+            }
+        }
+        let cfg = Config::parse(&format!("{text}\n{nvme}")).expect("nvme example must parse");
+        let ep = cfg.endpoints.last().expect("nvme0");
+        assert_eq!(
+            (ep.name.as_str(), ep.is_nvme(), ep.port),
+            ("nvme0", true, 20)
+        );
+        assert_eq!(ep.capacity_bytes(), 64 << 20);
     }
 
     #[test]
@@ -600,5 +804,142 @@ mod tests {
             .map(|i| format!("[[hosts]]\nname = \"h{i}\"\n"))
             .collect();
         assert!(Config::parse(&max).is_ok());
+    }
+
+    #[test]
+    fn nvme_endpoints() {
+        let nv = |extra: &str| {
+            format!(
+                "[[hosts]]\nname = \"h\"\n[[endpoints]]\nname = \"nvme0\"\nport = 20\n\
+                 kind = \"nvme\"\n{extra}"
+            )
+        };
+        let c = Config::parse(&nv("")).expect("minimal nvme endpoint");
+        let ep = &c.endpoints[0];
+        assert!(ep.is_nvme());
+        assert_eq!(
+            (ep.vid(), ep.did(), ep.class_code()),
+            (0x1b36, 0x0010, 0x01_0802)
+        );
+        assert_eq!(
+            (ep.pf_mem_mib(), ep.pf_dev_mem_mib(), ep.vf_mem()),
+            (0, 0, 0)
+        );
+        assert_eq!(ep.capacity_bytes(), 64 << 20);
+        assert_eq!(
+            ep.image_path(Path::new("/run")),
+            PathBuf::from("/run/nvme0.img")
+        );
+        assert_eq!(ep.nvme_serial(), "pcifab-nvme0");
+        let c = Config::parse(&nv(
+            "capacity_mib = 65536\nimage = \"disks/a.raw\"\nvendor_id = 0x1b36\n\
+             device_id = 0x10\nclass = 0x010802\ntemp_centi = 3000\n",
+        ))
+        .expect("nvme with every key");
+        let ep = &c.endpoints[0];
+        assert_eq!(ep.capacity_bytes(), 65536 << 20);
+        assert_eq!(
+            ep.image_path(Path::new("/run")),
+            PathBuf::from("/run/disks/a.raw")
+        );
+        let c = Config::parse(&nv("image = \"/abs/b.img\"\n")).expect("absolute image");
+        assert_eq!(
+            c.endpoints[0].image_path(Path::new("/run")),
+            PathBuf::from("/abs/b.img")
+        );
+        // A gpu endpoint (the default kind) is unchanged.
+        let g = Config::parse(
+            "[[hosts]]\nname = \"h\"\n[[endpoints]]\nname = \"g\"\nport = 16\n\
+             vendor_id = 1\ndevice_id = 2\nclass = 3\n",
+        )
+        .expect("gpu");
+        assert_eq!(g.endpoints[0].kind, EndpointKind::Gpu);
+        assert_eq!(
+            (g.endpoints[0].pf_mem_mib(), g.endpoints[0].vf_mem()),
+            (16, 4)
+        );
+        for (extra, want) in [
+            (
+                "vfs = 1\n",
+                "endpoints[0].vfs = 1 but an nvme endpoint has no VFs",
+            ),
+            (
+                "vendor_id = 0x8086\n",
+                "QEMU's nvme device shows 1b36:0010 class 010802, not 8086:0010 class 010802",
+            ),
+            ("device_id = 0x0011\n", "shows 1b36:0010 class 010802"),
+            ("class = 0x010801\n", "not 1b36:0010 class 010801"),
+            (
+                "mem_mib = 2\n",
+                "endpoints[0].mem_mib does not apply to an nvme endpoint",
+            ),
+            ("vf_mem_mib = 2\n", "endpoints[0].vf_mem_mib does not apply"),
+            (
+                "dev_mem_mib = 2\n",
+                "endpoints[0].dev_mem_mib does not apply",
+            ),
+            (
+                "vf_device_id = 2\n",
+                "endpoints[0].vf_device_id does not apply",
+            ),
+            (
+                "capacity_mib = 0\n",
+                "endpoints[0].capacity_mib = 0 is out of range; use 1 to 65536",
+            ),
+            (
+                "capacity_mib = 65537\n",
+                "capacity_mib = 65537 is out of range",
+            ),
+            (
+                "image = \"\"\n",
+                "endpoints[0].image = \"\" is not a file name",
+            ),
+            ("kind = \"ssd\"\n", "kind"),
+        ] {
+            let e = err(&nv(extra));
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+        let e = err(
+            "[[hosts]]\nname = \"h\"\n[[endpoints]]\nname = \"a-very-long-name\"\nport = 20\n\
+             kind = \"nvme\"\n",
+        );
+        assert!(
+            e.contains("endpoints[0].name 'a-very-long-name' is too long")
+                && e.contains("at most 13"),
+            "{e}"
+        );
+        assert!(Config::parse(
+            "[[hosts]]\nname = \"h\"\n[[endpoints]]\nname = \"a-long-name13\"\nport = 20\n\
+             kind = \"nvme\"\n"
+        )
+        .is_ok());
+        // A gpu endpoint needs its ids and takes no nvme keys.
+        let gpu = |extra: &str| {
+            format!("[[hosts]]\nname = \"h\"\n[[endpoints]]\nname = \"g\"\nport = 16\n{extra}")
+        };
+        let e = err(&gpu("kind = \"gpu\"\n"));
+        assert!(
+            e.contains(
+                "endpoints[0] ('g') has no vendor_id, device_id, class; a gpu endpoint needs"
+            ),
+            "{e}"
+        );
+        let e = err(&gpu("vendor_id = 1\ndevice_id = 2\n"));
+        assert!(e.contains("has no class;"), "{e}");
+        for (extra, want) in [
+            (
+                "capacity_mib = 8\n",
+                "endpoints[0].capacity_mib applies to kind = \"nvme\" only",
+            ),
+            (
+                "image = \"x.img\"\n",
+                "endpoints[0].image applies to kind = \"nvme\" only",
+            ),
+        ] {
+            let e = err(&gpu(&format!(
+                "vendor_id = 1\ndevice_id = 2\nclass = 3\n{extra}"
+            )));
+            assert!(e.contains(want), "{extra}: {e}");
+        }
     }
 }

@@ -534,12 +534,18 @@ fn state(fabric: &Fabric) -> String {
                 Some((h, l)) => (json_str(&m.hosts[h].name), l.to_string()),
                 None => ("null".into(), "null".into()),
             };
+            let ep = &fabric.config.endpoints[f.endpoint];
+            let image = match fabric.images.get(f.endpoint).and_then(Option::as_ref) {
+                Some(p) => format!(",\"image\":{}", json_str(&p.to_string_lossy())),
+                None => String::new(),
+            };
             format!(
-                "{{\"pdfid\":{},\"pf_pdfid\":{},\"vf\":{},\"port\":{},\"vid\":{},\"did\":{},\"class\":{},\"total_vfs\":{},\"bound\":{},\"host\":{host},\"logical_port\":{lport}}}",
+                "{{\"pdfid\":{},\"pf_pdfid\":{},\"vf\":{},\"port\":{},\"kind\":\"{}\"{image},\"vid\":{},\"did\":{},\"class\":{},\"total_vfs\":{},\"bound\":{},\"host\":{host},\"logical_port\":{lport}}}",
                 f.pdfid,
                 f.pf_pdfid,
                 f.vf_index,
                 f.port,
+                ep.kind.name(),
                 f.vid,
                 f.did,
                 f.class,

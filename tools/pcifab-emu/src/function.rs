@@ -57,6 +57,15 @@ impl Memory {
         }
         // SAFETY: raw is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        if size == 0 {
+            // No device memory (an nvme endpoint): nothing to map; every
+            // access of one byte or more is out of range.
+            return Ok(Memory {
+                fd,
+                addr: std::ptr::NonNull::<u8>::dangling().as_ptr() as usize,
+                size,
+            });
+        }
         // SAFETY: plain system call on our descriptor.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
             return Err(format!(
@@ -131,6 +140,9 @@ impl Memory {
 
 impl Drop for Memory {
     fn drop(&mut self) {
+        if self.size == 0 {
+            return;
+        }
         // SAFETY: exactly the mapping mmap returned; nothing refers into it.
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.size) };
     }
@@ -306,7 +318,7 @@ impl Device for FnDevice {
     }
 
     fn region_mmap(&self, index: u32) -> Option<(OwnedFd, u64)> {
-        (index == REGION_BAR2)
+        (index == REGION_BAR2 && self.ids.mem_size != 0)
             .then(|| self.mem.dup_fd())
             .flatten()
             .map(|fd| (fd, self.mem_off))

@@ -16,6 +16,7 @@ mod irq;
 mod mep;
 mod model;
 mod mrpc;
+mod nvme;
 mod p2p;
 mod pci;
 mod qmp;
@@ -191,6 +192,10 @@ fn run(args: Args) -> Result<(), String> {
     }
     let mut fn_listeners = Vec::new();
     for f in &fabric.functions {
+        if fabric.nvme(f.pdfid).is_some() {
+            // QEMU's own nvme device: nothing is served here.
+            continue;
+        }
         let path = fabric.fn_socket(f.pdfid);
         fn_listeners.push((listen(&path)?, Arc::clone(f)));
         sockets.push(path);

@@ -11,6 +11,7 @@ use crate::hostile::{self, Stream};
 use crate::irq::{self, Irqs};
 use crate::model::{self, Model, Notice, Request, Requester};
 use crate::mrpc::{mrpc_name, Exec, MrpcOutcome};
+use crate::nvme;
 use crate::p2p;
 use crate::pci::{self, ConfigSpace};
 use crate::qmp::{Qmp, QmpError};
@@ -1220,6 +1221,43 @@ fn bar4_range(off: u64, len: usize) -> String {
     )
 }
 
+/// Create (or check) the image of every nvme endpoint; its absolute path
+/// per endpoint, None for gpu endpoints. Two endpoints may not share one.
+fn prepare_images(
+    config: &Config,
+    run_dir: &std::path::Path,
+) -> Result<Vec<Option<PathBuf>>, String> {
+    let mut images: Vec<Option<PathBuf>> = Vec::new();
+    let mut real: Vec<(PathBuf, usize)> = Vec::new();
+    for (i, ep) in config.endpoints.iter().enumerate() {
+        if !ep.is_nvme() {
+            images.push(None);
+            continue;
+        }
+        let who = format!("endpoints[{i}] ('{}')", ep.name);
+        let path = nvme::absolute(&ep.image_path(run_dir))?;
+        if nvme::prepare_image(&path, ep.capacity_bytes(), &who)? {
+            info!(
+                "{}: image {} created ({} bytes, sparse)",
+                ep.name,
+                path.display(),
+                ep.capacity_bytes()
+            );
+        }
+        let canon = std::fs::canonicalize(&path)
+            .map_err(|e| format!("{who}: cannot resolve image {}: {e}", path.display()))?;
+        if let Some((_, j)) = real.iter().find(|(p, _)| *p == canon) {
+            return Err(format!(
+                "{who}: image {} is also the image of endpoints[{j}]; give every nvme endpoint its own image",
+                path.display()
+            ));
+        }
+        real.push((canon, i));
+        images.push(Some(path));
+    }
+    Ok(images)
+}
+
 /// How long an unbind waits for QEMU's DEVICE_DELETED.
 pub const UNBIND_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -1236,6 +1274,8 @@ pub struct Fabric {
     pub run_dir: PathBuf,
     /// What the MEPs' P2P windows and DMA engines reach.
     pub p2p: Arc<p2p::Shared>,
+    /// The absolute image path of each endpoint (in config order); None for gpu.
+    pub images: Vec<Option<PathBuf>>,
 }
 
 impl Fabric {
@@ -1251,25 +1291,22 @@ impl Fabric {
         qmp: &[(String, PathBuf)],
     ) -> Result<Fabric, String> {
         let n = config.hosts.len() as u32;
+        let images = prepare_images(&config, &run_dir)?;
         let model = Arc::new(Mutex::new(Model::new(&config)));
         let mut functions = Vec::new();
         for ep in &config.endpoints {
-            let pf = u64::from(ep.mem_mib) << 20;
+            let pf = u64::from(ep.pf_mem_mib()) << 20;
             let pf_dev = u64::from(ep.pf_dev_mem_mib()) << 20;
-            let vf = u64::from(ep.vf_mem_mib) << 20;
+            let vf = u64::from(ep.vf_mem()) << 20;
             let total = pf_dev + vf * u64::from(ep.vfs);
             let mem = Arc::new(Memory::new(&format!("pcifab-{}", ep.name), total as usize)?);
             for f in 0..=ep.vfs {
                 let ids = crate::pci::FunctionIds {
-                    vid: ep.vendor_id,
-                    did: if f == 0 {
-                        ep.device_id
-                    } else {
-                        ep.vf_device_id.unwrap_or(ep.device_id)
-                    },
-                    class: ep.class,
+                    vid: ep.vid(),
+                    did: if f == 0 { ep.did() } else { ep.vf_did() },
+                    class: ep.class_code(),
                     total_vfs: if f == 0 { ep.vfs } else { 0 },
-                    vf_did: ep.vf_device_id.unwrap_or(ep.device_id),
+                    vf_did: ep.vf_did(),
                     mem_size: if f == 0 { pf } else { vf },
                 };
                 let (off, dev) = if f == 0 {
@@ -1334,7 +1371,18 @@ impl Fabric {
             qmp: qmps,
             run_dir,
             p2p: shared,
+            images,
         })
+    }
+
+    /// The image and serial number of function `pdfid` when it is an nvme function.
+    /// Takes no lock: the configuration says which endpoint owns `pdfid`.
+    pub fn nvme(&self, pdfid: u16) -> Option<(PathBuf, String)> {
+        let e = self.config.endpoints.iter().position(|ep| {
+            (model::pdfid(ep.port, 0)..=model::pdfid(ep.port, ep.vfs)).contains(&pdfid)
+        })?;
+        let image = self.images.get(e)?.clone()?;
+        Some((image, self.config.endpoints[e].nvme_serial()))
     }
 
     pub fn function_dev(&self, pdfid: u16) -> Option<&Arc<FnDevice>> {
@@ -1484,32 +1532,91 @@ impl Fabric {
         let multi = reqs.len() > 1;
         let mut order: Vec<&Request> = reqs.iter().filter(|r| r.devfn != 0).collect();
         order.extend(reqs.iter().filter(|r| r.devfn == 0));
-        let mut added: Vec<String> = Vec::new();
+        let mut added: Vec<u16> = Vec::new();
         for r in order {
-            let id = format!("fn-{:04x}", r.pdfid);
-            let mut args = serde_json::json!({
-                "driver": "vfio-user-pci",
-                "id": id,
-                "bus": format!("dsp{}", r.log_port),
-                "addr": format!("0.{}", r.devfn),
-                "socket": {"type": "unix", "path": self.fn_socket(r.pdfid).to_string_lossy()},
-            });
-            if multi && r.devfn == 0 {
-                args["multifunction"] = serde_json::Value::Bool(true);
-            }
-            q.forget_deleted(&id);
-            if let Err(e) = q.execute("device_add", args) {
-                *why = format!("device_add {id}: {e}");
-                for a in added.iter().rev() {
-                    if let Err(e) = q.device_del_wait(a, UNBIND_TIMEOUT) {
-                        error!("{a}: not removed after a failed multi-function bind: {e}");
+            let bus = format!("dsp{}", r.log_port);
+            let addr = format!("0.{}", r.devfn);
+            if let Err(e) = self.add_function(q, r.pdfid, &bus, Some(&addr), multi && r.devfn == 0)
+            {
+                *why = e;
+                for &a in added.iter().rev() {
+                    let id = format!("fn-{a:04x}");
+                    match q.device_del_wait(&id, UNBIND_TIMEOUT) {
+                        Ok(()) => {
+                            if self.nvme(a).is_some() {
+                                self.blockdev_del(q, a);
+                            }
+                        }
+                        Err(e) => {
+                            error!("{id}: not removed after a failed multi-function bind: {e}")
+                        }
                     }
                 }
                 return model::PCIFAB_ERR_HOTPLUG_FAILED;
             }
-            added.push(id);
+            added.push(r.pdfid);
         }
         0
+    }
+
+    /// Add function `pdfid` to `q`'s QEMU on `bus` (at `addr` when given):
+    /// a vfio-user-pci device on its function socket, or for an nvme
+    /// function `blockdev-add` of its image and QEMU's `nvme` device on it
+    /// (the node is deleted again when the device_add fails).
+    fn add_function(
+        &self,
+        q: &Arc<Qmp>,
+        pdfid: u16,
+        bus: &str,
+        addr: Option<&str>,
+        multifunction: bool,
+    ) -> Result<(), String> {
+        let id = format!("fn-{pdfid:04x}");
+        let nvme = self.nvme(pdfid);
+        let mut args = match &nvme {
+            Some((image, serial)) => {
+                q.execute("blockdev-add", nvme::blockdev_add_args(pdfid, image))
+                    .map_err(|e| format!("blockdev-add {}: {e}", nvme::node_name(pdfid)))?;
+                nvme::device_add_args(pdfid, bus, addr, serial)
+            }
+            None => {
+                let mut a = serde_json::json!({
+                    "driver": "vfio-user-pci",
+                    "id": id,
+                    "bus": bus,
+                    "socket": {"type": "unix", "path": self.fn_socket(pdfid).to_string_lossy()},
+                });
+                if let Some(addr) = addr {
+                    a["addr"] = serde_json::Value::String(addr.to_owned());
+                }
+                a
+            }
+        };
+        if multifunction {
+            args["multifunction"] = serde_json::Value::Bool(true);
+        }
+        q.forget_deleted(&id);
+        if let Err(e) = q.execute("device_add", args) {
+            if nvme.is_some() {
+                self.blockdev_del(q, pdfid);
+            }
+            return Err(format!("device_add {id}: {e}"));
+        }
+        Ok(())
+    }
+
+    /// `blockdev-del` of nvme function `pdfid`'s image node in `q`'s QEMU,
+    /// which closes the image there. A failure is an error (the image stays
+    /// open and the node name taken) but changes nothing else.
+    fn blockdev_del(&self, q: &Arc<Qmp>, pdfid: u16) {
+        let node = nvme::node_name(pdfid);
+        match q.execute("blockdev-del", serde_json::json!({ "node-name": node })) {
+            Ok(_) => debug!("{}: blockdev-del {node} done", q.host),
+            Err(e) => error!(
+                "{}: blockdev-del {node} failed: {e}; its image stays open in that QEMU",
+                q.host
+            ),
+        }
     }
 
     /// device_del the device on one logical port (function 0: QEMU takes
@@ -1531,7 +1638,16 @@ impl Fabric {
             }
         }
         match res {
-            Ok(()) => 0,
+            Ok(()) => {
+                // Every function's DEVICE_DELETED arrived: QEMU let go of the
+                // nvme images' nodes; close them so another QEMU may open them.
+                for r in reqs {
+                    if self.nvme(r.pdfid).is_some() {
+                        self.blockdev_del(q, r.pdfid);
+                    }
+                }
+                0
+            }
             Err(QmpError::Unreachable(e)) if !self.meps[host].connected.load(Ordering::Relaxed) => {
                 // The host's QEMU is gone (its MEP client disconnected and its QMP
                 // does not answer): nothing is left to remove the device from.
@@ -1575,17 +1691,13 @@ impl Fabric {
                     for (pdfid, l) in bound {
                         let id = format!("fn-{pdfid:04x}");
                         loop {
-                            let args = serde_json::json!({
-                                "driver": "vfio-user-pci",
-                                "id": id,
-                                "bus": format!("dsp{l}"),
-                                "socket": {"type": "unix", "path": me.fn_socket(pdfid).to_string_lossy()},
-                            });
-                            match q.execute("device_add", args) {
-                                Ok(_) => {
+                            match me.add_function(&q, pdfid, &format!("dsp{l}"), None, false) {
+                                Ok(()) => {
                                     info!("{}: initial binding {id} added on dsp{l}", q.host);
                                     let mut m = me.model();
-                                    if let Some(f) = m.functions.iter_mut().find(|f| f.pdfid == pdfid) {
+                                    if let Some(f) =
+                                        m.functions.iter_mut().find(|f| f.pdfid == pdfid)
+                                    {
                                         f.phantom = false;
                                     }
                                     break;

@@ -379,13 +379,9 @@ impl Model {
                     vf_index: f,
                     port: ep.port,
                     endpoint: e,
-                    vid: ep.vendor_id,
-                    did: if f == 0 {
-                        ep.device_id
-                    } else {
-                        ep.vf_device_id.unwrap_or(ep.device_id)
-                    },
-                    class: ep.class,
+                    vid: ep.vid(),
+                    did: if f == 0 { ep.did() } else { ep.vf_did() },
+                    class: ep.class_code(),
                     total_vfs: if f == 0 { ep.vfs } else { 0 },
                     binding: None,
                     devfn: 0,
@@ -395,9 +391,9 @@ impl Model {
                     dev_mem: if f == 0 {
                         u64::from(ep.pf_dev_mem_mib()) << 20
                     } else {
-                        u64::from(ep.vf_mem_mib) << 20
+                        u64::from(ep.vf_mem()) << 20
                     },
-                    bar2: u64::from(if f == 0 { ep.mem_mib } else { ep.vf_mem_mib }) << 20,
+                    bar2: u64::from(if f == 0 { ep.pf_mem_mib() } else { ep.vf_mem() }) << 20,
                 });
             }
         }

@@ -865,7 +865,12 @@ impl Exec<'_> {
                 } else {
                     (FUNC_PF, 0)
                 };
-                let bar2_exp = f.bar2.max(1).trailing_zeros() as u8;
+                // No BAR2 (an nvme function): type and size 0, as for an absent BAR.
+                let (bar_count, bar2_type, bar2_exp) = if f.bar2 == 0 {
+                    (1u8, 0, 0)
+                } else {
+                    (2, BAR_MEM64_PREFETCH, f.bar2.trailing_zeros() as u8)
+                };
                 o.u16(u16::from(f.vf_index))
                     .u16(f.pdfid)
                     .u8(ty)
@@ -879,11 +884,11 @@ impl Exec<'_> {
                     .u16(f.did)
                     .u16(f.vid)
                     .u16(f.did)
-                    .u32(f.class & 0xff_ffff | 2 << 24)
+                    .u32(f.class & 0xff_ffff | u32::from(bar_count) << 24)
                     .u8(BAR_MEM64)
                     .u8(FN_BAR0_EXP)
                     .zeros(2)
-                    .u8(BAR_MEM64_PREFETCH)
+                    .u8(bar2_type)
                     .u8(bar2_exp)
                     .zeros(6);
             }
@@ -1648,5 +1653,37 @@ mod tests {
             .begin_unbind_port(Requester::Control, 0, 0)
             .expect("h0 lport 0 holds 0x0301");
         assert!(!m.unbind_request(&req[0]), "no UNBIND_REQUEST in pax");
+    }
+
+    /// An nvme endpoint in the inventory: QEMU's ids and class, one BAR.
+    #[test]
+    fn nvme_endpoint_in_dumps() {
+        let mut m = Model::new(
+            &Config::parse(
+                "[[hosts]]\nname = \"h0\"\n[[endpoints]]\nname = \"nvme0\"\nport = 20\n\
+                 kind = \"nvme\"\n[[bindings]]\nendpoint = \"nvme0\"\nhost = \"h0\"\n\
+                 logical_port = 2\n",
+            )
+            .expect("config"),
+        );
+        let ep = chunked(&mut m, DUMP_EP_PORT, 20);
+        assert_eq!(
+            (ep[12], ep[13], le16(&ep, 14)),
+            (0, 20, 1),
+            "one function on port 20"
+        );
+        let f = 28;
+        assert_eq!(
+            (le16(&ep, f), le16(&ep, f + 2), ep[f + 4], ep[f + 5]),
+            (0, 0x380, 1, 0)
+        );
+        assert_eq!(&ep[f + 8..f + 12], &[1, 0, 0, 2], "bound to h0 lport 2");
+        assert_eq!((le16(&ep, f + 12), le16(&ep, f + 14)), (0x1b36, 0x0010));
+        assert_eq!((le16(&ep, f + 16), le16(&ep, f + 18)), (0x1b36, 0x0010));
+        assert_eq!(le32(&ep, f + 20), 0x0101_0802, "class, 1 BAR");
+        assert_eq!(&ep[f + 24..f + 30], &[BAR_MEM64, 14, 0, 0, 0, 0], "no BAR2");
+        let hvd = chunked(&mut m, DUMP_HVD, 0);
+        let e = 20 + 4 * 2; // function 0 of logical port 2
+        assert_eq!((hvd[e], hvd[e + 1], le16(&hvd, e + 2)), (2, 1, 0x0380));
     }
 }

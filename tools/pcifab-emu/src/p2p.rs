@@ -191,6 +191,11 @@ impl Model {
             // The holder needs no grant: refuse rather than record nonsense.
             return Err(model::ERR_PARAM_INVALID);
         }
+        if self.function(pdfid).is_some_and(|f| f.dev_mem == 0) {
+            // No device memory the fabric reaches (an nvme function): a
+            // grant could never carry a route.
+            return Err(model::ERR_PARAM_INVALID);
+        }
         if !self.granted(pdfid, grantee) {
             if self.grants.len() >= MAX_GRANTS {
                 return Err(model::PCIFAB_ERR_GRANT_FULL);
@@ -2078,5 +2083,76 @@ mod tests {
         }
         assert_eq!(a, writebacks(11), "deterministic per seed");
         assert_ne!(a, writebacks(12));
+    }
+
+    /// An nvme function has no device memory here: routes, grants, DMA
+    /// copies and control-socket fills onto it are refused, nothing panics.
+    #[test]
+    fn nvme_function_has_no_device_memory() {
+        let cfg = Config::parse(
+            "p2p_window_mib = 16\n[[hosts]]\nname = \"h0\"\n[[hosts]]\nname = \"h1\"\n\
+             [[endpoints]]\nname = \"nvme0\"\nport = 20\nkind = \"nvme\"\ncapacity_mib = 1\n\
+             [[bindings]]\nendpoint = \"nvme0\"\nhost = \"h0\"\nlogical_port = 0\n",
+        )
+        .expect("config");
+        let dir = std::env::temp_dir().join(format!("pcifab-p2p-nvme-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = Fabric::with(cfg, dir.clone(), &[]).expect("fabric");
+        let nvme = 0x0380;
+        assert_eq!(f.model().function(nvme).map(|x| x.dev_mem), Some(0));
+        for (input, want, why) in [
+            (
+                route_in(1, nvme, 0, 0x1000, 0),
+                model::PCIFAB_ERR_RANGE,
+                "route",
+            ),
+            (
+                route_in(1, nvme, 0, 0x1000, 1 << 40),
+                model::PCIFAB_ERR_RANGE,
+                "far",
+            ),
+            (grant_in(GRANT, nvme, 1), model::ERR_PARAM_INVALID, "grant"),
+        ] {
+            let r = mrpc(&f, 0, &input);
+            assert_eq!((r.status, r.ret), (0xff, want), "{why}");
+        }
+        assert_eq!(f.model().grants.len(), 0);
+        assert!(f.model().hosts[0].routes.is_empty());
+        // The holder's DMA engine finds no route onto it.
+        let mep = &f.meps[0];
+        map_host(mep);
+        start_engine(mep);
+        assert_eq!(
+            submit(mep, &desc(H2W, 0x1000, HOST, 0)),
+            (ST_ROUTE_FAULT, 0)
+        );
+        // Direct device memory accesses are out of range, not a crash.
+        let d = f.function_dev(nvme).expect("function");
+        assert_eq!((d.dev_mem_size(), d.mem_size()), (0, 0));
+        assert!(d.dev_read(0, &mut [0u8; 1]).is_err());
+        assert!(d.dev_write(0, &[1]).is_err());
+        assert!(d.dev_ptr(u64::MAX, 1).is_err());
+        d.scrub().expect("scrubbing nothing");
+        assert!(handle("mem-fill 0x0380 0 16 1", &f).contains("outside the 0x0 bytes"));
+        assert_eq!(
+            handle("mem-hash 0x0380 0 0", &f),
+            "{\"ok\":true,\"fnv1a64\":\"cbf29ce484222325\"}"
+        );
+        // No BAR2 in its config space: it reads 0 and does not size.
+        let cfg32 = |d: &crate::function::FnDevice, off: u64| {
+            let mut b = [0u8; 4];
+            d.region_read(crate::function::REGION_CONFIG, off, &mut b)
+                .expect("config read");
+            u32::from_le_bytes(b)
+        };
+        d.region_write(crate::function::REGION_CONFIG, 0x18, &[0xff; 8])
+            .expect("config write");
+        assert_eq!((cfg32(d, 0x18), cfg32(d, 0x1c)), (0, 0));
+        assert_eq!(cfg32(d, 0), 0x0010_1b36, "QEMU's nvme ids");
+        assert_eq!(cfg32(d, 8) >> 8, 0x01_0802, "class");
+        assert_eq!(d.region_size(crate::function::REGION_BAR2), 0);
+        assert!(d.region_mmap(crate::function::REGION_BAR2).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -47,7 +47,7 @@ pub struct FunctionIds {
     pub class: u32,
     pub total_vfs: u8,
     pub vf_did: u16,
-    /// BAR2 size in bytes, a power of two.
+    /// BAR2 size in bytes, a power of two, or 0 for none.
     pub mem_size: u64,
 }
 
@@ -138,7 +138,9 @@ impl ConfigSpace {
         c.data[0x08] = 0x01;
         c.set_bytes(0x09, &f.class.to_le_bytes()[..3]);
         c.set32(0x10, BAR_MEM_64); // BAR0+1: registers
-        c.set32(0x18, BAR_MEM_64 | BAR_PREFETCH); // BAR2+3: device memory
+        if f.mem_size != 0 {
+            c.set32(0x18, BAR_MEM_64 | BAR_PREFETCH); // BAR2+3: device memory
+        }
         c.set16(0x2c, f.vid);
         c.set16(0x2e, f.did);
         c.data[0x34] = CAP_PM as u8;
@@ -184,8 +186,11 @@ impl ConfigSpace {
         c.wmask32(0x10, !(FN_BAR0_SIZE as u32 - 1) & !0xf);
         c.wmask32(0x14, 0xffff_ffff);
         let bar2 = f.mem_size;
-        c.wmask32(0x18, !(bar2.min(1 << 31) as u32 - 1) & !0xf);
-        c.wmask32(0x1c, (!(bar2 - 1) >> 32) as u32);
+        if bar2 != 0 {
+            // No device memory (an nvme function): no BAR2, it reads 0 and sizes to 0.
+            c.wmask32(0x18, !(bar2.min(1 << 31) as u32 - 1) & !0xf);
+            c.wmask32(0x1c, (!(bar2 - 1) >> 32) as u32);
+        }
         c.wmask8(0x3c, 0xff);
         c.wmask16(CAP_PM + 4, 0x0103);
         c.wmask16(CAP_EXP + 0x08, 0x7fff);

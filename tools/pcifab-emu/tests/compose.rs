@@ -56,94 +56,142 @@ mem_mib = 1
 /// A fake QEMU monitor: greeting, qmp_capabilities, device_add (refused on
 /// bus dsp3), device_del (DEVICE_DELETED 100 ms later, except for ids in
 /// `stuck`; a device_del of function 0 takes every function on its bus, as
-/// a PCIe slot power-off does). Every command line is logged.
+/// a PCIe slot power-off does), blockdev-add and blockdev-del as QEMU checks
+/// them: a node name is unique, a device's `drive` must name a node no other
+/// device uses, and a node stays busy until its device's DEVICE_DELETED.
+/// Every command line is logged.
+#[derive(Clone)]
 struct FakeQmp {
     log: Arc<Mutex<Vec<String>>>,
     stuck: Arc<Mutex<Vec<String>>>,
     delay_add: Arc<Mutex<Duration>>,
+    /// Block nodes: (node-name, filename), in creation order.
+    nodes: Arc<Mutex<Vec<(String, String)>>>,
+    /// Nodes a device uses (until its DEVICE_DELETED).
+    in_use: Arc<Mutex<Vec<String>>>,
+    /// Refuse every blockdev-del.
+    fail_blockdev_del: Arc<Mutex<bool>>,
+    /// Device ids whose device_add is refused.
+    refuse_add: Arc<Mutex<Vec<String>>>,
 }
 
 impl FakeQmp {
     fn start(path: &Path) -> FakeQmp {
         let listener = UnixListener::bind(path).expect("fake qmp");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let stuck = Arc::new(Mutex::new(Vec::<String>::new()));
-        let delay_add = Arc::new(Mutex::new(Duration::ZERO));
-        let (l, s, d) = (log.clone(), stuck.clone(), delay_add.clone());
+        let q = FakeQmp {
+            log: Arc::default(),
+            stuck: Arc::default(),
+            delay_add: Arc::new(Mutex::new(Duration::ZERO)),
+            nodes: Arc::default(),
+            in_use: Arc::default(),
+            fail_blockdev_del: Arc::default(),
+            refuse_add: Arc::default(),
+        };
+        let server = q.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                let (l, s, d) = (l.clone(), s.clone(), d.clone());
-                std::thread::spawn(move || serve_qmp(conn, &l, &s, &d));
+                let q = server.clone();
+                std::thread::spawn(move || serve_qmp(conn, &q));
             }
         });
-        FakeQmp {
-            log,
-            stuck,
-            delay_add,
-        }
+        q
     }
 
     fn commands(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
     }
+
+    /// The commands logged, parsed: (execute, arguments).
+    fn parsed(&self) -> Vec<(String, serde_json::Value)> {
+        self.commands()
+            .iter()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("json");
+                (
+                    v["execute"].as_str().unwrap_or("").to_owned(),
+                    v["arguments"].clone(),
+                )
+            })
+            .collect()
+    }
+
+    fn nodes(&self) -> Vec<(String, String)> {
+        self.nodes.lock().unwrap().clone()
+    }
 }
 
-fn serve_qmp(
-    conn: UnixStream,
-    log: &Mutex<Vec<String>>,
-    stuck: &Mutex<Vec<String>>,
-    delay: &Mutex<Duration>,
-) {
+fn serve_qmp(conn: UnixStream, q: &FakeQmp) {
     let out = Arc::new(Mutex::new(conn.try_clone().expect("clone")));
     let send = |s: String| {
         let _ = out.lock().unwrap().write_all(format!("{s}\r\n").as_bytes());
     };
     send(r#"{"QMP": {"version": {"qemu": {"micro": 3, "minor": 1, "major": 11}}, "capabilities": ["oob"]}}"#.into());
-    // (id, bus, addr) of the devices added.
-    let mut devices: Vec<(String, String, String)> = Vec::new();
+    // (id, bus, addr, drive) of the devices added.
+    let mut devices: Vec<(String, String, String, Option<String>)> = Vec::new();
     for line in BufReader::new(conn).lines() {
         let Ok(line) = line else { return };
         let v: serde_json::Value = serde_json::from_str(&line).expect("json from the emulator");
-        log.lock().unwrap().push(line.clone());
+        q.log.lock().unwrap().push(line.clone());
         let id = v.get("id").cloned().unwrap_or(serde_json::Value::Null);
         let exec = v["execute"].as_str().unwrap_or("");
+        let a = &v["arguments"];
         let ok = format!(r#"{{"return": {{}}, "id": {id}}}"#);
+        let fail = |desc: String| {
+            format!(
+                r#"{{"error": {{"class": "GenericError", "desc": {}}}, "id": {id}}}"#,
+                serde_json::Value::String(desc)
+            )
+        };
         match exec {
             "qmp_capabilities" => send(r#"{"return": {}}"#.into()),
             "device_add" => {
-                std::thread::sleep(*delay.lock().unwrap());
-                if v["arguments"]["bus"] == "dsp3" {
-                    send(format!(
-                        r#"{{"error": {{"class": "GenericError", "desc": "Bus 'dsp3' is full"}}, "id": {id}}}"#
-                    ));
+                std::thread::sleep(*q.delay_add.lock().unwrap());
+                let drive = a["drive"].as_str().map(str::to_owned);
+                let known = |d: &str| q.nodes.lock().unwrap().iter().any(|n| n.0 == d);
+                if a["bus"] == "dsp3" {
+                    send(fail("Bus 'dsp3' is full".into()));
+                } else if q.refuse_add.lock().unwrap().iter().any(|r| a["id"] == *r) {
+                    send(fail("refused by the test".into()));
+                } else if let Some(d) = drive.as_deref().filter(|d| !known(d)) {
+                    send(fail(format!("Drive '{d}' not found")));
+                } else if let Some(d) = drive
+                    .as_deref()
+                    .filter(|d| q.in_use.lock().unwrap().iter().any(|u| u == d))
+                {
+                    send(fail(format!("Drive '{d}' is already in use")));
                 } else {
-                    let a = &v["arguments"];
+                    if let Some(d) = &drive {
+                        q.in_use.lock().unwrap().push(d.clone());
+                    }
                     devices.push((
                         a["id"].as_str().unwrap_or("").into(),
                         a["bus"].as_str().unwrap_or("").into(),
                         a["addr"].as_str().unwrap_or("0.0").into(),
+                        drive,
                     ));
                     send(ok);
                 }
             }
             "device_del" => {
-                let dev = v["arguments"]["id"].as_str().unwrap_or("").to_owned();
+                let dev = a["id"].as_str().unwrap_or("").to_owned();
                 send(ok);
-                let gone: Vec<String> = match devices.iter().find(|d| d.0 == dev).cloned() {
-                    Some((_, bus, addr)) if addr == "0.0" => devices
-                        .iter()
-                        .filter(|d| d.1 == bus)
-                        .map(|d| d.0.clone())
-                        .collect(),
-                    _ => vec![dev.clone()],
+                let gone: Vec<_> = match devices.iter().find(|d| d.0 == dev).cloned() {
+                    Some((_, bus, addr, _)) if addr == "0.0" => {
+                        devices.iter().filter(|d| d.1 == bus).cloned().collect()
+                    }
+                    Some(d) => vec![d],
+                    None => Vec::new(),
                 };
-                if !stuck.lock().unwrap().contains(&dev) {
-                    devices.retain(|d| !gone.contains(&d.0));
-                    let out = out.clone();
+                if !q.stuck.lock().unwrap().contains(&dev) {
+                    devices.retain(|d| !gone.iter().any(|g| g.0 == d.0));
+                    let (out, in_use) = (out.clone(), q.in_use.clone());
                     std::thread::spawn(move || {
                         std::thread::sleep(Duration::from_millis(100));
-                        for dev in gone {
+                        for (dev, _, _, drive) in gone {
+                            if let Some(d) = drive {
+                                in_use.lock().unwrap().retain(|u| *u != d);
+                            }
                             let ev = format!(
                                 r#"{{"timestamp": {{"seconds": 1, "microseconds": 2}}, "event": "DEVICE_DELETED", "data": {{"device": "{dev}", "path": "/machine/peripheral/{dev}"}}}}"#
                             );
@@ -153,6 +201,37 @@ fn serve_qmp(
                                 .write_all(format!("{ev}\r\n").as_bytes());
                         }
                     });
+                }
+            }
+            "blockdev-add" => {
+                let node = a["node-name"].as_str().unwrap_or("").to_owned();
+                let file = a["file"]["filename"].as_str().unwrap_or("").to_owned();
+                let mut nodes = q.nodes.lock().unwrap();
+                if a["driver"] != "raw" || a["file"]["driver"] != "file" {
+                    send(fail(format!("unexpected blockdev-add {a}")));
+                } else if nodes.iter().any(|n| n.0 == node) {
+                    send(fail(format!("Duplicate nodes with node-name='{node}'")));
+                } else if !Path::new(&file).is_file() {
+                    send(fail(format!("Could not open '{file}'")));
+                } else {
+                    nodes.push((node, file));
+                    send(ok);
+                }
+            }
+            "blockdev-del" => {
+                let node = a["node-name"].as_str().unwrap_or("").to_owned();
+                let mut nodes = q.nodes.lock().unwrap();
+                if *q.fail_blockdev_del.lock().unwrap() {
+                    send(fail("blockdev-del refused by the test".into()));
+                } else if q.in_use.lock().unwrap().contains(&node) {
+                    send(fail(format!(
+                        "Node '{node}' is busy: node is used as drive"
+                    )));
+                } else if !nodes.iter().any(|n| n.0 == node) {
+                    send(fail(format!("Failed to find node with node-name='{node}'")));
+                } else {
+                    nodes.retain(|n| n.0 != node);
+                    send(ok);
                 }
             }
             _ => send(format!(
@@ -165,6 +244,8 @@ fn serve_qmp(
 struct Emu {
     child: Child,
     dir: PathBuf,
+    /// Every stderr line after `ready`.
+    lines: Arc<Mutex<Vec<String>>>,
 }
 
 impl Emu {
@@ -173,11 +254,23 @@ impl Emu {
     }
 
     fn start_with(tag: &str, extra: &[&str]) -> (Emu, FakeQmp, FakeQmp) {
+        Self::start_cfg(tag, FABRIC, extra, |_| {})
+    }
+
+    /// Start on `fabric` in a fresh directory; `prepare` gets the run
+    /// directory (created) before the emulator starts.
+    fn start_cfg(
+        tag: &str,
+        fabric: &str,
+        extra: &[&str],
+        prepare: impl FnOnce(&Path),
+    ) -> (Emu, FakeQmp, FakeQmp) {
         let dir = std::env::temp_dir().join(format!("pcifab-compose-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("run")).expect("dir");
+        prepare(&dir.join("run"));
         let cfg = dir.join("fabric.toml");
-        std::fs::write(&cfg, FABRIC).expect("config");
+        std::fs::write(&cfg, fabric).expect("config");
         let q0 = FakeQmp::start(&dir.join("qmp0.sock"));
         let q1 = FakeQmp::start(&dir.join("qmp1.sock"));
         let mut child = Command::new(EXE)
@@ -208,8 +301,20 @@ impl Emu {
                 break;
             }
         }
-        std::thread::spawn(move || while rx.recv().is_ok() {});
-        (Emu { child, dir }, q0, q1)
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            while let Ok(l) = rx.recv() {
+                sink.lock().unwrap().push(l);
+            }
+        });
+        (Emu { child, dir, lines }, q0, q1)
+    }
+
+    /// The log lines so far that contain `what`.
+    fn logged(&self, what: &str) -> Vec<String> {
+        let l = self.lines.lock().unwrap();
+        l.iter().filter(|l| l.contains(what)).cloned().collect()
     }
 
     fn sock(&self, name: &str) -> PathBuf {
@@ -745,4 +850,315 @@ fn extended_dialect_features() {
     assert_eq!(mrpc(&mut h0, 0xf000, &[]).0, 2, "EXT_FEATURES");
     assert_eq!(h0.read(BAR0, 0x400, 8), le_words(&[1, 0xf]));
     assert_ne!(h0.read32(BAR0, 0x3034), 0, "P2P_CAPS");
+}
+
+const NVME_FABRIC: &str = r#"
+[[hosts]]
+name = "h0"
+usp_port = 0
+
+[[hosts]]
+name = "h1"
+usp_port = 8
+
+[[endpoints]]
+name = "gpu0"
+port = 16
+vendor_id = 0x10de
+device_id = 0x2330
+class = 0x030200
+vfs = 1
+mem_mib = 1
+vf_mem_mib = 1
+
+[[endpoints]]
+name = "nvme0"
+port = 20
+kind = "nvme"
+capacity_mib = 4
+
+[[endpoints]]
+name = "nvme1"
+port = 21
+kind = "nvme"
+capacity_mib = 1
+image = "disks/second.raw"
+"#;
+
+/// The commands after the first `skip`: (execute, arguments).
+fn since(q: &FakeQmp, skip: usize) -> Vec<(String, serde_json::Value)> {
+    q.parsed().into_iter().skip(skip).collect()
+}
+
+fn execs(cmds: &[(String, serde_json::Value)]) -> Vec<&str> {
+    cmds.iter().map(|c| c.0.as_str()).collect()
+}
+
+#[test]
+fn nvme_bind_unbind_over_qmp() {
+    let (emu, q0, q1) = Emu::start_cfg("nvme", NVME_FABRIC, &[], |run| {
+        std::fs::create_dir_all(run.join("disks")).expect("disks");
+    });
+    let run = emu.dir.join("run");
+    let img0 = run.join("nvme0.img");
+    let meta = std::fs::metadata(&img0).expect("image created");
+    assert_eq!(meta.len(), 4 << 20, "capacity");
+    assert!(
+        run.join("disks/second.raw").is_file(),
+        "image key, relative"
+    );
+    assert!(run.join("fn-0300.sock").exists(), "gpu function served");
+    assert!(!run.join("fn-0380.sock").exists(), "no server for nvme");
+
+    // state: kind and image per function, QEMU's ids.
+    let s = emu.state();
+    let f = |pdfid: u64| {
+        s["functions"]
+            .as_array()
+            .expect("functions")
+            .iter()
+            .find(|f| f["pdfid"] == pdfid)
+            .cloned()
+            .expect("function")
+    };
+    let n0 = f(0x380);
+    assert_eq!(n0["kind"], "nvme");
+    assert_eq!(n0["image"], img0.to_str().expect("utf-8"));
+    assert_eq!(
+        (n0["vid"].as_u64(), n0["did"].as_u64(), n0["class"].as_u64()),
+        (Some(0x1b36), Some(0x10), Some(0x010802))
+    );
+    assert_eq!(
+        f(0x3a0)["image"],
+        run.join("disks/second.raw").to_str().expect("utf-8")
+    );
+    assert_eq!(f(0x300)["kind"], "gpu");
+    assert!(f(0x300).get("image").is_none());
+    let b = s["bindings"]
+        .as_array()
+        .expect("bindings")
+        .iter()
+        .find(|b| b["pdfid"] == 0x380)
+        .cloned()
+        .expect("binding");
+    assert_eq!(
+        (b["mem_bytes"].as_u64(), b["dev_mem_bytes"].as_u64()),
+        (Some(0), Some(0))
+    );
+
+    // Bind: blockdev-add of the image, then QEMU's nvme device on it.
+    assert!(emu.control("bind 0x0380 h0 0").starts_with("{\"ok\":true"));
+    let c = since(&q0, 0);
+    assert_eq!(
+        execs(&c),
+        ["qmp_capabilities", "blockdev-add", "device_add"]
+    );
+    assert_eq!(
+        c[1].1,
+        serde_json::json!({"driver": "raw", "node-name": "drv-0380",
+            "file": {"driver": "file", "filename": img0.to_str().expect("utf-8")}})
+    );
+    assert_eq!(
+        c[2].1,
+        serde_json::json!({"driver": "nvme", "id": "fn-0380", "bus": "dsp0", "addr": "0.0",
+            "drive": "drv-0380", "serial": "pcifab-nvme0"})
+    );
+    assert_eq!(emu.state()["bindings"][2]["in_qemu"], true);
+
+    // Unbind: device_del, DEVICE_DELETED, then blockdev-del (the fake
+    // refuses it while the device still uses the node).
+    let n = q0.commands().len();
+    assert!(emu.control("unbind 0x0380").starts_with("{\"ok\":true"));
+    let c = since(&q0, n);
+    assert_eq!(execs(&c), ["device_del", "blockdev-del"]);
+    assert_eq!(c[0].1, serde_json::json!({"id": "fn-0380"}));
+    assert_eq!(c[1].1, serde_json::json!({"node-name": "drv-0380"}));
+    assert!(q0.nodes().is_empty(), "node deleted: image closed");
+
+    // The other host's QEMU opens the same image next.
+    assert!(emu.control("bind 0x0380 h1 1").starts_with("{\"ok\":true"));
+    assert_eq!(
+        q1.nodes(),
+        [(
+            "drv-0380".to_string(),
+            img0.to_str().expect("utf-8").to_string()
+        )]
+    );
+    assert!(emu.control("unbind 0x0380").starts_with("{\"ok\":true"));
+    assert!(q1.nodes().is_empty());
+
+    // A refused device_add: the node is deleted again, the bind fails.
+    let n = q0.commands().len();
+    let r = emu.control("bind 0x0380 h0 3");
+    assert!(r.contains("HOTPLUG_FAILED"), "{r}");
+    let c = since(&q0, n);
+    assert_eq!(execs(&c), ["blockdev-add", "device_add", "blockdev-del"]);
+    assert_eq!(c[2].1, serde_json::json!({"node-name": "drv-0380"}));
+    assert!(q0.nodes().is_empty());
+    assert_eq!(emu.state()["bindings"][2]["owner"], serde_json::Value::Null);
+
+    // One logical port, two kinds: the VF (function 1) as vfio-user, the
+    // nvme controller as function 0 with multifunction=on; one device_del
+    // takes both, then the node goes.
+    let n = q0.commands().len();
+    let r = emu.control("bind 0x0380,0x0301 h0 2");
+    assert!(r.starts_with("{\"ok\":true"), "{r}");
+    let c = since(&q0, n);
+    assert_eq!(execs(&c), ["device_add", "blockdev-add", "device_add"]);
+    assert_eq!(
+        (&c[0].1["driver"], &c[0].1["addr"]),
+        (&"vfio-user-pci".into(), &"0.1".into())
+    );
+    assert_eq!(
+        (&c[2].1["driver"], &c[2].1["addr"]),
+        (&"nvme".into(), &"0.0".into())
+    );
+    assert_eq!(c[2].1["multifunction"], true);
+    let n = q0.commands().len();
+    assert!(emu.control("unbind 0x0380").starts_with("{\"ok\":true"));
+    let c = since(&q0, n);
+    assert_eq!(execs(&c), ["device_del", "blockdev-del"]);
+    assert!(q0.nodes().is_empty());
+
+    // A refused device_add of function 0 removes the nvme function 1
+    // added before it, and then its node.
+    q0.refuse_add.lock().unwrap().push("fn-0301".into());
+    let n = q0.commands().len();
+    let r = emu.control("bind 0x0301,0x0380 h0 2");
+    assert!(r.contains("HOTPLUG_FAILED"), "{r}");
+    let c = since(&q0, n);
+    assert_eq!(
+        execs(&c),
+        [
+            "blockdev-add",
+            "device_add",
+            "device_add",
+            "device_del",
+            "blockdev-del"
+        ]
+    );
+    assert_eq!(
+        (&c[1].1["id"], &c[1].1["addr"]),
+        (&"fn-0380".into(), &"0.1".into())
+    );
+    assert_eq!(c[3].1, serde_json::json!({"id": "fn-0380"}));
+    assert!(q0.nodes().is_empty());
+    q0.refuse_add.lock().unwrap().clear();
+
+    // A failed blockdev-del is an error in the log; the unbind completes.
+    assert!(emu.control("bind 0x0380 h0 0").starts_with("{\"ok\":true"));
+    *q0.fail_blockdev_del.lock().unwrap() = true;
+    assert!(emu.control("unbind 0x0380").starts_with("{\"ok\":true"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while emu.logged("blockdev-del drv-0380 failed").is_empty() {
+        assert!(Instant::now() < deadline, "no error logged");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let e = emu.logged("blockdev-del drv-0380 failed");
+    assert!(e[0].starts_with("pcifab-emu: error: "), "{e:?}");
+    assert_eq!(emu.state()["bindings"][2]["owner"], serde_json::Value::Null);
+    assert_eq!(emu.control("invariants"), "{\"ok\":true,\"violations\":[]}");
+}
+
+/// Run the emulator on `fabric` in `dir` expecting it to refuse to start:
+/// its exit status and stderr.
+fn refused_start(dir: &Path, fabric: &str) -> (Option<i32>, String) {
+    let cfg = dir.join("fabric.toml");
+    std::fs::write(&cfg, fabric).expect("config");
+    let out = Command::new(EXE)
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--run-dir")
+        .arg(dir.join("run"))
+        .output()
+        .expect("run");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn nvme_image_kept_initial_binding_and_size_checked() {
+    let fabric = format!(
+        "{NVME_FABRIC}\n[[bindings]]\nendpoint = \"nvme0\"\nhost = \"h0\"\nlogical_port = 1\n"
+    );
+    let data = b"data written by an earlier run";
+    let (emu, q0, _q1) = Emu::start_cfg("nvme-keep", &fabric, &[], |run| {
+        std::fs::create_dir_all(run.join("disks")).expect("disks");
+        let f = std::fs::File::create(run.join("nvme0.img")).expect("image");
+        f.set_len(4 << 20).expect("size");
+        std::os::unix::fs::FileExt::write_all_at(&f, data, 1 << 20).expect("data");
+    });
+    let img0 = emu.dir.join("run/nvme0.img");
+    let back = std::fs::read(&img0).expect("image");
+    assert_eq!(back.len(), 4 << 20, "not resized");
+    assert_eq!(&back[1 << 20..(1 << 20) + data.len()], data, "data kept");
+    // The initial binding: blockdev-add, then device_add on dsp1 once QEMU answers.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !q0.commands().iter().any(|l| l.contains("device_add")) {
+        assert!(Instant::now() < deadline, "initial binding never added");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let c = q0.parsed();
+    assert_eq!(
+        execs(&c),
+        ["qmp_capabilities", "blockdev-add", "device_add"]
+    );
+    assert_eq!(c[1].1["node-name"], "drv-0380");
+    assert_eq!(
+        c[2].1,
+        serde_json::json!({"driver": "nvme", "id": "fn-0380", "bus": "dsp1",
+            "drive": "drv-0380", "serial": "pcifab-nvme0"})
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while emu.state()["bindings"][2]["in_qemu"] != true {
+        assert!(Instant::now() < deadline, "never marked in QEMU");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(emu.control("unbind 0x0380").starts_with("{\"ok\":true"));
+    assert!(q0.nodes().is_empty());
+    drop(emu);
+
+    // An image of another size: refused, named, left alone.
+    let dir = std::env::temp_dir().join(format!("pcifab-compose-{}-nvme-size", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("run/disks")).expect("dir");
+    let img = dir.join("run/nvme0.img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(3 << 20))
+        .expect("image");
+    let (code, err) = refused_start(&dir, NVME_FABRIC);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "pcifab-emu: error: endpoints[1] ('nvme0'): image {} is 3145728 bytes but capacity_mib asks for 4194304 bytes (4 MiB)",
+            img.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::metadata(&img).expect("kept").len(), 3 << 20);
+    // Two endpoints on one image.
+    std::fs::remove_file(&img).expect("rm");
+    let shared = NVME_FABRIC
+        .replace("image = \"disks/second.raw\"", "image = \"nvme0.img\"")
+        .replace("capacity_mib = 1\n", "capacity_mib = 4\n");
+    let (code, err) = refused_start(&dir, &shared);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("endpoints[2] ('nvme1'): image")
+            && err.contains("is also the image of endpoints[1]"),
+        "{err}"
+    );
+    // A bad key: named, with what to do.
+    let (code, err) = refused_start(
+        &dir,
+        &NVME_FABRIC.replace("capacity_mib = 4", "capacity_mib = 4\nvfs = 2"),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("endpoints[1].vfs = 2 but an nvme endpoint has no VFs"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -830,7 +830,7 @@ fn events_and_shared_state() {
         "{state}"
     );
     assert!(
-        state.contains("{\"pdfid\":769,\"pf_pdfid\":768,\"vf\":1,\"port\":16,\"vid\":4318,\"did\":9009,\"class\":197120,\"total_vfs\":0,\"bound\":true,\"host\":\"h0\",\"logical_port\":0}"),
+        state.contains("{\"pdfid\":769,\"pf_pdfid\":768,\"vf\":1,\"port\":16,\"kind\":\"gpu\",\"vid\":4318,\"did\":9009,\"class\":197120,\"total_vfs\":0,\"bound\":true,\"host\":\"h0\",\"logical_port\":0}"),
         "{state}"
     );
 }

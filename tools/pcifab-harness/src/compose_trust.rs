@@ -24,7 +24,14 @@ const LONG_BIND_TIMEOUT_MS: u32 = 60_000;
 /// Kernel log lines of a task blocked too long (on top of the usual dmesg check).
 const HUNG: &str = "blocked for more than|hung_task|INFO: task";
 /// Rounds of the double-unbind scenario.
-pub const DOUBLE_UNBIND_ROUNDS: usize = 20;
+/// Rounds of the double unbind: 20 with `--soak` (`make soak`), 8 in `make test`.
+pub fn double_unbind_rounds() -> usize {
+    if crate::soak() {
+        20
+    } else {
+        8
+    }
+}
 
 /// `echo BDF > /sys/bus/pci/drivers/pcifab/unbind`, timed.
 fn unbind_mep(h: &mut Host, mep: &str) -> Result<(i64, f64), String> {
@@ -489,7 +496,7 @@ pub fn acs_restored(f: &mut Fabric) -> Result<(), String> {
 }
 
 /// (h) h1 holds a gpu1 VF; h0 (the manager) and h1 (the owner) unbind it at the same moment,
-/// [`DOUBLE_UNBIND_ROUNDS`] times. Each round exactly one succeeds and the other gets ENOENT
+/// [`double_unbind_rounds`] times. Each round exactly one succeeds and the other gets ENOENT
 /// (exit 3, "No such file or directory"); the function is then free everywhere, and gone
 /// from h1.
 pub fn double_unbind(f: &mut Fabric) -> Result<(), String> {
@@ -498,7 +505,7 @@ pub fn double_unbind(f: &mut Fabric) -> Result<(), String> {
     let p: u16 = 0x0402;
     let args = format!("unbind {p:#06x}");
     let mut winners = [0usize; 2];
-    for round in 0..DOUBLE_UNBIND_ROUNDS {
+    for round in 0..double_unbind_rounds() {
         pcifab_ok(&mut f.hosts[1], &format!("bind {p:#06x} --host 1"))?;
         let results = Mutex::new(vec![(0i64, Value::Null, String::new()); f.hosts.len()]);
         f.each_host(|h, _| {
@@ -560,7 +567,8 @@ pub fn double_unbind(f: &mut Fabric) -> Result<(), String> {
         )?;
     }
     f.hosts[0].log_note(&format!(
-        "double unbind: {DOUBLE_UNBIND_ROUNDS} rounds, h0 won {}, h1 won {}",
+        "double unbind: {} rounds, h0 won {}, h1 won {}",
+        double_unbind_rounds(),
         winners[0], winners[1]
     ));
     Ok(())

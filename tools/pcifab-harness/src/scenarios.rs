@@ -1524,7 +1524,14 @@ const GPU0_SEED: u64 = 0x0a11_ce00;
 const RANDOM_SEED: u64 = 0x00c0_ffee;
 /// Requests per host in the random composition scenario (two hosts: twice as many in all;
 /// sized for TCG, see testing.rst).
-pub const RANDOM_ROUNDS: usize = 100;
+/// Rounds of the random composition: 100 with `--soak` (`make soak`), 40 in `make test`.
+pub fn random_rounds() -> usize {
+    if crate::soak() {
+        100
+    } else {
+        40
+    }
+}
 /// How long a function may take to appear in (or leave) a host after the fabric bound it.
 const APPEAR_SECS: u64 = 20;
 
@@ -2434,9 +2441,10 @@ fn compose_random(f: &mut Fabric) -> Result<(), String> {
     let mut busy_unplugs = 0usize;
     let t_all = Instant::now();
     f.hosts[0].log_note(&format!(
-        "random composition: seed {RANDOM_SEED:#x}, {RANDOM_ROUNDS} rounds of one request per host"
+        "random composition: seed {RANDOM_SEED:#x}, {} rounds of one request per host",
+        random_rounds()
     ));
-    for round in 0..RANDOM_ROUNDS {
+    for round in 0..random_rounds() {
         let ops: Vec<Op> = (0..n_hosts)
             .map(|r| random_op(&e, &model, r, &mut rng))
             .collect();
@@ -2552,7 +2560,7 @@ fn compose_random(f: &mut Fabric) -> Result<(), String> {
         "random composition: {done} requests ({ok_count} succeeded, {port_races} lost an \
          any-port race with PORT_BUSY, {busy_unplugs} unbinds failed with HOTPLUG_FAILED on a \
          slot still powering on) in {secs:.1} s, {:.2} s per round; final {}",
-        secs / RANDOM_ROUNDS as f64,
+        secs / random_rounds() as f64,
         owners_text(&e, &model)
     ));
     // A function bound in the fabric must be in its host: none may be dropped by QEMU
