@@ -23,11 +23,11 @@ use crate::executor::{Executor, SimExecutor};
 use crate::scheduler::{Action, Host, Pdfid};
 
 /// `BLKGETSIZE64` (`_IOR(0x12, 114, size_t)`): the capacity in bytes.
-const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+const BLKGETSIZE64: libc::Ioctl = 0x8008_1272u32 as libc::Ioctl;
 /// `BLKZEROOUT` (`_IO(0x12, 127)`): zero a byte range (`[start, len]`, 512-byte aligned).
-const BLKZEROOUT: libc::c_ulong = 0x127f;
+const BLKZEROOUT: libc::Ioctl = 0x127f;
 /// `BLKFLSBUF` (`_IO(0x12, 97)`): write back and drop the device's page cache.
-const BLKFLSBUF: libc::c_ulong = 0x1261;
+const BLKFLSBUF: libc::Ioctl = 0x1261;
 
 /// Bytes zeroed per `BLKZEROOUT` call (the kernel splits it further).
 const CHUNK: u64 = 256 << 20;
