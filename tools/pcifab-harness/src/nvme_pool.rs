@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::fabric::{Fabric, Host};
-use crate::scenarios::{check_world, compose_begin, emu_owners, owners, owners_text, Owners};
+use crate::scenarios::{compose_begin, emu_owners, list_owners, owners, owners_text, Owners};
 
 const STATE_DIR: &str = "/tmp/pcifab-manager";
 const CONFIG: &str = "/tmp/pcifab-manager.toml";
@@ -165,6 +165,32 @@ fn leases_and_queue(h0: &mut Host) -> Result<(Vec<u64>, Vec<u64>), String> {
     let l = ask(h0, "{\"op\":\"leases\"}")?;
     let q = ask(h0, "{\"op\":\"queue\"}")?;
     Ok((ids(&l, "leases"), ids(&q, "queue")))
+}
+
+/// The emulator's bindings and every host's `pcifab list` say `want` (QEMU's nvme device
+/// carries no PDFID in a BAR, so the GPU scenarios' BAR check does not apply).
+fn check_world(f: &mut Fabric, want: &Owners, step: &str) -> Result<(), String> {
+    let e = f.expected.clone();
+    let (got, _) = emu_owners(&f.emu(), &e)?;
+    if &got != want {
+        return Err(format!(
+            "after {step}: emulator bindings: expected {}, got {}",
+            owners_text(&e, want),
+            owners_text(&e, &got)
+        ));
+    }
+    let want = want.clone();
+    f.each_host(|h, _| {
+        let (listed, _) = list_owners(h)?;
+        if listed != want {
+            return Err(format!(
+                "{}: after {step}: `pcifab list --json` bindings: expected {want:x?}, got \
+                 {listed:x?}",
+                h.name
+            ));
+        }
+        Ok(())
+    })
 }
 
 /// Waits until request `id` holds a lease.
