@@ -1258,6 +1258,8 @@ fn prepare_images(
     Ok(images)
 }
 
+/// How long `blockdev-del` of an nvme node is retried while QEMU says the node is in use.
+const BLOCKDEV_DEL_WAIT: Duration = Duration::from_secs(5);
 /// How long an unbind waits for QEMU's DEVICE_DELETED.
 pub const UNBIND_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -1610,12 +1612,29 @@ impl Fabric {
     /// open and the node name taken) but changes nothing else.
     fn blockdev_del(&self, q: &Arc<Qmp>, pdfid: u16) {
         let node = nvme::node_name(pdfid);
-        match q.execute("blockdev-del", serde_json::json!({ "node-name": node })) {
-            Ok(_) => debug!("{}: blockdev-del {node} done", q.host),
-            Err(e) => error!(
-                "{}: blockdev-del {node} failed: {e}; its image stays open in that QEMU",
-                q.host
-            ),
+        // QEMU may report DEVICE_DELETED before the device let go of its node (a slot the
+        // guest powered off detaches the device at once; the drive is released when the
+        // device is finalized, a moment later): "in use" is waited out, briefly.
+        let deadline = Instant::now() + BLOCKDEV_DEL_WAIT;
+        loop {
+            match q.execute("blockdev-del", serde_json::json!({ "node-name": node })) {
+                Ok(_) => {
+                    debug!("{}: blockdev-del {node} done", q.host);
+                    return;
+                }
+                Err(QmpError::Failed(e))
+                    if e.contains("is in use") && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    error!(
+                        "{}: blockdev-del {node} failed: {e}; its image stays open in that QEMU",
+                        q.host
+                    );
+                    return;
+                }
+            }
         }
     }
 

@@ -569,7 +569,8 @@ pub fn double_unbind(f: &mut Fabric) -> Result<(), String> {
     f.hosts[0].log_note(&format!(
         "double unbind: {} rounds, h0 won {}, h1 won {}",
         double_unbind_rounds(),
-        winners[0], winners[1]
+        winners[0],
+        winners[1]
     ));
     Ok(())
 }

@@ -13,6 +13,7 @@ mod initramfs;
 mod install;
 mod manager;
 mod nvme;
+mod nvme_pool;
 mod p2p;
 mod pax_client;
 mod pax_driver;

@@ -282,6 +282,10 @@ pub fn all() -> Vec<Scenario> {
         .unwrap_or(v.len());
     let pax = crate::pax_client::scenarios();
     let nvme = crate::nvme::scenarios();
+    let nvme: Vec<_> = nvme
+        .into_iter()
+        .chain(crate::nvme_pool::scenarios())
+        .collect();
     for (i, (name, secs, run)) in pax.into_iter().chain(nvme).enumerate() {
         v.insert(at + i, s(name, secs, run));
     }

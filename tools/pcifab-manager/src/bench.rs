@@ -69,6 +69,7 @@ pub fn pool_config(gpus: u16, hosts: u8, first: u16) -> Config {
             mode: Mode::Hybrid,
             slice_s: 60,
             max_sharers: 4,
+            scrub: false,
             devices,
         }],
         ..Config::default()

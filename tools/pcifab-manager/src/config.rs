@@ -59,6 +59,10 @@ pub struct PoolConfig {
     /// Most leases sharing one device (time-slice pools).
     #[serde(default = "default_sharers")]
     pub max_sharers: usize,
+    /// Erase every device (a drive's whole capacity) after each lease on it ends, before
+    /// anyone else may have it (whole pools only; `Documentation/manager.rst`, "Scrubbing").
+    #[serde(default)]
+    pub scrub: bool,
     pub devices: Vec<DeviceConfig>,
 }
 
@@ -272,6 +276,13 @@ impl Config {
                     p.name
                 ));
             }
+            if p.scrub && p.mode != Mode::Whole {
+                return Err(format!(
+                    "pool '{}': scrub needs mode = \"whole\" (a device is erased between \
+                     holders, so it must have one holder at a time)",
+                    p.name
+                ));
+            }
             for d in &p.devices {
                 for f in std::iter::once(&d.pf).chain(&d.vfs) {
                     if !seen.insert(*f) {
@@ -329,6 +340,25 @@ mod tests {
         let c = Config::parse("[failover]\nhost_ports = [8, 0]\n").expect("two hosts");
         assert_eq!(c.failover.host_ports, vec![8, 0]);
         assert!(Config::parse("[[pools]]\nname='a'\nmode='weird'\ndevices=[]\n").is_err());
+    }
+
+    #[test]
+    fn scrub_is_off_by_default_and_needs_a_whole_pool() {
+        let pool = |mode: &str, scrub: &str| {
+            Config::parse(&format!(
+                "[[pools]]\nname = 'drives'\nmode = '{mode}'\n{scrub}\n\
+                 [[pools.devices]]\npf = 0x0500\n"
+            ))
+        };
+        let c = pool("whole", "").expect("no scrub key");
+        assert!(!c.pools[0].scrub);
+        assert!(c.pools[0].devices[0].vfs.is_empty());
+        assert!(pool("whole", "scrub = true").expect("scrub").pools[0].scrub);
+        for mode in ["hybrid", "partition", "time-slice"] {
+            let e = pool(mode, "scrub = true").unwrap_err();
+            assert!(e.contains("scrub needs mode = \"whole\""), "{mode}: {e}");
+        }
+        assert!(pool("whole", "scrub = 1").is_err());
     }
 
     #[test]

@@ -18,7 +18,8 @@ use crate::{
     executor::Executor,
     liveness::Liveness,
     protocol::{self, Request},
-    scheduler::{Action, Host, Pdfid, Scheduler, Secs},
+    scheduler::{Action, Host, Pdfid, Scheduler, Scrub, Secs},
+    scrub::{Report, Scrubber},
     store::{LogEntry, Store},
     telemetry::{Judge, Sample, Source, Verdict},
 };
@@ -59,7 +60,16 @@ pub struct Daemon {
     links: BTreeMap<Host, bool>,
     link_error: Option<String>,
     saved: Vec<u8>,
+    /// Erases devices of scrub pools between holders (none: such a device fails its scrub).
+    pub scrubber: Option<Arc<dyn Scrubber>>,
+    /// Scrubs running, one thread each.
+    scrubbing: BTreeMap<Pdfid, std::thread::JoinHandle<Result<Report, String>>>,
+    /// The last scrubs' outcomes, most recent last (the `pool` reply's `scrubs`).
+    pub scrubs: Vec<Value>,
 }
+
+/// Scrub outcomes kept for the `pool` reply.
+const SCRUBS_KEPT: usize = 64;
 
 impl Daemon {
     /// Loads the stored state (or starts one from `config`), takes the configuration's
@@ -99,6 +109,9 @@ impl Daemon {
             links: BTreeMap::new(),
             link_error: None,
             saved: Vec::new(),
+            scrubber: None,
+            scrubbing: BTreeMap::new(),
+            scrubs: Vec::new(),
         };
         if !fix.is_empty() {
             eprintln!(
@@ -198,6 +211,16 @@ impl Daemon {
                 Ok(l) => json!({"ok": true, "log": l}),
                 Err(e) => protocol::error(e, false),
             },
+            Request::Pool => {
+                let mut v = protocol::handle(&mut self.sched, req, now);
+                v["scrubs"] = json!(self.scrubs);
+                v["scrubbing"] = json!(self
+                    .scrubbing
+                    .keys()
+                    .map(|f| format!("{f:#06x}"))
+                    .collect::<Vec<_>>());
+                v
+            }
             r => protocol::handle(&mut self.sched, r, now),
         };
         // Commit the decision before acting on it: after a crash the start reconciles the
@@ -223,6 +246,7 @@ impl Daemon {
         if let Err(e) = self.commit(None) {
             eprintln!("pcifab-manager: {e}");
         }
+        self.start_scrubs(now);
         reply
     }
 
@@ -237,6 +261,100 @@ impl Daemon {
             eprintln!("pcifab-manager: {e}");
         }
         self.run_actions(actions);
+        self.collect_scrubs(now, false);
+        if let Err(e) = self.commit(None) {
+            eprintln!("pcifab-manager: {e}");
+        }
+        self.start_scrubs(now);
+    }
+
+    /// Starts a scrub thread for every device waiting for one (healthy, none running).
+    fn start_scrubs(&mut self, now: Secs) {
+        for pf in self.sched.scrubs_due() {
+            if self.scrubbing.contains_key(&pf) {
+                continue;
+            }
+            let Some(s) = self.scrubber.clone() else {
+                self.scrub_finished(
+                    pf,
+                    Err("this manager has no scrubber (start it with --executor driver)".into()),
+                    now,
+                );
+                continue;
+            };
+            eprintln!("pcifab-manager: scrubbing {pf:#06x} before it is granted again");
+            let spawned = std::thread::Builder::new()
+                .name(format!("scrub-{pf:#06x}"))
+                .spawn(move || s.scrub(pf));
+            match spawned {
+                Ok(h) => {
+                    self.scrubbing.insert(pf, h);
+                }
+                Err(e) => self.scrub_finished(pf, Err(format!("cannot start a thread: {e}")), now),
+            }
+        }
+    }
+
+    /// Takes the outcome of every finished scrub (`wait`: of every running one, waiting)
+    /// to the scheduler: the device goes back to the pool (and the queue gets it) or leaves
+    /// it.
+    fn collect_scrubs(&mut self, now: Secs, wait: bool) {
+        let done: Vec<Pdfid> = self
+            .scrubbing
+            .iter()
+            .filter(|(_, h)| wait || h.is_finished())
+            .map(|(f, _)| *f)
+            .collect();
+        for pf in done {
+            let Some(h) = self.scrubbing.remove(&pf) else {
+                continue;
+            };
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err("the scrub thread panicked".into()));
+            self.scrub_finished(pf, r, now);
+        }
+    }
+
+    /// Records a scrub's outcome, tells the scheduler and applies what it decides.
+    fn scrub_finished(&mut self, pf: Pdfid, r: Result<Report, String>, now: Secs) {
+        let entry = match &r {
+            Ok(rep) => {
+                eprintln!(
+                    "pcifab-manager: scrubbed {pf:#06x} in {:.2} s: {} bytes zeroed on {}",
+                    rep.secs,
+                    rep.bytes,
+                    rep.disks.join(" ")
+                );
+                json!({"pf": format!("{pf:#06x}"), "at": now, "ok": true, "secs": rep.secs,
+                       "bytes": rep.bytes, "disks": rep.disks})
+            }
+            Err(e) => {
+                let msg = format!("scrub of {pf:#06x} failed: {e}; it leaves the pool");
+                eprintln!("pcifab-manager: {msg}");
+                self.failures.push(msg);
+                if self.failures.len() > 100 {
+                    self.failures.remove(0);
+                }
+                json!({"pf": format!("{pf:#06x}"), "at": now, "ok": false, "error": e})
+            }
+        };
+        self.scrubs.push(entry);
+        if self.scrubs.len() > SCRUBS_KEPT {
+            self.scrubs.remove(0);
+        }
+        if let Err(e) = self.sched.scrub_done(pf, r.map(|_| ()), now) {
+            eprintln!("pcifab-manager: {e}");
+        }
+        let actions = self.sched.take_actions();
+        self.run_actions(actions);
+    }
+
+    /// Waits for every running scrub and takes its outcome (tests; the daemon's ticks take
+    /// them as they finish).
+    pub fn wait_scrubs(&mut self) {
+        let now = (self.clock)();
+        self.collect_scrubs(now, true);
         if let Err(e) = self.commit(None) {
             eprintln!("pcifab-manager: {e}");
         }
@@ -300,6 +418,10 @@ impl Daemon {
                 })
                 .collect();
             if let Some(v) = t.judge.feed(&cfg, d.pf, &samples, d.unhealthy.is_some()) {
+                // A device whose scrub failed stays out until an operator puts it back.
+                if v == Verdict::Healthy && d.scrub == Some(Scrub::Failed) {
+                    continue;
+                }
                 changes.push((d.pf, v));
             }
         }

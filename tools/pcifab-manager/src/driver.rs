@@ -127,6 +127,42 @@ impl Driver {
         })
     }
 
+    /// The partition (host) this manager runs in (IDENTITY).
+    pub fn own_host(&self) -> Result<u8, String> {
+        let id = dev::identity(&self.file)
+            .map_err(|e| format!("PCIFAB_IOCTL_IDENTITY on {} failed: {e}", self.path))?;
+        u8::try_from(id.partition).map_err(|_| {
+            format!(
+                "the driver reports partition {} for this host, beyond any host number",
+                id.partition
+            )
+        })
+    }
+
+    /// Binds a function to this manager's own host `host` and waits until this host has
+    /// enumerated it (up to `timeout_ms`, 0: the driver's default); returns the PCI name the
+    /// function got here (`0000:03:00.0`).
+    pub fn bind_here(&self, pdfid: u16, host: u8, timeout_ms: u32) -> Result<String, IoctlError> {
+        let mut b = Bind::new();
+        (b.pdfid, b.host, b.port) = (pdfid, host, pcifab_uapi::ANY_PORT);
+        b.timeout_ms = timeout_ms;
+        let err = |b: &Bind, err| IoctlError {
+            what: format!("bind {pdfid:#06x} to this host ({host})"),
+            err,
+            fw_ret: b.fw_ret,
+        };
+        dev::bind(&self.file, &mut b).map_err(|e| err(&b, e))?;
+        let end = b.name.iter().position(|c| *c == 0).unwrap_or(b.name.len());
+        let name = String::from_utf8_lossy(&b.name[..end]).into_owned();
+        if name.is_empty() {
+            return Err(err(
+                &b,
+                std::io::Error::other("the driver named no PCI device for it on this host"),
+            ));
+        }
+        Ok(name)
+    }
+
     pub fn unbind(&self, pdfid: u16) -> Result<(), IoctlError> {
         let mut u = Unbind::new();
         u.pdfid = pdfid;

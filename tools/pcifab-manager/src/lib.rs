@@ -15,6 +15,7 @@ pub mod liveness;
 pub mod notify;
 pub mod protocol;
 pub mod scheduler;
+pub mod scrub;
 pub mod spool;
 pub mod store;
 pub mod telemetry;

@@ -10,6 +10,7 @@ use pcifab_manager::{
     driver::Driver,
     executor::{DriverExecutor, Executor, SimExecutor},
     liveness::Liveness,
+    scrub::{self, DriverScrubber, Scrubber, SimScrubber},
     spool,
     store::Store,
     telemetry::{Judge, Source},
@@ -97,6 +98,15 @@ fn run(a: Args) -> Result<(), String> {
     }
     let store = Store::open(&a.state)?;
     let mut liveness: Option<Box<dyn Liveness + Send>> = None;
+    let scrubber: std::sync::Arc<dyn Scrubber> = if a.executor == "driver" {
+        std::sync::Arc::new(DriverScrubber {
+            device: a.device.clone(),
+            roots: scrub::Roots::system(),
+            appear: scrub::APPEAR_TIMEOUT,
+        })
+    } else {
+        std::sync::Arc::new(SimScrubber::default())
+    };
     let (exec, telemetry): (Box<dyn Executor + Send>, Option<Telemetry>) = if a.executor == "driver"
     {
         let drv = Driver::open(&a.device)?;
@@ -147,6 +157,7 @@ fn run(a: Args) -> Result<(), String> {
     let mut d = Daemon::start(config, store, exec, Box::new(daemon::unix_now))?;
     d.telemetry = telemetry;
     d.liveness = liveness;
+    d.scrubber = Some(scrubber);
     daemon::serve(d, &a.socket)
 }
 

@@ -173,6 +173,7 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
                         "profile": d.profile,
                         "healthy": d.unhealthy.is_none(),
                         "reason": d.unhealthy,
+                        "scrub": d.scrub,
                         "whole_leases": d.whole,
                         "vf_leases": d.vf_lease,
                         "resident": d.resident,
@@ -206,11 +207,12 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
             reason,
         } => {
             let r = if *healthy {
-                None
+                s.readmit(*pf, now)
             } else {
-                Some(reason.clone().unwrap_or_else(|| "set by operator".into()))
+                let why = reason.clone().unwrap_or_else(|| "set by operator".into());
+                s.set_health(*pf, Some(why), now)
             };
-            match s.set_health(*pf, r, now) {
+            match r {
                 Ok(()) => json!({"ok": true}),
                 Err(e) => error(e.0, true),
             }

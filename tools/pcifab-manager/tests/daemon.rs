@@ -22,6 +22,7 @@ use common::*;
 use pcifab_manager::{
     daemon::{Daemon, Telemetry},
     executor::SimExecutor,
+    scrub::SimScrubber,
     store::Store,
     telemetry::{Judge, Sample, SimSource},
 };
@@ -373,4 +374,162 @@ fn spool_serves_the_protocol() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// One NVMe drive (a PF without VFs) in a `scrub = true` whole pool, two tenants.
+const DRIVES: &str = r#"
+[manager]
+hosts = 2
+aging_s = 1000
+max_lease_s = 1000
+
+[[manager.tenants]]
+name = "a"
+
+[[manager.tenants]]
+name = "b"
+
+[telemetry]
+interval_s = 1
+bad_samples = 1
+
+[[pools]]
+name = "drives"
+mode = "whole"
+scrub = true
+
+[[pools.devices]]
+pf = 0x0500
+"#;
+
+fn drive_req(host: u8, tenant: &str, priority: u32, preemptible: bool) -> Value {
+    json!({"op": "request", "spec": {"host": host, "want": {"kind": "gpus", "count": 1},
+           "priority": priority, "duration_s": 600, "pool": "drives", "tenant": tenant,
+           "preemptible_by_higher": preemptible}})
+}
+
+#[test]
+fn scrub_pool_erases_between_holders() {
+    let dir = tempdir("scrub");
+    let c = pcifab_manager::config::Config::parse(DRIVES).expect("configuration");
+    let sim = Arc::new(Mutex::new(sim_for(&c)));
+    let clock = Arc::new(AtomicU64::new(1000));
+    let ck = clock.clone();
+    let mut d = Daemon::start(
+        c,
+        Store::open(&dir).expect("store"),
+        Box::new(sim.clone()),
+        Box::new(move || ck.load(Ordering::SeqCst)),
+    )
+    .expect("daemon");
+    let tel = SimSource::default();
+    d.telemetry = Some(Telemetry {
+        source: Box::new(tel.clone()),
+        functions: d.sched.pool_functions(),
+        judge: Judge::default(),
+        last_poll: None,
+        samples: Default::default(),
+    });
+    // The manager's host is 0: a scrub binds the drive there and unbinds it.
+    let scrubber = SimScrubber {
+        fabric: Some(sim.clone()),
+        host: 0,
+        ..SimScrubber::default()
+    };
+    d.scrubber = Some(Arc::new(scrubber.clone()));
+    let ask = |d: &mut Daemon, v: Value| d.handle_line(&v.to_string());
+    let log = || sim.lock().expect("sim").log.clone();
+    let checked = |d: &Daemon| check(&d.sched, &sim.lock().expect("sim").bound);
+
+    // Tenant a on host 0 gets the drive; tenant b's request on host 1 queues and does not
+    // pre-empt (leases in scrub pools are not pre-empted), though a's lease allows it.
+    let a = ask(&mut d, drive_req(0, "a", 1, true));
+    assert_eq!(a["lease"]["functions"], json!(["0x0500"]), "{a}");
+    let b = ask(&mut d, drive_req(1, "b", 9, false));
+    assert_eq!(
+        (b["granted"].clone(), b["position"].clone()),
+        (json!(false), json!(0)),
+        "{b}"
+    );
+    checked(&d);
+    // a releases: the drive is unbound and waits for its scrub, which has started; b is not
+    // granted it before the scrub's outcome is in.
+    let r = ask(&mut d, json!({"op": "release", "id": a["id"]}));
+    assert_eq!(r["ok"], json!(true), "{r}");
+    assert_eq!(log()[..2], [bind(0x500, 0), unbind(0x500, 0)]);
+    let pool = ask(&mut d, json!({"op": "pool"}));
+    assert_eq!(pool["devices"][0]["scrub"], json!("pending"), "{pool}");
+    assert_eq!(pool["scrubbing"], json!(["0x0500"]), "{pool}");
+    assert_eq!(pool["bound"], json!({}), "{pool}");
+    d.wait_scrubs();
+    checked(&d);
+    // The scrub bound the drive to the manager's host and unbound it; then b got it.
+    assert_eq!(
+        log(),
+        vec![
+            bind(0x500, 0),
+            unbind(0x500, 0),
+            bind(0x500, 0),
+            unbind(0x500, 0),
+            bind(0x500, 1)
+        ]
+    );
+    let pool = ask(&mut d, json!({"op": "pool"}));
+    assert_eq!(pool["devices"][0]["scrub"], Value::Null, "{pool}");
+    assert_eq!(pool["scrubs"][0]["ok"], json!(true), "{pool}");
+    assert_eq!(pool["bound"], json!({"0x0500": 1}), "{pool}");
+    let leases = ask(&mut d, json!({"op": "leases"}));
+    assert_eq!(leases["leases"][0]["id"], b["id"], "{leases}");
+
+    // The next scrub fails: the drive leaves the pool with the reason, a's new request is not
+    // granted it, and telemetry reading well does not bring it back.
+    scrubber.fail.lock().expect("fail").push(0x500);
+    let a2 = ask(&mut d, drive_req(0, "a", 1, false));
+    assert_eq!(a2["granted"], json!(false), "{a2}");
+    ask(&mut d, json!({"op": "release", "id": b["id"]}));
+    d.wait_scrubs();
+    checked(&d);
+    let pool = ask(&mut d, json!({"op": "pool"}));
+    let dev = &pool["devices"][0];
+    assert_eq!(dev["healthy"], json!(false), "{pool}");
+    assert_eq!(dev["scrub"], json!("failed"), "{pool}");
+    assert!(
+        dev["reason"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("scrub failed: simulated scrub failure of 0x0500"),
+        "{pool}"
+    );
+    assert_eq!(pool["scrubs"][1]["ok"], json!(false), "{pool}");
+    for t in 1001..1004 {
+        clock.store(t, Ordering::SeqCst);
+        d.tick();
+    }
+    let q = ask(&mut d, json!({"op": "queue"}));
+    assert_eq!(q["queue"][0]["id"], a2["id"], "{q}");
+    assert_eq!(
+        ask(&mut d, json!({"op": "pool"}))["devices"][0]["healthy"],
+        json!(false)
+    );
+    assert_eq!(*scrubber.done.lock().expect("done"), vec![0x500, 0x500]);
+    assert_eq!(log().len(), 8, "{:?}", log());
+    // An operator puts it back: it is scrubbed again first, then a2 is granted.
+    let h = ask(
+        &mut d,
+        json!({"op": "set-health", "pf": 0x500, "healthy": true}),
+    );
+    assert_eq!(h["ok"], json!(true), "{h}");
+    assert_eq!(
+        ask(&mut d, json!({"op": "pool"}))["devices"][0]["scrub"],
+        json!("pending")
+    );
+    d.wait_scrubs();
+    checked(&d);
+    assert_eq!(
+        log()[8..],
+        [bind(0x500, 0), unbind(0x500, 0), bind(0x500, 0)]
+    );
+    let leases = ask(&mut d, json!({"op": "leases"}));
+    assert_eq!(leases["leases"][0]["id"], a2["id"], "{leases}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -138,11 +138,31 @@ pub struct Device {
     /// Time slicing: the sharer whose host holds the PF now, and since when.
     pub resident: Option<u64>,
     pub slice_start: Secs,
+    /// A scrub pool's device whose last lease ended: it is out of the pool until the daemon
+    /// has erased it (`pending`), or for good when that failed (`failed`, see `unhealthy`).
+    #[serde(default)]
+    pub scrub: Option<Scrub>,
+}
+
+/// Where a device of a scrub pool is between two holders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scrub {
+    /// To be erased before it is granted again.
+    Pending,
+    /// Erasing it failed: out of the pool until an operator puts it back (`set-health`
+    /// healthy), which erases it again first.
+    Failed,
 }
 
 impl Device {
     fn vf_used(&self) -> usize {
         self.vf_lease.iter().filter(|l| l.is_some()).count()
+    }
+
+    /// Whether it may be granted: healthy and not waiting for (or failed) its scrub.
+    pub fn in_pool(&self) -> bool {
+        self.unhealthy.is_none() && self.scrub.is_none()
     }
 }
 
@@ -307,6 +327,7 @@ impl Scheduler {
                     vf_lease: vec![None; d.vfs.len()],
                     resident: None,
                     slice_start: 0,
+                    scrub: None,
                 });
             }
         }
@@ -869,7 +890,7 @@ impl Scheduler {
             .devices
             .iter()
             .enumerate()
-            .filter(|(i, d)| d.pool == pool && d.unhealthy.is_none() && !avoid.contains(i));
+            .filter(|(i, d)| d.pool == pool && d.in_pool() && !avoid.contains(i));
         let mut units = Vec::with_capacity(need);
         match spec.want {
             Want::Gpus { .. } if mode == Mode::TimeSlice => {
@@ -1049,6 +1070,14 @@ impl Scheduler {
         } else if d.whole.is_empty() {
             let pf = d.pf;
             self.unbind(pf);
+            self.dirty(u.device);
+        }
+    }
+
+    /// A device's last lease ended: in a scrub pool it waits for its scrub.
+    fn dirty(&mut self, di: usize) {
+        if self.config.pools[self.devices[di].pool].scrub {
+            self.devices[di].scrub = Some(Scrub::Pending);
         }
     }
 
@@ -1122,7 +1151,10 @@ impl Scheduler {
             .leases
             .values()
             .filter(|l| {
-                l.spec.preemptible_by_higher && l.spec.priority < spec.priority && !l.sliced
+                l.spec.preemptible_by_higher
+                    && l.spec.priority < spec.priority
+                    && !l.sliced
+                    && !self.config.pools[l.pool].scrub
             })
             .collect();
         if cands.is_empty() {
@@ -1429,7 +1461,7 @@ impl Scheduler {
     /// Device `di`'s levels (see `capacity.rs`); none if it is out of the pool.
     fn device_levels(&self, di: usize) -> Option<DeviceLevels> {
         let d = &self.devices[di];
-        if d.unhealthy.is_some() {
+        if !d.in_pool() {
             return None;
         }
         let pool = &self.config.pools[d.pool];
@@ -1443,7 +1475,7 @@ impl Scheduler {
         }
         let level = |id: &u64| -> u64 {
             self.leases.get(id).map_or(u64::MAX, |l| {
-                if l.spec.preemptible_by_higher && !l.sliced {
+                if l.spec.preemptible_by_higher && !l.sliced && !pool.scrub {
                     u64::from(l.spec.priority) + 1
                 } else {
                     u64::MAX
@@ -1757,11 +1789,66 @@ impl Scheduler {
         Ok(())
     }
 
+    /// The daemon erased (`Ok`) a device waiting for its scrub, or failed to (`Err`): the
+    /// device goes back to the pool, or leaves it (unhealthy, the reason says why) until an
+    /// operator puts it back.
+    pub fn scrub_done(
+        &mut self,
+        pf: Pdfid,
+        result: Result<(), String>,
+        now: Secs,
+    ) -> Result<(), Refused> {
+        let di = self
+            .device_of(pf)
+            .ok_or_else(|| Refused(format!("{pf:#06x} is not the PF of a pool device")))?;
+        if self.devices[di].scrub != Some(Scrub::Pending) {
+            return Err(Refused(format!("{pf:#06x} is not waiting for a scrub")));
+        }
+        match result {
+            Ok(()) => {
+                self.devices[di].scrub = None;
+                self.touch(di);
+                self.schedule(now);
+                Ok(())
+            }
+            Err(e) => {
+                self.devices[di].scrub = Some(Scrub::Failed);
+                self.touch(di);
+                self.set_health(pf, Some(format!("scrub failed: {e}")), now)
+            }
+        }
+    }
+
+    /// An operator puts a device back (`set-health` healthy): a device whose scrub failed
+    /// is erased again before anyone may have it.
+    pub fn readmit(&mut self, pf: Pdfid, now: Secs) -> Result<(), Refused> {
+        let di = self
+            .device_of(pf)
+            .ok_or_else(|| Refused(format!("{pf:#06x} is not the PF of a pool device")))?;
+        if self.devices[di].scrub == Some(Scrub::Failed) {
+            self.devices[di].scrub = Some(Scrub::Pending);
+        }
+        self.set_health(pf, None, now)
+    }
+
+    /// Devices waiting for their scrub that the daemon may erase now (healthy ones).
+    pub fn scrubs_due(&self) -> Vec<Pdfid> {
+        self.devices
+            .iter()
+            .filter(|d| d.scrub == Some(Scrub::Pending) && d.unhealthy.is_none())
+            .map(|d| d.pf)
+            .collect()
+    }
+
     fn evacuate(&mut self, di: usize, reason: &str, now: Secs) {
         let mut ids: Vec<u64> = self.devices[di].whole.clone();
         ids.extend(self.devices[di].vf_lease.iter().flatten());
         ids.sort_unstable();
         ids.dedup();
+        if !ids.is_empty() {
+            // Whatever its holders left on it is erased before it is granted again.
+            self.dirty(di);
+        }
         // First nothing stays bound on a device out of the pool.
         let d = &mut self.devices[di];
         d.whole.clear();
@@ -1893,9 +1980,9 @@ impl Scheduler {
                     .devices
                     .get(u.device)
                     .ok_or(format!("lease {} names device {}", l.id, u.device))?;
-                if d.unhealthy.is_some() {
+                if !d.in_pool() {
                     return Err(format!(
-                        "lease {} holds unhealthy device {:#06x}",
+                        "lease {} holds unhealthy or unscrubbed device {:#06x}",
                         l.id, d.pf
                     ));
                 }
@@ -1974,6 +2061,18 @@ impl Scheduler {
             }
             if d.unhealthy.is_some() && (pf_bound || vf_bound) {
                 return Err(format!("unhealthy device {:#06x} is still bound", d.pf));
+            }
+            if d.scrub.is_some() && (pf_bound || vf_bound || !d.whole.is_empty()) {
+                return Err(format!(
+                    "device {:#06x} waits for its scrub but is leased or bound",
+                    d.pf
+                ));
+            }
+            if d.scrub.is_some() && !self.config.pools[d.pool].scrub {
+                return Err(format!(
+                    "device {:#06x} waits for a scrub outside a scrub pool",
+                    d.pf
+                ));
             }
         }
         for (&f, &h) in &self.holders {

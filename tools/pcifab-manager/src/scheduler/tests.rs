@@ -36,6 +36,7 @@ fn random_config(rng: &mut Rng) -> Config {
             mode,
             slice_s: 1 + rng.below(20),
             max_sharers: 1 + rng.below(3) as usize,
+            scrub: mode == Mode::Whole && rng.below(2) == 0,
             devices,
         });
     }
@@ -92,7 +93,7 @@ fn random_spec(rng: &mut Rng, c: &Config) -> RequestSpec {
 }
 
 /// Runs one seeded workload on both schedulers; panics at the first difference.
-fn compare(seed: u64, steps: usize, busy: bool) -> (u64, u64) {
+fn compare(seed: u64, steps: usize, busy: bool) -> (u64, u64, u64) {
     let mut rng = Rng::new(seed);
     let c = random_config(&mut rng);
     let mut inc = Scheduler::new(c.clone());
@@ -104,6 +105,7 @@ fn compare(seed: u64, steps: usize, busy: bool) -> (u64, u64) {
         .flat_map(|p| p.devices.iter().map(|d| d.pf))
         .collect();
     let mut now = 0;
+    let mut scrubbed = 0;
     for step in 0..steps {
         let r = rng.below(100);
         // Op: < 45 submit, < 60 release, < 85 time, < 92 health, else hosts. Busy: mostly
@@ -150,11 +152,28 @@ fn compare(seed: u64, steps: usize, busy: bool) -> (u64, u64) {
             }
             inc.tick(now);
             full.tick(now);
+        } else if what < 92 && rng.below(3) == 0 {
+            // A scrub ends (a device of a scrub pool waiting for it), well or badly.
+            let due = inc.scrubs_due();
+            assert_eq!(due, full.scrubs_due(), "{}", ctx());
+            if let Some(&pf) = due.get(rng.below(due.len().max(1) as u64) as usize) {
+                let r = (rng.below(4) != 0).then_some(()).ok_or("test".to_string());
+                scrubbed += u64::from(r.is_ok());
+                let a = inc.scrub_done(pf, r.clone(), now);
+                let b = full.scrub_done(pf, r, now);
+                assert_eq!(a, b, "{}", ctx());
+            }
         } else if what < 92 {
             let pf = pfs[rng.below(pfs.len() as u64) as usize];
             let bad = (rng.below(2) == 0).then(|| "test".to_string());
-            let a = inc.set_health(pf, bad.clone(), now);
-            let b = full.set_health(pf, bad, now);
+            let (a, b) = match bad {
+                Some(_) => (
+                    inc.set_health(pf, bad.clone(), now),
+                    full.set_health(pf, bad, now),
+                ),
+                // Put back as an operator does (a failed scrub waits for another).
+                None => (inc.readmit(pf, now), full.readmit(pf, now)),
+            };
             assert_eq!(a, b, "{}", ctx());
         } else {
             let h = rng.below(u64::from(c.manager.hosts)) as u8;
@@ -186,21 +205,22 @@ fn compare(seed: u64, steps: usize, busy: bool) -> (u64, u64) {
         }
     }
     let preempted = inc.notices.iter().filter(|n| n.kind == "preempted").count();
-    (inc.grants, preempted as u64)
+    (inc.grants, preempted as u64, scrubbed)
 }
 
 #[test]
 fn incremental_pass_matches_the_full_scan() {
-    let (mut grants, mut preempted) = (0, 0);
+    let (mut grants, mut preempted, mut scrubbed) = (0, 0, 0);
     for seed in 0..300 {
-        let (g, p) = compare(seed, 300, seed % 2 == 1);
+        let (g, p, s) = compare(seed, 300, seed % 2 == 1);
         grants += g;
         preempted += p;
+        scrubbed += s;
     }
     // The workloads did something: many grants and pre-emptions over all seeds.
     assert!(
-        grants > 3_000 && preempted > 50,
-        "{grants} grants, {preempted} pre-emptions"
+        grants > 3_000 && preempted > 50 && scrubbed > 50,
+        "{grants} grants, {preempted} pre-emptions, {scrubbed} scrubs"
     );
 }
 
