@@ -156,8 +156,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             "-h" | "--help" => return Err(String::new()),
             "--kernel" | "--module" | "--switchtec" | "--guest-bin" | "--emu" | "--emu-config"
             | "--qemu-root" | "--results" | "--hosts" | "--filter" | "--busybox" | "--dialect"
-            | "--kernel-modules"
-            | "--switchtec-user" => {
+            | "--kernel-modules" | "--switchtec-user" => {
                 let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
                 get.insert(a.trim_start_matches('-').to_string(), v.clone());
             }
@@ -746,7 +745,11 @@ fn demo_drive(fabric: &mut Fabric, pdfid: u16) -> Result<(), String> {
     let bind = format!("pcifab bind {pdfid:#06x} --host 0");
     let steps: [(usize, &str, String); 6] = [
         (0, "the fabric, as host 0 sees it", "pcifab list".into()),
-        (0, "host 0 takes the drive; Linux's nvme driver binds it", bind),
+        (
+            0,
+            "host 0 takes the drive; Linux's nvme driver binds it",
+            bind,
+        ),
         (
             0,
             "host 0 writes a seeded pattern over the whole drive (direct I/O)",
