@@ -33,6 +33,18 @@ pub struct Config {
     /// (status, DMA MRPC output, interrupt); 0: done before the write is acknowledged.
     #[serde(default)]
     pub mrpc_completion_us: u64,
+    /// How long an unbind waits for the host to let the device go (QEMU's DEVICE_DELETED
+    /// after the guest's hot-plug driver removed it) before it answers UNBIND_TIMEOUT, ms.
+    #[serde(default = "default_unbind_timeout")]
+    pub unbind_timeout_ms: u64,
+}
+
+/// Default and range of `unbind_timeout_ms`.
+pub const DEFAULT_UNBIND_TIMEOUT_MS: u64 = 10_000;
+pub const MAX_UNBIND_TIMEOUT_MS: u64 = 120_000;
+
+fn default_unbind_timeout() -> u64 {
+    DEFAULT_UNBIND_TIMEOUT_MS
 }
 
 /// Longest MRPC completion delay (config key and control request), microseconds.
@@ -329,6 +341,12 @@ impl Config {
         if !w.is_power_of_two() || w > MAX_P2P_WINDOW_MIB {
             return Err(format!(
                 "p2p_window_mib = {w} must be a power of two from 1 to {MAX_P2P_WINDOW_MIB} (MiB)"
+            ));
+        }
+        if !(100..=MAX_UNBIND_TIMEOUT_MS).contains(&self.unbind_timeout_ms) {
+            return Err(format!(
+                "unbind_timeout_ms = {} is out of range; use 100 to {MAX_UNBIND_TIMEOUT_MS} (milliseconds)",
+                self.unbind_timeout_ms
             ));
         }
         if self.mrpc_completion_us > MAX_COMPLETION_US {
@@ -673,6 +691,10 @@ mod tests {
         let c = Config::parse("dialect = \"pax\"\ndma_mrpc = false\n[[hosts]]\nname = \"a\"\n")
             .expect("pax");
         assert_eq!((c.dialect, c.dma_mrpc), (Dialect::Pax, false));
+        let c = Config::parse("unbind_timeout_ms = 25000\n[[hosts]]\nname = \"a\"\n").unwrap();
+        assert_eq!(c.unbind_timeout_ms, 25_000);
+        let e = Config::parse("unbind_timeout_ms = 50\n[[hosts]]\nname = \"a\"\n").unwrap_err();
+        assert!(e.contains("unbind_timeout_ms"), "{e}");
         let c = Config::parse("mrpc_completion_us = 20\n[[hosts]]\nname = \"a\"\n").unwrap();
         assert_eq!(c.mrpc_completion_us, 20);
         let e =

@@ -1260,8 +1260,6 @@ fn prepare_images(
 
 /// How long `blockdev-del` of an nvme node is retried while QEMU says the node is in use.
 const BLOCKDEV_DEL_WAIT: Duration = Duration::from_secs(5);
-/// How long an unbind waits for QEMU's DEVICE_DELETED.
-pub const UNBIND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The whole emulated switch: one MEP per host and the shared fabric model.
 pub struct Fabric {
@@ -1389,6 +1387,11 @@ impl Fabric {
 
     pub fn function_dev(&self, pdfid: u16) -> Option<&Arc<FnDevice>> {
         self.functions.iter().find(|f| f.pdfid == pdfid)
+    }
+
+    /// How long an unbind waits for QEMU's DEVICE_DELETED (config `unbind_timeout_ms`).
+    fn unbind_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.unbind_timeout_ms)
     }
 
     pub fn fn_socket(&self, pdfid: u16) -> PathBuf {
@@ -1543,7 +1546,7 @@ impl Fabric {
                 *why = e;
                 for &a in added.iter().rev() {
                     let id = format!("fn-{a:04x}");
-                    match q.device_del_wait(&id, UNBIND_TIMEOUT) {
+                    match q.device_del_wait(&id, self.unbind_timeout()) {
                         Ok(()) => {
                             if self.nvme(a).is_some() {
                                 self.blockdev_del(q, a);
@@ -1643,10 +1646,10 @@ impl Fabric {
     /// DEVICE_DELETED.
     fn hot_remove(&self, q: &Arc<Qmp>, reqs: &[Request], why: &mut String) -> u32 {
         let host = reqs[0].host;
-        let deadline = Instant::now() + UNBIND_TIMEOUT;
+        let deadline = Instant::now() + self.unbind_timeout();
         let main = reqs.iter().find(|r| r.devfn == 0).unwrap_or(&reqs[0]);
         let id = format!("fn-{:04x}", main.pdfid);
-        let mut res = q.device_del_wait(&id, UNBIND_TIMEOUT);
+        let mut res = q.device_del_wait(&id, self.unbind_timeout());
         if res.is_ok() {
             for r in reqs.iter().filter(|r| r.pdfid != main.pdfid) {
                 let other = format!("fn-{:04x}", r.pdfid);
