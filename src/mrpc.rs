@@ -317,10 +317,10 @@ impl Mrpc {
         })??;
         self.commands.fetch_add(1, Relaxed);
 
-        let status = match self.wait_done(mep, i64::from(timeout_ms), dma) {
+        let (status, via_dma) = match self.wait_done(mep, i64::from(timeout_ms), dma) {
             // The firmware dropped the command (e.g. it was reset), as the C driver reports it.
-            Ok(regs::MRPC_STATUS_INTERRUPTED) => return Err(ENXIO),
-            Ok(status) => status,
+            Ok((regs::MRPC_STATUS_INTERRUPTED, _)) => return Err(ENXIO),
+            Ok(done) => done,
             Err(e) => {
                 mb.stale = true;
                 if e == ETIMEDOUT {
@@ -332,7 +332,10 @@ impl Mrpc {
             }
         };
 
-        if let Some(buf) = dma {
+        // The output is where the completion came from: a firmware that withdrew DMA MRPC
+        // while the command ran completed it in the mailbox only, and the buffer still holds
+        // an earlier command's output.
+        if let Some(buf) = dma.filter(|_| via_dma) {
             for (i, chunk) in output.chunks_mut(4).enumerate() {
                 let word: u32 = io_read!(buf, .data[try: i]);
                 chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
@@ -356,13 +359,19 @@ impl Mrpc {
         })?
     }
 
-    /// Waits until the mailbox status leaves "in progress"; returns the status.
+    /// Waits until the mailbox status leaves "in progress"; returns the status and whether
+    /// it came from the DMA MRPC buffer (so the output is there too).
     ///
     /// A signal ends the wait with `EINTR`.
     ///
     /// With DMA MRPC the status is the one the firmware wrote into the buffer, unless the
     /// firmware withdrew DMA MRPC meanwhile (a reset): then it is the mailbox register's.
-    fn wait_done(&self, mep: &Mep, timeout_ms: i64, dma: Option<&Coherent<DmaOut>>) -> Result<u32> {
+    fn wait_done(
+        &self,
+        mep: &Mep,
+        timeout_ms: i64,
+        dma: Option<&Coherent<DmaOut>>,
+    ) -> Result<(u32, bool)> {
         let start = Instant::<Monotonic>::now();
         let mut next_watchdog = WATCHDOG_MS;
         loop {
@@ -371,12 +380,12 @@ impl Mrpc {
                 let status: u32 = bar.read(regs::MRPC_STATUS).value().into();
                 (status, bar.read(regs::MRPC_DMA_EN).enabled())
             })?;
-            let status = match dma {
-                Some(buf) if on => io_read!(buf, .status),
-                _ => reg,
+            let (status, via_dma) = match dma {
+                Some(buf) if on => (io_read!(buf, .status), true),
+                _ => (reg, false),
             };
             if status != regs::MRPC_STATUS_INPROGRESS {
-                return Ok(status);
+                return Ok((status, via_dma));
             }
             let elapsed = start.elapsed().as_millis();
             if elapsed >= timeout_ms {

@@ -312,7 +312,17 @@ pub fn dma_mrpc(f: &mut Fabric) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    // A 20 ms firmware completion delay around the withdrawal, so a command is almost
+    // surely in flight when it happens: that command completes in the mailbox only, and a
+    // driver that reads its output from the DMA buffer returns an earlier command's bytes.
+    emu.request("fault h0 completion-delay 20000")?;
+    let busy_from = dma_state(h)?.1;
+    let t = std::time::Instant::now();
+    while dma_state(h)?.1 < busy_from + 3 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     emu.request("fault h0 dma-mrpc off")?;
+    emu.request("fault h0 completion-delay 0")?;
     let off_at = dma_state(h)?.1;
     let rc = h.run_ok_timeout(
         "while [ ! -s /tmp/echo.rc ]; do sleep 0.2; done; cat /tmp/echo.rc",
