@@ -18,7 +18,7 @@ use crate::scenarios::{
 const STATE_DIR: &str = "/tmp/pcifab-manager";
 const CONFIG: &str = "/tmp/pcifab-manager.toml";
 /// The daemon's stderr (appended to; shown in failure messages).
-const LOG: &str = "/tmp/pcifab-manager.log";
+pub(crate) const LOG: &str = "/tmp/pcifab-manager.log";
 const PIDFILE: &str = "/tmp/pcifab-manager.pid";
 /// The daemon's default control socket, which the CLI uses by default too.
 const SOCKET: &str = "/run/pcifab-manager.sock";
@@ -77,7 +77,11 @@ fn config_text(f: &Fabric, mode: &str, telemetry_s: u64) -> String {
 
 /// Starts the daemon in h0 with `config` (a fresh state directory unless `keep_state`) and
 /// waits until it answers `pcifab queue`.
-fn start_manager(h0: &mut Host, config: Option<&str>, keep_state: bool) -> Result<(), String> {
+pub(crate) fn start_manager(
+    h0: &mut Host,
+    config: Option<&str>,
+    keep_state: bool,
+) -> Result<(), String> {
     let mut script = String::new();
     if !keep_state {
         script.push_str(&format!("rm -rf {STATE_DIR}; : > {LOG}\n"));
@@ -104,7 +108,7 @@ fn start_manager(h0: &mut Host, config: Option<&str>, keep_state: bool) -> Resul
 }
 
 /// Stops the daemon (`signal` TERM or KILL) and waits until it is gone.
-fn stop_manager(h0: &mut Host, signal: &str) -> Result<(), String> {
+pub(crate) fn stop_manager(h0: &mut Host, signal: &str) -> Result<(), String> {
     h0.run_ok(&format!(
         "[ -f {PIDFILE} ] || exit 0\n\
          p=$(cat {PIDFILE}); kill -{signal} $p 2>/dev/null\n\
@@ -115,9 +119,9 @@ fn stop_manager(h0: &mut Host, signal: &str) -> Result<(), String> {
     .map(|_| ())
 }
 
-/// The daemon's log, for failure messages.
-fn manager_log(h0: &mut Host) -> String {
-    h0.run(&format!("tail -15 {LOG}"))
+/// The last `lines` lines of the daemon's log, for failure messages.
+pub(crate) fn manager_log(h0: &mut Host, lines: usize) -> String {
+    h0.run(&format!("tail -{lines} {LOG}"))
         .map(|o| o.out)
         .unwrap_or_default()
 }
@@ -133,7 +137,7 @@ fn cli(h0: &mut Host, args: &str) -> Result<(i64, Value), String> {
 fn cli_ok(h0: &mut Host, args: &str) -> Result<Value, String> {
     let (code, v) = cli(h0, args)?;
     if code != 0 || v.get("ok") != Some(&Value::Bool(true)) {
-        let log = manager_log(h0);
+        let log = manager_log(h0, 15);
         return Err(format!(
             "h0: `pcifab {args}`: expected exit 0 and {{\"ok\":true,...}}, got exit {code}: {v}\n\
              manager log:\n{log}"
@@ -144,7 +148,7 @@ fn cli_ok(h0: &mut Host, args: &str) -> Result<Value, String> {
 
 /// One request to the daemon's socket with `pcifab-manager --ask` (ops the CLI has no
 /// command for: pool, events, state).
-fn ask(h0: &mut Host, request: &str) -> Result<Value, String> {
+pub(crate) fn ask(h0: &mut Host, request: &str) -> Result<Value, String> {
     let o = h0.run(&format!("pcifab-manager --ask '{request}'"))?;
     let v: Value = serde_json::from_str(o.out.trim()).map_err(|e| {
         format!(
@@ -272,7 +276,7 @@ fn with_manager(
         Ok(()) => Ok(()),
         Err(e) => Err(format!(
             "{e}\nmanager log (h0 {LOG}):\n{}",
-            manager_log(&mut f.hosts[0])
+            manager_log(&mut f.hosts[0], 15)
         )),
     };
     let stop = stop_manager(&mut f.hosts[0], "TERM");

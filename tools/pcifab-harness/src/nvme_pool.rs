@@ -11,13 +11,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::fabric::{Fabric, Host};
-use crate::scenarios::{compose_begin, emu_owners, list_owners, owners, owners_text, Owners};
+use crate::manager::{ask, manager_log, start_manager, stop_manager, LOG};
+use crate::nvme::{drive, selftest, world as check_world};
+use crate::scenarios::{compose_begin, emu_owners, owners, owners_text, Owners};
 
-const STATE_DIR: &str = "/tmp/pcifab-manager";
-const CONFIG: &str = "/tmp/pcifab-manager.toml";
-const LOG: &str = "/tmp/pcifab-manager.log";
-const PIDFILE: &str = "/tmp/pcifab-manager.pid";
-const SOCKET: &str = "/run/pcifab-manager.sock";
 /// Seeds of the block patterns the holders write.
 const SEED_A: u64 = 0x0a5e_ed00;
 const SEED_B: u64 = 0x0b5e_ed00;
@@ -41,20 +38,6 @@ pub fn scenarios() -> Vec<(&'static str, u64, crate::scenarios::ScenarioFn)> {
     ]
 }
 
-/// The fabric's first nvme endpoint's PF.
-fn drive(f: &Fabric) -> Result<u16, String> {
-    f.expected
-        .endpoints
-        .iter()
-        .find(|e| e.kind == "nvme")
-        .map(|e| e.pdfid(0))
-        .ok_or_else(|| {
-            "the fabric configuration declares no endpoint of kind \"nvme\"; run the nvme \
-             scenarios with --emu-config tools/pcifab-harness/fabric-nvme.toml"
-                .to_string()
-        })
-}
-
 /// The manager's configuration: two tenants, one whole pool of the drive, telemetry every
 /// second (on PAX: the die temperature and the drive's link).
 fn config_text(f: &Fabric, pf: u16, scrub: bool) -> String {
@@ -67,62 +50,6 @@ fn config_text(f: &Fabric, pf: u16, scrub: bool) -> String {
          [[pools.devices]]\npf = {pf:#06x}\n",
         f.expected.hosts.len()
     )
-}
-
-fn start_manager(h0: &mut Host, config: &str) -> Result<(), String> {
-    let script = format!(
-        "rm -rf {STATE_DIR}; : > {LOG}\n\
-         cat > {CONFIG} <<'EOF'\n{config}EOF\n\
-         setsid pcifab-manager --config {CONFIG} --state {STATE_DIR} --socket {SOCKET} \
-         --executor driver </dev/null >>{LOG} 2>&1 &\n\
-         echo $! > {PIDFILE}\n\
-         i=0\n\
-         until pcifab queue >/dev/null 2>&1; do\n\
-           kill -0 $(cat {PIDFILE}) 2>/dev/null || {{ echo 'pcifab-manager exited:'; tail -20 {LOG}; exit 1; }}\n\
-           [ $i -ge 300 ] && {{ echo 'pcifab-manager did not answer within 60 s:'; tail -20 {LOG}; exit 1; }}\n\
-           sleep 0.2; i=$((i+1))\n\
-         done"
-    );
-    h0.run_ok_timeout(&script, Duration::from_secs(90))
-        .map(|_| ())
-        .map_err(|e| format!("starting pcifab-manager in h0: {e}"))
-}
-
-fn stop_manager(h0: &mut Host) -> Result<(), String> {
-    h0.run_ok(&format!(
-        "[ -f {PIDFILE} ] || exit 0\n\
-         p=$(cat {PIDFILE}); kill -TERM $p 2>/dev/null\n\
-         i=0; while kill -0 $p 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done\n\
-         if kill -0 $p 2>/dev/null; then echo \"pcifab-manager (pid $p) still running\"; exit 1; fi\n\
-         rm -f {PIDFILE}"
-    ))
-    .map(|_| ())
-}
-
-fn manager_log(h0: &mut Host, lines: usize) -> String {
-    h0.run(&format!("tail -{lines} {LOG}"))
-        .map(|o| o.out)
-        .unwrap_or_default()
-}
-
-/// One request line to the daemon (`pcifab-manager --ask`); the reply must be ok.
-fn ask(h0: &mut Host, request: &str) -> Result<Value, String> {
-    let o = h0.run(&format!(
-        "pcifab-manager --socket {SOCKET} --ask '{request}'"
-    ))?;
-    let v: Value = serde_json::from_str(o.out.trim()).map_err(|e| {
-        format!(
-            "h0: `pcifab-manager --ask {request}`: expected one JSON line, got {:?} ({e})",
-            o.out.trim()
-        )
-    })?;
-    if o.code != 0 || v.get("ok") != Some(&Value::Bool(true)) {
-        return Err(format!(
-            "h0: `pcifab-manager --ask {request}`: expected exit 0 and ok, got exit {}: {v}",
-            o.code
-        ));
-    }
-    Ok(v)
 }
 
 /// A request for the drive for `host` as `tenant`: (id, granted).
@@ -165,32 +92,6 @@ fn leases_and_queue(h0: &mut Host) -> Result<(Vec<u64>, Vec<u64>), String> {
     let l = ask(h0, "{\"op\":\"leases\"}")?;
     let q = ask(h0, "{\"op\":\"queue\"}")?;
     Ok((ids(&l, "leases"), ids(&q, "queue")))
-}
-
-/// The emulator's bindings and every host's `pcifab list` say `want` (QEMU's nvme device
-/// carries no PDFID in a BAR, so the GPU scenarios' BAR check does not apply).
-fn check_world(f: &mut Fabric, want: &Owners, step: &str) -> Result<(), String> {
-    let e = f.expected.clone();
-    let (got, _) = emu_owners(&f.emu(), &e)?;
-    if &got != want {
-        return Err(format!(
-            "after {step}: emulator bindings: expected {}, got {}",
-            owners_text(&e, want),
-            owners_text(&e, &got)
-        ));
-    }
-    let want = want.clone();
-    f.each_host(|h, _| {
-        let (listed, _) = list_owners(h)?;
-        if listed != want {
-            return Err(format!(
-                "{}: after {step}: `pcifab list --json` bindings: expected {want:x?}, got \
-                 {listed:x?}",
-                h.name
-            ));
-        }
-        Ok(())
-    })
 }
 
 /// Waits until request `id` holds a lease.
@@ -264,22 +165,6 @@ fn wait_block_device(h: &mut Host, what: &str) -> Result<String, String> {
     Ok(dev)
 }
 
-/// `pcifab-selftest ARGS` in `h`: its JSON line.
-fn selftest(h: &mut Host, args: &str) -> Result<Value, String> {
-    let out = h.run_ok_timeout(&format!("pcifab-selftest {args}"), CMD)?;
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .ok_or_else(|| {
-            format!(
-                "{}: `pcifab-selftest {args}` printed no JSON: {out}",
-                h.name
-            )
-        })?;
-    serde_json::from_str(line).map_err(|e| format!("{}: bad JSON {line}: {e}", h.name))
-}
-
 /// Writes pattern `seed` over the whole drive in `h`; returns the blocks written.
 fn write_all(h: &mut Host, dev: &str, seed: u64) -> Result<u64, String> {
     let w = selftest(h, &format!("blk-write --dev {dev} --seed {seed}"))?;
@@ -327,19 +212,19 @@ fn with_pool(
     scrub: bool,
     body: impl FnOnce(&mut Fabric, u16) -> Result<(), String>,
 ) -> Result<(), String> {
-    let pf = drive(f)?;
+    let (pf, _) = drive(f)?;
     compose_begin(f)?;
     check_world(f, &Owners::new(), "setup (the drive free)")?;
     let cfg = config_text(f, pf, scrub);
     f.hosts[0].log_note(&format!("manager configuration:\n{cfg}"));
-    start_manager(&mut f.hosts[0], &cfg)?;
+    start_manager(&mut f.hosts[0], Some(&cfg), false)?;
     let r = body(f, pf).map_err(|e| {
         format!(
             "{e}\nmanager log (h0 {LOG}):\n{}",
             manager_log(&mut f.hosts[0], 20)
         )
     });
-    let stop = stop_manager(&mut f.hosts[0]);
+    let stop = stop_manager(&mut f.hosts[0], "TERM");
     let emu = f.emu();
     let mut free = Ok(());
     if let Ok((o, _)) = emu_owners(&emu, &f.expected) {
