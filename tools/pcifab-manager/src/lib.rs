@@ -6,6 +6,7 @@
 //! `Documentation/manager.rst` describes it.
 
 pub mod bench;
+pub mod blockdev;
 pub mod client;
 pub mod config;
 pub mod daemon;

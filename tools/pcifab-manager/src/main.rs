@@ -101,7 +101,7 @@ fn run(a: Args) -> Result<(), String> {
     let scrubber: std::sync::Arc<dyn Scrubber> = if a.executor == "driver" {
         std::sync::Arc::new(DriverScrubber {
             device: a.device.clone(),
-            roots: scrub::Roots::system(),
+            roots: pcifab_manager::blockdev::Roots::system(),
             appear: scrub::APPEAR_TIMEOUT,
         })
     } else {

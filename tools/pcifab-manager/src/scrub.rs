@@ -9,7 +9,7 @@
 //! through a [`Roots`], so they run on a fake sysfs tree.
 
 use std::{
-    fs::{self, File},
+    fs::File,
     os::unix::{fs::FileExt, io::AsRawFd},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -18,6 +18,7 @@ use std::{
 
 use serde::Serialize;
 
+use crate::blockdev::{self, Roots};
 use crate::driver::Driver;
 use crate::executor::{Executor, SimExecutor};
 use crate::scheduler::{Action, Host, Pdfid};
@@ -38,10 +39,6 @@ const SAMPLES: u64 = 16;
 /// How long the drive's block device may take to appear after the bind.
 pub const APPEAR_TIMEOUT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(50);
-/// Deepest sysfs level below the PCI device looked at (nvme: `nvme/nvme0/nvme0n1` is 3).
-const MAX_DEPTH: usize = 8;
-/// Most directory entries one walk reads.
-const MAX_ENTRIES: usize = 20_000;
 
 /// What one scrub did.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -203,135 +200,34 @@ pub fn erase(t: &mut dyn Target) -> Result<u64, String> {
 
 // ---- finding the drive's block devices -------------------------------------------------
 
-/// Where sysfs and the device nodes are.
-#[derive(Clone, Debug)]
-pub struct Roots {
-    pub sys: PathBuf,
-    pub dev: PathBuf,
-}
-
-impl Roots {
-    pub fn system() -> Self {
-        Self {
-            sys: "/sys".into(),
-            dev: "/dev".into(),
-        }
-    }
-}
-
-/// Whether `s` is a PCI name as sysfs spells it (`0000:03:00.0`).
-fn is_bdf(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && b.iter()
-            .enumerate()
-            .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
-}
-
-fn is_block_dir(d: &Path) -> bool {
-    fs::read_link(d.join("subsystem"))
-        .ok()
-        .is_some_and(|t| t.file_name().is_some_and(|n| n == "block"))
-}
-
-/// The device node of the block device in sysfs directory `d` (DEVNAME of its `uevent`,
-/// else its name), if it has a device number and a safe name.
-fn node_of(roots: &Roots, d: &Path) -> Option<PathBuf> {
-    fs::read_to_string(d.join("dev")).ok()?;
-    let name = d.file_name()?.to_str()?.to_string();
-    let devname = fs::read_to_string(d.join("uevent"))
-        .ok()
-        .and_then(|u| {
-            u.lines()
-                .find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_string))
-        })
-        .unwrap_or_else(|| name.replace('!', "/"));
-    let safe = !devname.is_empty()
-        && !devname.starts_with('/')
-        && devname
-            .split('/')
-            .all(|c| !c.is_empty() && c != "." && c != "..");
-    safe.then(|| roots.dev.join(devname))
-}
-
-/// Whole disks (not partitions) below `top`, without following links; a hidden NVMe
-/// multipath path device (no `dev`) stands for the head disks whose `multipath/` lists it.
-fn disk_dirs(roots: &Roots, top: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut budget = MAX_ENTRIES;
-    let mut stack = vec![(top.to_path_buf(), 0usize)];
-    while let Some((d, depth)) = stack.pop() {
-        if depth > 0 && is_block_dir(&d) && !d.join("partition").exists() {
-            if d.join("dev").exists() {
-                found.push(d.clone());
-            } else if let Some(name) = d.file_name() {
-                if let Ok(rd) = fs::read_dir(roots.sys.join("class/block")) {
-                    for e in rd.flatten().take(budget) {
-                        budget = budget.saturating_sub(1);
-                        let p = e.path();
-                        if fs::symlink_metadata(p.join("multipath").join(name)).is_ok() {
-                            if let Ok(c) = fs::canonicalize(&p) {
-                                found.push(c);
-                            }
-                        }
-                    }
-                }
-            }
-            continue;
-        }
-        if depth >= MAX_DEPTH {
-            continue;
-        }
-        let Ok(rd) = fs::read_dir(&d) else { continue };
-        for e in rd.flatten() {
-            if budget == 0 {
-                break;
-            }
-            budget -= 1;
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push((e.path(), depth + 1));
-            }
-        }
-    }
-    found.sort();
-    found.dedup();
-    found
-}
-
 /// Waits up to `timeout` until the function `bdf` shows at least one disk and every disk
-/// it shows has its device node; returns the nodes.
+/// it shows has its device node (a disk still without one would be left unerased);
+/// returns the nodes. Discovery is the CLI's ([`blockdev::disks_under`]).
 pub fn wait_disks(roots: &Roots, bdf: &str, timeout: Duration) -> Result<Vec<PathBuf>, String> {
-    if !is_bdf(bdf) {
+    if !blockdev::is_bdf(bdf) {
         return Err(format!(
             "the driver named the function '{bdf}', not a PCI name"
         ));
     }
-    let link = roots.sys.join("bus/pci/devices").join(bdf);
     let deadline = Instant::now() + timeout;
     loop {
-        let mut nodes = Vec::new();
-        let mut missing = Vec::new();
-        if let Ok(dir) = fs::canonicalize(&link) {
-            for d in disk_dirs(roots, &dir) {
-                match node_of(roots, &d) {
-                    Some(n) if n.exists() => nodes.push(n),
-                    _ => missing.push(d.display().to_string()),
-                }
-            }
-        }
-        if !nodes.is_empty() && missing.is_empty() {
+        let disks = blockdev::pci_dir(roots, bdf)
+            .map(|dir| blockdev::disks_under(roots, &dir))
+            .unwrap_or_default();
+        let (ready, missing): (Vec<_>, Vec<_>) = disks.iter().partition(|d| d.disk.node.exists());
+        if !ready.is_empty() && missing.is_empty() {
+            let mut nodes: Vec<PathBuf> = ready.iter().map(|d| d.disk.node.clone()).collect();
             nodes.sort();
             nodes.dedup();
             return Ok(nodes);
         }
         let now = Instant::now();
         if now >= deadline {
-            let driver = fs::read_link(link.join("driver"))
-                .ok()
-                .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
+            let driver = blockdev::pci_dir(roots, bdf).and_then(|dir| blockdev::pci_driver(&dir));
+            let missing: Vec<String> = missing
+                .iter()
+                .map(|d| d.disk.sysdir.display().to_string())
+                .collect();
             return Err(format!(
                 "no block device of {bdf} appeared within {} s (driver: {}; disks without a \
                  device node: {missing:?}); is the drive's driver (nvme) in the manager host's \
@@ -432,6 +328,7 @@ impl Scrubber for SimScrubber {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     /// A device in memory; `lazy` ignores zeroing (a drive that does not erase).
     struct Mem {
@@ -553,7 +450,11 @@ mod tests {
         fs::write(disk.join("uevent"), "MAJOR=259\nDEVNAME=nvme0n1\n").expect("uevent");
         fs::write(part.join("dev"), "259:1\n").expect("dev");
         fs::write(part.join("partition"), "1\n").expect("partition");
-        Roots { sys, dev }
+        Roots {
+            sys,
+            proc: root.join("proc"),
+            dev,
+        }
     }
 
     #[test]

@@ -8,16 +8,15 @@
 
 use std::{fs::File, process::ExitCode};
 
-mod blockdev;
 mod manager;
 mod out;
 mod p2p;
 mod top;
 
-use blockdev::{Appeared, Decision, Roots, Usage};
 use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
 use out::{emit, failure, usage_error, Error, Progress, EXIT_REFUSED};
 use pcifab::cli::{Cli, Command, Compose, MoveArgs, SCOPED_GLOBALS};
+use pcifab_manager::blockdev::{self, Appeared, Decision, Roots, Usage};
 use pcifab_uapi::{dev, fixed_str, Arg, Bind, Events, Function, Move, Port, Unbind};
 use serde_json::{json, Value};
 
