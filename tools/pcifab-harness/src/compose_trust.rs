@@ -381,7 +381,10 @@ pub fn unbind_mep_during_pciehp_removal(f: &mut Fabric) -> Result<(), String> {
 }
 
 /// Clears host `.1`'s emulator faults when dropped, whatever path the scenario takes.
-struct ClearFault(crate::fabric::EmuControl, &'static str);
+pub(crate) struct ClearFault(
+    pub(crate) crate::fabric::EmuControl,
+    pub(crate) &'static str,
+);
 
 impl Drop for ClearFault {
     fn drop(&mut self) {

@@ -455,6 +455,14 @@ impl Run {
                 (Err(e), Ok(())) => Err(e),
                 (Err(e), Err(l)) => Err(format!("{e}\n{l}")),
             };
+            if r.is_err() && fabric.emu_log.is_some() {
+                // A scenario that failed half-way may leave a fault injected: the
+                // scenarios after it start from a healthy firmware all the same.
+                if let Err(e) = fabric.emu().request("fault clear all") {
+                    self.log
+                        .write(&format!("after the failure: `fault clear all`: {e}"));
+                }
+            }
             let skip = fabric.take_skip();
             let secs = t.elapsed().as_secs_f64();
             if skip.is_none() || r.is_err() {
