@@ -20,6 +20,8 @@ export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 
 MUSL := x86_64-unknown-linux-musl
 MUSL_BIN := $(CARGO_TARGET_DIR)/$(MUSL)/release
+# ring (TLS for the manager's API) compiles C for the musl target with musl-gcc (musl-tools).
+export CC_x86_64_unknown_linux_musl ?= musl-gcc
 # Everything in here lands in the guests' /bin.
 GUEST_BIN := $(PCIFAB_CACHE)/guest
 HOST_BIN := $(CARGO_TARGET_DIR)/release

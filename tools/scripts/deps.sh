@@ -15,7 +15,7 @@ BINDGEN_VER=0.72.1
 TRIXIE=$CACHE/trixie
 APT_PKGS="build-essential bc bison flex libelf-dev libssl-dev cpio kmod xz-utils
   patch debootstrap socat busybox-static linux-libc-dev libclang-19-dev clang-19 lld-19 llvm-19
-  python3 ca-certificates e2fsprogs"
+  python3 ca-certificates e2fsprogs musl-tools"
 
 say() { printf 'deps: %s\n' "$*" >&2; }
 die() { printf 'deps: error: %s\n' "$*" >&2; exit 1; }

@@ -98,6 +98,7 @@ fn job(rng: &mut Rng, host: u8) -> RequestSpec {
         migratable: true,
         pool: None,
         tenant: None,
+        owner: None,
     }
 }
 
@@ -512,6 +513,7 @@ pub fn fairshare_day(seed: u64) -> FairDay {
                     migratable: true,
                     pool: None,
                     tenant: Some((*name).into()),
+                    owner: None,
                 };
                 let _ = s.submit(spec, t);
             }

@@ -70,6 +70,151 @@ pub fn ask(socket: &Path, line: &str) -> Result<String, Failure> {
     Ok(reply)
 }
 
+/// A manager reached over the network API (Documentation/manager-api.rst).
+#[derive(Clone, Debug, Default)]
+pub struct Remote {
+    /// `https://HOST:PORT` of the manager.
+    pub url: String,
+    /// The CA certificates (PEM) the manager's certificate must chain to.
+    pub ca: Option<std::path::PathBuf>,
+    /// This client's certificate chain and key (PEM), for mutual TLS.
+    pub cert: Option<std::path::PathBuf>,
+    pub key: Option<std::path::PathBuf>,
+    /// A bearer token instead of (or with) the certificate.
+    pub token: Option<String>,
+    /// Longest the whole exchange may take.
+    pub timeout: std::time::Duration,
+}
+
+fn read(what: &str, p: &Path) -> Result<Vec<u8>, Failure> {
+    std::fs::read(p).map_err(|e| failed(format!("cannot read the {what} {}: {e}", p.display()), &e))
+}
+
+fn plain(msg: String) -> Failure {
+    Failure { msg, errno: None }
+}
+
+impl Remote {
+    fn agent(&self) -> Result<ureq::Agent, Failure> {
+        use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig, TlsProvider};
+        if !self.url.starts_with("https://") {
+            return Err(plain(format!(
+                "the manager URL {} is not https://HOST:PORT (the API speaks only TLS)",
+                self.url
+            )));
+        }
+        let mut tls = TlsConfig::builder()
+            .provider(TlsProvider::Rustls)
+            .unversioned_rustls_crypto_provider(std::sync::Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ));
+        match &self.ca {
+            Some(ca) => {
+                let pem = read("CA file", ca)?;
+                let certs: Vec<Certificate<'static>> = ureq::tls::parse_pem(&pem)
+                    .filter_map(|i| match i {
+                        Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                        _ => None,
+                    })
+                    .collect();
+                if certs.is_empty() {
+                    return Err(plain(format!(
+                        "the CA file {} holds no certificate",
+                        ca.display()
+                    )));
+                }
+                tls = tls.root_certs(RootCerts::Specific(std::sync::Arc::new(certs)));
+            }
+            None => {
+                return Err(plain(
+                    "no CA file for the manager's certificate: give --ca FILE (or `ca` in the \
+                     client configuration)"
+                        .into(),
+                ))
+            }
+        }
+        match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => {
+                let pem = read("certificate", c)?;
+                let chain: Vec<Certificate<'static>> = ureq::tls::parse_pem(&pem)
+                    .filter_map(|i| match i {
+                        Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                        _ => None,
+                    })
+                    .collect();
+                let key = PrivateKey::from_pem(&read("key", k)?).map_err(|e| {
+                    plain(format!(
+                        "the key {} is not a PEM private key: {e}",
+                        k.display()
+                    ))
+                })?;
+                if chain.is_empty() {
+                    return Err(plain(format!(
+                        "the certificate file {} holds no certificate",
+                        c.display()
+                    )));
+                }
+                tls = tls.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(plain(
+                    "a client certificate needs both --cert and --key".into(),
+                ))
+            }
+        }
+        let config = ureq::Agent::config_builder()
+            .tls_config(tls.build())
+            .timeout_global(Some(self.timeout))
+            .http_status_as_error(false)
+            .build();
+        Ok(config.into())
+    }
+
+    /// Sends `req` to the manager; returns the HTTP status and the JSON reply. `wait_s`
+    /// lets an events request wait for a notice.
+    pub fn ask(
+        &self,
+        req: &crate::protocol::Request,
+        wait_s: u64,
+    ) -> Result<(u16, serde_json::Value), Failure> {
+        let agent = self.agent()?;
+        let (method, path, body) = crate::api::http_of(req, wait_s);
+        let url = format!("{}{path}", self.url.trim_end_matches('/'));
+        let mut b = ureq::http::Request::builder().method(method).uri(&url);
+        if let Some(t) = &self.token {
+            b = b.header("Authorization", format!("Bearer {t}"));
+        }
+        let body = body.map(|v| v.to_string()).unwrap_or_default();
+        if !body.is_empty() {
+            b = b.header("Content-Type", "application/json");
+        }
+        let request = b
+            .body(body)
+            .map_err(|e| plain(format!("cannot make the request for {url}: {e}")))?;
+        let mut resp = agent.run(request).map_err(|e| {
+            plain(format!(
+                "cannot reach the manager at {}: {e}; check the URL, that the manager runs \
+                 with [api], and the CA file",
+                self.url
+            ))
+        })?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| plain(format!("no reply from the manager at {}: {e}", self.url)))?;
+        let v = serde_json::from_str(&text).map_err(|e| {
+            plain(format!(
+                "the manager at {} answered {status} with something that is not JSON ({e}): \
+                 {text:?}",
+                self.url
+            ))
+        })?;
+        Ok((status, v))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

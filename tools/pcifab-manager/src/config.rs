@@ -200,6 +200,48 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
+    /// The network API; none: only the local socket. Taken from the file at every start,
+    /// never stored with the state.
+    #[serde(default, skip_serializing)]
+    pub api: Option<ApiConfig>,
+    /// Who may use the manager, and as what (crate::auth); like `api`, never stored.
+    #[serde(default, skip_serializing)]
+    pub principals: Vec<crate::auth::PrincipalConfig>,
+}
+
+/// The HTTPS API (`[api]`, Documentation/manager-api.rst).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Address and port to listen on, e.g. `"10.0.0.1:8443"` or `"[::]:8443"`.
+    pub listen: String,
+    /// The server's certificate chain (PEM).
+    pub cert: String,
+    /// Its private key (PEM: PKCS#8, SEC1 or PKCS#1).
+    pub key: String,
+    /// CA certificates (PEM) that client certificates must chain to; none: bearer tokens
+    /// only.
+    #[serde(default)]
+    pub client_ca: Option<String>,
+    /// Largest request body in bytes (larger: 413).
+    #[serde(default = "default_max_body")]
+    pub max_body: usize,
+    /// Seconds a client may take for the TLS handshake and for each request's head.
+    #[serde(default = "default_client_timeout")]
+    pub client_timeout_s: u64,
+    /// Most connections served at once (more wait in the listen queue).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+}
+
+fn default_max_body() -> usize {
+    64 * 1024
+}
+fn default_client_timeout() -> u64 {
+    10
+}
+fn default_max_connections() -> usize {
+    256
 }
 
 impl Config {
@@ -248,6 +290,19 @@ impl Config {
                     "tenant '{}': quota must be at least 1 function (leave it out for no limit)",
                     t.name
                 ));
+            }
+        }
+        crate::auth::Principals::new(
+            self.principals.clone(),
+            m.hosts,
+            m.tenants.iter().map(|t| t.name.clone()).collect(),
+        )?;
+        if let Some(a) = &self.api {
+            if a.max_body == 0 || a.client_timeout_s == 0 || a.max_connections == 0 {
+                return Err(
+                    "[api] max_body, client_timeout_s and max_connections must be at least 1"
+                        .into(),
+                );
             }
         }
         let ports = &self.failover.host_ports;

@@ -14,6 +14,7 @@ use std::{
 use serde_json::{json, Value};
 
 use crate::{
+    auth::{Denied, Principal, Principals},
     config::Config,
     executor::Executor,
     liveness::Liveness,
@@ -66,6 +67,12 @@ pub struct Daemon {
     scrubbing: BTreeMap<Pdfid, std::thread::JoinHandle<Result<Report, String>>>,
     /// The last scrubs' outcomes, most recent last (the `pool` reply's `scrubs`).
     pub scrubs: Vec<Value>,
+    /// Who may do what (the configuration's `[[principals]]`).
+    pub principals: Arc<Principals>,
+    /// The network API's settings (`[api]`); none: the local socket only.
+    pub api: Option<crate::config::ApiConfig>,
+    /// Requests served, by operation and outcome, and how long they took (`/metrics`).
+    pub stats: crate::metrics::Stats,
 }
 
 /// Scrub outcomes kept for the `pool` reply.
@@ -80,6 +87,17 @@ impl Daemon {
         mut exec: Box<dyn Executor + Send>,
         clock: Clock,
     ) -> Result<Self, String> {
+        let principals = Principals::new(
+            config.principals.clone(),
+            config.manager.hosts,
+            config
+                .manager
+                .tenants
+                .iter()
+                .map(|t| t.name.clone())
+                .collect(),
+        )?;
+        let api = config.api.clone();
         let sched = match store.load()? {
             Some(mut s) => {
                 if s.config.pools != config.pools {
@@ -112,6 +130,9 @@ impl Daemon {
             scrubber: None,
             scrubbing: BTreeMap::new(),
             scrubs: Vec::new(),
+            principals: Arc::new(principals),
+            api,
+            stats: Default::default(),
         };
         if !fix.is_empty() {
             eprintln!(
@@ -182,6 +203,36 @@ impl Daemon {
             Err(reply) => return reply,
         };
         self.handle(&req)
+    }
+
+    /// Serves `req` for principal `p`: checked (crate::auth), answered, and filtered to
+    /// what `p` may see. Returns the request as served (with its owner) and the reply.
+    pub fn serve(&mut self, p: &Principal, req: Request) -> Result<(Request, Value), Denied> {
+        let req = p.authorize(req, &self.sched)?;
+        let t = std::time::Instant::now();
+        let reply = self.handle(&req);
+        self.stats.record(&req, &reply, t.elapsed());
+        Ok((req.clone(), p.filter(&req, reply)))
+    }
+
+    /// Answers one request line of principal `p` (the control socket).
+    pub fn serve_line(&mut self, p: &Principal, line: &str) -> Value {
+        let req = match protocol::parse(line) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
+        match self.serve(p, req) {
+            Ok((_, v)) => v,
+            Err(d) => {
+                eprintln!(
+                    "pcifab-manager: socket ({}): refused: {} {}",
+                    p.name,
+                    d.status(),
+                    d.reason()
+                );
+                json!({"ok": false, "error": d.reason(), "refused": true, "status": d.status()})
+            }
+        }
     }
 
     pub fn handle(&mut self, req: &Request) -> Value {
@@ -465,7 +516,12 @@ pub fn serve(daemon: Daemon, socket: &Path) -> Result<(), String> {
         Err(e) if crate::spool::no_unix_sockets(&e) => None,
         Err(e) => return Err(format!("cannot listen on {}: {e}", socket.display())),
     };
+    let api = daemon.api.clone();
+    let principals = daemon.principals.clone();
     let d = Arc::new(Mutex::new(daemon));
+    if let Some(cfg) = &api {
+        crate::api::spawn(d.clone(), cfg, principals)?;
+    }
     {
         let d = d.clone();
         std::thread::spawn(move || loop {
@@ -496,18 +552,59 @@ fn serve_conn(d: Arc<Mutex<Daemon>>, conn: UnixStream) {
     let Ok(mut out) = conn.try_clone() else {
         return;
     };
+    // The peer's user id, from the kernel (SO_PEERCRED), names its principal.
+    let principal = match peer_uid(&conn) {
+        Ok(uid) => match d.lock() {
+            Ok(d) => d.principals.by_uid(uid),
+            Err(_) => return,
+        },
+        Err(e) => Err(Denied::Forbidden(format!(
+            "cannot tell who is on the socket's other end: {e}"
+        ))),
+    };
     let reader = BufReader::new(conn);
     for line in reader.lines() {
         let Ok(line) = line else { return };
         if line.trim().is_empty() {
             continue;
         }
-        let reply = match d.lock() {
-            Ok(mut d) => d.handle_line(&line),
-            Err(_) => protocol::error("the manager failed internally; restart it", false),
+        let reply = match (&principal, d.lock()) {
+            (Ok(p), Ok(mut d)) => d.serve_line(p, &line),
+            (Err(denied), _) => {
+                eprintln!("pcifab-manager: socket: refused: {}", denied.reason());
+                json!({"ok": false, "error": denied.reason(), "refused": true,
+                       "status": denied.status()})
+            }
+            (_, Err(_)) => protocol::error("the manager failed internally; restart it", false),
         };
         if writeln!(out, "{reply}").is_err() {
             return;
         }
     }
+}
+
+/// The user id of the process on the other end of a UNIX socket (SO_PEERCRED).
+fn peer_uid(s: &UnixStream) -> Result<u32, String> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the fd is open for the life of `s`; `cred` and `len` are valid for writes of
+    // the size passed, which is what SO_PEERCRED writes.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    Ok(cred.uid)
 }

@@ -5,6 +5,8 @@
 //! thresholds and host failover, on top of the driver's BIND/UNBIND/MOVE and MRPC ioctls.
 //! `Documentation/manager.rst` describes it.
 
+pub mod api;
+pub mod auth;
 pub mod bench;
 pub mod blockdev;
 pub mod client;
@@ -13,6 +15,7 @@ pub mod daemon;
 pub mod driver;
 pub mod executor;
 pub mod liveness;
+pub mod metrics;
 pub mod notify;
 pub mod protocol;
 pub mod scheduler;

@@ -189,6 +189,15 @@ fn main() -> ExitCode {
         println!("{} {}", env!("CARGO_BIN_NAME"), env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
     }
+    // A handler that panics ends the process (a supervisor restarts it and the start
+    // reconciles the fabric with the stored state) rather than poisoning the daemon's lock
+    // and limping on.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        eprintln!("pcifab-manager: a thread panicked; aborting so that a supervisor restarts it");
+        std::process::abort();
+    }));
     let args: Vec<String> = std::env::args().skip(1).collect();
     match parse(&args) {
         Ok(None) => {

@@ -25,6 +25,8 @@ pub enum Request {
     Leases,
     /// The pool's devices, their health and users.
     Pool,
+    /// The hosts: heartbeats, down or up, and what each holds.
+    Hosts,
     /// Notices (grants, pre-emptions, moves, expiry...) after `since`, for `host` or all.
     Events {
         #[serde(default)]
@@ -106,6 +108,8 @@ pub fn lease_json(s: &Scheduler, l: &Lease, now: Secs) -> Value {
     json!({
         "id": l.id,
         "host": l.spec.host,
+        "owner": l.spec.owner,
+        "tenant": l.spec.tenant_name(),
         "want": want_text(&l.spec.want),
         "priority": l.spec.priority,
         "pool": s.config.pools[l.pool].name,
@@ -145,6 +149,8 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
                         "position": pos,
                         "id": q.id,
                         "host": q.spec.host,
+                        "owner": q.spec.owner,
+                        "tenant": q.spec.tenant_name(),
                         "want": want_text(&q.spec.want),
                         "priority": q.spec.priority,
                         "effective_priority": s.effective_priority(q, now),
@@ -186,6 +192,30 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
                 .map(|(f, h)| (format!("{f:#06x}"), json!(h)))
                 .collect();
             json!({"ok": true, "devices": d, "bound": holders, "hosts": s.hosts})
+        }
+        Request::Hosts => {
+            let hosts: Vec<Value> = (0..s.config.manager.hosts)
+                .map(|h| {
+                    let st = s.hosts.get(&h).cloned().unwrap_or_default();
+                    let holds: Vec<String> = s
+                        .holders
+                        .iter()
+                        .filter(|(_, &o)| o == h)
+                        .map(|(f, _)| format!("{f:#06x}"))
+                        .collect();
+                    json!({
+                        "host": h,
+                        "up": st.down_since.is_none(),
+                        "last_seen": st.last_seen,
+                        "down_since": st.down_since,
+                        "declared_down": st.declared,
+                        "leases": s.leases.values().filter(|l| l.spec.host == h).count(),
+                        "queued": s.queue.iter().filter(|q| q.spec.host == h).count(),
+                        "functions": holds,
+                    })
+                })
+                .collect();
+            json!({"ok": true, "now": now, "hosts": hosts})
         }
         Request::Events { host, since } => {
             json!({"ok": true, "events": s.notices_for(*host, *since)})

@@ -125,13 +125,25 @@ pub fn serve(d: Arc<Mutex<Daemon>>, dir: &Path) -> Result<(), String> {
             .unwrap_or_default();
         reqs.sort();
         for req in reqs {
+            // The file's owner is the caller, as the socket's peer credentials would say.
+            let owner = fs::symlink_metadata(&req).map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.uid()
+            });
             let Ok(line) = fs::read_to_string(&req) else {
                 continue;
             };
             let _ = fs::remove_file(&req);
-            let reply = match d.lock() {
-                Ok(mut d) => d.handle_line(line.trim()),
-                Err(_) => protocol::error("the manager failed internally; restart it", false),
+            let reply = match (owner, d.lock()) {
+                (Ok(uid), Ok(mut d)) => match d.principals.by_uid(uid) {
+                    Ok(p) => d.serve_line(&p, line.trim()),
+                    Err(denied) => {
+                        eprintln!("pcifab-manager: spool: refused: {}", denied.reason());
+                        protocol::error(denied.reason(), true)
+                    }
+                },
+                (Err(e), _) => protocol::error(format!("cannot tell who asked: {e}"), true),
+                (_, Err(_)) => protocol::error("the manager failed internally; restart it", false),
             };
             let out = req.with_extension("reply");
             let tmp = req.with_extension("reply.tmp");

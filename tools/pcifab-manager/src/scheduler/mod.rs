@@ -51,6 +51,7 @@ pub enum Want {
 
 /// A request as a client makes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RequestSpec {
     pub host: Host,
     pub want: Want,
@@ -71,6 +72,10 @@ pub struct RequestSpec {
     /// against; none: the tenant `default`.
     #[serde(default)]
     pub tenant: Option<String>,
+    /// The principal that asked (set by the manager from the caller's credentials, never
+    /// taken from the caller); none in states stored before principals existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl RequestSpec {

@@ -89,6 +89,7 @@ fn random_spec(rng: &mut Rng, c: &Config) -> RequestSpec {
             k if k <= ntenants => Some(format!("t{}", k - 1)),
             _ => Some("nobody".into()),
         },
+        owner: None,
     }
 }
 
@@ -259,6 +260,7 @@ fn gpu(host: Host, count: u32, priority: u32, duration: u64, tenant: &str) -> Re
         migratable: true,
         pool: None,
         tenant: Some(tenant.into()),
+        owner: None,
     }
 }
 

@@ -65,6 +65,7 @@ pub fn gpus(host: u8, count: u32, priority: u32, duration: u64) -> RequestSpec {
         migratable: true,
         pool: None,
         tenant: None,
+        owner: None,
     }
 }
 

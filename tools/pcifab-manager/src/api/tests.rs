@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+use super::*;
+
+/// Every operation, as the client sends it and as the server reads it.
+fn every_op() -> Vec<Request> {
+    let spec: RequestSpec = serde_json::from_value(json!({
+        "host": 1, "want": {"kind": "vfs", "count": 2, "profile": "q"}, "priority": 3,
+        "duration_s": 60, "pool": "gpus", "tenant": "team-a"}))
+    .expect("spec");
+    vec![
+        Request::Request { spec },
+        Request::Release { id: 42 },
+        Request::Queue,
+        Request::Leases,
+        Request::Pool,
+        Request::Hosts,
+        Request::HostDown { host: 1 },
+        Request::Heartbeat { host: 0 },
+        Request::SetHealth {
+            pf: 0x300,
+            healthy: false,
+            reason: Some("fan".into()),
+        },
+        Request::Events {
+            host: Some(1),
+            since: 7,
+        },
+        Request::Events {
+            host: None,
+            since: 0,
+        },
+        Request::Telemetry,
+        Request::State,
+        Request::Log { n: 5 },
+    ]
+}
+
+#[test]
+fn every_operation_round_trips_through_its_route() {
+    for op in every_op() {
+        let (m, pq, body) = http_of(&op, 3);
+        let (path, query) = pq.split_once('?').unwrap_or((&pq, ""));
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let want_wait = matches!(op, Request::Events { .. })
+            .then_some(3)
+            .unwrap_or(0);
+        assert_eq!(
+            route(m, path, query, body.as_bytes()),
+            Ok(Endpoint::Op(op.clone(), Duration::from_secs(want_wait))),
+            "{m} {pq}"
+        );
+        assert!(
+            ROUTES.iter().any(|(rm, t, _)| *rm == m
+                && template_matches(t, &path.split('/').skip(1).collect::<Vec<_>>())),
+            "{m} {path} is not in ROUTES"
+        );
+    }
+}
+
+#[test]
+fn the_openapi_document_lists_exactly_the_routes() {
+    let doc: Value = serde_json::from_str(OPENAPI).expect("the OpenAPI document is JSON");
+    assert_eq!(doc["openapi"], "3.1.0");
+    let mut documented: Vec<(String, String, String)> = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, o) in item.as_object().expect("path item") {
+            documented.push((
+                method.to_uppercase(),
+                path.clone(),
+                o["operationId"].as_str().expect("operationId").to_string(),
+            ));
+        }
+    }
+    documented.sort();
+    let mut served: Vec<(String, String, String)> = ROUTES
+        .iter()
+        .map(|(m, p, o)| (m.to_string(), p.to_string(), o.to_string()))
+        .collect();
+    served.sort();
+    assert_eq!(documented, served);
+    // Each operation id is the protocol's name of the operation it serves.
+    for op in every_op() {
+        let name = serde_json::to_value(&op).expect("op")["op"]
+            .as_str()
+            .map(String::from);
+        assert!(
+            ROUTES.iter().any(|(_, _, o)| Some(o.to_string()) == name),
+            "{name:?} has no route"
+        );
+    }
+}
+
+#[test]
+fn bad_http_requests_say_what_is_wrong() {
+    let err = |m, p, q, b: &str| route(m, p, q, b.as_bytes()).expect_err(p);
+    assert_eq!(err("GET", "/v1/nope", "", "").0, 404);
+    assert_eq!(err("GET", "/v1/requests", "", "").0, 405);
+    assert_eq!(err("PUT", "/v1/queue", "", "").0, 405);
+    assert_eq!(err("POST", "/v1/requests", "", "{").0, 400);
+    assert_eq!(err("POST", "/v1/requests", "", "{\"host\":1}").0, 400);
+    assert_eq!(err("DELETE", "/v1/requests/abc", "", "").0, 400);
+    assert_eq!(
+        err("DELETE", "/v1/requests/99999999999999999999", "", "").0,
+        400
+    );
+    assert_eq!(err("POST", "/v1/hosts/256/down", "", "").0, 400);
+    assert_eq!(
+        err(
+            "PUT",
+            "/v1/devices/0x10000/health",
+            "",
+            "{\"healthy\":true}"
+        )
+        .0,
+        400
+    );
+    assert_eq!(
+        err("PUT", "/v1/devices/0x300/health", "", "{\"healthy\":1}").0,
+        400
+    );
+    assert_eq!(err("GET", "/v1/events", "wait=61", "").0, 400);
+    assert_eq!(err("GET", "/v1/events", "since=1&since=2", "").0, 400);
+    assert_eq!(err("GET", "/v1/events", "nope=1", "").0, 400);
+    assert_eq!(err("GET", "/v1/queue", "x=1", "").0, 400);
+    assert_eq!(err("GET", "/v1/queue", "", "{}").0, 400);
+    let m = err("GET", "/v1/events", "host=-1", "").1;
+    assert!(m.contains("host"), "{m}");
+}
+
+#[test]
+fn replies_map_to_statuses() {
+    let r = Request::Queue;
+    assert_eq!(status_of(&r, &json!({"ok": true})), 200);
+    let spec = every_op().remove(0);
+    assert_eq!(status_of(&spec, &json!({"ok": true})), 201);
+    assert_eq!(status_of(&r, &json!({"ok": false, "refused": true})), 409);
+    assert_eq!(status_of(&r, &json!({"ok": false, "refused": false})), 500);
+}

@@ -1,0 +1,394 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! Who may do what (Documentation/manager-api.rst, "Principals and roles").
+//!
+//! Every request the manager serves, from the network API or the local socket, comes from a
+//! principal: named in the configuration (`[[principals]]`), found by its client
+//! certificate's common name, its bearer token or, on the local socket, its user id. Its role
+//! decides what it may do:
+//!
+//! - `admin`: everything;
+//! - `reader`: everything that changes nothing;
+//! - `tenant`: requests for its own hosts (counted against its fair-share tenant), releases
+//!   and sees its own requests and leases, the pools, and the notices of its hosts.
+//!
+//! The checks are here and nowhere else: [`Principal::authorize`] before a request reaches the
+//! scheduler, [`Principal::filter`] on the reply.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{
+    protocol::Request,
+    scheduler::{Host, Scheduler},
+};
+
+/// What a principal may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    Admin,
+    Tenant,
+    Reader,
+}
+
+/// One principal of the configuration (`[[principals]]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrincipalConfig {
+    /// Its name: a client certificate's common name, and what the log and the leases show.
+    pub name: String,
+    pub role: Role,
+    /// The hosts a tenant may request for (tenants only).
+    #[serde(default)]
+    pub hosts: Vec<Host>,
+    /// The fair-share tenant (`[[manager.tenants]]`) its requests count against; none: a
+    /// tenant of the principal's own name when one is configured, else `default`.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// The SHA-256 (hex) of its bearer token; none: no token.
+    #[serde(default)]
+    pub token_sha256: Option<String>,
+    /// Local users (uids) who are this principal on the control socket.
+    #[serde(default)]
+    pub uids: Vec<u32>,
+}
+
+/// An authenticated caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    pub name: String,
+    pub role: Role,
+    pub hosts: Vec<Host>,
+    pub tenant: Option<String>,
+}
+
+/// Why a request was not served: 401 (who are you?) or 403 (not you).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Denied {
+    Unauthenticated(String),
+    Forbidden(String),
+}
+
+impl Denied {
+    pub fn status(&self) -> u16 {
+        match self {
+            Denied::Unauthenticated(_) => 401,
+            Denied::Forbidden(_) => 403,
+        }
+    }
+    pub fn reason(&self) -> &str {
+        match self {
+            Denied::Unauthenticated(r) | Denied::Forbidden(r) => r,
+        }
+    }
+}
+
+/// The principals of a configuration.
+#[derive(Clone, Debug, Default)]
+pub struct Principals {
+    list: Vec<PrincipalConfig>,
+    tenants: Vec<String>,
+}
+
+/// The user id that is always `admin` on the local socket.
+pub const ROOT_UID: u32 = 0;
+
+fn sha256_hex(s: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, s);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Principals {
+    /// Checks the list: unique names, uids and tokens, hosts only for tenants and in range,
+    /// tokens as 64 hex digits, tenants that exist.
+    pub fn new(
+        list: Vec<PrincipalConfig>,
+        hosts: u8,
+        tenants: Vec<String>,
+    ) -> Result<Self, String> {
+        let mut names = std::collections::BTreeSet::new();
+        let mut uids = std::collections::BTreeSet::new();
+        let mut tokens = std::collections::BTreeSet::new();
+        for p in &list {
+            let what = format!("principal '{}'", p.name);
+            if p.name.is_empty() || p.name.len() > 64 || p.name.chars().any(char::is_control) {
+                return Err(format!("{what}: a name is 1 to 64 printable characters"));
+            }
+            if !names.insert(p.name.as_str()) {
+                return Err(format!("{what} is named twice"));
+            }
+            match p.role {
+                Role::Tenant if p.hosts.is_empty() => {
+                    return Err(format!(
+                        "{what}: a tenant needs `hosts`, the hosts it may request for"
+                    ))
+                }
+                Role::Admin | Role::Reader if !p.hosts.is_empty() => {
+                    return Err(format!(
+                        "{what}: `hosts` is for tenants; an {:?} is not bound to hosts",
+                        p.role
+                    )
+                    .to_lowercase())
+                }
+                _ => {}
+            }
+            if let Some(h) = p.hosts.iter().find(|&&h| h >= hosts) {
+                return Err(format!(
+                    "{what}: host {h} is not in this fabric (manager.hosts = {hosts})"
+                ));
+            }
+            if let Some(t) = &p.tenant {
+                if t != crate::config::DEFAULT_TENANT && !tenants.contains(t) {
+                    return Err(format!(
+                        "{what}: tenant '{t}' is not one of [[manager.tenants]]"
+                    ));
+                }
+            }
+            if let Some(t) = &p.token_sha256 {
+                if t.len() != 64 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!(
+                        "{what}: token_sha256 is the token's SHA-256 in 64 hex digits \
+                         (`printf %s TOKEN | sha256sum`)"
+                    ));
+                }
+                if !tokens.insert(t.to_ascii_lowercase()) {
+                    return Err(format!("{what}: its token is another principal's"));
+                }
+            }
+            for u in &p.uids {
+                if *u == ROOT_UID {
+                    return Err(format!("{what}: uid 0 is always admin on the local socket"));
+                }
+                if !uids.insert(*u) {
+                    return Err(format!("{what}: uid {u} is another principal's"));
+                }
+            }
+        }
+        Ok(Self { list, tenants })
+    }
+
+    fn principal(&self, c: &PrincipalConfig) -> Principal {
+        let tenant = c
+            .tenant
+            .clone()
+            .or_else(|| self.tenants.contains(&c.name).then(|| c.name.clone()));
+        Principal {
+            name: c.name.clone(),
+            role: c.role,
+            hosts: c.hosts.clone(),
+            tenant,
+        }
+    }
+
+    /// The principal of a client certificate's common name.
+    pub fn by_name(&self, name: &str) -> Result<Principal, Denied> {
+        self.list
+            .iter()
+            .find(|p| p.name == name)
+            .map(|c| self.principal(c))
+            .ok_or_else(|| {
+                Denied::Unauthenticated(format!(
+                    "the client certificate names '{name}', who is not a principal of this \
+                     manager ([[principals]] in its configuration)"
+                ))
+            })
+    }
+
+    /// The principal of a bearer token.
+    pub fn by_token(&self, token: &str) -> Result<Principal, Denied> {
+        let h = sha256_hex(token.as_bytes());
+        self.list
+            .iter()
+            .find(|p| {
+                p.token_sha256
+                    .as_deref()
+                    .is_some_and(|t| t.eq_ignore_ascii_case(&h))
+            })
+            .map(|c| self.principal(c))
+            .ok_or_else(|| {
+                Denied::Unauthenticated(
+                    "the bearer token is no principal's; ask the manager's operator for one".into(),
+                )
+            })
+    }
+
+    /// The principal of a local user on the control socket: root is `admin`.
+    pub fn by_uid(&self, uid: u32) -> Result<Principal, Denied> {
+        if uid == ROOT_UID {
+            return Ok(Principal {
+                name: "root".into(),
+                role: Role::Admin,
+                hosts: Vec::new(),
+                tenant: None,
+            });
+        }
+        self.list
+            .iter()
+            .find(|p| p.uids.contains(&uid))
+            .map(|c| self.principal(c))
+            .ok_or_else(|| {
+                Denied::Forbidden(format!(
+                    "local user {uid} is not a principal of this manager; its operator adds \
+                     the uid to a [[principals]] entry"
+                ))
+            })
+    }
+}
+
+impl Principal {
+    fn may_write(&self) -> Result<(), Denied> {
+        if self.role == Role::Reader {
+            return Err(Denied::Forbidden(format!(
+                "'{}' is a reader: it may look, not change anything",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    fn admin_only(&self, what: &str) -> Result<(), Denied> {
+        if self.role != Role::Admin {
+            return Err(Denied::Forbidden(format!(
+                "'{}' is a {}: {what} is for admins",
+                self.name,
+                role_name(self.role)
+            )));
+        }
+        Ok(())
+    }
+
+    fn own_host(&self, host: Host, what: &str) -> Result<(), Denied> {
+        if self.role == Role::Tenant && !self.hosts.contains(&host) {
+            return Err(Denied::Forbidden(format!(
+                "tenant '{}' may {what} for hosts {:?} only, not host {host}",
+                self.name, self.hosts
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks `req` against this principal and the state it acts on, and returns the
+    /// request to serve: a new request carries the principal as its owner and, for a
+    /// tenant, the principal's fair-share tenant.
+    pub fn authorize(&self, req: Request, s: &Scheduler) -> Result<Request, Denied> {
+        match req {
+            Request::Request { mut spec } => {
+                self.may_write()?;
+                self.own_host(spec.host, "request")?;
+                if self.role == Role::Tenant {
+                    match (&spec.tenant, &self.tenant) {
+                        (Some(asked), mine) if Some(asked) != mine.as_ref() => {
+                            return Err(Denied::Forbidden(format!(
+                                "'{}' may not count requests against tenant '{asked}'",
+                                self.name
+                            )))
+                        }
+                        _ => spec.tenant = self.tenant.clone(),
+                    }
+                }
+                spec.owner = Some(self.name.clone());
+                Ok(Request::Request { spec })
+            }
+            Request::Release { id } => {
+                self.may_write()?;
+                if self.role == Role::Tenant {
+                    let owner = s
+                        .leases
+                        .get(&id)
+                        .map(|l| &l.spec)
+                        .or_else(|| s.queue.iter().find(|q| q.id == id).map(|q| &q.spec))
+                        .map(|spec| spec.owner.as_deref());
+                    match owner {
+                        // The scheduler says "no such request" itself.
+                        None => {}
+                        Some(o) if o == Some(self.name.as_str()) => {}
+                        Some(_) => {
+                            return Err(Denied::Forbidden(format!(
+                                "request {id} is not '{}''s: a tenant releases only its own",
+                                self.name
+                            )))
+                        }
+                    }
+                }
+                Ok(Request::Release { id })
+            }
+            Request::Heartbeat { host } => {
+                self.may_write()?;
+                self.own_host(host, "send heartbeats")?;
+                Ok(req)
+            }
+            Request::HostDown { .. } => {
+                self.admin_only("declaring a host down")?;
+                Ok(req)
+            }
+            Request::SetHealth { .. } => {
+                self.admin_only("taking a device out of the pool or back")?;
+                Ok(req)
+            }
+            Request::State | Request::Log { .. } | Request::Telemetry
+                if self.role == Role::Tenant =>
+            {
+                Err(Denied::Forbidden(format!(
+                    "'{}' is a tenant: the whole state, the log and the telemetry are for \
+                     readers and admins",
+                    self.name
+                )))
+            }
+            Request::Events { host: Some(h), .. } if self.role == Role::Tenant => {
+                self.own_host(h, "see notices")?;
+                Ok(req)
+            }
+            Request::Events { host: None, since } if self.role == Role::Tenant => {
+                // A tenant's notices are those of its hosts: asked for all, it gets those.
+                Ok(Request::Events { host: None, since })
+            }
+            Request::Queue
+            | Request::Leases
+            | Request::Pool
+            | Request::Hosts
+            | Request::Events { .. }
+            | Request::State
+            | Request::Log { .. }
+            | Request::Telemetry => Ok(req),
+        }
+    }
+
+    /// What of a reply this principal sees: a tenant, only its own requests and leases and
+    /// its hosts' notices.
+    pub fn filter(&self, req: &Request, mut reply: Value) -> Value {
+        if self.role != Role::Tenant {
+            return reply;
+        }
+        let own = |v: &Value| v.get("owner").and_then(Value::as_str) == Some(self.name.as_str());
+        let key = match req {
+            Request::Queue => "queue",
+            Request::Leases => "leases",
+            Request::Events { .. } => "events",
+            _ => return reply,
+        };
+        if let Some(a) = reply.get_mut(key).and_then(Value::as_array_mut) {
+            match req {
+                Request::Events { .. } => a.retain(|n| {
+                    n.get("host")
+                        .and_then(Value::as_u64)
+                        .is_some_and(|h| self.hosts.iter().any(|&m| u64::from(m) == h))
+                }),
+                _ => a.retain(own),
+            }
+        }
+        reply
+    }
+}
+
+/// A role's name as the configuration spells it.
+pub fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Admin => "admin",
+        Role::Tenant => "tenant",
+        Role::Reader => "reader",
+    }
+}
+
+#[cfg(test)]
+mod tests;

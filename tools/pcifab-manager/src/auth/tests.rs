@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+use super::*;
+use crate::{
+    config::Config,
+    scheduler::{RequestSpec, Scheduler, Want},
+};
+
+const CONFIG: &str = r#"
+[manager]
+hosts = 2
+tenants = [{ name = "team-a", weight = 1 }]
+
+[[pools]]
+name = "gpus"
+mode = "whole"
+devices = [{ pf = 0x300 }, { pf = 0x400 }]
+
+[[principals]]
+name = "ops"
+role = "admin"
+token_sha256 = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"
+
+[[principals]]
+name = "h1-job"
+role = "tenant"
+hosts = [1]
+tenant = "team-a"
+uids = [1000]
+
+[[principals]]
+name = "h0-job"
+role = "tenant"
+hosts = [0]
+
+[[principals]]
+name = "grafana"
+role = "reader"
+uids = [1001]
+"#;
+
+fn world() -> (Principals, Scheduler) {
+    let c = Config::parse(CONFIG).expect("config");
+    let p = Principals::new(
+        c.principals.clone(),
+        c.manager.hosts,
+        c.manager.tenants.iter().map(|t| t.name.clone()).collect(),
+    )
+    .expect("principals");
+    (p, Scheduler::new(c))
+}
+
+fn spec(host: Host) -> RequestSpec {
+    RequestSpec {
+        host,
+        want: Want::Gpus { count: 1 },
+        priority: 1,
+        duration_s: Some(60),
+        preemptible_by_higher: false,
+        migratable: true,
+        pool: None,
+        tenant: None,
+        owner: Some("someone else".into()),
+    }
+}
+
+fn forbidden(r: Result<Request, Denied>) -> String {
+    match r {
+        Err(Denied::Forbidden(m)) => m,
+        other => panic!("expected 403, got {other:?}"),
+    }
+}
+
+#[test]
+fn principals_are_found_by_name_token_and_uid() {
+    let (p, _) = world();
+    assert_eq!(p.by_name("ops").expect("ops").role, Role::Admin);
+    // sha256("foo") is the admin's token hash.
+    assert_eq!(p.by_token("foo").expect("token").name, "ops");
+    assert!(matches!(p.by_token("bar"), Err(Denied::Unauthenticated(_))));
+    assert!(matches!(
+        p.by_name("mallory"),
+        Err(Denied::Unauthenticated(_))
+    ));
+    assert_eq!(p.by_uid(0).expect("root").role, Role::Admin);
+    assert_eq!(p.by_uid(1000).expect("uid").name, "h1-job");
+    assert!(matches!(p.by_uid(4242), Err(Denied::Forbidden(_))));
+}
+
+#[test]
+fn a_tenant_requests_for_its_hosts_only_and_owns_what_it_asks() {
+    let (p, mut s) = world();
+    let t = p.by_name("h1-job").expect("tenant");
+    let m = forbidden(t.authorize(Request::Request { spec: spec(0) }, &s));
+    assert!(m.contains("host 0"), "{m}");
+    let Request::Request { spec: got } = t
+        .authorize(Request::Request { spec: spec(1) }, &s)
+        .expect("own host")
+    else {
+        panic!("not a request")
+    };
+    assert_eq!(
+        got.owner.as_deref(),
+        Some("h1-job"),
+        "owner comes from the principal"
+    );
+    assert_eq!(got.tenant.as_deref(), Some("team-a"));
+    let mut other = spec(1);
+    other.tenant = Some("default".into());
+    forbidden(t.authorize(Request::Request { spec: other }, &s));
+    // Released only by its owner (or an admin).
+    let id = s.submit(got, 0).expect("granted").id;
+    let h0 = p.by_name("h0-job").expect("tenant");
+    let m = forbidden(h0.authorize(Request::Release { id }, &s));
+    assert!(m.contains("its own"), "{m}");
+    t.authorize(Request::Release { id }, &s)
+        .expect("owner releases");
+    p.by_name("ops")
+        .expect("admin")
+        .authorize(Request::Release { id }, &s)
+        .expect("admin releases");
+}
+
+#[test]
+fn readers_only_look_and_tenants_do_not_run_the_fabric() {
+    let (p, s) = world();
+    let r = p.by_name("grafana").expect("reader");
+    forbidden(r.authorize(Request::Request { spec: spec(1) }, &s));
+    forbidden(r.authorize(Request::Release { id: 1 }, &s));
+    for ok in [
+        Request::Queue,
+        Request::Leases,
+        Request::Pool,
+        Request::Hosts,
+        Request::State,
+    ] {
+        r.authorize(ok, &s).expect("reader reads");
+    }
+    let t = p.by_name("h1-job").expect("tenant");
+    forbidden(t.authorize(Request::HostDown { host: 1 }, &s));
+    forbidden(t.authorize(
+        Request::SetHealth {
+            pf: 0x300,
+            healthy: false,
+            reason: None,
+        },
+        &s,
+    ));
+    forbidden(t.authorize(Request::State, &s));
+    forbidden(t.authorize(
+        Request::Events {
+            host: Some(0),
+            since: 0,
+        },
+        &s,
+    ));
+    t.authorize(Request::Heartbeat { host: 1 }, &s)
+        .expect("own host");
+    forbidden(t.authorize(Request::Heartbeat { host: 0 }, &s));
+}
+
+#[test]
+fn a_tenant_sees_its_own_leases_and_its_hosts_notices() {
+    let (p, _) = world();
+    let t = p.by_name("h1-job").expect("tenant");
+    let v = serde_json::json!({"ok": true, "leases": [
+        {"id": 1, "owner": "h1-job"}, {"id": 2, "owner": "h0-job"}, {"id": 3, "owner": null}]});
+    let f = t.filter(&Request::Leases, v.clone());
+    assert_eq!(
+        f["leases"],
+        serde_json::json!([{"id": 1, "owner": "h1-job"}])
+    );
+    let admin = p.by_name("ops").expect("admin");
+    assert_eq!(admin.filter(&Request::Leases, v.clone()), v);
+    let e = serde_json::json!({"ok": true, "events": [{"host": 0}, {"host": 1}]});
+    let f = t.filter(
+        &Request::Events {
+            host: None,
+            since: 0,
+        },
+        e,
+    );
+    assert_eq!(f["events"], serde_json::json!([{"host": 1}]));
+}
+
+#[test]
+fn bad_principal_lists_are_refused_with_the_reason() {
+    let bad = |extra: &str, want: &str| {
+        let e = Config::parse(&format!("{CONFIG}\n{extra}")).expect_err(extra);
+        assert!(e.contains(want), "{extra}: {e}");
+    };
+    bad(
+        "[[principals]]\nname = \"ops\"\nrole = \"reader\"",
+        "named twice",
+    );
+    bad(
+        "[[principals]]\nname = \"x\"\nrole = \"tenant\"",
+        "needs `hosts`",
+    );
+    bad(
+        "[[principals]]\nname = \"x\"\nrole = \"tenant\"\nhosts = [2]",
+        "host 2",
+    );
+    bad(
+        "[[principals]]\nname = \"x\"\nrole = \"reader\"\nhosts = [0]",
+        "for tenants",
+    );
+    bad(
+        "[[principals]]\nname = \"x\"\nrole = \"reader\"\nuids = [1000]",
+        "uid 1000",
+    );
+    bad(
+        "[[principals]]\nname = \"x\"\nrole = \"reader\"\nuids = [0]",
+        "uid 0",
+    );
+    bad(
+        "[[principals]]\nname = \"x\"\nrole = \"reader\"\ntoken_sha256 = \"abc\"",
+        "64 hex",
+    );
+    bad(
+        "[[principals]]\nname = \"x\"\nrole = \"tenant\"\nhosts = [0]\ntenant = \"nope\"",
+        "tenant 'nope'",
+    );
+    bad(
+        "[[principals]]\nname = \"x\"\nrole = \"root\"",
+        "unknown variant",
+    );
+}

@@ -1,0 +1,370 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! The network API served for real: a daemon on the simulated fabric, its HTTPS server on a
+//! loopback port with certificates made for the test, and the client the CLI uses.
+
+mod common;
+
+use std::{
+    io::{Read, Write},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use common::{config, gpus, sim_for, tempdir};
+use pcifab_manager::{
+    api,
+    auth::Principals,
+    client::Remote,
+    config::{ApiConfig, Config},
+    daemon::Daemon,
+    protocol::Request,
+    store::Store,
+};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+use serde_json::{json, Value};
+
+/// sha256("ops-token").
+const OPS_TOKEN: &str = "ops-token";
+
+struct World {
+    dir: PathBuf,
+    addr: SocketAddr,
+    daemon: Arc<Mutex<Daemon>>,
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    p.display().to_string()
+}
+
+/// A CA, the server's certificate for 127.0.0.1, and client certificates for `clients`
+/// (plus one from a CA the server does not trust).
+fn certificates(dir: &Path, clients: &[&str]) {
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, "test CA");
+    let ca_cert = ca.self_signed(&ca_key).expect("CA");
+    write(dir, "ca.crt", &ca_cert.pem());
+    let issuer = Issuer::from_params(&ca, &ca_key);
+    let key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::new(vec!["pcifab-manager".to_string()]).expect("params");
+    p.subject_alt_names
+        .push(SanType::IpAddress("127.0.0.1".parse().expect("ip")));
+    let cert = p.signed_by(&key, &issuer).expect("server cert");
+    write(dir, "server.crt", &cert.pem());
+    write(dir, "server.key", &key.serialize_pem());
+    for c in clients {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.distinguished_name.push(DnType::CommonName, *c);
+        let cert = p.signed_by(&key, &issuer).expect("client cert");
+        write(dir, &format!("{c}.crt"), &cert.pem());
+        write(dir, &format!("{c}.key"), &key.serialize_pem());
+    }
+    // A client certificate the manager must not accept: another CA signed it.
+    let rogue_key = KeyPair::generate().expect("key");
+    let mut rogue = CertificateParams::new(Vec::<String>::new()).expect("params");
+    rogue.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let _ = rogue.self_signed(&rogue_key).expect("rogue CA");
+    let rogue_issuer = Issuer::from_params(&rogue, &rogue_key);
+    let key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+    p.distinguished_name.push(DnType::CommonName, "ops");
+    let cert = p.signed_by(&key, &rogue_issuer).expect("rogue cert");
+    write(dir, "rogue.crt", &cert.pem());
+    write(dir, "rogue.key", &key.serialize_pem());
+}
+
+fn start(name: &str) -> World {
+    let dir = tempdir(name);
+    certificates(&dir, &["h1-job", "h0-job", "grafana", "stranger"]);
+    let mut c: Config = config("hybrid");
+    let principals = format!(
+        r#"
+[[principals]]
+name = "ops"
+role = "admin"
+token_sha256 = "{}"
+
+[[principals]]
+name = "h1-job"
+role = "tenant"
+hosts = [1]
+
+[[principals]]
+name = "h0-job"
+role = "tenant"
+hosts = [0]
+
+[[principals]]
+name = "grafana"
+role = "reader"
+"#,
+        sha256(OPS_TOKEN)
+    );
+    let extra: Config =
+        Config::parse(&format!("[manager]\nhosts = 3\n{principals}")).expect("principals");
+    c.principals = extra.principals;
+    c.api = Some(ApiConfig {
+        listen: "127.0.0.1:0".into(),
+        cert: dir.join("server.crt").display().to_string(),
+        key: dir.join("server.key").display().to_string(),
+        client_ca: Some(dir.join("ca.crt").display().to_string()),
+        max_body: 4096,
+        client_timeout_s: 2,
+        max_connections: 64,
+    });
+    let cfg = c.api.clone().expect("api");
+    let principals =
+        Principals::new(c.principals.clone(), c.manager.hosts, Vec::new()).expect("principals");
+    let sim = Arc::new(Mutex::new(sim_for(&c)));
+    let d = Daemon::start(
+        c,
+        Store::open(&dir.join("state")).expect("store"),
+        Box::new(sim),
+        Box::new(|| 1000),
+    )
+    .expect("daemon");
+    let daemon = Arc::new(Mutex::new(d));
+    let addr = api::spawn(daemon.clone(), &cfg, Arc::new(principals)).expect("API");
+    World { dir, addr, daemon }
+}
+
+fn sha256(s: &str) -> String {
+    use std::process::Command;
+    let out = Command::new("sh")
+        .args(["-c", &format!("printf %s '{s}' | sha256sum")])
+        .output()
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)[..64].to_string()
+}
+
+impl World {
+    fn client(&self, who: Option<&str>, token: Option<&str>) -> Remote {
+        Remote {
+            url: format!("https://{}", self.addr),
+            ca: Some(self.dir.join("ca.crt")),
+            cert: who.map(|w| self.dir.join(format!("{w}.crt"))),
+            key: who.map(|w| self.dir.join(format!("{w}.key"))),
+            token: token.map(String::from),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    fn ask(&self, who: Option<&str>, req: &Request) -> (u16, Value) {
+        self.client(who, None).ask(req, 0).expect("an answer")
+    }
+
+    /// The leases as the scheduler holds them (not through the API).
+    fn lease_ids(&self) -> Vec<u64> {
+        self.daemon
+            .lock()
+            .expect("daemon")
+            .sched
+            .leases
+            .keys()
+            .copied()
+            .collect()
+    }
+}
+
+#[test]
+fn roles_decide_and_refusals_say_why() {
+    let w = start("api-roles");
+    let req = |host| Request::Request {
+        spec: gpus(host, 1, 5, 600),
+    };
+    // A tenant requests for its own host: granted, owned by it.
+    let (st, v) = w.ask(Some("h1-job"), &req(1));
+    assert_eq!(st, 201, "{v}");
+    let id1 = v["id"].as_u64().expect("id");
+    assert_eq!(v["lease"]["owner"], "h1-job");
+    // Not for another host; a reader not at all; nothing changes.
+    let (st, v) = w.ask(Some("h1-job"), &req(0));
+    assert_eq!(st, 403, "{v}");
+    assert!(
+        v["error"].as_str().expect("error").contains("host 0"),
+        "{v}"
+    );
+    let (st, _) = w.ask(Some("grafana"), &req(0));
+    assert_eq!(st, 403);
+    assert_eq!(w.lease_ids(), vec![id1]);
+    // h0's tenant gets the other GPU, and may not release h1's lease.
+    let (st, v) = w.ask(Some("h0-job"), &req(0));
+    assert_eq!(st, 201, "{v}");
+    let id0 = v["id"].as_u64().expect("id");
+    let (st, v) = w.ask(Some("h0-job"), &Request::Release { id: id1 });
+    assert_eq!(st, 403, "{v}");
+    assert_eq!(w.lease_ids(), vec![id1, id0]);
+    // Each tenant sees its own lease; the reader sees both.
+    let (_, v) = w.ask(Some("h1-job"), &Request::Leases);
+    assert_eq!(v["leases"].as_array().map(Vec::len), Some(1), "{v}");
+    let (_, v) = w.ask(Some("grafana"), &Request::Leases);
+    assert_eq!(v["leases"].as_array().map(Vec::len), Some(2), "{v}");
+    // The admin, by bearer token, releases h1's lease; the scheduler's refusal is a 409.
+    let admin = w.client(None, Some(OPS_TOKEN));
+    let (st, v) = admin.ask(&Request::Release { id: id1 }, 0).expect("answer");
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = admin.ask(&Request::Release { id: id1 }, 0).expect("answer");
+    assert_eq!(st, 409, "{v}");
+    assert_eq!(w.lease_ids(), vec![id0]);
+}
+
+#[test]
+fn strangers_are_turned_away() {
+    let w = start("api-strangers");
+    // No credentials, a wrong token, a certificate of no principal: 401.
+    for c in [
+        w.client(None, None),
+        w.client(None, Some("guess")),
+        w.client(Some("stranger"), None),
+    ] {
+        let (st, v) = c.ask(&Request::Queue, 0).expect("answer");
+        assert_eq!(st, 401, "{v}");
+        assert_eq!(v["ok"], false);
+    }
+    // A certificate from another CA does not get past the handshake.
+    let e = w
+        .client(Some("rogue"), None)
+        .ask(&Request::Queue, 0)
+        .expect_err("rogue certificate");
+    assert!(e.msg.contains("cannot reach"), "{}", e.msg);
+    // The OpenAPI document is public.
+    let doc = raw(
+        &w,
+        None,
+        "GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(doc.starts_with("HTTP/1.1 200"), "{doc}");
+}
+
+#[test]
+fn malformed_and_oversized_bodies_change_nothing() {
+    let w = start("api-bad");
+    let token = format!("Authorization: Bearer {OPS_TOKEN}\r\n");
+    let post = |body: &str| {
+        format!(
+            "POST /v1/requests HTTP/1.1\r\nHost: x\r\n{token}Content-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    assert!(raw(&w, None, &post("{")).starts_with("HTTP/1.1 400"));
+    assert!(raw(
+        &w,
+        None,
+        &post(r#"{"host":1,"want":{"kind":"gpus","count":1},"priority":1,"bogus":1}"#)
+    )
+    .starts_with("HTTP/1.1 400"));
+    let big = format!(
+        r#"{{"host":1,"want":{{"kind":"gpus","count":1}},"priority":1,"pool":"{}"}}"#,
+        "x".repeat(5000)
+    );
+    assert!(raw(&w, None, &post(&big)).starts_with("HTTP/1.1 413"));
+    assert!(raw(
+        &w,
+        None,
+        &format!("GET /v1/nope HTTP/1.1\r\nHost: x\r\n{token}Connection: close\r\n\r\n")
+    )
+    .starts_with("HTTP/1.1 404"));
+    assert!(w.lease_ids().is_empty());
+    // A client that never finishes its request head is cut off after client_timeout_s.
+    let t = std::time::Instant::now();
+    let r = raw(&w, None, "GET /v1/queue HTTP/1.1\r\n");
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+    assert!(!r.starts_with("HTTP/1.1 200"), "{r}");
+}
+
+#[test]
+fn metrics_and_events_are_served() {
+    let w = start("api-metrics");
+    let (st, _) = w.ask(
+        Some("h1-job"),
+        &Request::Request {
+            spec: gpus(1, 1, 5, 600),
+        },
+    );
+    assert_eq!(st, 201);
+    let m = raw(
+        &w,
+        Some("grafana"),
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(m.starts_with("HTTP/1.1 200"), "{m}");
+    for want in [
+        "# TYPE pcifab_leases gauge",
+        "pcifab_leases{pool=\"gpus\",priority=\"5\"} 1",
+        "pcifab_requests_total{op=\"request\",outcome=\"ok\"} 1",
+        "pcifab_request_duration_seconds_count 1",
+        "pcifab_device_healthy{pool=\"gpus\",pf=\"0x0120\"} 1",
+    ] {
+        assert!(m.contains(want), "no {want:?} in\n{m}");
+    }
+    // A tenant's events: its host's grant.
+    let (st, v) = w
+        .client(Some("h1-job"), None)
+        .ask(
+            &Request::Events {
+                host: None,
+                since: 0,
+            },
+            1,
+        )
+        .expect("events");
+    assert_eq!(st, 200);
+    assert_eq!(v["events"][0]["kind"], "granted", "{v}");
+    let (st, _) = w.ask(
+        Some("h1-job"),
+        &Request::Events {
+            host: Some(0),
+            since: 0,
+        },
+    );
+    assert_eq!(st, 403);
+    let _ = json!(null);
+}
+
+/// One raw HTTP exchange over TLS (to send what the client never would); `who` presents
+/// a client certificate. Returns what the server sent until it closed.
+fn raw(w: &World, who: Option<&str>, request: &str) -> String {
+    use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(w.dir.join("ca.crt")).expect("ca") {
+        roots.add(c.expect("ca")).expect("root");
+    }
+    let b = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots);
+    let cfg = match who {
+        Some(n) => b
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(w.dir.join(format!("{n}.crt")))
+                    .expect("cert")
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("cert"),
+                PrivateKeyDer::from_pem_file(w.dir.join(format!("{n}.key"))).expect("key"),
+            )
+            .expect("client auth"),
+        None => b.with_no_client_auth(),
+    };
+    let conn = rustls::ClientConnection::new(
+        Arc::new(cfg),
+        ServerName::try_from("127.0.0.1").expect("name"),
+    )
+    .expect("connection");
+    let tcp = std::net::TcpStream::connect(w.addr).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    s.write_all(request.as_bytes()).expect("send");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
