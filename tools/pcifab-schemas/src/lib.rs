@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// Every schema: (command, the schema file's text). The object of `pcifab <command> --json`
 /// carries `"schema": "pcifab/<command>/v1"`; a failure carries `"pcifab/error/v1"`.
-pub const SCHEMAS: [(&str, &str); 24] = [
+pub const SCHEMAS: [(&str, &str); 33] = [
     (
         "bind",
         include_str!("../../../Documentation/json/bind.schema.json"),
@@ -16,6 +16,26 @@ pub const SCHEMAS: [(&str, &str); 24] = [
     (
         "error",
         include_str!("../../../Documentation/json/error.schema.json"),
+    ),
+    (
+        "events",
+        include_str!("../../../Documentation/json/events.schema.json"),
+    ),
+    (
+        "health",
+        include_str!("../../../Documentation/json/health.schema.json"),
+    ),
+    (
+        "heartbeat",
+        include_str!("../../../Documentation/json/heartbeat.schema.json"),
+    ),
+    (
+        "host-down",
+        include_str!("../../../Documentation/json/host-down.schema.json"),
+    ),
+    (
+        "hosts",
+        include_str!("../../../Documentation/json/hosts.schema.json"),
     ),
     (
         "info",
@@ -28,6 +48,18 @@ pub const SCHEMAS: [(&str, &str); 24] = [
     (
         "list",
         include_str!("../../../Documentation/json/list.schema.json"),
+    ),
+    (
+        "manager-log",
+        include_str!("../../../Documentation/json/manager-log.schema.json"),
+    ),
+    (
+        "manager-state",
+        include_str!("../../../Documentation/json/manager-state.schema.json"),
+    ),
+    (
+        "manager-telemetry",
+        include_str!("../../../Documentation/json/manager-telemetry.schema.json"),
     ),
     (
         "move",
@@ -68,6 +100,10 @@ pub const SCHEMAS: [(&str, &str); 24] = [
     (
         "p2p-route-list",
         include_str!("../../../Documentation/json/p2p-route-list.schema.json"),
+    ),
+    (
+        "pools",
+        include_str!("../../../Documentation/json/pools.schema.json"),
     ),
     (
         "queue",

@@ -46,6 +46,52 @@ pub struct Cli {
         help_heading = "Global options"
     )]
     pub manager_socket: String,
+    /// The fabric manager's network API, https://HOST:PORT (instead of the local socket;
+    /// also PCIFAB_MANAGER or `manager` in /etc/pcifab/client.toml).
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "PCIFAB_MANAGER",
+        help_heading = "Global options"
+    )]
+    pub manager: Option<String>,
+    /// CA certificates (PEM) the manager's certificate must chain to (with --manager).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "PCIFAB_CA",
+        help_heading = "Global options"
+    )]
+    pub ca: Option<PathBuf>,
+    /// This host's client certificate (PEM) for the manager (with --manager and --key).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "PCIFAB_CERT",
+        help_heading = "Global options"
+    )]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "PCIFAB_KEY",
+        help_heading = "Global options"
+    )]
+    pub key: Option<PathBuf>,
+    /// A file holding a bearer token for the manager (with --manager).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "PCIFAB_TOKEN_FILE",
+        help_heading = "Global options"
+    )]
+    pub token_file: Option<PathBuf>,
     /// How long to wait, in milliseconds (bind, unbind, move, watch, mrpc, p2p copy; 0: the
     /// driver's default).
     #[arg(long, global = true, value_name = "MS", value_parser = ms, help_heading = "Global options")]
@@ -118,6 +164,53 @@ pub enum Command {
     Queue,
     /// The manager's leases.
     Leases,
+    /// The manager's pools: devices, health, holders.
+    Pools,
+    /// The hosts as the manager sees them: up or down, what each holds.
+    Hosts,
+    /// The manager's notices (grants, pre-emptions, moves, expiry).
+    Events {
+        /// Only this host's notices.
+        #[arg(long, value_name = "N", value_parser = host_u8)]
+        host: Option<u8>,
+        /// Only notices after this sequence number.
+        #[arg(long, value_name = "SEQ", default_value = "0")]
+        since: u64,
+        /// Keep waiting for new notices (until interrupted or --count of them).
+        #[arg(long)]
+        follow: bool,
+    },
+    /// Declare a host down: its leases are reclaimed after the manager's reclaim_after_s.
+    HostDown {
+        #[arg(value_parser = host_u8)]
+        host: u8,
+    },
+    /// Tell the manager a host is alive.
+    Heartbeat {
+        #[arg(value_parser = host_u8)]
+        host: u8,
+    },
+    /// Take a pool device out of the pool (`bad REASON`) or put it back (`ok`).
+    Health {
+        /// The device's PF.
+        #[arg(value_parser = pdfid)]
+        pf: u16,
+        /// ok or bad.
+        #[arg(value_enum)]
+        state: HealthState,
+        /// Why it is out (bad only).
+        reason: Option<String>,
+    },
+    /// The manager's telemetry samples of every function (JSON).
+    ManagerTelemetry,
+    /// The manager's whole scheduler state (JSON).
+    ManagerState,
+    /// The last entries of the manager's request log (JSON).
+    ManagerLog {
+        /// How many.
+        #[arg(short = 'n', long = "lines", value_name = "N", default_value = "20")]
+        n: u64,
+    },
     /// Live telemetry of every function (q quits, s changes the sort key).
     Top {
         /// Seconds between refreshes (0.1 to 3600).
@@ -320,6 +413,15 @@ impl Command {
             Command::Release { .. } => "release",
             Command::Queue => "queue",
             Command::Leases => "leases",
+            Command::Pools => "pools",
+            Command::Hosts => "hosts",
+            Command::Events { .. } => "events",
+            Command::HostDown { .. } => "host-down",
+            Command::Heartbeat { .. } => "heartbeat",
+            Command::Health { .. } => "health",
+            Command::ManagerTelemetry => "manager-telemetry",
+            Command::ManagerState => "manager-state",
+            Command::ManagerLog { .. } => "manager-log",
             Command::Top { .. } => "top",
         }
     }
@@ -328,16 +430,27 @@ impl Command {
     pub fn uses_manager(&self) -> bool {
         matches!(
             self,
-            Command::Request(_) | Command::Release { .. } | Command::Queue | Command::Leases
+            Command::Request(_)
+                | Command::Release { .. }
+                | Command::Queue
+                | Command::Leases
+                | Command::Pools
+                | Command::Hosts
+                | Command::Events { .. }
+                | Command::HostDown { .. }
+                | Command::Heartbeat { .. }
+                | Command::Health { .. }
+                | Command::ManagerTelemetry
+                | Command::ManagerState
+                | Command::ManagerLog { .. }
         )
     }
 
     /// The global options (beyond --json) this command takes.
     pub fn takes(&self) -> &'static [&'static str] {
         match self {
-            Command::Request(_) | Command::Release { .. } | Command::Queue | Command::Leases => {
-                &["manager-socket"]
-            }
+            Command::Events { .. } => &MANAGER_OPTIONS_COUNT,
+            c if c.uses_manager() => &MANAGER_OPTIONS,
             Command::Bind(_)
             | Command::Unbind { .. }
             | Command::Move(_)
@@ -350,10 +463,41 @@ impl Command {
     }
 }
 
+/// The global options of the manager's commands.
+const MANAGER_OPTIONS: [&str; 6] = [
+    "manager-socket",
+    "manager",
+    "ca",
+    "cert",
+    "key",
+    "token-file",
+];
+const MANAGER_OPTIONS_COUNT: [&str; 7] = [
+    "manager-socket",
+    "manager",
+    "ca",
+    "cert",
+    "key",
+    "token-file",
+    "count",
+];
+
+/// Whether a pool device is in service (`pcifab health`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum HealthState {
+    Ok,
+    Bad,
+}
+
 /// The global options that some commands do not take, as clap ids and option names.
-pub const SCOPED_GLOBALS: [(&str, &str); 4] = [
+pub const SCOPED_GLOBALS: [(&str, &str); 9] = [
     ("device", "--device"),
     ("manager_socket", "--manager-socket"),
+    ("manager", "--manager"),
+    ("ca", "--ca"),
+    ("cert", "--cert"),
+    ("key", "--key"),
+    ("token_file", "--token-file"),
     ("timeout", "--timeout"),
     ("count", "--count"),
 ];

@@ -877,9 +877,19 @@ fn run(cli: &Cli) -> Result<(), Error> {
         ),
         Command::P2p(p) => p2p::run(cli, p),
         Command::Top { interval, sort } => top::top(cli, *interval, *sort),
-        Command::Request(_) | Command::Release { .. } | Command::Queue | Command::Leases => {
-            manager::run(cli)
-        }
+        Command::Request(_)
+        | Command::Release { .. }
+        | Command::Queue
+        | Command::Leases
+        | Command::Pools
+        | Command::Hosts
+        | Command::Events { .. }
+        | Command::HostDown { .. }
+        | Command::Heartbeat { .. }
+        | Command::Health { .. }
+        | Command::ManagerTelemetry
+        | Command::ManagerState
+        | Command::ManagerLog { .. } => manager::run(cli),
     }
 }
 
