@@ -36,6 +36,15 @@ pub fn unix_now() -> Secs {
         .unwrap_or(0)
 }
 
+/// The daemon's clock: the Unix time at start, advanced by the monotonic clock, so a step
+/// of the wall clock while the daemon runs (NTP, an operator) moves no lease's expiry, slice
+/// or time-out. Stored times stay Unix times, so a restart picks up the wall clock again.
+pub fn steady_clock() -> Clock {
+    let base = unix_now();
+    let start = std::time::Instant::now();
+    Box::new(move || base.saturating_add(start.elapsed().as_secs()))
+}
+
 /// Telemetry polling: where samples come from and which functions to read.
 pub struct Telemetry {
     pub source: Box<dyn Source + Send>,
@@ -516,9 +525,17 @@ pub fn serve(daemon: Daemon, socket: &Path) -> Result<(), String> {
         Err(e) if crate::spool::no_unix_sockets(&e) => None,
         Err(e) => return Err(format!("cannot listen on {}: {e}", socket.display())),
     };
+    // SIGTERM and SIGINT are taken by one thread (sigwait), so every thread spawned from
+    // here on has them blocked.
+    let signals = block_stop_signals()?;
     let api = daemon.api.clone();
     let principals = daemon.principals.clone();
     let d = Arc::new(Mutex::new(daemon));
+    {
+        let d = d.clone();
+        let socket = socket.to_path_buf();
+        std::thread::spawn(move || stop_on_signal(signals, &d, &socket));
+    }
     if let Some(cfg) = &api {
         crate::api::spawn(d.clone(), cfg, principals)?;
     }
@@ -607,4 +624,57 @@ fn peer_uid(s: &UnixStream) -> Result<u32, String> {
         return Err(std::io::Error::last_os_error().to_string());
     }
     Ok(cred.uid)
+}
+
+/// Blocks SIGTERM and SIGINT in this thread (and the threads it starts); returns the set.
+fn block_stop_signals() -> Result<libc::sigset_t, String> {
+    // SAFETY: `set` is a valid sigset_t for sigemptyset/sigaddset to fill in; the mask
+    // change affects only the calling thread and the threads created after it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(format!(
+                "cannot block SIGTERM: {}",
+                std::io::Error::from_raw_os_error(rc)
+            ));
+        }
+        Ok(set)
+    }
+}
+
+/// Waits for SIGTERM or SIGINT, then stops cleanly: takes the daemon's lock (so the request
+/// being served finishes and nothing is half-applied), commits the state, tells systemd,
+/// removes the socket and exits 0.
+fn stop_on_signal(set: libc::sigset_t, d: &Arc<Mutex<Daemon>>, socket: &Path) {
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `set` holds signals this thread has blocked; `sig` is valid for writing.
+    let rc = unsafe { libc::sigwait(&set, &mut sig) };
+    if rc != 0 {
+        eprintln!("pcifab-manager: sigwait failed ({rc}); SIGTERM will not stop it cleanly");
+        return;
+    }
+    crate::notify::stopping();
+    let name = if sig == libc::SIGINT {
+        "SIGINT"
+    } else {
+        "SIGTERM"
+    };
+    eprintln!("pcifab-manager: {name}: finishing the request in hand and stopping");
+    let code = match d.lock() {
+        Ok(mut d) => match d.commit(None) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("pcifab-manager: the last commit failed: {e}");
+                1
+            }
+        },
+        Err(_) => 1,
+    };
+    let _ = std::fs::remove_file(socket);
+    eprintln!("pcifab-manager: stopped");
+    std::process::exit(code);
 }

@@ -154,7 +154,7 @@ fn run(a: Args) -> Result<(), String> {
         }
         (Box::new(sim), None)
     };
-    let mut d = Daemon::start(config, store, exec, Box::new(daemon::unix_now))?;
+    let mut d = Daemon::start(config, store, exec, daemon::steady_clock())?;
     d.telemetry = telemetry;
     d.liveness = liveness;
     d.scrubber = Some(scrubber);

@@ -36,6 +36,11 @@ pub fn ready() {
     notify("READY=1");
 }
 
+/// The daemon is shutting down.
+pub fn stopping() {
+    notify("STOPPING=1");
+}
+
 /// Whether systemd watches this process (`$WATCHDOG_USEC`, and `$WATCHDOG_PID` is ours or
 /// unset).
 fn watched() -> bool {

@@ -18,6 +18,34 @@ use crate::scheduler::Scheduler;
 const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const KEY: &str = "scheduler";
+/// The state's format version, under this key of table `state` (absent: version 1).
+const VERSION_KEY: &str = "version";
+
+/// The format this manager writes. 1: the scheduler as it was before formats were
+/// numbered; 2: requests carry their `owner` (the principal that asked).
+pub const STATE_VERSION: u32 = 2;
+
+/// Brings a stored scheduler of format `from` to [`STATE_VERSION`], one step at a time;
+/// a format newer than this manager's is refused (nothing is written).
+pub fn migrate(from: u32, mut v: serde_json::Value) -> Result<serde_json::Value, String> {
+    if from > STATE_VERSION {
+        return Err(format!(
+            "it is state format {from}, written by a newer pcifab-manager (this one knows up \
+             to {STATE_VERSION}); run that manager, or move the directory away to start afresh"
+        ));
+    }
+    let mut at = from.max(1);
+    while at < STATE_VERSION {
+        v = match at {
+            // Requests made before principals existed have no owner: only admins may
+            // release them (the field's default), nothing to rewrite.
+            1 => v,
+            _ => unreachable!("every format below STATE_VERSION has a step"),
+        };
+        at += 1;
+    }
+    Ok(v)
+}
 
 /// One request as the daemon received and answered it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -128,7 +156,36 @@ impl Store {
         let Some(v) = t.get(KEY).map_err(|e| err(&self.path, "read", e))? else {
             return Ok(None);
         };
-        let s: Scheduler = serde_json::from_slice(v.value()).map_err(|e| {
+        let version = match t.get(VERSION_KEY).map_err(|e| err(&self.path, "read", e))? {
+            None => 1,
+            Some(b) => std::str::from_utf8(b.value())
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok())
+                .ok_or_else(|| {
+                    err(
+                        &self.path,
+                        "stored state",
+                        "its format version is not a number; move the directory away to \
+                         start afresh",
+                    )
+                })?,
+        };
+        let raw: serde_json::Value = serde_json::from_slice(v.value()).map_err(|e| {
+            err(
+                &self.path,
+                "stored state does not parse",
+                format!("{e}; move the directory away to start afresh"),
+            )
+        })?;
+        let migrated = migrate(version, raw).map_err(|e| err(&self.path, "stored state", e))?;
+        if version < STATE_VERSION {
+            eprintln!(
+                "pcifab-manager: {}: state format {version} migrated to {STATE_VERSION} (written \
+                 back at the next commit)",
+                self.path
+            );
+        }
+        let s: Scheduler = serde_json::from_value(migrated).map_err(|e| {
             err(
                 &self.path,
                 "stored state does not parse",
@@ -150,6 +207,8 @@ impl Store {
                 .open_table(STATE)
                 .map_err(|e| err(&self.path, "open table", e))?;
             t.insert(KEY, state.as_slice())
+                .map_err(|e| err(&self.path, "write", e))?;
+            t.insert(VERSION_KEY, STATE_VERSION.to_string().as_bytes())
                 .map_err(|e| err(&self.path, "write", e))?;
             if let Some(entry) = entry {
                 let mut log = tx
@@ -226,6 +285,47 @@ mod tests {
         let tail = store.log_tail(2).expect("tail");
         assert_eq!(tail.len(), 2);
         assert_eq!(tail[1].summary, "entry 2");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A state of format 1 (no version key, no owners) loads and is written back as the
+    /// current format; a newer format is refused and left alone.
+    #[test]
+    fn older_formats_migrate_newer_ones_are_refused() {
+        let dir = std::env::temp_dir().join(format!("pcifab-store-v-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).expect("open");
+        let mut s = Scheduler::new(Config::default());
+        s.next_id = 9;
+        let mut v1 = serde_json::to_value(&s).expect("encode");
+        v1.as_object_mut().expect("object").remove("version");
+        let put = |version: Option<&str>, v: &serde_json::Value| {
+            let tx = store.db.begin_write().expect("tx");
+            {
+                let mut t = tx.open_table(STATE).expect("table");
+                t.insert(KEY, serde_json::to_vec(v).expect("json").as_slice())
+                    .expect("insert");
+                match version {
+                    Some(n) => t.insert(VERSION_KEY, n.as_bytes()).map(|_| ()),
+                    None => t.remove(VERSION_KEY).map(|_| ()),
+                }
+                .expect("version");
+            }
+            tx.commit().expect("commit");
+        };
+        put(None, &v1);
+        assert_eq!(store.load().expect("format 1 loads"), Some(s.clone()));
+        store.save(&s, None).expect("save");
+        let tx = store.db.begin_read().expect("tx");
+        let t = tx.open_table(STATE).expect("table");
+        let stored = t.get(VERSION_KEY).expect("get").expect("version written");
+        assert_eq!(stored.value(), STATE_VERSION.to_string().as_bytes());
+        drop((stored, t, tx));
+        put(Some("99"), &v1);
+        let e = store.load().expect_err("format 99");
+        assert!(e.contains("newer pcifab-manager"), "{e}");
+        put(Some("two"), &v1);
+        assert!(store.load().is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

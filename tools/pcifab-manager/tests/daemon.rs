@@ -138,6 +138,42 @@ fn survives_kill_9() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// SIGTERM: the daemon finishes, removes its socket and exits 0; the state is all there at
+/// the next start.
+#[test]
+fn sigterm_stops_cleanly() {
+    let dir = tempdir("sigterm");
+    std::fs::write(dir.join("manager.toml"), TWO_GPUS.replace("MODE", "hybrid")).expect("cfg");
+    let sock = dir.join("sock");
+    let mut child = start(&dir);
+    let mut s = connect(&sock);
+    let a = ask(&mut s, req(0, 2, 3));
+    assert_eq!(a["granted"], json!(true), "{a}");
+    let before = ask(&mut s, json!({"op": "state"}));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "still running 10 s after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    assert!(!sock.exists(), "the socket was left behind");
+    let mut child = start(&dir);
+    let mut s = connect(&sock);
+    let after = ask(&mut s, json!({"op": "state"}));
+    assert_eq!(before["state"], after["state"]);
+    child.kill().expect("kill");
+    child.wait().expect("reap");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 struct World {
     d: Daemon,
     clock: Arc<AtomicU64>,
