@@ -114,7 +114,22 @@ if [ ! -e "$SRC/.unpacked" ]; then
 fi
 ln -sfn "$SRC" "$CACHE/linux-src"
 
-# 5. Report what the rest of the build uses.
+# 5. promtool (checks the manager's /metrics): taken out of Debian's prometheus package into
+#    the cache, not installed (installing it would start a Prometheus server on this host).
+PROMTOOL=$CACHE/prometheus/usr/bin/promtool
+if [ ! -x "$PROMTOOL" ]; then
+	say "unpacking promtool from Debian's prometheus package into $CACHE/prometheus"
+	rm -rf "$CACHE/prometheus" "$CACHE/prometheus-deb"
+	mkdir -p "$CACHE/prometheus-deb"
+	(cd "$CACHE/prometheus-deb" && apt-get download prometheus >/dev/null) \
+		|| { apt-get update -qq && (cd "$CACHE/prometheus-deb" && apt-get download prometheus >/dev/null); } \
+		|| die "cannot download Debian's prometheus package (for promtool)"
+	dpkg-deb -x "$CACHE"/prometheus-deb/prometheus_*.deb "$CACHE/prometheus"
+	rm -rf "$CACHE/prometheus-deb"
+	[ -x "$PROMTOOL" ] || die "the prometheus package has no usr/bin/promtool"
+fi
+
+# 6. Report what the rest of the build uses.
 cat >"$CACHE/env.mk" <<MK
 # Written by tools/scripts/deps.sh; read by the Makefile.
 PCIFAB_CACHE := $CACHE
@@ -122,5 +137,6 @@ LINUX_SRC := $SRC
 TRIXIE := $TRIXIE
 BINDGEN := $BG/bin/bindgen
 LIBCLANG_PATH := /usr/lib/llvm-19/lib
+PROMTOOL := $PROMTOOL
 MK
 say "ok: qemu ${1}.${2} with vfio-user-pci, linux $SRCVER, bindgen $BINDGEN_VER, $(rustc --version)"

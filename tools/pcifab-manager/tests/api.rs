@@ -305,6 +305,34 @@ fn metrics_and_events_are_served() {
     ] {
         assert!(m.contains(want), "no {want:?} in\n{m}");
     }
+    // Prometheus's own linter accepts the text (make deps unpacks promtool into the cache).
+    let body = m.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    let promtool = std::env::var("PROMTOOL").unwrap_or_else(|_| {
+        format!(
+            "{}/prometheus/usr/bin/promtool",
+            std::env::var("PCIFAB_CACHE").unwrap_or_else(|_| "/var/cache/pcifab".into())
+        )
+    });
+    let mut p = std::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {promtool} ({e}): `make deps` unpacks it"));
+    p.stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write");
+    let out = p.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {} {}{}\n{body}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     // A tenant's events: its host's grant.
     let (st, v) = w
         .client(Some("h1-job"), None)
