@@ -396,3 +396,172 @@ fn raw(w: &World, who: Option<&str>, request: &str) -> String {
     let _ = s.read_to_end(&mut out);
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// SplitMix64: the seeded stream of the bad-input phase.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The status of a raw exchange, or 0 when the server closed without a status line.
+fn status(reply: &str) -> u16 {
+    reply
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn invariants(w: &World, phase: &str) {
+    let d = w.daemon.lock().expect("daemon");
+    d.sched
+        .check_invariants()
+        .unwrap_or_else(|e| panic!("{phase}: scheduler invariants: {e}"));
+}
+
+/// 1,000 seeded malformed, oversized and unauthenticated requests, then 200 clients at
+/// once: the manager answers every one, loses and duplicates nothing, and its invariants
+/// hold after each phase.
+#[test]
+fn bad_input_and_load() {
+    let w = start("api-load");
+    let seed = 0x5eed_a91;
+    let mut rng = Rng(seed);
+    let auth = format!("Authorization: Bearer {OPS_TOKEN}\r\n");
+    let mut by_status = std::collections::BTreeMap::<u16, u32>::new();
+    for i in 0..1000 {
+        let kind = rng.below(8);
+        let junk: String = (0..1 + rng.below(200))
+            .map(|_| char::from(b' ' + (rng.below(95)) as u8))
+            .collect();
+        let (who, req, want): (Option<&str>, String, &[u16]) = match kind {
+            // Not JSON, or JSON of the wrong shape.
+            0 => (None, post(&auth, &junk), &[400]),
+            1 => (
+                None,
+                post(
+                    &auth,
+                    &format!("{{\"host\":{},\"want\":{junk:?}}}", rng.below(300)),
+                ),
+                &[400],
+            ),
+            // Too large.
+            2 => (
+                None,
+                post(&auth, &"x".repeat(4097 + rng.below(10_000) as usize)),
+                &[413],
+            ),
+            // No credentials, a wrong token, a malformed Authorization header.
+            3 => (None, post("", "{}"), &[401]),
+            4 => (None, post("Authorization: Bearer nope\r\n", "{}"), &[401]),
+            5 => (
+                None,
+                post(&format!("Authorization: {junk}\r\n"), "{}"),
+                &[401, 400],
+            ),
+            // A reader writing; a tenant for someone else's host.
+            6 => (Some("grafana"), post("", &spec_json(1)), &[403]),
+            // Routes and methods that do not exist.
+            _ => (
+                Some("h0-job"),
+                format!(
+                    "{} /v1/{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                    ["GET", "PATCH", "DELETE", "OPTIONS"][rng.below(4) as usize],
+                    junk.replace([' ', '?', '#', '%', '/'], "")
+                ),
+                &[400, 404, 405],
+            ),
+        };
+        let r = raw(&w, who, &req);
+        let st = status(&r);
+        *by_status.entry(st).or_default() += 1;
+        assert!(
+            want.contains(&st),
+            "bad request {i} (kind {kind}, seed {seed:#x}): status {st}, wanted {want:?}:\n{req:.300}\n-> {r:.300}"
+        );
+    }
+    eprintln!("1,000 bad requests (seed {seed:#x}): statuses {by_status:?}");
+    assert!(w.lease_ids().is_empty(), "a bad request made a lease");
+    invariants(&w, "after the bad requests");
+
+    // 200 clients at once, each asking for one VF for one of the three hosts.
+    let clients = 200;
+    let ids: Vec<(u64, bool)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..clients)
+            .map(|i| {
+                let c = w.client(None, Some(OPS_TOKEN));
+                s.spawn(move || {
+                    let mut spec = common::vfs((i % 3) as u8, 1, (i % 7) as u32, 600);
+                    spec.want = pcifab_manager::scheduler::Want::Vfs {
+                        count: 1,
+                        profile: None,
+                    };
+                    let (st, v) = c.ask(&Request::Request { spec }, 0).expect("answer");
+                    assert_eq!(st, 201, "client {i}: {v}");
+                    (v["id"].as_u64().expect("id"), v["granted"] == json!(true))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("client")).collect()
+    });
+    let mut seen: Vec<u64> = ids.iter().map(|(id, _)| *id).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), clients, "duplicated request ids");
+    {
+        let d = w.daemon.lock().expect("daemon");
+        let mut held: Vec<u64> = d
+            .sched
+            .leases
+            .keys()
+            .copied()
+            .chain(d.sched.queue.iter().map(|q| q.id))
+            .collect();
+        held.sort_unstable();
+        assert_eq!(held, seen, "every request is a lease or queued, once");
+        let granted: Vec<u64> = ids.iter().filter(|(_, g)| *g).map(|(id, _)| *id).collect();
+        for id in &granted {
+            assert!(d.sched.leases.contains_key(id) || d.sched.queue.iter().all(|q| q.id != *id));
+        }
+    }
+    invariants(&w, "after 200 concurrent requests");
+    // And all of them released at once: nothing left.
+    std::thread::scope(|s| {
+        for (id, _) in &ids {
+            let c = w.client(None, Some(OPS_TOKEN));
+            let id = *id;
+            s.spawn(move || {
+                let (st, v) = c.ask(&Request::Release { id }, 0).expect("answer");
+                // A queued request promoted to a lease and released is fine either way.
+                assert_eq!(st, 200, "release {id}: {v}");
+            });
+        }
+    });
+    let d = w.daemon.lock().expect("daemon");
+    assert!(d.sched.leases.is_empty() && d.sched.queue.is_empty());
+    d.sched
+        .check_invariants()
+        .expect("invariants after the releases");
+}
+
+fn spec_json(host: u8) -> String {
+    serde_json::to_string(&gpus(host, 1, 1, 60)).expect("spec")
+}
+
+fn post(auth: &str, body: &str) -> String {
+    format!(
+        "POST /v1/requests HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
