@@ -296,8 +296,19 @@ fn with_manager(
     telemetry_s: u64,
     body: impl FnOnce(&mut Fabric) -> Result<(), String>,
 ) -> Result<(), String> {
+    with_manager_and(f, mode, telemetry_s, "", body)
+}
+
+/// [`with_manager`] with `extra` appended to the configuration (`[api]`, principals).
+fn with_manager_and(
+    f: &mut Fabric,
+    mode: &str,
+    telemetry_s: u64,
+    extra: &str,
+    body: impl FnOnce(&mut Fabric) -> Result<(), String>,
+) -> Result<(), String> {
     compose_begin(f)?;
-    let cfg = config_text(f, mode, telemetry_s);
+    let cfg = format!("{}{extra}", config_text(f, mode, telemetry_s));
     f.hosts[0].log_note(&format!("manager configuration:\n{cfg}"));
     start_manager(&mut f.hosts[0], Some(&cfg), false)?;
     let r = body(f);
@@ -996,4 +1007,169 @@ pub fn host_killed(f: &mut Fabric) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(100));
     }
     compose_begin(f)
+}
+
+/// The API's port in the test world.
+const API_PORT: u16 = 8443;
+
+/// `pcifab` from host `h` to the manager's network API as `who` (its certificate).
+fn net_cli(h: &mut Host, url: &str, who: Option<&str>, args: &str) -> Result<(i64, Value), String> {
+    let d = crate::tls::GUEST_DIR;
+    let cert = who
+        .map(|w| format!(" --cert {d}/{w}.crt --key {d}/{w}.key"))
+        .unwrap_or_default();
+    let cmd = format!("pcifab --manager {url} --ca {d}/ca.crt{cert} {args} --json");
+    let o = h.run(&cmd)?;
+    let v = json_line(&o.out).map_err(|e| format!("{}: `{cmd}`: {e}", h.name))?;
+    Ok((o.code, v))
+}
+
+/// A refusal: exit 3 and an error naming the HTTP status.
+fn refused_with(what: &str, status: &str, (code, v): (i64, Value)) -> Result<(), String> {
+    let msg = v["error"]["message"].as_str().unwrap_or("");
+    if code != 3 || !msg.contains(status) {
+        return Err(format!(
+            "{what}: expected exit 3 and a {status} refusal, got exit {code}: {v}"
+        ));
+    }
+    Ok(())
+}
+
+/// Requests from h1 over the management network: h1's tenant gets a GPU for h1 through
+/// the HTTPS API with its client certificate, and is refused (403, nothing changes) when it
+/// tries to release h0's lease or compose onto h0; a reader sees everything and changes
+/// nothing; no certificate is a 401.
+pub fn network_api(f: &mut Fabric) -> Result<(), String> {
+    f.tls_material(&["h1-job", "auditor"])?;
+    let url = format!("https://{}:{API_PORT}", f.manager_addr(1)?);
+    let d = crate::tls::GUEST_DIR;
+    let extra = format!(
+        "\n[api]\nlisten = \"0.0.0.0:{API_PORT}\"\ncert = \"{d}/manager.crt\"\n\
+         key = \"{d}/manager.key\"\nclient_ca = \"{d}/ca.crt\"\n\n\
+         [[principals]]\nname = \"h1-job\"\nrole = \"tenant\"\nhosts = [1]\n\n\
+         [[principals]]\nname = \"auditor\"\nrole = \"reader\"\n"
+    );
+    with_manager_and(f, "hybrid", 0, &extra, |f| {
+        let h1 = &mut f.hosts[1];
+        let (code, v) = net_cli(
+            h1,
+            &url,
+            Some("h1-job"),
+            "request --gpus 1 --host 1 --priority 5 --duration 600",
+        )?;
+        if code != 0 || v["granted"] != Value::Bool(true) {
+            return Err(format!(
+                "h1's tenant asking for a GPU for h1 over the network: expected exit 0 and \
+                 granted, got exit {code}: {v}"
+            ));
+        }
+        let r1 = v["id"].as_u64().ok_or("no id in the reply")?;
+        let mut c = crate::scenarios::Checks::new("h1's lease (over the network)");
+        c.eq("owner", Some("h1-job"), v["lease"]["owner"].as_str());
+        c.eq("host", Some(1), v["lease"]["host"].as_u64());
+        c.finish()?;
+        let f1 = lease_functions(&v["lease"]);
+        let g1 = u16::from_str_radix(f1.first().map_or("", |s| &s[2..]), 16)
+            .map_err(|e| format!("the lease's function {f1:?}: {e}"))?;
+        check_world(f, &owners(&[(g1, 1)]), "h1's request granted over the network")?;
+
+        // h0's root asks over the local socket.
+        let (r0, granted, v0) =
+            request(&mut f.hosts[0], "--gpus 1 --host 0 --priority 5 --duration 600")?;
+        expect("h0's request granted", true, granted)?;
+        let g0 = u16::from_str_radix(
+            lease_functions(&v0["lease"]).first().map_or("", |s| &s[2..]),
+            16,
+        )
+        .map_err(|e| format!("h0's lease: {e}"))?;
+        let both = owners(&[(g1, 1), (g0, 0)]);
+        check_world(f, &both, "h0's request granted over the socket")?;
+
+        // h1's tenant may not release h0's lease, nor compose onto h0; a reader may not
+        // request; no certificate at all is not a principal. Nothing changes.
+        let h1 = &mut f.hosts[1];
+        refused_with(
+            "h1's tenant releasing h0's lease",
+            "403",
+            net_cli(h1, &url, Some("h1-job"), &format!("release {r0}"))?,
+        )?;
+        refused_with(
+            "h1's tenant asking for a GPU for h0",
+            "403",
+            net_cli(
+                h1,
+                &url,
+                Some("h1-job"),
+                "request --gpus 1 --host 0 --priority 9 --duration 60",
+            )?,
+        )?;
+        refused_with(
+            "a reader asking for a GPU",
+            "403",
+            net_cli(
+                h1,
+                &url,
+                Some("auditor"),
+                "request --gpus 1 --host 1 --priority 9 --duration 60",
+            )?,
+        )?;
+        refused_with(
+            "no client certificate",
+            "401",
+            net_cli(h1, &url, None, "queue")?,
+        )?;
+        check_world(f, &both, "after the refused requests")?;
+
+        // What each sees: the reader both leases, the tenant its own; the tenant's notices.
+        let h1 = &mut f.hosts[1];
+        let ids = |v: &Value| -> Vec<u64> {
+            v["leases"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|l| l["id"].as_u64()).collect())
+                .unwrap_or_default()
+        };
+        let (_, all) = net_cli(h1, &url, Some("auditor"), "leases")?;
+        let (_, own) = net_cli(h1, &url, Some("h1-job"), "leases")?;
+        let (_, ev) = net_cli(h1, &url, Some("h1-job"), "events --host 1")?;
+        let mut c = crate::scenarios::Checks::new("views over the network");
+        c.eq("the reader's leases", vec![r1, r0], ids(&all));
+        c.eq("the tenant's leases", vec![r1], ids(&own));
+        c.eq(
+            "the tenant's notices",
+            vec![(r1, "granted".to_string())],
+            ev["events"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|n| {
+                            (
+                                n["lease"].as_u64().unwrap_or(0),
+                                n["kind"].as_str().unwrap_or("").to_string(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        );
+        c.finish()?;
+
+        // The tenant releases its own lease: h1's GPU goes, h0's stays.
+        let (code, v) = net_cli(h1, &url, Some("h1-job"), &format!("release {r1}"))?;
+        if code != 0 {
+            return Err(format!("h1's tenant releasing its lease: exit {code}: {v}"));
+        }
+        check_world(f, &owners(&[(g0, 0)]), "h1's lease released over the network")?;
+        // Every refusal is in the daemon's log with the principal.
+        let h0 = &mut f.hosts[0];
+        let logged = h0.run(&format!("grep -c 'refused' {LOG}"))?;
+        let n: usize = logged.out.trim().parse().unwrap_or(0);
+        if n < 4 {
+            return Err(format!(
+                "the manager logged {n} refusals, expected the 4 made:\n{}",
+                manager_log(h0, 20)
+            ));
+        }
+        cli_ok(h0, &format!("release {r0}"))?;
+        Ok(())
+    })
 }

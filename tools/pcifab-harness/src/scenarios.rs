@@ -207,6 +207,11 @@ pub fn all() -> Vec<Scenario> {
             crate::manager::host_killed,
         ),
         s(
+            "manager: h1 requests over the network, each principal held to its role",
+            240,
+            crate::manager::network_api,
+        ),
+        s(
             "features: the driver finds the firmware's extensions, PAX refuses the query",
             120,
             crate::pax_driver::features,
