@@ -660,6 +660,22 @@ impl Run {
             "bench p2p_throughput_ratio_vs_bounce {:.3}",
             at16.3
         ));
+        fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
+        let r = manager::bench_requests(fabric);
+        fabric.set_deadline(None);
+        let mut t = r?;
+        t.sort_by(f64::total_cmp);
+        let pct = |q: f64| t[((t.len() - 1) as f64 * q).round() as usize];
+        say(&format!(
+            "# {} GPU requests made on h1 with pcifab --manager over the management network \
+             (TLS 1.3, client certificate), command start to exit with the grant, ms: min \
+             {:.1}, max {:.1}",
+            t.len(),
+            t[0],
+            t[t.len() - 1]
+        ));
+        say(&format!("bench manager_request_p50_ms_from_h1 {:.1}", pct(0.5)));
+        say(&format!("bench manager_request_p99_ms_from_h1 {:.1}", pct(0.99)));
         Ok(())
     }
 

@@ -1173,3 +1173,61 @@ pub fn network_api(f: &mut Fabric) -> Result<(), String> {
         Ok(())
     })
 }
+
+/// Request round trips of `make bench`'s manager figure.
+pub const BENCH_REQUESTS: usize = 40;
+
+/// `make bench`: [`BENCH_REQUESTS`] requests for a GPU made on h1 with `pcifab --manager`
+/// over the management network, each timed in h1 from the command's start to its exit with
+/// the grant (TLS handshake, the API, the decision, the bind command), then released
+/// (untimed). Returns the times in ms.
+pub fn bench_requests(f: &mut Fabric) -> Result<Vec<f64>, String> {
+    f.tls_material(&["h1-job"])?;
+    let url = format!("https://{}:{API_PORT}", f.manager_addr(1)?);
+    let d = crate::tls::GUEST_DIR;
+    let extra = format!(
+        "\n[api]\nlisten = \"0.0.0.0:{API_PORT}\"\ncert = \"{d}/manager.crt\"\n\
+         key = \"{d}/manager.key\"\nclient_ca = \"{d}/ca.crt\"\n\n\
+         [[principals]]\nname = \"h1-job\"\nrole = \"tenant\"\nhosts = [1]\n"
+    );
+    let mut times = Vec::new();
+    with_manager_and(f, "hybrid", 0, &extra, |f| {
+        let h1 = &mut f.hosts[1];
+        let net = format!(
+            "pcifab --manager {url} --ca {d}/ca.crt --cert {d}/h1-job.crt --key {d}/h1-job.key"
+        );
+        let o = h1.run_ok_timeout(
+            &format!(
+                "for i in $(seq {BENCH_REQUESTS}); do\n\
+                   t0=$(date +%s%N)\n\
+                   {net} request --gpus 1 --host 1 --priority 5 --duration 600 --json \
+                     > /tmp/bench-req.json || {{ cat /tmp/bench-req.json; exit 1; }}\n\
+                   t1=$(date +%s%N)\n\
+                   grep -q '\"granted\":true' /tmp/bench-req.json || {{ echo 'not granted:'; cat /tmp/bench-req.json; exit 1; }}\n\
+                   id=$(sed -n 's/.*\"id\":\\([0-9]*\\),\"lease\".*/\\1/p' /tmp/bench-req.json)\n\
+                   [ -n \"$id\" ] || {{ echo 'no id in:'; cat /tmp/bench-req.json; exit 1; }}\n\
+                   echo \"t $t0 $t1\"\n\
+                   {net} release $id >/dev/null || exit 1\n\
+                 done"
+            ),
+            Duration::from_secs(900),
+        )?;
+        for l in o.lines().filter_map(|l| l.strip_prefix("t ")) {
+            let mut it = l.split_whitespace().map(|n| n.parse::<u128>());
+            match (it.next(), it.next()) {
+                (Some(Ok(t0)), Some(Ok(t1))) if t1 > t0 && t0 > 1_000_000_000_000_000_000 => {
+                    times.push((t1 - t0) as f64 / 1e6);
+                }
+                _ => return Err(format!("h1: a timing line is not two ns times: {l:?}")),
+            }
+        }
+        if times.len() != BENCH_REQUESTS {
+            return Err(format!(
+                "h1: {} timed requests of {BENCH_REQUESTS}:\n{o}",
+                times.len()
+            ));
+        }
+        Ok(())
+    })?;
+    Ok(times)
+}
