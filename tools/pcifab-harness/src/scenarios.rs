@@ -35,6 +35,16 @@ pub fn all() -> Vec<Scenario> {
         s("agent answers in every host", 60, agent_answers),
         s("pcifab binds the MEP in every host", 120, pcifab_binds),
         s(
+            "mgmt net: every host reaches the manager's host, and only it",
+            180,
+            crate::mgmt_net::reach_manager_only,
+        ),
+        s(
+            "mgmt net: TLS material in every guest, keys private",
+            120,
+            crate::mgmt_net::tls_installed,
+        ),
+        s(
             "sysfs identity matches the emulator config",
             120,
             sysfs_identity,
