@@ -535,3 +535,60 @@ pub fn tls_installed(f: &mut Fabric) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Checks host k's link from both ends once both NICs have their carrier: the NIC with
+/// host k's MAC has 10.77.k.2/24 and `ping -c 3` each way gets 3 of 3 answers.
+fn link_works(f: &mut Fabric, k: usize) -> Result<(), String> {
+    let mut ends = Vec::new();
+    for i in [0, k] {
+        let h = &mut f.hosts[i];
+        let mac = mgmt_mac(k, i == 0);
+        let dev = nics(h)?
+            .into_iter()
+            .find(|x| x.mac == mac)
+            .map(|x| x.dev)
+            .ok_or_else(|| format!("{}: no interface with MAC {mac}", h.name))?;
+        wait_carrier(h, &dev)?;
+        ends.push(dev);
+    }
+    let own = f.mgmt_addr(k)?;
+    let out = f.hosts[k].run_ok(&format!("ip -4 -o addr show dev {}", ends[1]))?;
+    if !out.contains(&format!(" inet {own}/24 ")) {
+        return Err(format!(
+            "{}: {} does not have {own}/24: {}",
+            f.hosts[k].name,
+            ends[1],
+            out.trim_end()
+        ));
+    }
+    for (from, to) in [(k, f.manager_addr(k)?), (0, own)] {
+        let h = &mut f.hosts[from];
+        let out = h.run_ok_timeout(&format!("ping -c 3 -w 30 {to}"), Duration::from_secs(45))?;
+        if !out.contains("3 packets transmitted, 3 packets received") {
+            return Err(format!(
+                "{}: ping {to}: expected 3 of 3 echoes answered, got: {}",
+                h.name,
+                out.trim_end()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Scenario: the last host's QEMU is killed and started again (same command line, as
+/// [`Host::reboot`] does); its link with h0 comes back by itself (its end reconnects, h0's
+/// listens again) and works both ways.
+pub fn rebooted_host_reconnects(f: &mut Fabric) -> Result<(), String> {
+    let n = f.hosts.len();
+    if n < 2 {
+        f.skip("the management network needs at least two hosts");
+        return Ok(());
+    }
+    let k = n - 1;
+    link_works(f, k)?;
+    let h = &mut f.hosts[k];
+    h.kill_qemu()?;
+    let t = h.reboot()?;
+    h.log_note(&format!("rebooted in {:.1} s", t.as_secs_f64()));
+    link_works(f, k)
+}

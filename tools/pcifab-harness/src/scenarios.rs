@@ -35,16 +35,6 @@ pub fn all() -> Vec<Scenario> {
         s("agent answers in every host", 60, agent_answers),
         s("pcifab binds the MEP in every host", 120, pcifab_binds),
         s(
-            "mgmt net: every host reaches the manager's host, and only it",
-            180,
-            crate::mgmt_net::reach_manager_only,
-        ),
-        s(
-            "mgmt net: TLS material in every guest, keys private",
-            120,
-            crate::mgmt_net::tls_installed,
-        ),
-        s(
             "sysfs identity matches the emulator config",
             120,
             sysfs_identity,
@@ -190,6 +180,22 @@ pub fn all() -> Vec<Scenario> {
             "sysfs: per-function telemetry in every host follows the firmware",
             120,
             crate::telemetry::sysfs_telemetry,
+        ),
+        // The network and TLS material the manager's API is reached through.
+        s(
+            "mgmt net: every host reaches the manager's host, and only it",
+            180,
+            crate::mgmt_net::reach_manager_only,
+        ),
+        s(
+            "mgmt net: TLS material in every guest, keys private",
+            120,
+            crate::mgmt_net::tls_installed,
+        ),
+        s(
+            "mgmt net: a host killed and rebooted gets its link back",
+            240,
+            crate::mgmt_net::rebooted_host_reconnects,
         ),
         s(
             "manager: four requests at three priorities, queue and hand-overs",
