@@ -1366,3 +1366,49 @@ pub fn shutdown(
     }
     problems
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mgmt_macs_carry_the_link_and_the_end() {
+        assert_eq!(mgmt_mac(1, true), "52:54:00:77:01:01");
+        assert_eq!(mgmt_mac(1, false), "52:54:00:77:01:02");
+        assert_eq!(mgmt_mac(254, false), "52:54:00:77:fe:02");
+    }
+
+    #[test]
+    fn h0_serves_every_link_and_hosts_reconnect_to_theirs() {
+        let dir = Path::new("/tmp/pcifab-test");
+        let h0 = mgmt_nic_args(dir, 0, 3).unwrap();
+        assert_eq!(
+            h0,
+            [
+                "-netdev",
+                "stream,id=mgmt1,server=on,addr.type=unix,addr.path=/tmp/pcifab-test/mgmt-1.sock",
+                "-device",
+                "virtio-net-pci,id=mgmtnic1,netdev=mgmt1,mac=52:54:00:77:01:01,bus=pcie.0,romfile=",
+                "-netdev",
+                "stream,id=mgmt2,server=on,addr.type=unix,addr.path=/tmp/pcifab-test/mgmt-2.sock",
+                "-device",
+                "virtio-net-pci,id=mgmtnic2,netdev=mgmt2,mac=52:54:00:77:02:01,bus=pcie.0,romfile=",
+            ]
+        );
+        let h2 = mgmt_nic_args(dir, 2, 3).unwrap();
+        assert_eq!(
+            h2,
+            [
+                "-netdev",
+                "stream,id=mgmt2,server=off,reconnect-ms=200,addr.type=unix,\
+                 addr.path=/tmp/pcifab-test/mgmt-2.sock",
+                "-device",
+                "virtio-net-pci,id=mgmtnic2,netdev=mgmt2,mac=52:54:00:77:02:02,bus=pcie.0,romfile=",
+            ]
+        );
+        // One host alone has no link; more hosts than addresses are refused.
+        assert!(mgmt_nic_args(dir, 0, 1).unwrap().is_empty());
+        assert!(mgmt_nic_args(dir, 0, MGMT_MAX_HOSTS).is_ok());
+        assert!(mgmt_nic_args(dir, 0, MGMT_MAX_HOSTS + 1).is_err());
+    }
+}
