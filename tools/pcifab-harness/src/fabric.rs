@@ -494,6 +494,8 @@ pub struct Fabric {
     skip: Option<String>,
     /// Log checks so far (numbers the console marks).
     checks: u64,
+    /// The run's TLS material, once a scenario asked for it ([`Fabric::tls_material`]).
+    pub(crate) tls: Option<crate::tls::Authority>,
 }
 
 /// The emulator's control socket, for scenarios.
@@ -553,6 +555,7 @@ impl Fabric {
             expected_emu_errors: Vec::new(),
             skip: None,
             checks: 0,
+            tls: None,
         }
     }
 
@@ -959,12 +962,72 @@ pub fn kernel_cmdline(name: &str, iommu: bool, debug_kernel: bool) -> String {
     c
 }
 
-/// QEMU arguments for host `name` (after the binary and -L options).
+/// Most hosts the management network can address: host k's link is 10.77.k.0/24 and its
+/// MACs carry k in one byte.
+pub const MGMT_MAX_HOSTS: usize = 255;
+
+/// MAC of the management NIC on host k's link (k >= 1): h0's end (`manager_side`) is
+/// 52:54:00:77:KK:01, host k's end 52:54:00:77:KK:02 (KK = k in hex). The guest's init
+/// derives the NIC's address 10.77.k.1 or 10.77.k.2 from it (initramfs.rs).
+pub fn mgmt_mac(k: usize, manager_side: bool) -> String {
+    format!(
+        "52:54:00:77:{:02x}:{:02x}",
+        k & 0xff,
+        if manager_side { 1 } else { 2 }
+    )
+}
+
+/// The management NICs of host `index` of `n_hosts` (Documentation/testing.rst, "The
+/// management network"): h0 has one per other host k, the server end of a `-netdev
+/// stream` over `RUN/mgmt-K.sock`; host k has one, the client end, which reconnects, so
+/// the boot order does not matter and a host rebooted by a scenario gets its link back.
+fn mgmt_nic_args(run_dir: &Path, index: usize, n_hosts: usize) -> Result<Vec<String>, String> {
+    if n_hosts > MGMT_MAX_HOSTS {
+        return Err(format!(
+            "{n_hosts} hosts: the management network addresses at most {MGMT_MAX_HOSTS} \
+             (10.77.K.0/24 per host)"
+        ));
+    }
+    let links: Vec<usize> = if index == 0 {
+        (1..n_hosts).collect()
+    } else {
+        vec![index]
+    };
+    let mut a = Vec::new();
+    for k in links {
+        let sock = sock_path(run_dir, &format!("mgmt-{k}.sock"))?;
+        let end = if index == 0 {
+            "server=on".to_string()
+        } else {
+            format!("server=off,reconnect-ms={MGMT_RECONNECT_MS}")
+        };
+        a.push("-netdev".into());
+        a.push(format!(
+            "stream,id=mgmt{k},{end},addr.type=unix,addr.path={}",
+            qopt(&sock)
+        ));
+        // No option ROM: nothing boots from the network, and SeaBIOS would spend time
+        // (under TCG) starting iPXE for it.
+        a.push("-device".into());
+        a.push(format!(
+            "virtio-net-pci,id=mgmtnic{k},netdev=mgmt{k},mac={},bus=pcie.0,romfile=",
+            mgmt_mac(k, index == 0)
+        ));
+    }
+    Ok(a)
+}
+
+/// How often host k's QEMU tries to reach h0's end of their link while it is not there.
+const MGMT_RECONNECT_MS: u32 = 200;
+
+/// QEMU arguments for host `name`, number `index` of `n_hosts` (after the binary and -L
+/// options).
 pub fn qemu_args(
     opts: &Opts,
     name: &str,
     initrd: &Path,
     run_dir: &Path,
+    (index, n_hosts): (usize, usize),
     iommu: bool,
 ) -> Result<Vec<OsString>, String> {
     let mep = sock_path(run_dir, &format!("mep-{name}.sock"))?;
@@ -1055,6 +1118,9 @@ pub fn qemu_args(
         "-qmp".into(),
         format!("unix:{},server=on,wait=off", qopt(&qmp)),
     ]);
+    // After every other device, so the NICs take the last free slots of the root bus and
+    // move nothing that was there before.
+    a.extend(mgmt_nic_args(run_dir, index, n_hosts)?);
     if !opts.no_emu {
         // The emulator's own monitor: binds and unbinds device_add/device_del through it.
         a.extend([
@@ -1093,7 +1159,14 @@ pub fn boot_hosts(
         listener
             .set_nonblocking(true)
             .map_err(|e| format!("{}: {e}", agent.display()))?;
-        let args = qemu_args(opts, name, initrd, run_dir, iommu_host(index))?;
+        let args = qemu_args(
+            opts,
+            name,
+            initrd,
+            run_dir,
+            (index, names.len()),
+            iommu_host(index),
+        )?;
         let mut cmd = qemu_command(&opts.qemu_root)?;
         cmd.args(&args);
         let qlog_path = opts.results.join(format!("{name}.qemu.log"));
@@ -1292,4 +1365,50 @@ pub fn shutdown(
         }
     }
     problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mgmt_macs_carry_the_link_and_the_end() {
+        assert_eq!(mgmt_mac(1, true), "52:54:00:77:01:01");
+        assert_eq!(mgmt_mac(1, false), "52:54:00:77:01:02");
+        assert_eq!(mgmt_mac(254, false), "52:54:00:77:fe:02");
+    }
+
+    #[test]
+    fn h0_serves_every_link_and_hosts_reconnect_to_theirs() {
+        let dir = Path::new("/tmp/pcifab-test");
+        let h0 = mgmt_nic_args(dir, 0, 3).unwrap();
+        assert_eq!(
+            h0,
+            [
+                "-netdev",
+                "stream,id=mgmt1,server=on,addr.type=unix,addr.path=/tmp/pcifab-test/mgmt-1.sock",
+                "-device",
+                "virtio-net-pci,id=mgmtnic1,netdev=mgmt1,mac=52:54:00:77:01:01,bus=pcie.0,romfile=",
+                "-netdev",
+                "stream,id=mgmt2,server=on,addr.type=unix,addr.path=/tmp/pcifab-test/mgmt-2.sock",
+                "-device",
+                "virtio-net-pci,id=mgmtnic2,netdev=mgmt2,mac=52:54:00:77:02:01,bus=pcie.0,romfile=",
+            ]
+        );
+        let h2 = mgmt_nic_args(dir, 2, 3).unwrap();
+        assert_eq!(
+            h2,
+            [
+                "-netdev",
+                "stream,id=mgmt2,server=off,reconnect-ms=200,addr.type=unix,\
+                 addr.path=/tmp/pcifab-test/mgmt-2.sock",
+                "-device",
+                "virtio-net-pci,id=mgmtnic2,netdev=mgmt2,mac=52:54:00:77:02:02,bus=pcie.0,romfile=",
+            ]
+        );
+        // One host alone has no link; more hosts than addresses are refused.
+        assert!(mgmt_nic_args(dir, 0, 1).unwrap().is_empty());
+        assert!(mgmt_nic_args(dir, 0, MGMT_MAX_HOSTS).is_ok());
+        assert!(mgmt_nic_args(dir, 0, MGMT_MAX_HOSTS + 1).is_err());
+    }
 }

@@ -105,13 +105,36 @@ mount -t tmpfs tmpfs /tmp
 if [ -d /sys/kernel/debug ] && grep -qw debugfs /proc/filesystems; then
     mount -t debugfs debugfs /sys/kernel/debug || echo "pcifab-init: debugfs mount failed"
 fi
-# Modules the fabric's devices need from a kernel that has them as modules (Debian's nvme),
-# in dependency order (--kernel-modules).
+# Modules the fabric's devices need from a kernel that has them as modules (Debian's
+# virtio_net, and nvme with a drive), in dependency order (--kernel-modules).
 for m in /lib/modules/extra/*.ko; do
     [ -e "$m" ] || continue
     insmod "$m" || echo "pcifab-init: insmod $m failed"
 done
 [ -n "$pcifab_host" ] && hostname "$pcifab_host"
+# The management network (Documentation/testing.rst): a NIC whose MAC is 52:54:00:77:KK:0S
+# (S 1 on h0's end of host KK's link, 2 on the host's end; KK in hex) gets 10.77.KK.S/24.
+# No other interface, route or address is set up.
+ip link set dev lo up || echo "pcifab-init: lo up failed"
+for a in /sys/class/net/*/address; do
+    [ -e "$a" ] || continue
+    read -r mac < "$a"
+    case "$mac" in
+    52:54:00:77:[0-9a-f][0-9a-f]:0[12]) ;;
+    *) continue ;;
+    esac
+    dev=${a%/address}
+    dev=${dev##*/}
+    kk=${mac#52:54:00:77:}
+    end=${kk#*:}
+    kk=${kk%%:*}
+    addr="10.77.$((0x$kk)).$((0x$end))/24"
+    if ip addr add "$addr" dev "$dev" && ip link set dev "$dev" up; then
+        echo "pcifab-init: management network: $dev $mac $addr"
+    else
+        echo "pcifab-init: management network: setting $addr on $dev ($mac) failed"
+    fi
+done
 # Which kernel this guest runs: the harness reports it per host as well.
 echo "pcifab-init: kernel $(uname -r)"
 echo "pcifab-init: host ${pcifab_host:-?} up, starting /bin/pcifab-agent"

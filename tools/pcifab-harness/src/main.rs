@@ -12,6 +12,7 @@ mod fabric;
 mod initramfs;
 mod install;
 mod manager;
+mod mgmt_net;
 mod nvme;
 mod nvme_pool;
 mod p2p;
@@ -22,6 +23,7 @@ mod qmp;
 mod scenarios;
 mod splat;
 mod telemetry;
+mod tls;
 mod trust;
 
 /// Whether scenario `name` matches the lower-case `--filter` value: it contains one of its
@@ -88,9 +90,10 @@ usage: pcifab-harness <test|demo|bench|list|selftest> --kernel BZIMAGE --module 
               and the kernel parameters those checks need
   --busybox   static busybox for the guest (default /bin/busybox)
   --no-emu    development aid: no emulator, a pci-testdev stands in for the MEP
-  --kernel-modules DIR  the kernel's module tree (/lib/modules/RELEASE): when the fabric
-              has an nvme drive, nvme.ko and its dependencies from there are loaded at
-              boot (Debian's kernel has them as modules; the test kernels built in)
+  --kernel-modules DIR  the kernel's module tree (/lib/modules/RELEASE): virtio_net.ko
+              (the management network) and, when the fabric has an nvme drive, nvme.ko,
+              with their dependencies, are loaded from there at boot (Debian's kernel has
+              them as modules; the test kernels built in)
 ";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -124,7 +127,8 @@ pub struct Opts {
     /// `--switchtec-user`: the static switchtec-user CLI for the guests.
     pub switchtec_user: Option<PathBuf>,
     /// `--kernel-modules DIR`: the kernel's module tree, for the modules the fabric's
-    /// devices need (nvme for a drive) when the kernel has them as modules.
+    /// devices need (virtio_net always, nvme for a drive) when the kernel has them as
+    /// modules.
     pub kernel_modules: Option<PathBuf>,
 }
 
@@ -312,12 +316,19 @@ struct Run {
 impl Run {
     fn setup(&mut self, children: &mut Children, run_dir: &Path) -> Result<Fabric, String> {
         let o = &self.opts;
-        // A drive in the fabric needs the nvme driver; a kernel that has it as a module
-        // gets it (and what it depends on) loaded at boot.
+        // The management network needs virtio_net, a drive in the fabric the nvme driver;
+        // a kernel that has them as modules gets them (and what they depend on) loaded at
+        // boot.
         let drives = self.expected.endpoints.iter().any(|e| e.kind == "nvme");
-        let extra_modules = match (&o.kernel_modules, drives) {
-            (Some(dir), true) => initramfs::modules_from_tree(dir, &["nvme"])?,
-            _ => Vec::new(),
+        let extra_modules = match &o.kernel_modules {
+            Some(dir) => {
+                let mut names = vec!["virtio_net"];
+                if drives {
+                    names.push("nvme");
+                }
+                initramfs::modules_from_tree(dir, &names)?
+            }
+            None => Vec::new(),
         };
         let initrd = initramfs::build(
             &initramfs::Inputs {

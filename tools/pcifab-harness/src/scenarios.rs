@@ -181,6 +181,22 @@ pub fn all() -> Vec<Scenario> {
             120,
             crate::telemetry::sysfs_telemetry,
         ),
+        // The network and TLS material the manager's API is reached through.
+        s(
+            "mgmt net: every host reaches the manager's host, and only it",
+            180,
+            crate::mgmt_net::reach_manager_only,
+        ),
+        s(
+            "mgmt net: TLS material in every guest, keys private",
+            120,
+            crate::mgmt_net::tls_installed,
+        ),
+        s(
+            "mgmt net: a host killed and rebooted gets its link back",
+            240,
+            crate::mgmt_net::rebooted_host_reconnects,
+        ),
         s(
             "manager: four requests at three priorities, queue and hand-overs",
             300,
