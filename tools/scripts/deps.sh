@@ -12,10 +12,11 @@ CACHE=${PCIFAB_CACHE:-/var/cache/pcifab}
 KVER=${PCIFAB_KVER:-7.3}
 MIRROR=${PCIFAB_MIRROR:-http://deb.debian.org/debian}
 BINDGEN_VER=0.72.1
+REDFISH_VER=3.4.2
 TRIXIE=$CACHE/trixie
 APT_PKGS="build-essential bc bison flex libelf-dev libssl-dev cpio kmod xz-utils
   patch debootstrap socat busybox-static linux-libc-dev libclang-19-dev clang-19 lld-19 llvm-19
-  python3 ca-certificates e2fsprogs musl-tools"
+  python3 python3-venv ca-certificates e2fsprogs musl-tools"
 
 say() { printf 'deps: %s\n' "$*" >&2; }
 die() { printf 'deps: error: %s\n' "$*" >&2; exit 1; }
@@ -129,7 +130,18 @@ if [ ! -x "$PROMTOOL" ]; then
 	[ -x "$PROMTOOL" ] || die "the prometheus package has no usr/bin/promtool"
 fi
 
-# 6. Report what the rest of the build uses.
+# 6. DMTF's redfish client library (the Redfish view's test drives the manager with it), in a
+#    virtual environment in the cache, pinned.
+VENV=$CACHE/redfish-venv
+if ! "$VENV/bin/python3" -c "import redfish, sys; sys.exit(redfish.__version__ != '$REDFISH_VER')" 2>/dev/null; then
+	say "installing the redfish $REDFISH_VER Python library into $VENV"
+	rm -rf "$VENV"
+	python3 -m venv "$VENV" || die "python3 -m venv failed (package python3-venv)"
+	"$VENV/bin/pip" install -q --disable-pip-version-check "redfish==$REDFISH_VER" \
+		|| die "pip cannot install redfish==$REDFISH_VER from PyPI: check the network"
+fi
+
+# 7. Report what the rest of the build uses.
 cat >"$CACHE/env.mk" <<MK
 # Written by tools/scripts/deps.sh; read by the Makefile.
 PCIFAB_CACHE := $CACHE
@@ -138,5 +150,6 @@ TRIXIE := $TRIXIE
 BINDGEN := $BG/bin/bindgen
 LIBCLANG_PATH := /usr/lib/llvm-19/lib
 PROMTOOL := $PROMTOOL
+REDFISH_PYTHON := $VENV/bin/python3
 MK
 say "ok: qemu ${1}.${2} with vfio-user-pci, linux $SRCVER, bindgen $BINDGEN_VER, $(rustc --version)"

@@ -685,8 +685,14 @@ impl Run {
             t[0],
             t[t.len() - 1]
         ));
-        say(&format!("bench manager_request_p50_ms_from_h1 {:.1}", pct(0.5)));
-        say(&format!("bench manager_request_p99_ms_from_h1 {:.1}", pct(0.99)));
+        say(&format!(
+            "bench manager_request_p50_ms_from_h1 {:.1}",
+            pct(0.5)
+        ));
+        say(&format!(
+            "bench manager_request_p99_ms_from_h1 {:.1}",
+            pct(0.99)
+        ));
         Ok(())
     }
 

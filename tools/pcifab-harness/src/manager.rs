@@ -1071,14 +1071,22 @@ pub fn network_api(f: &mut Fabric) -> Result<(), String> {
         let f1 = lease_functions(&v["lease"]);
         let g1 = u16::from_str_radix(f1.first().map_or("", |s| &s[2..]), 16)
             .map_err(|e| format!("the lease's function {f1:?}: {e}"))?;
-        check_world(f, &owners(&[(g1, 1)]), "h1's request granted over the network")?;
+        check_world(
+            f,
+            &owners(&[(g1, 1)]),
+            "h1's request granted over the network",
+        )?;
 
         // h0's root asks over the local socket.
-        let (r0, granted, v0) =
-            request(&mut f.hosts[0], "--gpus 1 --host 0 --priority 5 --duration 600")?;
+        let (r0, granted, v0) = request(
+            &mut f.hosts[0],
+            "--gpus 1 --host 0 --priority 5 --duration 600",
+        )?;
         expect("h0's request granted", true, granted)?;
         let g0 = u16::from_str_radix(
-            lease_functions(&v0["lease"]).first().map_or("", |s| &s[2..]),
+            lease_functions(&v0["lease"])
+                .first()
+                .map_or("", |s| &s[2..]),
             16,
         )
         .map_err(|e| format!("h0's lease: {e}"))?;
@@ -1101,6 +1109,16 @@ pub fn network_api(f: &mut Fabric) -> Result<(), String> {
                 &url,
                 Some("h1-job"),
                 "request --gpus 1 --host 0 --priority 9 --duration 60",
+            )?,
+        )?;
+        refused_with(
+            "h1's tenant composing h0's zone",
+            "403",
+            net_cli(
+                h1,
+                &url,
+                Some("h1-job"),
+                &format!("compose 0 {g0:#06x} {g1:#06x}"),
             )?,
         )?;
         refused_with(
@@ -1158,14 +1176,35 @@ pub fn network_api(f: &mut Fabric) -> Result<(), String> {
         if code != 0 {
             return Err(format!("h1's tenant releasing its lease: exit {code}: {v}"));
         }
-        check_world(f, &owners(&[(g0, 0)]), "h1's lease released over the network")?;
+        check_world(
+            f,
+            &owners(&[(g0, 0)]),
+            "h1's lease released over the network",
+        )?;
+        // The tenant composes its own zone: the GPU named comes back to h1, and goes again
+        // when it names none.
+        let h1 = &mut f.hosts[1];
+        let (code, v) = net_cli(h1, &url, Some("h1-job"), &format!("compose 1 {g1:#06x}"))?;
+        if code != 0 || v["functions"] != serde_json::json!([format!("{g1:#06x}")]) {
+            return Err(format!(
+                "h1's tenant composing h1 with {g1:#06x}: expected exit 0 and the function, \
+                 got exit {code}: {v}"
+            ));
+        }
+        check_world(f, &both, "h1's zone composed over the network")?;
+        let h1 = &mut f.hosts[1];
+        let (code, v) = net_cli(h1, &url, Some("h1-job"), "compose 1")?;
+        if code != 0 {
+            return Err(format!("h1's tenant emptying h1's zone: exit {code}: {v}"));
+        }
+        check_world(f, &owners(&[(g0, 0)]), "h1's zone emptied over the network")?;
         // Every refusal is in the daemon's log with the principal.
         let h0 = &mut f.hosts[0];
         let logged = h0.run(&format!("grep -c 'refused' {LOG}"))?;
         let n: usize = logged.out.trim().parse().unwrap_or(0);
-        if n < 4 {
+        if n < 5 {
             return Err(format!(
-                "the manager logged {n} refusals, expected the 4 made:\n{}",
+                "the manager logged {n} refusals, expected the 5 made:\n{}",
                 manager_log(h0, 20)
             ));
         }

@@ -31,6 +31,7 @@ use crate::{
     config::ApiConfig,
     daemon::Daemon,
     protocol::Request,
+    redfish,
     scheduler::{Pdfid, RequestSpec},
 };
 
@@ -48,6 +49,7 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("GET", "/v1/hosts", "hosts"),
     ("POST", "/v1/hosts/{host}/down", "host-down"),
     ("POST", "/v1/hosts/{host}/heartbeat", "heartbeat"),
+    ("PUT", "/v1/hosts/{host}/functions", "compose"),
     ("PUT", "/v1/devices/{pf}/health", "set-health"),
     ("GET", "/v1/events", "events"),
     ("GET", "/v1/telemetry", "telemetry"),
@@ -155,6 +157,32 @@ pub fn route(method: &str, path: &str, query: &str, body: &[u8]) -> Result<Endpo
                 host: number("host", h)?,
             })
         }
+        ("PUT", ["v1", "hosts", h, "functions"]) => {
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Compose {
+                #[serde(deserialize_with = "crate::protocol::pdfids")]
+                functions: Vec<Pdfid>,
+                #[serde(default)]
+                priority: u32,
+                #[serde(default)]
+                duration_s: Option<u64>,
+                #[serde(default)]
+                tenant: Option<String>,
+            }
+            let c: Compose = body_json(
+                "{\"functions\": [PDFID, ...], \"priority\": N, \"duration_s\": N, \"tenant\": TEXT}",
+                body,
+            )?;
+            op(Request::Compose {
+                host: number("host", h)?,
+                functions: c.functions,
+                priority: c.priority,
+                duration_s: c.duration_s,
+                tenant: c.tenant,
+                owner: None,
+            })
+        }
         ("PUT", ["v1", "devices", pf, "health"]) => {
             #[derive(serde::Deserialize)]
             #[serde(deny_unknown_fields)]
@@ -250,6 +278,23 @@ pub fn http_of(req: &Request, wait_s: u64) -> (&'static str, String, Option<Valu
         Request::Hosts => ("GET", "/v1/hosts".into(), None),
         Request::HostDown { host } => ("POST", format!("/v1/hosts/{host}/down"), None),
         Request::Heartbeat { host } => ("POST", format!("/v1/hosts/{host}/heartbeat"), None),
+        Request::Compose {
+            host,
+            functions,
+            priority,
+            duration_s,
+            tenant,
+            owner: _,
+        } => (
+            "PUT",
+            format!("/v1/hosts/{host}/functions"),
+            Some(json!({
+                "functions": functions.iter().map(|f| format!("{f:#06x}")).collect::<Vec<_>>(),
+                "priority": priority,
+                "duration_s": duration_s,
+                "tenant": tenant,
+            })),
+        ),
         Request::SetHealth {
             pf,
             healthy,
@@ -482,8 +527,19 @@ async fn serve_conn(
     }
 }
 
+/// The bearer token: `Authorization: Bearer TOKEN`, or Redfish's `X-Auth-Token: TOKEN`.
 fn bearer(req: &hyper::Request<Incoming>) -> Option<Result<String, Denied>> {
-    let v = req.headers().get(header::AUTHORIZATION)?;
+    let Some(v) = req.headers().get(header::AUTHORIZATION) else {
+        let t = req.headers().get("x-auth-token")?;
+        return Some(
+            t.to_str()
+                .ok()
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(String::from)
+                .ok_or_else(|| Denied::Unauthenticated("the X-Auth-Token header is empty".into())),
+        );
+    };
     let t = v
         .to_str()
         .ok()
@@ -532,6 +588,9 @@ async fn handle(
     };
     if method == Method::GET && path == "/v1/openapi.json" {
         return reply(200, "application/json", OPENAPI);
+    }
+    if path == "/redfish" || path.starts_with("/redfish/") {
+        return serve_redfish(&ctx, principal, method.as_str(), &path, &body, peer).await;
     }
     let principal = match principal {
         Ok(p) => p,
@@ -597,6 +656,79 @@ async fn handle(
             continue;
         }
         return json_reply(status, &v);
+    }
+}
+
+/// A Redfish request ([`crate::redfish`]): reads are made of the pools, hosts and leases
+/// the principal may see; a zone PATCH is the `compose` operation.
+async fn serve_redfish(
+    ctx: &Arc<Ctx>,
+    principal: Result<Principal, Denied>,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    peer: SocketAddr,
+) -> Reply {
+    let refuse = |status: u16, msg: &str, who: &str| {
+        eprintln!("pcifab-manager: API {peer} ({who}): refused {method} {path}: {status} {msg}");
+        json_reply(status, &redfish::error_body(status, msg))
+    };
+    let route = match redfish::route(method, path, body) {
+        Ok(redfish::Route::Public(v)) => return json_reply(200, &v),
+        Ok(r) => r,
+        Err(HttpError(status, msg)) => return refuse(status, &msg, "-"),
+    };
+    let p = match principal {
+        Ok(p) => p,
+        Err(d) => return refuse(d.status(), d.reason(), "-"),
+    };
+    let d = ctx.daemon.clone();
+    let who = p.name.clone();
+    let r = tokio::task::spawn_blocking(move || {
+        let mut d = d.lock().ok()?;
+        let (seg, status) = match route {
+            redfish::Route::Compose(req) => {
+                let host = match &req {
+                    Request::Compose { host, .. } => *host,
+                    _ => 0,
+                };
+                match d.serve(&p, req) {
+                    Ok((served, v)) if status_of(&served, &v) == 200 => {}
+                    Ok((served, v)) => {
+                        let msg = v["error"].as_str().unwrap_or("refused").to_string();
+                        return Some(Err((status_of(&served, &v), msg)));
+                    }
+                    Err(denied) => {
+                        return Some(Err((denied.status(), denied.reason().to_string())))
+                    }
+                }
+                let seg = ["Fabrics", "PCIe", "Zones"].map(String::from).to_vec();
+                ([seg, vec![host.to_string()]].concat(), 200)
+            }
+            redfish::Route::Read(seg) => (seg, 200),
+            redfish::Route::Public(_) => return None,
+        };
+        let mut get = |r: Request| d.serve(&p, r).map(|(_, v)| v);
+        let view = (|| {
+            Ok::<_, Denied>(redfish::View {
+                hosts: get(Request::Hosts)?,
+                pool: get(Request::Pool)?,
+                leases: get(Request::Leases)?,
+            })
+        })();
+        Some(match view {
+            Ok(view) => match redfish::render(&seg, &view) {
+                Some(v) => Ok((status, v)),
+                None => Err((404, format!("no such Redfish resource: {}", seg.join("/")))),
+            },
+            Err(denied) => Err((denied.status(), denied.reason().to_string())),
+        })
+    })
+    .await;
+    match r {
+        Ok(Some(Ok((status, v)))) => json_reply(status, &v),
+        Ok(Some(Err((status, msg)))) => refuse(status, &msg, &who),
+        _ => refuse(500, "the manager failed internally; restart it", &who),
     }
 }
 

@@ -318,6 +318,51 @@ impl Principal {
                 self.own_host(host, "send heartbeats")?;
                 Ok(req)
             }
+            Request::Compose {
+                host,
+                functions,
+                priority,
+                duration_s,
+                tenant,
+                owner: _,
+            } => {
+                self.may_write()?;
+                self.own_host(host, "compose")?;
+                let mut tenant = tenant;
+                if self.role == Role::Tenant {
+                    if let (Some(asked), mine) = (&tenant, &self.tenant) {
+                        if Some(asked) != mine.as_ref() {
+                            return Err(Denied::Forbidden(format!(
+                                "'{}' may not count a composition against tenant '{asked}'",
+                                self.name
+                            )));
+                        }
+                    }
+                    tenant = self.tenant.clone();
+                    // The leases it would end must be its own (the scheduler refuses an
+                    // impossible plan itself).
+                    if let Ok(plan) = s.composition_plan(host, &functions) {
+                        for id in plan.release {
+                            let o = s.leases.get(&id).and_then(|l| l.spec.owner.as_deref());
+                            if o != Some(self.name.as_str()) {
+                                return Err(Denied::Forbidden(format!(
+                                    "the composition would end lease {id}, which is not \
+                                     '{}''s: a tenant releases only its own",
+                                    self.name
+                                )));
+                            }
+                        }
+                    }
+                }
+                Ok(Request::Compose {
+                    host,
+                    functions,
+                    priority,
+                    duration_s,
+                    tenant,
+                    owner: Some(self.name.clone()),
+                })
+            }
             Request::HostDown { .. } => {
                 self.admin_only("declaring a host down")?;
                 Ok(req)

@@ -18,6 +18,7 @@ pub mod liveness;
 pub mod metrics;
 pub mod notify;
 pub mod protocol;
+pub mod redfish;
 pub mod scheduler;
 pub mod scrub;
 pub mod spool;

@@ -38,6 +38,22 @@ pub enum Request {
     Heartbeat { host: Host },
     /// Declare a host down: its leases are reclaimed after `reclaim_after_s`.
     HostDown { host: Host },
+    /// Make `host` hold exactly `functions`: leases of functions not named end, whole devices
+    /// newly named are granted now (see `Scheduler::compose`).
+    Compose {
+        host: Host,
+        #[serde(deserialize_with = "pdfids")]
+        functions: Vec<Pdfid>,
+        #[serde(default)]
+        priority: u32,
+        #[serde(default)]
+        duration_s: Option<u64>,
+        #[serde(default)]
+        tenant: Option<String>,
+        /// Set by the manager from the caller's credentials, never taken from the caller.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<String>,
+    },
     /// Take a device out of the pool or put it back.
     SetHealth {
         pf: Pdfid,
@@ -60,6 +76,33 @@ fn default_log() -> u64 {
     20
 }
 
+/// PDFIDs as numbers or as text (`"0x0400"`, `"1024"`).
+pub fn pdfids<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Pdfid>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum One {
+        Number(Pdfid),
+        Text(String),
+    }
+    Vec::<One>::deserialize(d)?
+        .into_iter()
+        .map(|o| match o {
+            One::Number(n) => Ok(n),
+            One::Text(t) => parse_pdfid(&t).ok_or_else(|| {
+                serde::de::Error::custom(format!("'{t}' is not a PDFID (a number such as 0x0400)"))
+            }),
+        })
+        .collect()
+}
+
+/// A PDFID written as `0x0400` or `1024`.
+pub fn parse_pdfid(t: &str) -> Option<Pdfid> {
+    match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => Pdfid::from_str_radix(h, 16).ok(),
+        None => t.parse().ok(),
+    }
+}
+
 impl Request {
     /// Whether it may change the state (and so is logged and committed).
     pub fn mutates(&self) -> bool {
@@ -69,6 +112,7 @@ impl Request {
                 | Request::Release { .. }
                 | Request::Heartbeat { .. }
                 | Request::HostDown { .. }
+                | Request::Compose { .. }
                 | Request::SetHealth { .. }
         )
     }
@@ -230,6 +274,45 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
             }
             s.declare_down(*host, now);
             json!({"ok": true, "reclaim_at": now + s.config.failover.reclaim_after_s})
+        }
+        Request::Compose {
+            host,
+            functions,
+            priority,
+            duration_s,
+            tenant,
+            owner,
+        } => {
+            let base = RequestSpec {
+                host: *host,
+                want: Want::Gpus { count: 1 },
+                priority: *priority,
+                duration_s: *duration_s,
+                preemptible_by_higher: false,
+                migratable: true,
+                pool: None,
+                tenant: tenant.clone(),
+                owner: owner.clone(),
+            };
+            match s.compose(&base, functions, now) {
+                Ok(c) => {
+                    let granted: Vec<Value> = c
+                        .granted
+                        .iter()
+                        .filter_map(|id| s.leases.get(id))
+                        .map(|l| lease_json(s, l, now))
+                        .collect();
+                    let holds: Vec<String> = s
+                        .leases
+                        .values()
+                        .filter(|l| l.spec.host == *host)
+                        .flat_map(|l| l.units.iter().map(|u| format!("{:#06x}", u.pdfid)))
+                        .collect();
+                    json!({"ok": true, "host": host, "released": c.released,
+                           "granted": granted, "functions": holds})
+                }
+                Err(e) => error(e.0, true),
+            }
         }
         Request::SetHealth {
             pf,

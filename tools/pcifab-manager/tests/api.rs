@@ -28,6 +28,8 @@ use serde_json::{json, Value};
 
 /// sha256("ops-token").
 const OPS_TOKEN: &str = "ops-token";
+/// The h0-job tenant's token.
+const H0_TOKEN: &str = "h0-token";
 
 struct World {
     dir: PathBuf,
@@ -100,12 +102,14 @@ hosts = [1]
 name = "h0-job"
 role = "tenant"
 hosts = [0]
+token_sha256 = "{}"
 
 [[principals]]
 name = "grafana"
 role = "reader"
 "#,
-        sha256(OPS_TOKEN)
+        sha256(OPS_TOKEN),
+        sha256(H0_TOKEN)
     );
     let extra: Config =
         Config::parse(&format!("[manager]\nhosts = 3\n{principals}")).expect("principals");
@@ -564,4 +568,99 @@ fn post(auth: &str, body: &str) -> String {
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
+}
+
+/// The Python of the virtual environment `make deps` makes for DMTF's `redfish` library.
+fn redfish_python() -> PathBuf {
+    let p = std::env::var_os("PCIFAB_REDFISH_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache =
+                std::env::var("PCIFAB_CACHE").unwrap_or_else(|_| "/var/cache/pcifab".into());
+            Path::new(&cache).join("redfish-venv/bin/python3")
+        });
+    assert!(
+        p.exists(),
+        "{} is missing: `make deps` installs DMTF's redfish library there \
+         (or set PCIFAB_REDFISH_PYTHON)",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn redfish_client_walks_the_fabric_and_composes_a_zone() {
+    let w = start("api-redfish");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/redfish/client.py");
+    let out = std::process::Command::new(redfish_python())
+        .arg(&script)
+        .arg(format!("https://{}", w.addr))
+        .arg(w.dir.join("ca.crt"))
+        .args([OPS_TOKEN, H0_TOKEN])
+        .output()
+        .expect("run the Redfish client");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).expect("the client's JSON");
+    let e = "/redfish/v1/Fabrics/PCIe/Endpoints/";
+    assert_eq!(seen["root"], "#ServiceRoot.v1_15_0.ServiceRoot");
+    assert_eq!(seen["fabric_type"], "PCIe");
+    // Three hosts, two devices of four VFs: 3 initiators and 10 targets, 3 zones, 5 ports.
+    assert_eq!(
+        seen["endpoints"].as_array().map(Vec::len),
+        Some(13),
+        "{seen}"
+    );
+    assert_eq!(seen["zones"].as_array().map(Vec::len), Some(3), "{seen}");
+    assert_eq!(seen["ports"].as_array().map(Vec::len), Some(5), "{seen}");
+    assert_eq!(
+        seen["zone1_after_patch"],
+        json!([format!("{e}host1"), format!("{e}0x0120")])
+    );
+    assert_eq!(
+        seen["target_zones"],
+        json!(["/redfish/v1/Fabrics/PCIe/Zones/1"])
+    );
+    // The composition went through the scheduler: host 1 holds the GPU, in a lease the
+    // admin owns, and that lease is the one connection.
+    {
+        let d = w.daemon.lock().expect("daemon");
+        assert_eq!(d.sched.holders.get(&0x0120), Some(&1));
+        let leases: Vec<_> = d.sched.leases.values().collect();
+        assert_eq!(leases.len(), 1);
+        assert_eq!(leases[0].spec.owner.as_deref(), Some("ops"));
+        assert_eq!(
+            seen["connections"],
+            json!([format!(
+                "/redfish/v1/Fabrics/PCIe/Connections/{}",
+                leases[0].id
+            )])
+        );
+    }
+    // The tenant of h0 is refused, with the reason, and nothing changed.
+    assert_eq!(seen["tenant0_patch_zone1"], 403, "{seen}");
+    assert!(
+        seen["tenant0_patch_zone1_error"]
+            .as_str()
+            .is_some_and(|m| m.contains("host 1")),
+        "{seen}"
+    );
+    assert_eq!(seen["tenant0_patch_taken"], 409, "{seen}");
+    assert!(
+        seen["tenant0_patch_taken_error"]
+            .as_str()
+            .is_some_and(|m| m.contains("not free")),
+        "{seen}"
+    );
+    assert_eq!(seen["tenant0_patch_malformed"], 400, "{seen}");
+    assert_eq!(seen["anonymous_root"], "RootService");
+    assert_eq!(seen["anonymous_fabric"], 401);
+    assert_eq!(
+        w.daemon.lock().expect("daemon").sched.holders.get(&0x0120),
+        Some(&1)
+    );
 }

@@ -8,10 +8,14 @@ use serde_json::Value;
 
 /// Every schema: (command, the schema file's text). The object of `pcifab <command> --json`
 /// carries `"schema": "pcifab/<command>/v1"`; a failure carries `"pcifab/error/v1"`.
-pub const SCHEMAS: [(&str, &str); 33] = [
+pub const SCHEMAS: [(&str, &str); 34] = [
     (
         "bind",
         include_str!("../../../Documentation/json/bind.schema.json"),
+    ),
+    (
+        "compose",
+        include_str!("../../../Documentation/json/compose.schema.json"),
     ),
     (
         "error",

@@ -180,6 +180,26 @@ pub enum Command {
         #[arg(long)]
         follow: bool,
     },
+    /// Make a host hold exactly these whole devices: leases of functions not named end,
+    /// devices newly named are granted now (or the whole composition is refused).
+    Compose {
+        /// The host (switch partition).
+        #[arg(value_parser = host_u8)]
+        host: u8,
+        /// The PFs the host is to hold; none: give everything back.
+        #[arg(value_parser = pdfid, value_name = "PF")]
+        functions: Vec<u16>,
+        /// Priority of the new leases (a waiting request of at least this priority for
+        /// the same pool keeps its turn).
+        #[arg(long, default_value = "0")]
+        priority: u32,
+        /// Lease length in seconds (default: the manager's default_lease_s).
+        #[arg(long, value_name = "S")]
+        duration: Option<u64>,
+        /// The tenant the new leases count against.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
     /// Declare a host down: its leases are reclaimed after the manager's reclaim_after_s.
     HostDown {
         #[arg(value_parser = host_u8)]
@@ -416,6 +436,7 @@ impl Command {
             Command::Pools => "pools",
             Command::Hosts => "hosts",
             Command::Events { .. } => "events",
+            Command::Compose { .. } => "compose",
             Command::HostDown { .. } => "host-down",
             Command::Heartbeat { .. } => "heartbeat",
             Command::Health { .. } => "health",
@@ -437,6 +458,7 @@ impl Command {
                 | Command::Pools
                 | Command::Hosts
                 | Command::Events { .. }
+                | Command::Compose { .. }
                 | Command::HostDown { .. }
                 | Command::Heartbeat { .. }
                 | Command::Health { .. }

@@ -884,6 +884,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
         | Command::Pools
         | Command::Hosts
         | Command::Events { .. }
+        | Command::Compose { .. }
         | Command::HostDown { .. }
         | Command::Heartbeat { .. }
         | Command::Health { .. }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only
 
 //! The fabric manager's client commands (`request`, `release`, `queue`, `leases`, `pools`,
-//! `hosts`, `events`, `host-down`, `heartbeat`, `health`, `manager-*`): through
+//! `hosts`, `events`, `compose`, `host-down`, `heartbeat`, `health`, `manager-*`): through
 //! pcifab-manager's network API when a manager URL is given (`--manager`, PCIFAB_MANAGER or
 //! /etc/pcifab/client.toml), else its control socket (or, on a kernel without UNIX sockets,
 //! its spool directory). Documentation/manager-api.rst describes the API,
@@ -80,6 +80,46 @@ pub fn run(cli: &Cli) -> Result<(), Error> {
             since,
             follow,
         } => events(&m, *host, *since, *follow),
+        Command::Compose {
+            host,
+            functions,
+            priority,
+            duration,
+            tenant,
+        } => {
+            let v = m.ask(&Request::Compose {
+                host: *host,
+                functions: functions.clone(),
+                priority: *priority,
+                duration_s: *duration,
+                tenant: tenant.clone(),
+                owner: None,
+            })?;
+            let list = |k: &str| -> String {
+                v[k].as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|x| match x {
+                                Value::String(s) => s.clone(),
+                                Value::Object(o) => {
+                                    o.get("id").map(Value::to_string).unwrap_or_default()
+                                }
+                                other => other.to_string(),
+                            })
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    })
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or_else(|| "none".into())
+            };
+            let text = format!(
+                "host {host} holds {}; leases ended: {}; leases granted: {}",
+                list("functions"),
+                list("released"),
+                list("granted")
+            );
+            done(&m, "compose", v, &text)
+        }
         Command::HostDown { host } => {
             let v = m.ask(&Request::HostDown { host: *host })?;
             done(&m, "host-down", v, &format!("host {host} declared down"))

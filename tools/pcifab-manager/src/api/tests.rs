@@ -17,6 +17,14 @@ fn every_op() -> Vec<Request> {
         Request::Hosts,
         Request::HostDown { host: 1 },
         Request::Heartbeat { host: 0 },
+        Request::Compose {
+            host: 2,
+            functions: vec![0x0400, 0x0500],
+            priority: 4,
+            duration_s: Some(30),
+            tenant: Some("team-a".into()),
+            owner: None,
+        },
         Request::SetHealth {
             pf: 0x300,
             healthy: false,

@@ -226,3 +226,40 @@ fn bad_principal_lists_are_refused_with_the_reason() {
         "unknown variant",
     );
 }
+
+#[test]
+fn a_composition_is_held_to_the_same_rules() {
+    let (p, mut s) = world();
+    let compose = |host, functions: Vec<u16>| Request::Compose {
+        host,
+        functions,
+        priority: 0,
+        duration_s: None,
+        tenant: None,
+        owner: Some("someone else".into()),
+    };
+    forbidden(
+        p.by_name("grafana")
+            .expect("reader")
+            .authorize(compose(1, vec![0x300]), &s),
+    );
+    let t = p.by_name("h1-job").expect("tenant");
+    forbidden(t.authorize(compose(0, vec![0x300]), &s));
+    match t.authorize(compose(1, vec![0x300]), &s).expect("own host") {
+        Request::Compose { owner, tenant, .. } => {
+            assert_eq!(owner.as_deref(), Some("h1-job"), "owner from the principal");
+            assert_eq!(tenant.as_deref(), Some("team-a"));
+        }
+        other => panic!("{other:?}"),
+    }
+    // A lease of host 1 owned by the admin: the tenant's composition may not end it.
+    let mut admins = spec(1);
+    admins.owner = Some("ops".into());
+    s.submit(admins, 0).expect("granted");
+    let m = forbidden(t.authorize(compose(1, vec![]), &s));
+    assert!(m.contains("its own"), "{m}");
+    p.by_name("ops")
+        .expect("admin")
+        .authorize(compose(1, vec![]), &s)
+        .expect("admin composes");
+}

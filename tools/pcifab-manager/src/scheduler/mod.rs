@@ -15,6 +15,7 @@
 //! compares it with, and as the fallback while the clock is behind a queued request.
 
 mod capacity;
+mod compose;
 mod fairshare;
 mod index;
 #[cfg(test)]
@@ -27,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Mode, DEFAULT_TENANT};
 use capacity::{Capacity, DeviceLevels};
+pub use compose::{Composed, Plan};
 pub use fairshare::Usage;
 use index::{after_bound, Meta, QueueIndex, RankKey};
 
