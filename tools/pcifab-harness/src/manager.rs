@@ -1170,6 +1170,31 @@ pub fn network_api(f: &mut Fabric) -> Result<(), String> {
                 .unwrap_or_default(),
         );
         c.finish()?;
+        // `top` from h1 through the manager: a reader sees the pool's functions and who
+        // holds them; a tenant may not read the telemetry.
+        let (code, top) = net_cli(h1, &url, Some("auditor"), "top --count 1")?;
+        let holder = |f: u16| -> Option<u64> {
+            top["functions"].as_array().and_then(|a| {
+                a.iter()
+                    .find(|x| x["pdfid"] == format!("{f:#06x}"))
+                    .and_then(|x| x["host"].as_u64())
+            })
+        };
+        let mut c = crate::scenarios::Checks::new("top through the manager");
+        c.eq("exit", 0, code);
+        c.eq(
+            "schema",
+            Some("pcifab/manager-top/v1"),
+            top["schema"].as_str(),
+        );
+        c.eq("h1's GPU", Some(1), holder(g1));
+        c.eq("h0's GPU", Some(0), holder(g0));
+        c.finish()?;
+        refused_with(
+            "h1's tenant reading the manager's telemetry",
+            "403",
+            net_cli(h1, &url, Some("h1-job"), "top --count 1")?,
+        )?;
 
         // The tenant releases its own lease: h1's GPU goes, h0's stays.
         let (code, v) = net_cli(h1, &url, Some("h1-job"), &format!("release {r1}"))?;
@@ -1202,9 +1227,9 @@ pub fn network_api(f: &mut Fabric) -> Result<(), String> {
         let h0 = &mut f.hosts[0];
         let logged = h0.run(&format!("grep -c 'refused' {LOG}"))?;
         let n: usize = logged.out.trim().parse().unwrap_or(0);
-        if n < 5 {
+        if n < 6 {
             return Err(format!(
-                "the manager logged {n} refusals, expected the 5 made:\n{}",
+                "the manager logged {n} refusals, expected the 6 made:\n{}",
                 manager_log(h0, 20)
             ));
         }

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// Every schema: (command, the schema file's text). The object of `pcifab <command> --json`
 /// carries `"schema": "pcifab/<command>/v1"`; a failure carries `"pcifab/error/v1"`.
-pub const SCHEMAS: [(&str, &str); 34] = [
+pub const SCHEMAS: [(&str, &str); 35] = [
     (
         "bind",
         include_str!("../../../Documentation/json/bind.schema.json"),
@@ -60,6 +60,10 @@ pub const SCHEMAS: [(&str, &str); 34] = [
     (
         "manager-state",
         include_str!("../../../Documentation/json/manager-state.schema.json"),
+    ),
+    (
+        "manager-top",
+        include_str!("../../../Documentation/json/manager-top.schema.json"),
     ),
     (
         "manager-telemetry",

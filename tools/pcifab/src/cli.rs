@@ -479,11 +479,23 @@ impl Command {
             | Command::Mrpc { .. }
             | Command::P2p(P2p::Copy { .. }) => &["device", "timeout"],
             Command::Watch => &["device", "timeout", "count"],
-            Command::Top { .. } => &["device", "count"],
+            Command::Top { .. } => &TOP_OPTIONS,
             _ => &["device"],
         }
     }
 }
+
+/// `top`'s global options: the driver's, or the manager's when a URL is given.
+const TOP_OPTIONS: [&str; 8] = [
+    "device",
+    "count",
+    "manager-socket",
+    "manager",
+    "ca",
+    "cert",
+    "key",
+    "token-file",
+];
 
 /// The global options of the manager's commands.
 const MANAGER_OPTIONS: [&str; 6] = [

@@ -159,6 +159,24 @@ pub fn run(cli: &Cli) -> Result<(), Error> {
     }
 }
 
+/// What `top` shows when a manager URL is set: the manager's URL, its telemetry and pool
+/// replies; none without a URL (then `top` reads the driver).
+pub fn telemetry_view(cli: &Cli) -> Result<Option<(String, Value, Value)>, Error> {
+    let Some(r) = remote(cli)? else {
+        return Ok(None);
+    };
+    let url = r.url.clone();
+    let m = Manager {
+        cli,
+        remote: Some(r),
+    };
+    Ok(Some((
+        url,
+        m.ask(&Request::Telemetry)?,
+        m.ask(&Request::Pool)?,
+    )))
+}
+
 /// A command's way to the manager.
 struct Manager<'a> {
     cli: &'a Cli,

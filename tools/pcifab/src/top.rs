@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0-only
 
 //! `pcifab top` (live telemetry of every function) and `pcifab stats --telemetry` (one
-//! snapshot), read from the driver directly.
+//! snapshot), read from the driver directly; `top` with a manager URL (`--manager`,
+//! PCIFAB_MANAGER, /etc/pcifab/client.toml) shows the manager's samples of the pool's
+//! functions instead, from any host.
 //!
 //! On a terminal `top` redraws in place with plain VT100 cursor moves (home, erase to end of
 //! line and of screen: no alternate screen, so it works on a serial console and leaves its
@@ -44,6 +46,107 @@ fn rows(dev: &File, cli: &Cli) -> Result<(u32, Vec<Row>), Error> {
         })
         .collect();
     Ok((fab.inv.generation, rows))
+}
+
+/// Where `top` reads: this host's driver, or the manager.
+enum Source {
+    Driver(File),
+    Manager,
+}
+
+/// The rows of the pool's functions from the manager's telemetry and pool replies.
+fn manager_rows(telemetry: &Value, pool: &Value) -> Vec<Row> {
+    let hex = |v: &Value| -> Option<u16> {
+        let s = v.as_str()?;
+        u16::from_str_radix(s.strip_prefix("0x")?, 16).ok()
+    };
+    let mut samples = std::collections::BTreeMap::new();
+    for s in telemetry["samples"].as_array().into_iter().flatten() {
+        let Some(f) = s["pdfid"].as_u64().and_then(|f| u16::try_from(f).ok()) else {
+            continue;
+        };
+        let t = match s.get("error") {
+            Some(e) => Err(e.as_str().unwrap_or("failed").to_string()),
+            None => serde_json::from_value::<ManagerSample>(s.clone())
+                .map(|m| Sample {
+                    pdfid: f,
+                    temperature_centi: m.temperature_centi,
+                    power_mw: m.power_mw,
+                    utilisation: m.utilisation,
+                    health: m.health,
+                })
+                .map_err(|e| format!("the manager's sample is malformed: {e}")),
+        };
+        samples.insert(f, t);
+    }
+    let mut rows = Vec::new();
+    for d in pool["devices"].as_array().into_iter().flatten() {
+        let pf = std::iter::once((&d["pf"], false));
+        let vfs = d["vfs"].as_array().into_iter().flatten().map(|v| (v, true));
+        for (f, vf) in pf.chain(vfs) {
+            let Some(pdfid) = hex(f) else { continue };
+            let host = pool["bound"][pdfid_str(pdfid)]
+                .as_u64()
+                .and_then(|h| u8::try_from(h).ok());
+            let t = samples
+                .remove(&pdfid)
+                .unwrap_or_else(|| Err("no sample from the manager yet".into()));
+            rows.push(Row { pdfid, vf, host, t });
+        }
+    }
+    rows
+}
+
+/// A sample as the manager's telemetry reply gives it.
+#[derive(serde::Deserialize)]
+struct ManagerSample {
+    temperature_centi: i32,
+    power_mw: u32,
+    utilisation: u8,
+    health: u32,
+}
+
+/// What a refresh read: the rows and where from.
+enum From {
+    Generation(u32),
+    Manager(String),
+}
+
+impl From {
+    fn title(&self) -> String {
+        match self {
+            From::Generation(g) => format!("fabric generation {g}"),
+            From::Manager(url) => format!("manager {url}"),
+        }
+    }
+
+    /// The JSON object of one refresh (`top` or `manager-top`).
+    fn emit(&self, rows: &[Row]) {
+        match self {
+            From::Generation(g) => emit("top", rows_json(*g, rows)),
+            From::Manager(url) => {
+                let mut v = rows_json(0, rows);
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("generation");
+                    o.insert("manager".into(), json!(url));
+                }
+                emit("manager-top", v);
+            }
+        }
+    }
+}
+
+fn read(src: &Source, cli: &Cli) -> Result<(From, Vec<Row>), Error> {
+    match src {
+        Source::Driver(dev) => {
+            let (g, rows) = rows(dev, cli)?;
+            Ok((From::Generation(g), rows))
+        }
+        Source::Manager => match super::manager::telemetry_view(cli)? {
+            Some((url, t, p)) => Ok((From::Manager(url), manager_rows(&t, &p))),
+            None => Err(super::failure("the manager's URL went away".to_string())),
+        },
+    }
 }
 
 fn rows_json(generation: u32, rows: &[Row]) -> Value {
@@ -110,9 +213,9 @@ fn sort(rows: &mut [Row], key: SortKey) {
 }
 
 /// The table as lines of text.
-fn table(generation: u32, rows: &[Row], key: SortKey, live: bool) -> Vec<String> {
+fn table(title: &str, rows: &[Row], key: SortKey, live: bool) -> Vec<String> {
     let mut out = vec![format!(
-        "{}  fabric generation {generation}: {} functions, sorted by {}{}",
+        "{}  {title}: {} functions, sorted by {}{}",
         rfc3339(SystemTime::now()),
         rows.len(),
         key.name(),
@@ -155,7 +258,8 @@ pub fn snapshot(cli: &Cli) -> Result<(), Error> {
     if cli.json {
         emit("stats-telemetry", rows_json(generation, &rows));
     } else {
-        for l in table(generation, &rows, SortKey::Pdfid, false) {
+        let title = format!("fabric generation {generation}");
+        for l in table(&title, &rows, SortKey::Pdfid, false) {
             println!("{l}");
         }
     }
@@ -222,7 +326,11 @@ fn key(fd: Option<i32>, d: Duration) -> Option<u8> {
 
 /// `top`: refresh every `interval` seconds until `q`, Ctrl-C or `--count` refreshes.
 pub fn top(cli: &Cli, interval: f64, mut key_sort: SortKey) -> Result<(), Error> {
-    let dev = open(&cli.device)?;
+    let src = if super::manager::telemetry_view(cli)?.is_some() {
+        Source::Manager
+    } else {
+        Source::Driver(open(&cli.device)?)
+    };
     let live = std::io::stdout().is_terminal() && !cli.json;
     let stdin = std::io::stdin();
     let raw = (live && stdin.is_terminal())
@@ -240,20 +348,21 @@ pub fn top(cli: &Cli, interval: f64, mut key_sort: SortKey) -> Result<(), Error>
     let mut n = 0;
     let mut stdout = std::io::stdout();
     'refresh: while !STOP.load(Ordering::Relaxed) {
-        let (generation, mut rows) = rows(&dev, cli)?;
+        let (from, mut rows) = read(&src, cli)?;
+        let title = from.title();
         sort(&mut rows, key_sort);
         if cli.json {
-            emit("top", rows_json(generation, &rows));
+            from.emit(&rows);
         } else if live {
             let mut frame = String::from("\x1b[H");
-            for l in table(generation, &rows, key_sort, keys.is_some()) {
+            for l in table(&title, &rows, key_sort, keys.is_some()) {
                 frame.push_str(&l);
                 frame.push_str("\x1b[K\r\n");
             }
             frame.push_str("\x1b[J");
             let _ = stdout.write_all(frame.as_bytes());
         } else {
-            for l in table(generation, &rows, key_sort, false) {
+            for l in table(&title, &rows, key_sort, false) {
                 let _ = writeln!(stdout, "{l}");
             }
             let _ = writeln!(stdout);
@@ -320,6 +429,30 @@ mod tests {
             k = k.next();
         }
         assert_eq!(k, SortKey::Pdfid);
+    }
+
+    #[test]
+    fn rows_from_the_manager() {
+        let t = json!({"ok": true, "samples": [
+            {"pdfid": 0x0400, "temperature_centi": 4512, "power_mw": 250000,
+             "utilisation": 40, "health": 0},
+            {"pdfid": 0x0401, "error": "MRPC timed out"},
+        ]});
+        let p = json!({"ok": true, "bound": {"0x0400": 1},
+            "devices": [{"pf": "0x0400", "vfs": ["0x0401", "0x0402"]}]});
+        let r = manager_rows(&t, &p);
+        assert_eq!(
+            r.iter().map(|r| r.pdfid).collect::<Vec<_>>(),
+            [0x400, 0x401, 0x402]
+        );
+        assert_eq!(r[0].host, Some(1));
+        assert_eq!(r[0].t.as_ref().map(|s| s.temperature_centi), Ok(4512));
+        assert!(r[1].vf && r[1].host.is_none());
+        assert_eq!(
+            r[1].t.as_ref().err().map(String::as_str),
+            Some("MRPC timed out")
+        );
+        assert!(r[2].t.is_err());
     }
 
     #[test]
