@@ -158,7 +158,7 @@ pax-client: kernel check-module tools switchtec-user
 #   Debian kernel, DKMS build the identity scenarios
 # Each run writes RESULTS/<cell>/summary.json; a failed cell does not stop the others, and
 # `pcifab-harness summary` prints the per-dialect lines and the final `N passed, N failed`.
-DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|identity|MRPC echo: four|fault|compose|manager|features|extensions|multi-function|DMA MRPC|p2p|rmmod pcifab in every host
+DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|mgmt net|identity|MRPC echo: four|fault|compose|manager|features|extensions|multi-function|DMA MRPC|p2p|rmmod pcifab in every host
 DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host
 MATRIX := debug nvme debian-pax debian-extended dkms
 
@@ -192,8 +192,10 @@ soak: deps kernel-debug check-module-debug tools
 DEBIAN_KREL := 7.3.4+deb13-amd64
 DEBIAN_KDIR := $(PCIFAB_CACHE)/kbuild-debian
 DEBIAN_MO := $(PCIFAB_CACHE)/module-debian
+# Debian's kernel has virtio_net (the management network) as a module: the harness puts it
+# and its dependencies into the guests' initramfs from the module tree.
 DEBIAN_HARNESS_ARGS = --kernel $(DEBIAN_KDIR)/vmlinuz --module $(DEBIAN_MO)/src/pcifab.ko \
-	$(GUEST_ARGS)
+	--kernel-modules $(DEBIAN_KDIR)/debian-modules $(GUEST_ARGS)
 # Identity, management (bind, move), P2P and the manager: about 90 s of scenarios.
 DEBIAN_FILTER := pcifab binds the MEP|identity|compose: bind GPU0|compose: move GPU0|p2p: same-host|manager: four requests|rmmod pcifab in every host
 # demo: debian (Debian's own kernel, the default) or test (the fast test kernel). bench stays
