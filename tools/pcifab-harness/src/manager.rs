@@ -1238,6 +1238,27 @@ pub fn network_api(f: &mut Fabric) -> Result<(), String> {
     })
 }
 
+/// Starts host `k` again if a bench or scenario stopped it, and waits for its upstream link.
+pub fn start_again(f: &mut Fabric, k: usize) -> Result<(), String> {
+    if !f.hosts[k].is_dead() {
+        return Ok(());
+    }
+    let t = f.hosts[k].reboot()?;
+    f.hosts[k].log_note(&format!("started again in {t:?}"));
+    let emu = f.emu();
+    let name = f.hosts[k].name.clone();
+    let t = Instant::now();
+    while host_link(&emu, &name)? != "up" {
+        if t.elapsed() > Duration::from_secs(10) {
+            return Err(format!(
+                "{name} started again: its upstream link is not up after 10 s"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
 /// Request round trips of `make bench`'s manager figure.
 pub const BENCH_REQUESTS: usize = 40;
 
@@ -1249,20 +1270,7 @@ pub fn bench_requests(f: &mut Fabric) -> Result<Vec<f64>, String> {
     if f.hosts.len() < 2 {
         return Err("the manager bench needs h1: boot two hosts".into());
     }
-    // `bench` keeps h1 down while it measures h0 alone; bring it up for the requests.
-    if f.hosts[1].is_dead() {
-        let t = f.hosts[1].reboot()?;
-        f.hosts[1].log_note(&format!("started for the manager bench in {t:?}"));
-        let emu = f.emu();
-        let h1 = f.hosts[1].name.clone();
-        let t = Instant::now();
-        while host_link(&emu, &h1)? != "up" {
-            if t.elapsed() > Duration::from_secs(10) {
-                return Err("h1 started: its upstream link is not up after 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
+    start_again(f, 1)?;
     f.tls_material(&["h1-job"])?;
     let url = format!("https://{}:{API_PORT}", f.manager_addr(1)?);
     let d = crate::tls::GUEST_DIR;
