@@ -988,24 +988,9 @@ pub fn host_killed(f: &mut Fabric) -> Result<(), String> {
         check_world(f, &Owners::new(), "R2 released")
     });
     // Bring h1 back for the scenarios after this one, whatever happened.
-    let reboot = if f.hosts[1].is_dead() {
-        f.hosts[1]
-            .reboot()
-            .map(|t| f.hosts[1].log_note(&format!("rebooted in {t:?}")))
-    } else {
-        Ok(())
-    };
+    let reboot = start_again(f, 1);
     r?;
     reboot?;
-    let emu = f.emu();
-    let h1_name = f.hosts[1].name.clone();
-    let t = Instant::now();
-    while host_link(&emu, &h1_name)? != "up" {
-        if t.elapsed() > Duration::from_secs(10) {
-            return Err("h1 rebooted: its upstream link is not up again after 10 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
     compose_begin(f)
 }
 
@@ -1238,21 +1223,19 @@ pub fn network_api(f: &mut Fabric) -> Result<(), String> {
     })
 }
 
-/// Starts host `k` again if a bench or scenario stopped it, and waits for its upstream link.
+/// Starts host `k` again if a bench or scenario stopped it, then waits (up to 10 s) until
+/// its upstream link is up in the emulator.
 pub fn start_again(f: &mut Fabric, k: usize) -> Result<(), String> {
-    if !f.hosts[k].is_dead() {
-        return Ok(());
+    if f.hosts[k].is_dead() {
+        let t = f.hosts[k].reboot()?;
+        f.hosts[k].log_note(&format!("rebooted in {t:?}"));
     }
-    let t = f.hosts[k].reboot()?;
-    f.hosts[k].log_note(&format!("started again in {t:?}"));
     let emu = f.emu();
     let name = f.hosts[k].name.clone();
     let t = Instant::now();
     while host_link(&emu, &name)? != "up" {
         if t.elapsed() > Duration::from_secs(10) {
-            return Err(format!(
-                "{name} started again: its upstream link is not up after 10 s"
-            ));
+            return Err(format!("{name}: its upstream link is not up after 10 s"));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
