@@ -159,6 +159,11 @@ pub fn run(cli: &Cli) -> Result<(), Error> {
     }
 }
 
+/// Whether a manager URL is set (options, environment or client configuration).
+pub fn has_url(cli: &Cli) -> Result<bool, Error> {
+    Ok(remote(cli)?.is_some())
+}
+
 /// What `top` shows when a manager URL is set: the manager's URL, its telemetry and pool
 /// replies; none without a URL (then `top` reads the driver).
 pub fn telemetry_view(cli: &Cli) -> Result<Option<(String, Value, Value)>, Error> {

@@ -326,7 +326,7 @@ fn key(fd: Option<i32>, d: Duration) -> Option<u8> {
 
 /// `top`: refresh every `interval` seconds until `q`, Ctrl-C or `--count` refreshes.
 pub fn top(cli: &Cli, interval: f64, mut key_sort: SortKey) -> Result<(), Error> {
-    let src = if super::manager::telemetry_view(cli)?.is_some() {
+    let src = if super::manager::has_url(cli)? {
         Source::Manager
     } else {
         Source::Driver(open(&cli.device)?)
