@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use pcifab_uapi::{self as u, Arg};
@@ -196,6 +197,25 @@ fn defs() -> Vec<Def> {
     ]
 }
 
+/// Byte offsets of the user pointers in `kind`'s struct (8 bytes each).
+fn pointer_fields(kind: Kind) -> Vec<usize> {
+    use std::mem::offset_of;
+    let end = offset_of!(u::P2pEnd, addr);
+    match kind {
+        Kind::Mrpc => vec![offset_of!(u::Mrpc, in_ptr), offset_of!(u::Mrpc, out_ptr)],
+        Kind::Inventory => vec![
+            offset_of!(u::Inventory, ports_ptr),
+            offset_of!(u::Inventory, functions_ptr),
+        ],
+        Kind::Routes => vec![offset_of!(u::P2pRoutes, routes_ptr)],
+        Kind::Copy => vec![
+            offset_of!(u::P2pCopy, src) + end,
+            offset_of!(u::P2pCopy, dst) + end,
+        ],
+        _ => Vec::new(),
+    }
+}
+
 // ------------------------------------------------------------------ arena
 
 /// The fuzzer's memory: every pointer handed to the kernel points in here (or nowhere).
@@ -236,6 +256,23 @@ impl Arena {
 
     fn addr(&self, off: usize) -> u64 {
         self.base as u64 + off as u64
+    }
+
+    /// Up to `n` bytes at user address `ptr` when it lies in a readable page of the arena
+    /// (cut at the end of that readable run); nothing for any other address.
+    fn bytes_at(&self, ptr: u64, n: usize) -> Vec<u8> {
+        let base = self.addr(0);
+        let readable = [(0, RW_PAGES * PAGE), (RO_PAGE * PAGE, (RO_PAGE + 1) * PAGE)];
+        for (lo, hi) in readable {
+            if ptr >= base + lo as u64 && ptr < base + hi as u64 {
+                let off = (ptr - base) as usize;
+                let n = n.min(hi - off);
+                // SAFETY: `off..off + n` lies in pages mapped readable by `new` for the
+                // arena's lifetime; nothing writes them while this copy is made.
+                return unsafe { std::slice::from_raw_parts(self.base.add(off), n) }.to_vec();
+            }
+        }
+        Vec::new()
     }
 
     /// The read-write pages.
@@ -399,6 +436,8 @@ struct Fuzz {
     changes: u64,
     change_log: Vec<String>,
     alarms: u64,
+    /// The last MRPC command sent and the first bytes of its input, as the kernel read them.
+    mrpc_sent: (u32, Vec<u8>),
 }
 
 extern "C" fn on_alarm(_: libc::c_int) {}
@@ -427,6 +466,79 @@ fn arm(us: i64) {
     };
     // SAFETY: `it` is a valid timer value; the old value is not wanted.
     unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+}
+
+/// The arena's base and the step in progress, for the crash report.
+static CRASH_ARENA: AtomicU64 = AtomicU64::new(0);
+static CRASH_STEP: AtomicU64 = AtomicU64::new(0);
+static CRASH_OP: AtomicU64 = AtomicU64::new(0);
+
+/// Appends `v` in hex to `buf` at `at`; returns the new end. Async-signal-safe.
+fn put_hex(buf: &mut [u8], mut at: usize, v: u64) -> usize {
+    for i in (0..16).rev() {
+        if at < buf.len() {
+            buf[at] = b"0123456789abcdef"[((v >> (i * 4)) & 0xf) as usize];
+            at += 1;
+        }
+    }
+    at
+}
+
+/// A fault in the fuzzer itself (SIGSEGV, SIGBUS): one line on stderr with the address,
+/// the instruction, the arena and the step, then the default action (the kernel logs its
+/// own "segfault at" line too). Only async-signal-safe calls.
+extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let mut buf = [0u8; 160];
+    let mut n = 0;
+    for (label, v) in [
+        ("\n[pcifab-selftest fuzz: signal ", sig as u64),
+        (" addr ", {
+            // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+            unsafe { (*info).si_addr() as u64 }
+        }),
+        (" ip ", {
+            // SAFETY: the kernel passes the interrupted context as a ucontext_t.
+            unsafe {
+                (*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs[libc::REG_RIP as usize] as u64
+            }
+        }),
+        (" arena ", CRASH_ARENA.load(Relaxed)),
+        (" step ", CRASH_STEP.load(Relaxed)),
+        (" op ", CRASH_OP.load(Relaxed)),
+    ] {
+        for &b in label.as_bytes() {
+            if n < buf.len() {
+                buf[n] = b;
+                n += 1;
+            }
+        }
+        n = put_hex(&mut buf, n, v);
+    }
+    if n < buf.len() {
+        buf[n] = b']';
+        n += 1;
+    }
+    // SAFETY: write(2) and signal(2) are async-signal-safe; `buf` holds `n` bytes.
+    unsafe {
+        libc::write(2, buf.as_ptr().cast(), n);
+        libc::signal(sig, libc::SIG_DFL);
+    }
+    // Returning runs the faulting instruction again, now with the default action.
+}
+
+/// Reports SIGSEGV and SIGBUS of the fuzzer (see [`on_fault`]), on the alternate stack
+/// the Rust runtime set up for the main thread, if any.
+fn install_fault_report() {
+    for sig in [libc::SIGSEGV, libc::SIGBUS] {
+        // SAFETY: installs a handler that makes only async-signal-safe calls.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_fault as *const () as libc::sighandler_t;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
 }
 
 /// Result of a raw call: Ok(return value) or the errno.
@@ -470,13 +582,16 @@ impl Fuzz {
             changes: 0,
             change_log: Vec::new(),
             alarms: 0,
+            mrpc_sent: (0, Vec::new()),
         };
+        CRASH_ARENA.store(z.arena.addr(0), Relaxed);
         z.arena.rw().fill(0);
         Ok(z)
     }
 
     /// One operation: mostly a uAPI ioctl, then undefined ioctls, other calls, sysfs.
     fn step(&mut self) -> Res<()> {
+        CRASH_STEP.fetch_add(1, Relaxed);
         match self.rng.below(1000) {
             0..=899 => self.one_ioctl()?,
             900..=939 => self.random_ioctl(),
@@ -664,11 +779,16 @@ impl Fuzz {
         };
         put(&mut b, 4, &flags.to_le_bytes());
         let blocking = self.body(kind, &mut b)?;
-        // Corrupt a few bytes past size and flags now and then.
+        // Corrupt a few bytes past size and flags now and then; never a byte of a user
+        // pointer, which would aim the kernel at the fuzzer's own memory (pointers are bent
+        // by `buf_ptr` instead).
         if self.chance(8) && sz > 8 {
+            let pointers = pointer_fields(kind);
             for _ in 0..1 + self.rng.below(3) {
                 let at = 8 + self.rng.below((sz - 8) as u64) as usize;
-                b[at] = self.rng.next() as u8;
+                if !pointers.iter().any(|&o| (o..o + 8).contains(&at)) {
+                    b[at] = self.rng.next() as u8;
+                }
             }
         }
         let (ptr, place) = self.arg_place(sz);
@@ -689,12 +809,18 @@ impl Fuzz {
             Place::ReadOnly(off) => self.arena.write_read_only(off, &b)?,
             Place::Bad => {}
         }
+        if kind == Kind::Mrpc {
+            let rd = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
+            let (cmd, in_len, in_ptr) = (rd(8) as u32, (rd(8) >> 32) as usize, rd(24));
+            self.mrpc_sent = (cmd, self.arena.bytes_at(in_ptr, in_len.min(8)));
+        }
         let fd = self.fd();
         if blocking {
             arm(ALARM_US);
         }
         // SAFETY: the pointer is into the arena (any byte the kernel writes lands there) or
         // bad by design; the kernel must reject bad ones.
+        CRASH_OP.store(u64::from(nr), Relaxed);
         let rc = ret(unsafe { libc::ioctl(fd, nr as _, ptr) } as isize);
         if blocking {
             arm(0);
@@ -729,11 +855,14 @@ impl Fuzz {
             Kind::RouteDel => "P2P_ROUTE_DEL".to_string(),
             Kind::Copy => "P2P_COPY".to_string(),
             Kind::Mrpc => {
-                let cmd = rd32(8);
-                // A command of the configuration class (on its low 16 bits, which the
-                // firmware dispatches on) that the firmware completed.
+                // The command as sent, with the input the kernel read before the call (the
+                // output may land on top of it), that the firmware completed.
+                let cmd = self.mrpc_sent.0;
                 let (status, ret) = (rd32(40), rd32(44));
-                if !mrpc_configures(cmd) || status != u::MRPC_STATUS_DONE || ret != 0 {
+                if !mrpc_changes(cmd, &self.mrpc_sent.1)
+                    || status != u::MRPC_STATUS_DONE
+                    || ret != 0
+                {
                     return;
                 }
                 format!("MRPC {cmd:#x}")
@@ -1030,6 +1159,7 @@ impl Fuzz {
         let fd = self.fd();
         arm(ALARM_US);
         // SAFETY: an undefined command; the pointer is into the arena or bad by design.
+        CRASH_OP.store(u64::from(nr), Relaxed);
         let rc = ret(unsafe { libc::ioctl(fd, nr as _, ptr) } as isize);
         arm(0);
         self.ioctl_calls += 1;
@@ -1210,13 +1340,26 @@ impl Fuzz {
     }
 }
 
-/// Commands of the configuration class of Documentation/uapi.rst, by the low 16 bits the
-/// firmware dispatches on.
-fn mrpc_configures(cmd: u32) -> bool {
-    matches!(
-        cmd & 0xffff,
-        0x84 | 0x85 | 0x88 | 0x8d | 0xf004 | 0xf080..=0xf0ff
-    )
+/// Whether command `cmd` with `input` (the first bytes the kernel read) changes firmware
+/// state when the firmware completes it: everything but the read-only class of
+/// Documentation/uapi.rst, by the low 16 bits the firmware dispatches on and, where a
+/// command has them, its sub-command (missing input bytes read as zero, as the firmware
+/// reads them). Commands the firmware does not know change nothing (it refuses them).
+fn mrpc_changes(cmd: u32, input: &[u8]) -> bool {
+    let byte = |at: usize| input.get(at).copied().unwrap_or(0);
+    match cmd & 0xffff {
+        // Die temperature: only GET reads.
+        0x04 => [byte(0), byte(1), byte(2), byte(3)] != [2, 0, 0, 0],
+        // Database dump: the single-shot sections read; the chunked steps hold a session.
+        0x83 => byte(0) > 6,
+        // Topology dump session, bind/unbind, device management, port configuration, GFMS
+        // events (GET consumes the queue), port control.
+        0x82 | 0x84 | 0x85 | 0x88 | 0x89 | 0x8d => true,
+        // P2P routes: LIST (3) and GRANT_LIST (6) read.
+        0xf004 => !matches!(byte(4), 3 | 6),
+        0xf080..=0xf0ff => true,
+        _ => false,
+    }
 }
 
 fn drop_privileges() -> Res<()> {
@@ -1321,6 +1464,7 @@ pub fn cmd_fuzz(args: &[String]) -> Res<()> {
     let (sys, skipped) = sysfs_files(&misc);
 
     install_alarm();
+    install_fault_report();
 
     let mut fds = vec![root_fd];
     let mut reopen_as_user = String::from("not tried");
@@ -1495,12 +1639,21 @@ mod tests {
     }
 
     #[test]
-    fn configuration_commands_by_low_bits() {
-        assert!(mrpc_configures(0x84));
-        assert!(mrpc_configures(0x1_0084));
-        assert!(mrpc_configures(0xf004));
-        assert!(!mrpc_configures(0x41));
-        assert!(!mrpc_configures(0xf003));
+    fn configuration_commands_by_low_bits_and_sub_command() {
+        assert!(mrpc_changes(0x84, &[]));
+        assert!(mrpc_changes(0x1_0084, &[1, 0, 0, 0]));
+        assert!(mrpc_changes(0xf004, &[1, 0, 0, 0, 1]));
+        assert!(mrpc_changes(0xf004, &[1, 0, 32, 0]));
+        assert!(!mrpc_changes(0xf004, &[1, 0, 32, 0, 3]));
+        assert!(!mrpc_changes(0x1_f004, &[1, 0, 32, 0, 6, 0]));
+        assert!(mrpc_changes(0x04, &[1, 0, 0, 0]));
+        assert!(!mrpc_changes(0x04, &[2, 0, 0]));
+        assert!(!mrpc_changes(0x04, &[2, 0, 0, 0]));
+        assert!(!mrpc_changes(0x83, &[6]));
+        assert!(mrpc_changes(0x83, &[7]));
+        assert!(mrpc_changes(0x89, &[0]));
+        assert!(!mrpc_changes(0x41, &[]));
+        assert!(!mrpc_changes(0xf003, &[]));
     }
 
     #[test]
