@@ -208,6 +208,9 @@ impl Mrpc {
                 bar.write_reg(regs::MRPC_DMA_EN::zeroed());
                 bar.write_reg(regs::MRPC_DMA_ADDR_LO::zeroed());
                 bar.write_reg(regs::MRPC_DMA_ADDR_HI::zeroed());
+                // Memory writes are posted: the read returns after the firmware took them,
+                // so a command it finishes from now on cannot write into the freed buffer.
+                let _ = bar.read(regs::MRPC_DMA_EN);
             });
             drop(buf);
         }
