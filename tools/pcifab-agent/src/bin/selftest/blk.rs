@@ -20,8 +20,8 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::time::Instant;
 
-use super::p2p::Args;
-use super::{check, errno_name, json_str, num, usage, Res, Rng};
+use super::args::Args;
+use super::util::{check, errno_name, json_str, num, usage, Res, Rng};
 
 pub const USAGE: &str = "\
   blk-write --dev PATH --seed S [--blocks N] [--chunk B]

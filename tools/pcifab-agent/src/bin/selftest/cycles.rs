@@ -20,10 +20,11 @@ use std::time::{Duration, Instant};
 
 use pcifab_uapi::{self as u, Arg};
 
+use super::args::Args;
+use super::ioctl::{fd_ioctl, mrpc_arg, open_fd, ECHO};
 use super::kmod::{self, ModuleFile, Traces};
 use super::kmsg::Kmsg;
-use super::p2p::Args;
-use super::{check, errno, errno_name, json_str, num, Res};
+use super::util::{check, errno, errno_name, json_str, num, Res};
 
 pub const USAGE: &str = "\
   unload-cycles --cycles N --module PATH [--first I] [--rmmod-ms MS] [--end-ms MS]
@@ -46,23 +47,7 @@ const USERS: [(&str, i64); 4] = [
 ];
 
 fn open_dev() -> Result<i32, i32> {
-    // SAFETY: a constant path.
-    let fd = unsafe { libc::open(c"/dev/pcifab0".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if fd < 0 {
-        Err(errno())
-    } else {
-        Ok(fd)
-    }
-}
-
-fn ioctl<T: Arg>(fd: i32, nr: u32, arg: &mut T) -> Result<(), i32> {
-    // SAFETY: `arg` is a valid struct of this ABI without user pointers, or with pointers
-    // the caller made valid.
-    if unsafe { libc::ioctl(fd, nr as _, arg as *mut T) } != 0 {
-        Err(errno())
-    } else {
-        Ok(())
-    }
+    open_fd("/dev/pcifab0", libc::O_RDWR)
 }
 
 /// What one user saw: "errno NAME" or "revents 0x..".
@@ -74,13 +59,13 @@ fn user_work(which: usize, go: i32) -> String {
     match which {
         0 => loop {
             let mut ev = u::Events::new();
-            if let Err(e) = ioctl(fd, u::PCIFAB_IOCTL_EVENTS, &mut ev) {
+            if let Err(e) = fd_ioctl(fd, u::PCIFAB_IOCTL_EVENTS, &mut ev) {
                 return format!("errno {}", errno_name(e));
             }
             ev.flags = u::EVENTS_WAIT;
             ev.seen = ev.total;
             ev.timeout_ms = 0;
-            if let Err(e) = ioctl(fd, u::PCIFAB_IOCTL_EVENTS, &mut ev) {
+            if let Err(e) = fd_ioctl(fd, u::PCIFAB_IOCTL_EVENTS, &mut ev) {
                 return format!("errno {}", errno_name(e));
             }
             // An event came: wait again.
@@ -89,13 +74,8 @@ fn user_work(which: usize, go: i32) -> String {
             let input = [0x5au8; 64];
             let mut out = [0u8; 64];
             loop {
-                let mut m = u::Mrpc::new();
-                m.cmd = 0x41;
-                m.in_len = 64;
-                m.out_len = 64;
-                m.in_ptr = input.as_ptr() as u64;
-                m.out_ptr = out.as_mut_ptr() as u64;
-                if let Err(e) = ioctl(fd, u::PCIFAB_IOCTL_MRPC, &mut m) {
+                let mut m = mrpc_arg(ECHO, &input, &mut out, 0);
+                if let Err(e) = fd_ioctl(fd, u::PCIFAB_IOCTL_MRPC, &mut m) {
                     return format!("errno {}", errno_name(e));
                 }
             }
@@ -116,7 +96,7 @@ fn user_work(which: usize, go: i32) -> String {
             }
             // Events arrived: mark them read and wait again.
             let mut ev = u::Events::new();
-            if let Err(e) = ioctl(fd, u::PCIFAB_IOCTL_EVENTS, &mut ev) {
+            if let Err(e) = fd_ioctl(fd, u::PCIFAB_IOCTL_EVENTS, &mut ev) {
                 return format!("errno {}", errno_name(e));
             }
         },
@@ -125,7 +105,7 @@ fn user_work(which: usize, go: i32) -> String {
             // SAFETY: one byte into `b`.
             unsafe { libc::read(go, (&mut b as *mut u8).cast(), 1) };
             let mut v = u::Version::new();
-            let r = ioctl(fd, u::PCIFAB_IOCTL_VERSION, &mut v);
+            let r = fd_ioctl(fd, u::PCIFAB_IOCTL_VERSION, &mut v);
             // SAFETY: ours.
             let c = unsafe { libc::close(fd) };
             match r {
@@ -324,7 +304,7 @@ fn cycle(
     }
     let fd = open_dev().map_err(|e| format!("open /dev/pcifab0: {}", errno_name(e)))?;
     let mut v = u::Version::new();
-    let r = ioctl(fd, u::PCIFAB_IOCTL_VERSION, &mut v);
+    let r = fd_ioctl(fd, u::PCIFAB_IOCTL_VERSION, &mut v);
     // SAFETY: ours.
     unsafe { libc::close(fd) };
     r.map_err(|e| format!("VERSION: {}", errno_name(e)))?;
@@ -456,17 +436,7 @@ pub fn cmd_unload_cycles(args: &[String]) -> Res<()> {
             &mut endings,
             &mut rmmod_ms,
         );
-        let splat = (kmsg.poll() > 0).then(|| {
-            format!(
-                "kernel splat: {}",
-                kmsg.splats
-                    .iter()
-                    .take(5)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(" | ")
-            )
-        });
+        let splat = (kmsg.poll() > 0).then(|| format!("kernel splat: {}", kmsg.first_splats()));
         let why: Vec<String> = r.err().into_iter().chain(splat).collect();
         if !why.is_empty() {
             failure = Some(format!("cycle {i}: {}", why.join("; ")));

@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 
 use pcifab_uapi::{self as u, Arg};
 
+use super::args::Args;
+use super::ioctl::{echo_answer, fd_ioctl, mrpc_arg, open_fd, ECHO};
 use super::kmod::{self, ModuleFile, Traces};
 use super::kmsg::Kmsg;
-use super::p2p::Args;
-use super::{check, errno, errno_name, json_str, num, Res};
+use super::util::{check, errno, errno_name, json_str, num, Res};
 
 pub const USAGE: &str = "\
   probe-faults --module PATH [--from N] [--to M]
@@ -158,31 +159,21 @@ impl Drop for FailNth {
 
 /// `/dev/pcifab0` answers VERSION and an echo.
 fn works() -> Result<(), String> {
-    // SAFETY: a constant path.
-    let fd = unsafe { libc::open(c"/dev/pcifab0".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(format!("open /dev/pcifab0: {}", errno_name(errno())));
-    }
+    let fd = open_fd("/dev/pcifab0", libc::O_RDWR)
+        .map_err(|e| format!("open /dev/pcifab0: {}", errno_name(e)))?;
     let mut v = u::Version::new();
     let input = *b"probe-faults-ok!";
     let mut out = [0u8; 16];
-    let mut m = u::Mrpc::new();
-    m.cmd = 0x41;
-    m.in_len = 16;
-    m.out_len = 16;
-    m.in_ptr = input.as_ptr() as u64;
-    m.out_ptr = out.as_mut_ptr() as u64;
-    // SAFETY: valid structs; the MRPC pointers address the two arrays, alive for the call.
-    let r = unsafe {
-        if libc::ioctl(fd, u::PCIFAB_IOCTL_VERSION as _, &mut v) != 0 {
-            Err(format!("VERSION: {}", errno_name(errno())))
-        } else if libc::ioctl(fd, u::PCIFAB_IOCTL_MRPC as _, &mut m) != 0 {
-            Err(format!("echo: {}", errno_name(errno())))
-        } else if out[..] != crate::echo_answer(&input)[..] {
-            Err(format!("echo returned {out:?}, not the input inverted"))
-        } else {
-            Ok(())
-        }
+    // Valid structs; the MRPC pointers address the two arrays, alive for the call.
+    let mut m = mrpc_arg(ECHO, &input, &mut out, 0);
+    let r = if let Err(e) = fd_ioctl(fd, u::PCIFAB_IOCTL_VERSION, &mut v) {
+        Err(format!("VERSION: {}", errno_name(e)))
+    } else if let Err(e) = fd_ioctl(fd, u::PCIFAB_IOCTL_MRPC, &mut m) {
+        Err(format!("echo: {}", errno_name(e)))
+    } else if out[..] != echo_answer(&input)[..] {
+        Err(format!("echo returned {out:?}, not the input inverted"))
+    } else {
+        Ok(())
     };
     // SAFETY: ours.
     unsafe { libc::close(fd) };

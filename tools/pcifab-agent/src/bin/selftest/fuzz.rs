@@ -22,9 +22,11 @@ use std::time::Instant;
 
 use pcifab_uapi::{self as u, Arg};
 
+use super::args::Args;
+use super::ioctl::{echo_answer, fd_ioctl, mrpc_arg, open_fd, ECHO};
 use super::kmsg::Kmsg;
-use super::p2p::Args;
-use super::{check, errno, errno_name, json_str, usage, Res, Rng};
+use super::mem::{AnonPages, PAGE};
+use super::util::{check, errno, errno_name, json_str, num, usage, Res, Rng};
 
 pub const USAGE: &str = "\
   fuzz --seed S --calls N [--unpriv] [--device PATH]
@@ -38,7 +40,6 @@ pub const USAGE: &str = "\
         line with the seed and every operation's errno counts on stderr
 ";
 
-const PAGE: usize = 4096;
 /// Arena pages: 0-3 read-write, 4 inaccessible, 5 read-only, 6 inaccessible.
 const RW_PAGES: usize = 4;
 const ARENA_PAGES: usize = 7;
@@ -220,42 +221,30 @@ fn pointer_fields(kind: Kind) -> Vec<usize> {
 
 /// The fuzzer's memory: every pointer handed to the kernel points in here (or nowhere).
 struct Arena {
-    base: *mut u8,
+    mem: AnonPages,
 }
 
 impl Arena {
     fn new() -> Res<Arena> {
-        // SAFETY: a fresh anonymous private mapping.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                ARENA_PAGES * PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
+        let a = Arena {
+            mem: AnonPages::new(ARENA_PAGES)?,
         };
-        if p == libc::MAP_FAILED {
-            return Err(check(format!("mmap: {}", errno_name(errno()))));
-        }
-        let a = Arena { base: p.cast() };
         a.protect(NONE_PAGE, libc::PROT_NONE)?;
         a.protect(RO_PAGE, libc::PROT_READ)?;
         a.protect(6, libc::PROT_NONE)?;
         Ok(a)
     }
 
+    fn base(&self) -> *mut u8 {
+        self.mem.base()
+    }
+
     fn protect(&self, page: usize, prot: i32) -> Res<()> {
-        // SAFETY: the page lies inside the mapping made in `new`.
-        if unsafe { libc::mprotect(self.base.add(page * PAGE).cast(), PAGE, prot) } != 0 {
-            return Err(check(format!("mprotect: {}", errno_name(errno()))));
-        }
-        Ok(())
+        self.mem.protect(page, prot)
     }
 
     fn addr(&self, off: usize) -> u64 {
-        self.base as u64 + off as u64
+        self.base() as u64 + off as u64
     }
 
     /// Up to `n` bytes at user address `ptr` when it lies in a readable page of the arena
@@ -269,7 +258,7 @@ impl Arena {
                 let n = n.min(hi - off);
                 // SAFETY: `off..off + n` lies in pages mapped readable by `new` for the
                 // arena's lifetime; nothing writes them while this copy is made.
-                return unsafe { std::slice::from_raw_parts(self.base.add(off), n) }.to_vec();
+                return unsafe { std::slice::from_raw_parts(self.base().add(off), n) }.to_vec();
             }
         }
         Vec::new()
@@ -278,7 +267,7 @@ impl Arena {
     /// The read-write pages.
     fn rw(&mut self) -> &mut [u8] {
         // SAFETY: the first RW_PAGES pages are read-write and only reached through `&mut`.
-        unsafe { std::slice::from_raw_parts_mut(self.base, RW_PAGES * PAGE) }
+        unsafe { std::slice::from_raw_parts_mut(self.base(), RW_PAGES * PAGE) }
     }
 
     /// Puts `bytes` at `off` of the read-only page.
@@ -287,16 +276,9 @@ impl Arena {
         self.protect(RO_PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
         // SAFETY: the page is writable now and `off + n` stays inside it.
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(RO_PAGE * PAGE + off), n)
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base().add(RO_PAGE * PAGE + off), n)
         };
         self.protect(RO_PAGE, libc::PROT_READ)
-    }
-}
-
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly what `new` mapped.
-        unsafe { libc::munmap(self.base.cast(), ARENA_PAGES * PAGE) };
     }
 }
 
@@ -1382,40 +1364,21 @@ fn drop_privileges() -> Res<()> {
     Ok(())
 }
 
-fn open_dev(path: &str, flags: i32) -> Result<i32, i32> {
-    let c = CString::new(path).map_err(|_| libc::EINVAL)?;
-    // SAFETY: a valid path.
-    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
-    if fd < 0 {
-        Err(errno())
-    } else {
-        Ok(fd)
-    }
-}
-
 /// After the run: a fresh descriptor answers VERSION and an echo.
 fn health(path: &str) -> Result<(), String> {
-    let fd = open_dev(path, libc::O_RDONLY)
+    let fd = open_fd(path, libc::O_RDONLY)
         .map_err(|e| format!("open {path} after the run: {}", errno_name(e)))?;
     let mut v = u::Version::new();
-    // SAFETY: a valid struct of this ioctl.
-    let r = unsafe { libc::ioctl(fd, u::PCIFAB_IOCTL_VERSION as _, &mut v) };
-    let res = if r != 0 {
-        Err(format!("VERSION after the run: {}", errno_name(errno())))
+    let res = if let Err(e) = fd_ioctl(fd, u::PCIFAB_IOCTL_VERSION, &mut v) {
+        Err(format!("VERSION after the run: {}", errno_name(e)))
     } else {
         let input = *b"still-alive-0123";
         let mut out = [0u8; 16];
-        let mut m = u::Mrpc::new();
-        m.cmd = 0x41;
-        m.in_len = 16;
-        m.out_len = 16;
-        m.in_ptr = input.as_ptr() as u64;
-        m.out_ptr = out.as_mut_ptr() as u64;
-        // SAFETY: the pointers address the two 16-byte arrays, alive for the call.
-        let r = unsafe { libc::ioctl(fd, u::PCIFAB_IOCTL_MRPC as _, &mut m) };
-        if r != 0 {
-            Err(format!("echo after the run: {}", errno_name(errno())))
-        } else if m.status != u::MRPC_STATUS_DONE || out[..] != crate::echo_answer(&input)[..] {
+        // The pointers address the two 16-byte arrays, alive for the call.
+        let mut m = mrpc_arg(ECHO, &input, &mut out, 0);
+        if let Err(e) = fd_ioctl(fd, u::PCIFAB_IOCTL_MRPC, &mut m) {
+            Err(format!("echo after the run: {}", errno_name(e)))
+        } else if m.status != u::MRPC_STATUS_DONE || out[..] != echo_answer(&input)[..] {
             Err(format!(
                 "echo after the run: status {:#x} ret {:#x}, output {:?}",
                 m.status, m.ret_value, out
@@ -1440,8 +1403,8 @@ pub fn cmd_fuzz(args: &[String]) -> Res<()> {
         }
     }
     let a = Args::parse(&rest)?;
-    let seed = super::num("--seed", a.need("seed")?)?;
-    let calls = super::num("--calls", a.need("calls")?)?;
+    let seed = num("--seed", a.need("seed")?)?;
+    let calls = num("--calls", a.need("calls")?)?;
     let path = a.get("device").unwrap_or("/dev/pcifab0").to_string();
     if calls == 0 {
         return Err(usage("--calls must be at least 1"));
@@ -1449,7 +1412,7 @@ pub fn cmd_fuzz(args: &[String]) -> Res<()> {
 
     // As root: the log, the device, the fabric's ids and the sysfs files.
     let mut kmsg = Kmsg::open()?;
-    let root_fd = open_dev(&path, libc::O_RDWR)
+    let root_fd = open_fd(&path, libc::O_RDWR)
         .map_err(|e| check(format!("cannot open {path}: {}", errno_name(e))))?;
     // SAFETY: `root_fd` is open; the `File` takes it over for the inventory and gives it back.
     let f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(root_fd) };
@@ -1470,7 +1433,7 @@ pub fn cmd_fuzz(args: &[String]) -> Res<()> {
     let mut reopen_as_user = String::from("not tried");
     if unpriv {
         drop_privileges()?;
-        match open_dev(&path, libc::O_RDWR) {
+        match open_fd(&path, libc::O_RDWR) {
             Ok(fd) => {
                 fds.push(fd);
                 reopen_as_user = "ok".into();
@@ -1568,12 +1531,7 @@ pub fn cmd_fuzz(args: &[String]) -> Res<()> {
         fails.push(format!(
             "{splats} kernel splat lines (first after call {}): {}",
             first_splat.unwrap_or(0),
-            kmsg.splats
-                .iter()
-                .take(5)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(" | ")
+            kmsg.first_splats()
         ));
     }
     if unpriv && z.changes > 0 {
@@ -1602,7 +1560,7 @@ mod tests {
     #[test]
     fn generator_runs_on_dev_null() {
         install_alarm();
-        let fd = open_dev("/dev/null", libc::O_RDWR).expect("open /dev/null");
+        let fd = open_fd("/dev/null", libc::O_RDWR).expect("open /dev/null");
         let sys = vec![SysFile {
             path: "/dev/null".into(),
             garbage_only: false,

@@ -5,7 +5,7 @@
 use std::ffi::CString;
 use std::time::{Duration, Instant};
 
-use super::{check, errno, errno_name, Res};
+use super::util::{check, errno, errno_name, Res};
 
 pub const MODULE: &str = "pcifab";
 

@@ -6,7 +6,7 @@
 //! skips what was logged before. A record that the ring buffer overwrote before it was read
 //! makes `read()` fail once with `EPIPE`; those are counted as lost.
 
-use super::{check, errno, errno_name, Res};
+use super::util::{check, errno, errno_name, Res};
 
 /// Message fragments that mark a kernel splat (warnings, bugs, sanitizers, lockdep, hangs,
 /// leaks). A bare "Call Trace" is not one: the kernel dumps the stack for reports that are no
@@ -121,6 +121,16 @@ impl Kmsg {
             }
         }
         self.splats.len() - before
+    }
+
+    /// The first five splat lines, for a failure message.
+    pub fn first_splats(&self) -> String {
+        self.splats
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" | ")
     }
 }
 

@@ -4,13 +4,14 @@
 //! Patterns are the byte stream of [`Rng`] for a seed: byte `i` is byte `i % 8` (little
 //! endian) of the stream's `i / 8`-th value, which is what `bar --write SEED` leaves in a BAR.
 
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::time::Instant;
 
 use pcifab_uapi::dev::{self, CopyDst, CopySrc};
 
-use super::{check, json_str, map_bar, num, usage, Res, Rng};
+use super::args::Args;
+use super::mmio::map_bar;
+use super::util::{check, json_str, num, usage, Fail, Res, Rng};
 
 pub const USAGE: &str = "\
   p2p-user --fn PDFID --off O --len N [--seed S] [--shift K] [--device PATH]
@@ -25,34 +26,8 @@ pub const USAGE: &str = "\
         b, wrapping in the BARs when the size exceeds them); best of 3 each
 ";
 
-/// `--key value` options of these commands.
-pub(super) struct Args(HashMap<String, String>);
-
+/// The options only these commands have.
 impl Args {
-    pub(super) fn parse(args: &[String]) -> Res<Args> {
-        let mut m = HashMap::new();
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            let Some(k) = a.strip_prefix("--") else {
-                return Err(usage(format!("unexpected argument '{a}'")));
-            };
-            let v = it
-                .next()
-                .ok_or_else(|| usage(format!("{a} needs a value")))?;
-            m.insert(k.to_string(), v.clone());
-        }
-        Ok(Args(m))
-    }
-
-    pub(super) fn get(&self, k: &str) -> Option<&str> {
-        self.0.get(k).map(String::as_str)
-    }
-
-    pub(super) fn need(&self, k: &str) -> Res<&str> {
-        self.get(k)
-            .ok_or_else(|| usage(format!("--{k} is required")))
-    }
-
     fn size(&self, k: &str) -> Res<u64> {
         size(&format!("--{k}"), self.need(k)?)
     }
@@ -111,7 +86,7 @@ fn mib_s(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / (1 << 20) as f64 / secs.max(1e-9)
 }
 
-fn copy_err(what: &str, e: dev::P2pError) -> super::Fail {
+fn copy_err(what: &str, e: dev::P2pError) -> Fail {
     check(format!(
         "{what}: {e}; {} bytes done, engine status {}",
         e.done,
