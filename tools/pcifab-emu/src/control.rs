@@ -4,7 +4,8 @@
 //! Requests are a verb followed by whitespace-separated arguments, so
 //! requests such as fault injection can be added as new verbs.
 
-use crate::mep::{Fabric, Faults};
+use crate::fabric::Fabric;
+use crate::mep::Faults;
 use crate::model::{self, PortKind, Requester};
 use crate::p2p;
 use std::io::{BufRead, BufReader, Write};

@@ -33,6 +33,15 @@ pub const MRPC_DMA_ADDR: u64 = MRPC + 0x810;
 pub const MRPC_DMA_VECTOR: u64 = MRPC + 0x818;
 pub const MRPC_DMA_VER: u64 = MRPC + 0x81c;
 
+/// DMA MRPC: the version in dma_ver, the MSI-X vector in dma_vector, the
+/// enable bit of dma_en (Linux's switchtec.h).
+pub const DMA_MRPC_VER: u32 = 1;
+pub const DMA_MRPC_VECTOR: u32 = 1;
+pub const DMA_MRPC_EN: u32 = 1;
+/// Size of Linux's `struct dma_mrpc_output`: status, cmd_id, rtn_code,
+/// output_size, then the 1024 data bytes.
+pub const DMA_MRPC_OUTPUT_SIZE: usize = 16 + MRPC_PAYLOAD_SIZE as usize;
+
 // enum mrpc_status.
 pub const MRPC_STATUS_INPROGRESS: u32 = 1;
 pub const MRPC_STATUS_DONE: u32 = 2;

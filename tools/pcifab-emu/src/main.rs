@@ -9,6 +9,9 @@ mod log;
 mod config;
 mod control;
 mod dma;
+mod fabric;
+#[cfg(test)]
+mod fabric_tests;
 mod function;
 mod gas;
 mod hostile;
@@ -20,10 +23,11 @@ mod nvme;
 mod p2p;
 mod pci;
 mod qmp;
+mod regs;
 mod vfio_user;
 
 use config::Config;
-use mep::Fabric;
+use fabric::Fabric;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};

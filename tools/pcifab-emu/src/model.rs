@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0-only
 //! The fabric behind the MRPC commands: physical ports and their links,
 //! hosts with logical ports, endpoint functions and their bindings, the
-//! generation counter and the per-host GFMS event queues. One model is
+//! generation counter, the per-host GFMS event queues, and the P2P routes of
+//! every MEP and the grants they need ("0xF004 P2P_ROUTE"). One model is
 //! shared by every MEP (see Documentation/mrpc.rst, "The fabric model").
 
 use crate::config::{Config, Dialect, Firmware, LOG_PORTS};
 use crate::gas::{DSPS_PER_PARTITION, PFFS_PER_PARTITION};
-use crate::p2p::{Grant, Route};
 use std::collections::VecDeque;
 
 /// PDFID of function `f` of the endpoint on physical port `port`.
@@ -299,6 +299,42 @@ pub struct HostState {
     /// The P2P routes of this host's MEP, ascending window_off.
     pub routes: Vec<Route>,
 }
+
+/// Most routes per MEP.
+pub const MAX_ROUTES: usize = 16;
+/// Alignment of route offsets and sizes.
+pub const ROUTE_ALIGN: u64 = 4096;
+
+/// `size` bytes of a MEP's window from `window_off` onto the device memory
+/// of function `pdfid` from `target_off`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Route {
+    pub window_off: u64,
+    pub size: u64,
+    pub target_off: u64,
+    pub pdfid: u16,
+}
+
+impl Route {
+    fn end(&self) -> u64 {
+        self.window_off.saturating_add(self.size)
+    }
+}
+
+/// The host of partition `grantee` may route its window onto function
+/// `pdfid`, which another host holds. Dropped when the function is unbound.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grant {
+    pub pdfid: u16,
+    pub grantee: usize,
+}
+
+/// Most grants in the fabric: a GRANT_LIST of all of them fills the
+/// 1024-byte output buffer exactly ((1024 - 8) / 8).
+pub const MAX_GRANTS: usize = 127;
+
+/// One GRANT_LIST entry: (pdfid, holder partition, grantee partition).
+pub type GrantEntry = (u16, usize, usize);
 
 /// What the GAS of every MEP must show after a fabric change.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -872,6 +908,282 @@ impl Model {
             }
         }
         v.extend(self.route_invariants());
+        v
+    }
+}
+
+/// P2P routes and grants: what the MEPs' windows and DMA engines may reach.
+impl Model {
+    /// P2P_ROUTE ADD on the MEP of `host`, checked in the documented order.
+    /// Returns the number of routes now.
+    pub fn add_route(
+        &mut self,
+        host: usize,
+        window_off: u64,
+        size: u64,
+        target_off: u64,
+        pdfid: u16,
+    ) -> Result<usize, u32> {
+        let aligned = [window_off, size, target_off]
+            .iter()
+            .all(|v| v % ROUTE_ALIGN == 0);
+        let fits = window_off
+            .checked_add(size)
+            .is_some_and(|end| end <= self.window);
+        if !aligned || size == 0 || !fits || host >= self.hosts.len() {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let f = self.function(pdfid).ok_or(PCIFAB_ERR_PDFID_UNKNOWN)?;
+        let Some((holder, _)) = f.binding else {
+            return Err(PCIFAB_ERR_NOT_BOUND);
+        };
+        if holder != host && !self.granted(pdfid, host) {
+            return Err(PCIFAB_ERR_NOT_GRANTED);
+        }
+        if target_off
+            .checked_add(size)
+            .is_none_or(|end| end > f.dev_mem)
+        {
+            return Err(PCIFAB_ERR_RANGE);
+        }
+        let routes = &mut self.hosts[host].routes;
+        let end = window_off + size;
+        if routes
+            .iter()
+            .any(|r| window_off < r.end() && r.window_off < end)
+        {
+            return Err(PCIFAB_ERR_ROUTE_CONFLICT);
+        }
+        if routes.len() >= MAX_ROUTES {
+            return Err(PCIFAB_ERR_ROUTE_FULL);
+        }
+        let at = routes.partition_point(|r| r.window_off < window_off);
+        routes.insert(
+            at,
+            Route {
+                window_off,
+                size,
+                target_off,
+                pdfid,
+            },
+        );
+        Ok(routes.len())
+    }
+
+    /// P2P_ROUTE DEL: remove the route of `host` starting at `window_off`.
+    /// Returns the number of routes now.
+    pub fn del_route(&mut self, host: usize, window_off: u64) -> Result<usize, u32> {
+        let routes = &mut self.hosts.get_mut(host).ok_or(ERR_PARAM_INVALID)?.routes;
+        let i = routes
+            .iter()
+            .position(|r| r.window_off == window_off)
+            .ok_or(PCIFAB_ERR_NO_ROUTE)?;
+        routes.remove(i);
+        Ok(routes.len())
+    }
+
+    /// A grant for (`pdfid`, `grantee`) exists.
+    pub fn granted(&self, pdfid: u16, grantee: usize) -> bool {
+        self.grants
+            .iter()
+            .any(|g| g.pdfid == pdfid && g.grantee == grantee)
+    }
+
+    /// The checks GRANT and REVOKE share, in the documented order: the
+    /// grantee is a partition, the function exists and is bound, and `host`
+    /// holds it or is a manager. Returns the holder's partition.
+    fn grant_check(&self, host: usize, pdfid: u16, grantee: usize) -> Result<usize, u32> {
+        if grantee >= self.hosts.len() || host >= self.hosts.len() {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let f = self.function(pdfid).ok_or(PCIFAB_ERR_PDFID_UNKNOWN)?;
+        let (holder, _) = f.binding.ok_or(PCIFAB_ERR_NOT_BOUND)?;
+        if holder != host && !self.hosts[host].manager {
+            return Err(PCIFAB_ERR_NOT_HOLDER);
+        }
+        Ok(holder)
+    }
+
+    /// Grants on `pdfid`.
+    fn grant_count(&self, pdfid: u16) -> usize {
+        self.grants.iter().filter(|g| g.pdfid == pdfid).count()
+    }
+
+    /// P2P_ROUTE GRANT by the host of partition `host`: let `grantee` route
+    /// onto `pdfid`. Idempotent. Returns the number of grants on `pdfid`.
+    pub fn grant(&mut self, host: usize, pdfid: u16, grantee: usize) -> Result<usize, u32> {
+        let holder = self.grant_check(host, pdfid, grantee)?;
+        if grantee == holder {
+            // The holder needs no grant: refuse rather than record nonsense.
+            return Err(ERR_PARAM_INVALID);
+        }
+        if self.function(pdfid).is_some_and(|f| f.dev_mem == 0) {
+            // No device memory the fabric reaches (an nvme function): a
+            // grant could never carry a route.
+            return Err(ERR_PARAM_INVALID);
+        }
+        if !self.granted(pdfid, grantee) {
+            if self.grants.len() >= MAX_GRANTS {
+                return Err(PCIFAB_ERR_GRANT_FULL);
+            }
+            let at = self
+                .grants
+                .partition_point(|g| (g.pdfid, g.grantee) < (pdfid, grantee));
+            self.grants.insert(at, Grant { pdfid, grantee });
+        }
+        Ok(self.grant_count(pdfid))
+    }
+
+    /// P2P_ROUTE REVOKE by the host of partition `host`: remove the grant
+    /// and every route of the grantee's MEP onto `pdfid`. Returns the number
+    /// of grants left on `pdfid` and whether the grantee lost a route.
+    pub fn revoke(
+        &mut self,
+        host: usize,
+        pdfid: u16,
+        grantee: usize,
+    ) -> Result<(usize, bool), u32> {
+        self.grant_check(host, pdfid, grantee)?;
+        let i = self
+            .grants
+            .iter()
+            .position(|g| g.pdfid == pdfid && g.grantee == grantee)
+            .ok_or(PCIFAB_ERR_NO_GRANT)?;
+        self.grants.remove(i);
+        let routes = &mut self.hosts[grantee].routes;
+        let before = routes.len();
+        routes.retain(|r| r.pdfid != pdfid);
+        let lost = routes.len() != before;
+        Ok((self.grant_count(pdfid), lost))
+    }
+
+    /// The grants the host of partition `host` may see (on functions it
+    /// holds or was granted; a manager sees all), ascending (pdfid,
+    /// grantee), with the holder of each.
+    pub fn grant_list(&self, host: usize) -> Vec<GrantEntry> {
+        let manager = self.hosts.get(host).is_some_and(|h| h.manager);
+        self.grants
+            .iter()
+            .filter_map(|g| {
+                let holder = self.function(g.pdfid)?.binding?.0;
+                (manager || holder == host || g.grantee == host)
+                    .then_some((g.pdfid, holder, g.grantee))
+            })
+            .collect()
+    }
+
+    /// Where `len` bytes at window offset `off` of `host`'s MEP go: the
+    /// target function and the offset in its device memory, when the range
+    /// lies wholly inside one route.
+    pub fn route_target(&self, host: usize, off: u64, len: u64) -> Option<(u16, u64)> {
+        let end = off.checked_add(len)?;
+        self.hosts
+            .get(host)?
+            .routes
+            .iter()
+            .find(|r| off >= r.window_off && end <= r.end())
+            .map(|r| (r.pdfid, r.target_off + (off - r.window_off)))
+    }
+
+    /// Remove every route to `pdfid` on every MEP; returns the partitions
+    /// that lost one.
+    pub fn drop_routes_to(&mut self, pdfid: u16) -> Vec<usize> {
+        let mut lost = Vec::new();
+        for (h, host) in self.hosts.iter_mut().enumerate() {
+            let before = host.routes.len();
+            host.routes.retain(|r| r.pdfid != pdfid);
+            if host.routes.len() != before {
+                lost.push(h);
+            }
+        }
+        lost
+    }
+
+    /// Route invariants: every route targets a bound function, lies within
+    /// the window and the target's device memory, and the routes of one MEP
+    /// do not overlap (and are at most MAX_ROUTES).
+    pub fn route_invariants(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for (h, host) in self.hosts.iter().enumerate() {
+            let name = &host.name;
+            if host.routes.len() > MAX_ROUTES {
+                v.push(format!(
+                    "MEP of {name} has {} routes, more than {MAX_ROUTES}",
+                    host.routes.len()
+                ));
+            }
+            for (i, r) in host.routes.iter().enumerate() {
+                let what = format!(
+                    "route {:#x}+{:#x} of {name} to {:#06x}",
+                    r.window_off, r.size, r.pdfid
+                );
+                match self.function(r.pdfid) {
+                    None => v.push(format!("{what} targets no function")),
+                    Some(f) => {
+                        match f.binding {
+                            None => v.push(format!("{what} targets an unbound function")),
+                            Some((holder, _)) if holder != h && !self.granted(r.pdfid, h) => v
+                                .push(format!(
+                                    "{what} targets a function {} holds, without a grant",
+                                    self.hosts.get(holder).map_or("?", |x| x.name.as_str())
+                                )),
+                            Some(_) => {}
+                        }
+                        if r.target_off
+                            .checked_add(r.size)
+                            .is_none_or(|e| e > f.dev_mem)
+                        {
+                            v.push(format!(
+                                "{what} reaches past its device memory ({:#x} bytes) from {:#x}",
+                                f.dev_mem, r.target_off
+                            ));
+                        }
+                    }
+                }
+                if r.window_off
+                    .checked_add(r.size)
+                    .is_none_or(|e| e > self.window)
+                {
+                    v.push(format!(
+                        "{what} lies outside the {:#x}-byte window",
+                        self.window
+                    ));
+                }
+                for o in &host.routes[i + 1..] {
+                    if r.window_off < o.end() && o.window_off < r.end() {
+                        v.push(format!(
+                            "{what} overlaps route {:#x}+{:#x}",
+                            o.window_off, o.size
+                        ));
+                    }
+                }
+            }
+        }
+        for (i, g) in self.grants.iter().enumerate() {
+            let what = format!("grant of {:#06x} to partition {}", g.pdfid, g.grantee);
+            match self.function(g.pdfid).and_then(|f| f.binding) {
+                None => v.push(format!("{what} is on a function that is not bound")),
+                Some((holder, _)) if holder == g.grantee => {
+                    v.push(format!("{what} is to the function's holder"))
+                }
+                Some(_) => {}
+            }
+            if g.grantee >= self.hosts.len() {
+                v.push(format!("{what}: no such partition"));
+            }
+            if self.grants[..i]
+                .iter()
+                .any(|o| (o.pdfid, o.grantee) >= (g.pdfid, g.grantee))
+            {
+                v.push(format!("{what} is duplicated or out of order"));
+            }
+        }
+        if self.grants.len() > MAX_GRANTS {
+            v.push(format!(
+                "{} grants, more than {MAX_GRANTS}",
+                self.grants.len()
+            ));
+        }
         v
     }
 }

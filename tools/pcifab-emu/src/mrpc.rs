@@ -1543,7 +1543,7 @@ mod tests {
 
         // Linux's struct dma_mrpc_output: status @0, cmd_id @4, rtn_code @8,
         // output_size @12, data @16.
-        assert_eq!(crate::mep::DMA_MRPC_OUTPUT_SIZE, 16 + 1024);
+        assert_eq!(crate::gas::DMA_MRPC_OUTPUT_SIZE, 16 + 1024);
 
         // switchtec_flash_info_gen4: firmware_version @0, flash_size @4,
         // device_id @8, ecc_enable @10, running_*_flag @12..16, rsvd2[12] @16,
