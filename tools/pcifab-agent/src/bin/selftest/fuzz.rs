@@ -93,6 +93,45 @@ enum Kind {
     Routes,
     Copy,
     Distance,
+    Grant,
+    Revoke,
+    Grants,
+}
+
+/// What a successful call does to the fabric, as Documentation/uapi.rst classes the ioctls
+/// and src/chardev/dispatch.rs checks them (the capability before anything is done).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Effect {
+    /// Read-only: needs only an open file; never a change.
+    ReadOnly,
+    /// Changes the fabric (bindings, routes, grants, device memory): needs
+    /// `CAP_SYS_ADMIN`, so a success is a change and an unprivileged caller is refused.
+    Changes,
+    /// By command and sub-command ([`mrpc_changes`]).
+    ByCommand,
+}
+
+/// The class of `kind` (no catch-all: a new ioctl must be classed here).
+fn effect(kind: Kind) -> Effect {
+    match kind {
+        Kind::Version
+        | Kind::Identity
+        | Kind::Stats
+        | Kind::Events
+        | Kind::Inventory
+        | Kind::Routes
+        | Kind::Distance
+        | Kind::Grants => Effect::ReadOnly,
+        Kind::Bind
+        | Kind::Unbind
+        | Kind::Move
+        | Kind::RouteAdd
+        | Kind::RouteDel
+        | Kind::Copy
+        | Kind::Grant
+        | Kind::Revoke => Effect::Changes,
+        Kind::Mrpc => Effect::ByCommand,
+    }
 }
 
 struct Def {
@@ -195,6 +234,24 @@ fn defs() -> Vec<Def> {
             size_of::<u::P2pDistance>(),
             Kind::Distance,
         ),
+        d(
+            "P2P_GRANT",
+            u::PCIFAB_IOCTL_P2P_GRANT,
+            size_of::<u::P2pGrant>(),
+            Kind::Grant,
+        ),
+        d(
+            "P2P_REVOKE",
+            u::PCIFAB_IOCTL_P2P_REVOKE,
+            size_of::<u::P2pGrant>(),
+            Kind::Revoke,
+        ),
+        d(
+            "P2P_GRANTS",
+            u::PCIFAB_IOCTL_P2P_GRANTS,
+            size_of::<u::P2pGrants>(),
+            Kind::Grants,
+        ),
     ]
 }
 
@@ -209,6 +266,7 @@ fn pointer_fields(kind: Kind) -> Vec<usize> {
             offset_of!(u::Inventory, functions_ptr),
         ],
         Kind::Routes => vec![offset_of!(u::P2pRoutes, routes_ptr)],
+        Kind::Grants => vec![offset_of!(u::P2pGrants, grants_ptr)],
         Kind::Copy => vec![
             offset_of!(u::P2pCopy, src) + end,
             offset_of!(u::P2pCopy, dst) + end,
@@ -829,14 +887,17 @@ impl Fuzz {
     fn note_change(&mut self, kind: Kind, b: &[u8]) {
         let rd16 = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
         let rd32 = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let what = match kind {
-            Kind::Bind => format!("BIND {:#06x} host {}", rd16(8), b[10]),
-            Kind::Unbind => format!("UNBIND {:#06x}", rd16(8)),
-            Kind::Move => format!("MOVE {:#06x} host {}", rd16(8), b[10]),
-            Kind::RouteAdd => format!("P2P_ROUTE_ADD to {:#06x}", rd16(32)),
-            Kind::RouteDel => "P2P_ROUTE_DEL".to_string(),
-            Kind::Copy => "P2P_COPY".to_string(),
-            Kind::Mrpc => {
+        let what = match (effect(kind), kind) {
+            (Effect::ReadOnly, _) => return,
+            (_, Kind::Bind) => format!("BIND {:#06x} host {}", rd16(8), b[10]),
+            (_, Kind::Unbind) => format!("UNBIND {:#06x}", rd16(8)),
+            (_, Kind::Move) => format!("MOVE {:#06x} host {}", rd16(8), b[10]),
+            (_, Kind::RouteAdd) => format!("P2P_ROUTE_ADD to {:#06x}", rd16(32)),
+            (_, Kind::RouteDel) => "P2P_ROUTE_DEL".to_string(),
+            (_, Kind::Copy) => "P2P_COPY".to_string(),
+            (_, Kind::Grant) => format!("P2P_GRANT {:#06x} to host {}", rd16(8), b[10]),
+            (_, Kind::Revoke) => format!("P2P_REVOKE {:#06x} from host {}", rd16(8), b[10]),
+            (Effect::ByCommand, _) => {
                 // The command as sent, with the input the kernel read before the call (the
                 // output may land on top of it), that the firmware completed.
                 let cmd = self.mrpc_sent.0;
@@ -849,7 +910,7 @@ impl Fuzz {
                 }
                 format!("MRPC {cmd:#x}")
             }
-            _ => return,
+            (Effect::Changes, _) => format!("{kind:?}"),
         };
         self.changes += 1;
         if self.change_log.len() < 50 {
@@ -1053,6 +1114,34 @@ impl Fuzz {
                 }
                 false
             }
+            Kind::Grant | Kind::Revoke => {
+                let pdfid = self.pdfid();
+                let grantee = self.host();
+                put(b, 8, &pdfid.to_le_bytes());
+                put(b, 10, &[grantee]);
+                // The reserved fields (EINVAL unless zero).
+                if self.chance(5) {
+                    put(b, 11, &[self.rng.next() as u8]);
+                }
+                if self.chance(5) {
+                    put(b, 20, &(self.rng.next() as u32).to_le_bytes());
+                }
+                // The out fields `fw_ret` and `nr_grants` as the caller left them.
+                if self.chance(5) {
+                    put(b, 12, &self.rng.next().to_le_bytes());
+                }
+                true
+            }
+            Kind::Grants => {
+                // The firmware lists at most 127 grants (one MRPC payload).
+                let n = self.pick(&[0u32, 1, 2, 8, 127, 128, 0x1000_0000, u32::MAX]);
+                let gs = self.len_u32(std::mem::size_of::<u::Grant>() as u32);
+                let p = self.buf_ptr((n as usize).saturating_mul(gs as usize));
+                put(b, 8, &n.to_le_bytes());
+                put(b, 12, &gs.to_le_bytes());
+                put(b, 16, &p.to_le_bytes());
+                true
+            }
         })
     }
 
@@ -1101,9 +1190,16 @@ impl Fuzz {
                             put(&mut v, 6, &(self.rng.below(50) as u16).to_le_bytes());
                         }
                         0xf004 => {
-                            put(&mut v, 4, &[self.rng.below(5) as u8, 0]);
+                            // Sub-commands 1-6: ADD, DEL, LIST, GRANT, REVOKE, GRANT_LIST.
+                            let sub = self.rng.below(8) as u8;
+                            put(&mut v, 4, &[sub, 0]);
                             put(&mut v, 6, &pdfid);
-                            put(&mut v, 8, &(self.rng.below(64) * 4096).to_le_bytes());
+                            let arg0 = if matches!(sub, 4 | 5) {
+                                u64::from(self.host()) // the grantee
+                            } else {
+                                self.rng.below(64) * 4096
+                            };
+                            put(&mut v, 8, &arg0.to_le_bytes());
                             put(&mut v, 16, &(4096 * (1 + self.rng.below(4))).to_le_bytes());
                             put(&mut v, 24, &(self.rng.below(64) * 4096).to_le_bytes());
                         }
@@ -1124,7 +1220,13 @@ impl Fuzz {
                 let base = self.defs[self.rng.below(self.defs.len() as u64) as usize].nr;
                 base | ((self.rng.below(4) as u32) << 30) | ((self.rng.below(0x4000) as u32) << 16)
             }
-            1 => u::io(0xFA, 0x0e + self.rng.below(0xf2) as u32),
+            1 => {
+                // A number of the ioctl type past the last one defined.
+                let last = self.defs.iter().map(|d| d.nr & 0xff).max().unwrap_or(0);
+                let first = (last + 1).min(0xff);
+                let nr = first + self.rng.below(u64::from(0x100 - first)) as u32;
+                u::io(0xFA, nr)
+            }
             2 => {
                 let dir = (self.rng.below(4) as u32) << 30;
                 let size = (self.rng.below(0x4000) as u32) << 16;
@@ -1553,6 +1655,7 @@ pub fn cmd_fuzz(args: &[String]) -> Res<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::ioctl::as_bytes;
     use super::*;
 
     /// The generator runs long without panicking against a device that takes no ioctls,
@@ -1582,6 +1685,10 @@ mod tests {
             .flat_map(|(_, m)| m.values())
             .sum();
         assert_eq!(ioctls, 20_000);
+        // Every ioctl of the table was called, the grant ioctls among them.
+        for d in &z.defs {
+            assert!(z.counts.contains_key(d.name), "{} never called", d.name);
+        }
         assert_eq!(z.changes, 0, "{:?}", z.change_log);
         assert!(z.other_calls > 0);
         // /dev/null knows no ioctl at all.
@@ -1612,6 +1719,121 @@ mod tests {
         assert!(mrpc_changes(0x89, &[0]));
         assert!(!mrpc_changes(0x41, &[]));
         assert!(!mrpc_changes(0xf003, &[]));
+    }
+
+    /// The grant ioctls are in the table with the header's numbers and struct sizes, and
+    /// the GRANTS array pointer is never corrupted byte-wise.
+    #[test]
+    fn grant_ioctls_in_the_table() {
+        let defs = defs();
+        let def = |k: Kind| {
+            defs.iter()
+                .find(|d| d.kind == k)
+                .unwrap_or_else(|| panic!("{k:?} not in the table"))
+        };
+        for (k, name, nr, size) in [
+            (Kind::Grant, "P2P_GRANT", 0xfa0e, 24),
+            (Kind::Revoke, "P2P_REVOKE", 0xfa0f, 24),
+            (Kind::Grants, "P2P_GRANTS", 0xfa10, 24),
+        ] {
+            let d = def(k);
+            assert_eq!((d.name, d.nr, d.size), (name, nr, size), "{k:?}");
+        }
+        assert_eq!(pointer_fields(Kind::Grants), vec![16]);
+        assert!(pointer_fields(Kind::Grant).is_empty());
+        assert!(pointer_fields(Kind::Revoke).is_empty());
+        // Every definition has its own number, and every pointer field lies in its struct.
+        for (i, d) in defs.iter().enumerate() {
+            assert!(defs[..i].iter().all(|e| e.nr != d.nr), "{} twice", d.name);
+            for o in pointer_fields(d.kind) {
+                assert!(o % 8 == 0 && o + 8 <= d.size, "{}: pointer at {o}", d.name);
+            }
+        }
+    }
+
+    /// As Documentation/uapi.rst and the driver class them: GRANT and REVOKE need
+    /// CAP_SYS_ADMIN and change the fabric, GRANTS is read-only like ROUTES.
+    #[test]
+    fn grant_classification() {
+        assert_eq!(effect(Kind::Grant), Effect::Changes);
+        assert_eq!(effect(Kind::Revoke), Effect::Changes);
+        assert_eq!(effect(Kind::Grants), Effect::ReadOnly);
+        assert_eq!(effect(Kind::Routes), Effect::ReadOnly);
+        assert_eq!(effect(Kind::RouteAdd), Effect::Changes);
+        assert_eq!(effect(Kind::Mrpc), Effect::ByCommand);
+        // The firmware sub-commands behind them, sent raw: GRANT (4) and REVOKE (5)
+        // change, GRANT_LIST (6) reads.
+        assert!(mrpc_changes(0xf004, &[1, 0, 32, 0, 4]));
+        assert!(mrpc_changes(0xf004, &[1, 0, 32, 0, 5]));
+        assert!(!mrpc_changes(0xf004, &[1, 0, 32, 0, 6]));
+    }
+
+    /// A successful GRANT or REVOKE counts as a change, a successful GRANTS does not.
+    #[test]
+    fn successful_grant_and_revoke_are_changes_grants_is_not() {
+        let fd = open_fd("/dev/null", libc::O_RDWR).expect("open /dev/null");
+        let mut z = Fuzz::new(1, "/dev/null", vec![fd], vec![0x0300], 2, Vec::new())
+            .unwrap_or_else(|_| panic!("arena"));
+        let mut g = u::P2pGrant::new();
+        g.pdfid = 0x0300;
+        g.grantee = 1;
+        g.nr_grants = 1;
+        let gb = as_bytes(&g);
+        let mut l = u::P2pGrants::new();
+        l.nr_grants = 3;
+        l.grant_size = 8;
+        let lb = as_bytes(&l);
+        for k in [Kind::Grants, Kind::Routes, Kind::Distance] {
+            let b = if k == Kind::Grants { &lb } else { &gb };
+            z.note_change(k, &vec![0; b.len().max(48)]);
+            z.note_change(k, b);
+        }
+        assert_eq!(z.changes, 0, "{:?}", z.change_log);
+        z.note_change(Kind::Grant, &gb);
+        assert_eq!(z.changes, 1);
+        z.note_change(Kind::Revoke, &gb);
+        assert_eq!(z.changes, 2);
+        assert_eq!(
+            z.change_log,
+            [
+                "P2P_GRANT 0x0300 to host 1",
+                "P2P_REVOKE 0x0300 from host 1"
+            ]
+        );
+        for fd in z.fds {
+            // SAFETY: ours.
+            unsafe { libc::close(fd) };
+        }
+    }
+
+    /// The bodies of the grant ioctls: mostly a valid template (reserved fields zero, the
+    /// entry size of `struct pcifab_grant`), sometimes bent.
+    #[test]
+    fn grant_bodies() {
+        let fd = open_fd("/dev/null", libc::O_RDWR).expect("open /dev/null");
+        let mut z = Fuzz::new(3, "/dev/null", vec![fd], vec![0x0300], 2, Vec::new())
+            .unwrap_or_else(|_| panic!("arena"));
+        let (mut valid, mut bent, mut exact_size) = (0, 0, 0);
+        for _ in 0..2000 {
+            let mut b = vec![0u8; 24];
+            assert!(z.body(Kind::Revoke, &mut b).unwrap_or(false));
+            if b[11] == 0 && b[20..24] == [0; 4] {
+                valid += 1;
+            } else {
+                bent += 1;
+            }
+            let mut b = vec![0u8; 24];
+            assert!(z.body(Kind::Grants, &mut b).unwrap_or(false));
+            if b[12..16] == 8u32.to_le_bytes() {
+                exact_size += 1;
+            }
+        }
+        assert!(valid > 1600 && bent > 50, "valid {valid} bent {bent}");
+        assert!(exact_size > 500, "{exact_size}");
+        for fd in z.fds {
+            // SAFETY: ours.
+            unsafe { libc::close(fd) };
+        }
     }
 
     #[test]
