@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::fabric::{Fabric, Host};
-use crate::scenarios::{
-    begin, check_bound_pcifab, dmesg_clean, emu_owners, ensure_pcifab, wait_for, GPU0, PCIFAB_KO,
-    SWITCHTEC_KO,
+use crate::checks::{
+    back_to_pcifab, begin, check_bound_pcifab, dmesg_clean, emu_owners, ensure_pcifab, wait_for,
+    GPU0, PCIFAB_KO, SWITCHTEC_KO,
 };
+use crate::fabric::{Fabric, Host};
 
 /// Firmware completion delays (us), payload sizes (bytes) and caller counts of the table.
 pub const DELAYS_US: [u64; 3] = [0, 20, 200];
@@ -193,11 +193,7 @@ pub fn mrpc(f: &mut Fabric) -> Result<(Vec<Point>, Paths), String> {
         check_bound_pcifab(h)?;
     }
     let r = mrpc_inner(f);
-    let h = &mut f.hosts[0];
-    let _ = h.run(&format!(
-        "[ -d /sys/module/switchtec ] && rmmod switchtec; \
-         [ -d /sys/module/pcifab ] || insmod {PCIFAB_KO}"
-    ));
+    let _ = back_to_pcifab(&mut f.hosts[0]);
     f.emu().request("fault all completion-delay 0")?;
     r
 }

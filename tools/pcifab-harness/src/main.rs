@@ -4,27 +4,16 @@
 //! See Documentation/testing.rst.
 
 mod bench;
-mod compose_trust;
+mod checks;
 mod config;
 mod conn;
-mod driver_trust;
 mod fabric;
 mod initramfs;
-mod install;
-mod manager;
-mod mgmt_net;
-mod nvme;
-mod nvme_pool;
-mod p2p;
-mod pax_client;
-mod pax_driver;
 mod procs;
 mod qmp;
 mod scenarios;
 mod splat;
-mod telemetry;
 mod tls;
-mod trust;
 
 /// Whether scenario `name` matches the lower-case `--filter` value: it contains one of its
 /// '|'-separated alternatives.
@@ -390,7 +379,7 @@ impl Run {
         if o.debug_kernel {
             let mut errors = Vec::new();
             for h in &mut hosts {
-                match scenarios::debug_kernel_checks(h) {
+                match checks::debug_kernel_checks(h) {
                     Ok(how) => say(&format!("{}: debug kernel checks present ({how})", h.name)),
                     Err(e) => errors.push(e),
                 }
@@ -660,10 +649,10 @@ impl Run {
         ));
         // The P2P set-up unbinds every host's functions first: h1 runs again (idle) from here.
         if fabric.hosts.len() > 1 {
-            manager::start_again(fabric, 1)?;
+            scenarios::manager::start_again(fabric, 1)?;
         }
         fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
-        let r = p2p::bench_p2p(fabric);
+        let r = scenarios::p2p::bench_p2p(fabric);
         fabric.set_deadline(None);
         let rows = r?;
         say("# P2P copy 0x0300:0 -> 0x0400:0 in one guest, best of 3 (MiB/s): the DMA engine");
@@ -683,7 +672,7 @@ impl Run {
             at16.3
         ));
         fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
-        let r = manager::bench_requests(fabric);
+        let r = scenarios::manager::bench_requests(fabric);
         fabric.set_deadline(None);
         let mut t = r?;
         t.sort_by(f64::total_cmp);
@@ -711,7 +700,7 @@ impl Run {
         // What each host sees, then a composition story told from inside the hosts.
         let mut errors = Vec::new();
         for h in &mut fabric.hosts {
-            let r = scenarios::ensure_pcifab(h).and_then(|()| h.run_ok("pcifab info"));
+            let r = checks::ensure_pcifab(h).and_then(|()| h.run_ok("pcifab info"));
             match r {
                 Ok(out) => show(&h.name, &out),
                 Err(e) => errors.push(e),

@@ -11,14 +11,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::fabric::{Fabric, Host};
-use crate::scenarios::{
+use crate::checks::{
     begin, bind_here, compose_begin, dmesg_clean, ensure_pcifab, find_mep, json_line, one_mrpc,
-    pcifab_cmd, pcifab_ok, recovered, selftest_json, stats_field, with_fault, Checks,
+    pcifab_cmd, pcifab_ok, recovered, refused_without_extensions, selftest_json, stats_field,
+    two_hosts, wait_for, with_fault, Checks, GPU0, MIB,
 };
+use crate::fabric::{Fabric, Host};
 
-const GPU0: u16 = 0x0300;
-const MIB: u64 = 1 << 20;
 const SEED: u64 = 0x0007_a5e1;
 
 /// `EACCES` as the CLI's JSON reports it.
@@ -340,11 +339,7 @@ pub fn waiter_enodev(f: &mut Fabric) -> Result<(), String> {
 
 /// Runs `test` (a shell condition) until it holds, at most `secs`.
 fn wait_until(h: &mut Host, test: &str, secs: u32, what: &str) -> Result<(), String> {
-    let o = h.run(&format!(
-        "i=0; while ! {test} && [ $i -lt {} ]; do sleep 0.1; i=$((i+1)); done; {test}",
-        secs * 10
-    ))?;
-    if o.code == 0 {
+    if wait_for(h, test, secs)? {
         Ok(())
     } else {
         Err(format!(
@@ -387,17 +382,13 @@ fn route_count(h: &mut Host) -> Result<usize, String> {
 /// grant and the route go when h0 revokes or unbinds. Before, any host with CAP_SYS_ADMIN
 /// could route onto any bound function and read or write its memory.
 pub fn p2p_grants(f: &mut Fabric) -> Result<(), String> {
-    if crate::pax_driver::refused_without_extensions(
-        f,
-        &["p2p grant 0x0300 --host 1", "p2p grants"],
-    )? {
+    if refused_without_extensions(f, &["p2p grant 0x0300 --host 1", "p2p grants"])? {
         return Ok(());
     }
     compose_begin(f)?;
     let e = f.expected.clone();
     let emu = f.emu();
-    let (h0, rest) = f.hosts.split_first_mut().ok_or("no hosts")?;
-    let h1 = rest.first_mut().ok_or("this scenario needs two hosts")?;
+    let (h0, h1) = two_hosts(&mut f.hosts, "this scenario needs two hosts")?;
     let bdf = bind_here(h0, &e, GPU0)?;
     selftest_json(
         h0,

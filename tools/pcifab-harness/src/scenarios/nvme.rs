@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::fabric::{Fabric, Host};
-use crate::scenarios::{
-    begin, emu_owners, list_owners, owners, owners_text, pcifab_cmd, pcifab_ok, Owners,
+use crate::checks::{
+    begin, check_bindings, drive, free_all, owners, pcifab_cmd, pcifab_ok, selftest_ok, Owners,
 };
+use crate::fabric::{Fabric, Host};
 
 /// Moves of the drive in the round-trip scenario (h0 -> h1 -> h0 is one round trip).
 const ROUND_TRIPS: u32 = 10;
@@ -28,46 +28,6 @@ const WRITER_END: Duration = Duration::from_secs(90);
 /// Blocks the streaming writer must have completed before its drive is taken away.
 const STREAM_BEFORE: u64 = 256;
 const CMD: Duration = Duration::from_secs(180);
-
-/// The nvme scenarios, in order; `scenarios::all` puts them before the module goes away.
-pub fn scenarios() -> Vec<(&'static str, u64, crate::scenarios::ScenarioFn)> {
-    vec![
-        (
-            "nvme: Linux's nvme driver takes the composed drive; its data follows it host to host (10 round trips)",
-            1500,
-            data_follows as crate::scenarios::ScenarioFn,
-        ),
-        (
-            "nvme: unbind with a writer streaming: the writer fails, every acknowledged write is on the image",
-            600,
-            unbind_in_flight,
-        ),
-        (
-            "nvme: move requested by h1 with h0 writing: h0's writer fails, h1 reads every acknowledged write",
-            600,
-            move_in_flight,
-        ),
-        (
-            "nvme: a mounted file system stops unbind and move; --force takes the drive, the kernel stays clean",
-            600,
-            mounted_refused,
-        ),
-    ]
-}
-
-/// The fabric's first nvme endpoint: its PF's PDFID and name.
-pub(crate) fn drive(f: &Fabric) -> Result<(u16, String), String> {
-    f.expected
-        .endpoints
-        .iter()
-        .find(|e| e.kind == "nvme")
-        .map(|e| (e.pdfid(0), e.name.clone()))
-        .ok_or_else(|| {
-            "the fabric configuration declares no endpoint of kind \"nvme\"; run the nvme \
-             scenarios with --emu-config tools/pcifab-harness/fabric-nvme.toml"
-                .to_string()
-        })
-}
 
 /// The drive's image file, as the emulator's state names it.
 fn image(f: &Fabric, pdfid: u16) -> Result<PathBuf, String> {
@@ -90,40 +50,9 @@ fn nvme_begin(f: &mut Fabric) -> Result<(u16, String), String> {
     f.each_host(|h, _| begin(h))?;
     let emu = f.emu();
     let e = f.expected.clone();
-    let (now, _) = emu_owners(&emu, &e)?;
-    for p in now.keys() {
-        emu.request(&format!("unbind {p:#06x}"))
-            .map_err(|err| format!("setting up (the drive free): {err}"))?;
-    }
-    world(f, &Owners::new(), "setup (the drive free)")?;
+    free_all(&emu, &e, "setting up (the drive free)")?;
+    check_bindings(f, &Owners::new(), "setup (the drive free)")?;
     Ok(d)
-}
-
-/// The emulator's bindings and every host's `pcifab list` say `want` (QEMU's nvme device
-/// carries no PDFID in a BAR, so the GPU scenarios' BAR check does not apply).
-pub(crate) fn world(f: &mut Fabric, want: &Owners, step: &str) -> Result<(), String> {
-    let e = f.expected.clone();
-    let (got, _) = emu_owners(&f.emu(), &e)?;
-    if &got != want {
-        return Err(format!(
-            "after {step}: emulator bindings: expected {}, got {}",
-            owners_text(&e, want),
-            owners_text(&e, &got)
-        ));
-    }
-    let want = want.clone();
-    f.each_host(|h, e| {
-        let (listed, _) = list_owners(h)?;
-        if listed != want {
-            return Err(format!(
-                "{}: after {step}: `pcifab list --json` bindings: expected {}, got {}",
-                h.name,
-                owners_text(e, &want),
-                owners_text(e, &listed)
-            ));
-        }
-        Ok(())
-    })
 }
 
 /// The one block device the CLI reported for a bind or move onto `h`.
@@ -164,22 +93,6 @@ fn take(h: &mut Host, verb: &str, pdfid: u16) -> Result<(String, f64), String> {
     Ok((dev, secs))
 }
 
-/// `pcifab-selftest ARGS` in `h`: its JSON line.
-pub(crate) fn selftest(h: &mut Host, args: &str) -> Result<Value, String> {
-    let out = h.run_ok_timeout(&format!("pcifab-selftest {args}"), CMD)?;
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .ok_or_else(|| {
-            format!(
-                "{}: `pcifab-selftest {args}` printed no JSON: {out}",
-                h.name
-            )
-        })?;
-    serde_json::from_str(line).map_err(|e| format!("{}: bad JSON {line}: {e}", h.name))
-}
-
 /// `pcifab-selftest blk-verify` of the drive's image file on this machine.
 fn verify_image(f: &Fabric, image: &PathBuf, args: &str) -> Result<Value, String> {
     let tool = f.guest_bin.join("pcifab-selftest");
@@ -206,16 +119,17 @@ fn verify_image(f: &Fabric, image: &PathBuf, args: &str) -> Result<Value, String
         .map_err(|e| format!("blk-verify of {} printed {out:?}: {e}", image.display()))
 }
 
-fn data_follows(f: &mut Fabric) -> Result<(), String> {
+pub fn data_follows(f: &mut Fabric) -> Result<(), String> {
     let (pdfid, _) = nvme_begin(f)?;
     let (dev, first) = take(&mut f.hosts[0], "bind", pdfid)?;
     let mut seed = 0x5eed_0000u64;
-    let w = selftest(
+    let w = selftest_ok(
         &mut f.hosts[0],
         &format!("blk-write --dev {dev} --seed {seed}"),
+        CMD,
     )?;
     let blocks = w.get("blocks").and_then(Value::as_u64).unwrap_or(0);
-    world(f, &owners(&[(pdfid, 0)]), "bind to h0")?;
+    check_bindings(f, &owners(&[(pdfid, 0)]), "bind to h0")?;
     let mut takes = vec![first];
     for trip in 0..ROUND_TRIPS {
         for to in [1usize, 0] {
@@ -225,15 +139,15 @@ fn data_follows(f: &mut Fabric) -> Result<(), String> {
             takes.push(secs);
             let step = format!("round trip {}: move to h{to}", trip + 1);
             let h = &mut f.hosts[to];
-            let v = selftest(h, &format!("blk-verify --dev {dev} --seed {seed}"))
+            let v = selftest_ok(h, &format!("blk-verify --dev {dev} --seed {seed}"), CMD)
                 .map_err(|e| format!("{step}: {e}"))?;
             if v.get("good").and_then(Value::as_u64) != Some(blocks) {
                 return Err(format!("{step}: expected {blocks} good blocks, got {v}"));
             }
             seed += 1;
-            selftest(h, &format!("blk-write --dev {dev} --seed {seed}"))
+            selftest_ok(h, &format!("blk-write --dev {dev} --seed {seed}"), CMD)
                 .map_err(|e| format!("{step}: {e}"))?;
-            world(f, &owners(&[(pdfid, to)]), &step)?;
+            check_bindings(f, &owners(&[(pdfid, to)]), &step)?;
         }
     }
     takes.sort_by(f64::total_cmp);
@@ -315,16 +229,16 @@ fn writer_result(h: &mut Host) -> Result<u64, String> {
 const OLD: u64 = 0x01d0_0000;
 const NEW: u64 = 0x0e30_0000;
 
-fn unbind_in_flight(f: &mut Fabric) -> Result<(), String> {
+pub fn unbind_in_flight(f: &mut Fabric) -> Result<(), String> {
     let (pdfid, _) = nvme_begin(f)?;
     let img = image(f, pdfid)?;
     let h0 = &mut f.hosts[0];
     let (dev, _) = take(h0, "bind", pdfid)?;
-    selftest(h0, &format!("blk-write --dev {dev} --seed {OLD}"))?;
+    selftest_ok(h0, &format!("blk-write --dev {dev} --seed {OLD}"), CMD)?;
     start_writer(h0, &dev, NEW)?;
     pcifab_ok(h0, &format!("unbind {pdfid:#06x}"))?;
     let acked = writer_result(h0)?;
-    world(f, &Owners::new(), "unbind with the writer running")?;
+    check_bindings(f, &Owners::new(), "unbind with the writer running")?;
     let v = verify_image(
         f,
         &img,
@@ -334,30 +248,32 @@ fn unbind_in_flight(f: &mut Fabric) -> Result<(), String> {
     Ok(())
 }
 
-fn move_in_flight(f: &mut Fabric) -> Result<(), String> {
+pub fn move_in_flight(f: &mut Fabric) -> Result<(), String> {
     let (pdfid, _) = nvme_begin(f)?;
     let (dev, _) = take(&mut f.hosts[0], "bind", pdfid)?;
-    selftest(
+    selftest_ok(
         &mut f.hosts[0],
         &format!("blk-write --dev {dev} --seed {OLD}"),
+        CMD,
     )?;
     start_writer(&mut f.hosts[0], &dev, NEW)?;
     let (dev1, _) = take(&mut f.hosts[1], "move", pdfid)?;
     let acked = writer_result(&mut f.hosts[0])?;
-    world(
+    check_bindings(
         f,
         &owners(&[(pdfid, 1)]),
         "move to h1 with h0's writer running",
     )?;
-    let v = selftest(
+    let v = selftest_ok(
         &mut f.hosts[1],
         &format!("blk-verify --dev {dev1} --seed {NEW} --acked {acked} --old {OLD}"),
+        CMD,
     )?;
     f.hosts[1].log_note(&format!("drive on h1 after the move: {v}"));
     Ok(())
 }
 
-fn mounted_refused(f: &mut Fabric) -> Result<(), String> {
+pub fn mounted_refused(f: &mut Fabric) -> Result<(), String> {
     let (pdfid, _) = nvme_begin(f)?;
     let img = image(f, pdfid)?;
     // The file system is made from outside while no QEMU has the image open.
@@ -397,7 +313,7 @@ fn mounted_refused(f: &mut Fabric) -> Result<(), String> {
             ));
         }
     }
-    world(f, &owners(&[(pdfid, 0)]), "refused unbind and move")?;
+    check_bindings(f, &owners(&[(pdfid, 0)]), "refused unbind and move")?;
     let h0 = &mut f.hosts[0];
     if h0.run("cat /mnt/ssd/file")?.out.trim() != "kept" {
         return Err("h0: /mnt/ssd/file lost after the refused unbind".into());
@@ -420,5 +336,5 @@ fn mounted_refused(f: &mut Fabric) -> Result<(), String> {
         "{} file-system lines after the forced unbind",
         fs.trim()
     ));
-    world(f, &Owners::new(), "forced unbind")
+    check_bindings(f, &Owners::new(), "forced unbind")
 }

@@ -11,17 +11,15 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::fabric::{EmuControl, Fabric, Host};
-use crate::scenarios::{
-    bind_here, check_invariants, compose_begin, dmesg_clean, expect_eq, json_line, pcifab_cmd,
-    pcifab_ok, selftest_json, Checks,
+use crate::checks::{
+    bind_here, check_invariants, compose_begin, dmesg_clean, expect_eq, find_mep, json_line,
+    pcifab_cmd, pcifab_ok, refused_without_extensions, selftest_json, two_hosts, Checks, GPU0, MIB,
 };
+use crate::fabric::{EmuControl, Fabric, Host};
 
-const GPU0: u16 = 0x0300;
 const GPU1: u16 = 0x0400;
 const GPU1_VF1: u16 = 0x0401;
 const GPU1_VF2: u16 = 0x0402;
-const MIB: u64 = 1 << 20;
 const SEED_A: u64 = 0x005e_ed0a;
 const SEED_B: u64 = 0x005e_ed0b;
 const LONG: Duration = Duration::from_secs(240);
@@ -98,7 +96,7 @@ fn sysfs_num(h: &mut Host, name: &str) -> Result<u64, String> {
 
 /// The BDF of the MEP in `h`.
 fn mep_bdf(h: &mut Host) -> Result<String, String> {
-    crate::scenarios::find_mep(h)
+    find_mep(h)
 }
 
 /// Waits (at most 20 s) until `host`'s MEP has a DMA descriptor in flight.
@@ -134,10 +132,22 @@ fn dma_table_is(emu: &EmuControl, host: &str, baseline: &Value, step: &str) -> R
     }
 }
 
+/// The failed copy's JSON `v` says the DMA engine met a host fault before it moved a byte.
+fn host_fault_nothing_done(what: &str, v: &Value) -> Result<(), String> {
+    let mut c = Checks::new(what);
+    c.eq_json(
+        "dma_status",
+        Value::from("HOST_FAULT"),
+        v["error"]["dma_status"].clone(),
+    );
+    c.eq_json("done", Value::from(0), v["error"]["done"].clone());
+    c.finish()
+}
+
 /// Same-host and cross-host function-to-function copies, checked through the BARs of the
 /// guests that hold the functions; the CPU reaching a function through the window.
 pub fn p2p_copies(f: &mut Fabric) -> Result<(), String> {
-    if crate::pax_driver::refused_without_extensions(
+    if refused_without_extensions(
         f,
         &[
             "p2p route add 0x0300 --size 0x100000 --window-off 0",
@@ -149,8 +159,7 @@ pub fn p2p_copies(f: &mut Fabric) -> Result<(), String> {
     compose_begin(f)?;
     let e = f.expected.clone();
     let emu = f.emu();
-    let (h0, rest) = f.hosts.split_first_mut().ok_or("no hosts")?;
-    let h1 = rest.first_mut().ok_or("the P2P scenarios need two hosts")?;
+    let (h0, h1) = two_hosts(&mut f.hosts, "the P2P scenarios need two hosts")?;
     let bdf_src = bind_here(h0, &e, GPU0)?;
     let bdf_same = bind_here(h0, &e, GPU1_VF1)?;
     let bdf_cross = bind_here(h1, &e, GPU1_VF2)?;
@@ -270,17 +279,13 @@ pub fn p2p_copies(f: &mut Fabric) -> Result<(), String> {
 /// Host<->function copies from user buffers, 1 byte to 64 MiB with unaligned edges, in the
 /// host with the IOMMU and in the one without; a 64 MiB function-to-function copy.
 pub fn p2p_user_buffers(f: &mut Fabric) -> Result<(), String> {
-    if crate::pax_driver::refused_without_extensions(
-        f,
-        &["p2p copy --from 0x0300:0 --to 0x0401:0 --len 0x1000"],
-    )? {
+    if refused_without_extensions(f, &["p2p copy --from 0x0300:0 --to 0x0401:0 --len 0x1000"])? {
         return Ok(());
     }
     compose_begin(f)?;
     let e = f.expected.clone();
     let emu = f.emu();
-    let (h0, rest) = f.hosts.split_first_mut().ok_or("no hosts")?;
-    let h1 = rest.first_mut().ok_or("the P2P scenarios need two hosts")?;
+    let (h0, h1) = two_hosts(&mut f.hosts, "the P2P scenarios need two hosts")?;
     let bdf = bind_here(h0, &e, GPU0)?;
     route(h0, GPU0, 160 * MIB, 0, 0)?;
     for (off, len, shift) in [
@@ -334,7 +339,7 @@ pub fn p2p_user_buffers(f: &mut Fabric) -> Result<(), String> {
 /// No device reaches memory it was not given: an IOVA the IOMMU never mapped, an address
 /// outside RAM, a function without a route.
 pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
-    if crate::pax_driver::refused_without_extensions(
+    if refused_without_extensions(
         f,
         &[
             "p2p route list",
@@ -346,8 +351,7 @@ pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
     compose_begin(f)?;
     let e = f.expected.clone();
     let emu = f.emu();
-    let (h0, rest) = f.hosts.split_first_mut().ok_or("no hosts")?;
-    let h1 = rest.first_mut().ok_or("the P2P scenarios need two hosts")?;
+    let (h0, h1) = two_hosts(&mut f.hosts, "the P2P scenarios need two hosts")?;
     let bdf = bind_here(h0, &e, GPU0)?;
     route(h0, GPU0, 2 * MIB, 0, 0)?;
     selftest_json(h0, &format!("bar --device {bdf} --write {SEED_A:#x}"), LONG)?;
@@ -376,25 +380,11 @@ pub fn p2p_isolation(f: &mut Fabric) -> Result<(), String> {
     // From an IOVA never mapped into the function: refused, nothing written.
     let (_, v) = copy_fails(h0, "iova:0x1000", "0x0300:0", 4096)?;
     dma_table_is(&emu, "h0", &maps, "the copy from iova:0x1000")?;
-    let mut c = Checks::new("h0: copy from unmapped IOVA 0x1000");
-    c.eq_json(
-        "dma_status",
-        Value::from("HOST_FAULT"),
-        v["error"]["dma_status"].clone(),
-    );
-    c.eq_json("done", Value::from(0), v["error"]["done"].clone());
-    c.finish()?;
+    host_fault_nothing_done("h0: copy from unmapped IOVA 0x1000", &v)?;
     // From the function to that IOVA: refused too.
     let (_, v) = copy_fails(h0, "0x0300:0", "iova:0x1000", 4096)?;
     dma_table_is(&emu, "h0", &maps, "the copy to iova:0x1000")?;
-    let mut c = Checks::new("h0: copy to unmapped IOVA 0x1000");
-    c.eq_json(
-        "dma_status",
-        Value::from("HOST_FAULT"),
-        v["error"]["dma_status"].clone(),
-    );
-    c.eq_json("done", Value::from(0), v["error"]["done"].clone());
-    c.finish()?;
+    host_fault_nothing_done("h0: copy to unmapped IOVA 0x1000", &v)?;
     selftest_json(h0, &format!("bar --device {bdf} --check {SEED_A:#x}"), LONG)?;
 
     // User buffers (the CLI's file: ends) are mapped for one copy only: after each copy in
@@ -464,14 +454,13 @@ const fn libc_enoent() -> i64 {
 /// A route removed during a copy, and the target unbound during a copy: the copy stops with
 /// ROUTE_FAULT and reports what arrived; nothing oopses.
 pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
-    if crate::pax_driver::refused_without_extensions(f, &["p2p route del 0x0"])? {
+    if refused_without_extensions(f, &["p2p route del 0x0"])? {
         return Ok(());
     }
     compose_begin(f)?;
     let e = f.expected.clone();
     let emu = f.emu();
-    let (h0, rest) = f.hosts.split_first_mut().ok_or("no hosts")?;
-    let h1 = rest.first_mut().ok_or("the P2P scenarios need two hosts")?;
+    let (h0, h1) = two_hosts(&mut f.hosts, "the P2P scenarios need two hosts")?;
     let _ = bind_here(h0, &e, GPU0)?;
     pcifab_ok(h0, &format!("bind {GPU1:#06x} --host 1"))?;
     route(h0, GPU0, 64 * MIB, 0, 0)?;

@@ -5,15 +5,14 @@
 //! the fabric configuration and the emulator's control-socket view. The client must
 //! never print an error. See Documentation/testing.rst, "PAX client".
 
-use crate::config::{Dialect, Expected};
+use crate::checks::{ensure_pcifab, find_mep, module_loaded, wait_or_dmesg, SWITCHTEC_KO};
+use crate::config::Expected;
 use crate::fabric::{Fabric, Host};
-use crate::scenarios::{ensure_pcifab, find_mep};
 use std::time::Duration;
 
 /// Where the initramfs puts the client (`--switchtec-user`).
 const CLIENT: &str = "/bin/switchtec";
 const DEV: &str = "/dev/switchtec0";
-const SWITCHTEC_KO: &str = "/lib/modules/switchtec.ko";
 /// What switchtec-user prints when something failed (switchtec_perror and the CLI's own
 /// messages); none of it may appear.
 const CLIENT_ERRORS: [&str; 8] = [
@@ -26,13 +25,6 @@ const CLIENT_ERRORS: [&str; 8] = [
     "No such",
     "not supported",
 ];
-
-impl Fabric {
-    /// The firmware dialect of this run.
-    pub fn dialect(&self) -> Dialect {
-        self.expected.dialect
-    }
-}
 
 /// Runs one client command; it must exit 0 and print no error. Returns its output.
 fn client(h: &mut Host, args: &str) -> Result<String, String> {
@@ -70,23 +62,18 @@ fn expect_in(h: &Host, what: &str, out: &str, want: &str) -> Result<(), String> 
 
 /// Replaces pcifab with switchtec.ko and waits for its character device.
 fn load_switchtec(h: &mut Host) -> Result<(), String> {
-    if h.run("[ -d /sys/module/pcifab ]")?.code == 0 {
+    if module_loaded(h, "pcifab")? {
         h.run_ok("rmmod pcifab")?;
     }
-    if h.run("[ -d /sys/module/switchtec ]")?.code != 0 {
+    if !module_loaded(h, "switchtec")? {
         h.run_ok(&format!("insmod {SWITCHTEC_KO}"))?;
     }
-    let wait = format!(
-        "i=0; while ! [ -e {DEV} ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; [ -e {DEV} ]"
-    );
-    if h.run(&wait)?.code != 0 {
-        let log = h.run("dmesg | tail -n 20")?.out;
-        return Err(format!(
-            "{}: {DEV} did not appear after insmod switchtec; dmesg:\n{}",
-            h.name,
-            log.trim_end()
-        ));
-    }
+    wait_or_dmesg(
+        h,
+        &format!("[ -e {DEV} ]"),
+        5,
+        &format!("{DEV} did not appear after insmod switchtec"),
+    )?;
     find_mep(h).map(|_| ())
 }
 
@@ -181,7 +168,7 @@ fn host_port(h: &Host, e: &Expected, i: usize) -> Result<u32, String> {
     })
 }
 
-fn dump_and_identify(f: &mut Fabric) -> Result<(), String> {
+pub fn dump_and_identify(f: &mut Fabric) -> Result<(), String> {
     if !have_client(f)? {
         f.skip("no --switchtec-user given: the guests have no switchtec-user CLI");
         return Ok(());
@@ -258,7 +245,7 @@ fn wait_functions(h: &mut Host, vendor: u32, device: u32, n: usize) -> Result<Ve
 /// gfms-bind of two VFs of the last endpoint to the last host's logical port 0 as one
 /// multi-function device, from the manager host, then gfms-unbind as the client sends
 /// it (host port and logical port only).
-fn bind_unbind(f: &mut Fabric) -> Result<(), String> {
+pub fn bind_unbind(f: &mut Fabric) -> Result<(), String> {
     if !have_client(f)? {
         f.skip("no --switchtec-user given: the guests have no switchtec-user CLI");
         return Ok(());
@@ -359,20 +346,4 @@ fn bind_unbind_inner(f: &mut Fabric) -> Result<(), String> {
         &out,
         "Logical PID 0:\t\tUnbound",
     )
-}
-
-/// The scenarios of this file, in order.
-pub fn scenarios() -> Vec<(&'static str, u64, crate::scenarios::ScenarioFn)> {
-    vec![
-        (
-            "pax client: switchtec-user list, info, fw-info, status, test, topo-info, gfms-dump",
-            600,
-            dump_and_identify,
-        ),
-        (
-            "pax client: switchtec-user gfms-bind two functions, gfms-unbind",
-            300,
-            bind_unbind,
-        ),
-    ]
 }

@@ -3,8 +3,8 @@
 //! (`/sys/class/misc/pcifabN/functions/0xPDFID/`), checked against what the emulator's
 //! firmware is told to report.
 
+use crate::checks::{begin, expect_eq, Checks};
 use crate::fabric::Fabric;
-use crate::scenarios::{begin, expect_eq, Checks};
 
 /// Reads the four telemetry files of `pdfid` in one command.
 fn read(h: &mut crate::fabric::Host, pdfid: u16) -> Result<Vec<String>, String> {

@@ -8,20 +8,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::fabric::{EmuControl, Fabric, Host};
-use crate::scenarios::{
-    bar_pattern, check_invariants, check_world, compose_begin, emu_owners, fns_seen, json_line,
-    owners, owners_text, Owners,
+use crate::checks::{
+    ask, bar_pattern, check_invariants, check_world, compose_begin, emu_owners, emu_scrubs,
+    expect_eq, fns_seen, json_line, manager_log, owners, owners_text, run_with_manager,
+    settled_owners, start_manager, stop_manager, wait_owners, Checks, ClearFault, Owners, LOG,
+    PIDFILE,
 };
-
-/// Where the daemon keeps its database in h0 (emptied at the start of every scenario).
-const STATE_DIR: &str = "/tmp/pcifab-manager";
-const CONFIG: &str = "/tmp/pcifab-manager.toml";
-/// The daemon's stderr (appended to; shown in failure messages).
-pub(crate) const LOG: &str = "/tmp/pcifab-manager.log";
-const PIDFILE: &str = "/tmp/pcifab-manager.pid";
-/// The daemon's default control socket, which the CLI uses by default too.
-const SOCKET: &str = "/run/pcifab-manager.sock";
+use crate::fabric::{EmuControl, Fabric, Host};
 
 /// Failover settings of every scenario (seconds): short, so a host kill is noticed quickly.
 const HOST_TIMEOUT_S: u64 = 3;
@@ -75,57 +68,6 @@ fn config_text(f: &Fabric, mode: &str, telemetry_s: u64) -> String {
     )
 }
 
-/// Starts the daemon in h0 with `config` (a fresh state directory unless `keep_state`) and
-/// waits until it answers `pcifab queue`.
-pub(crate) fn start_manager(
-    h0: &mut Host,
-    config: Option<&str>,
-    keep_state: bool,
-) -> Result<(), String> {
-    let mut script = String::new();
-    if !keep_state {
-        script.push_str(&format!("rm -rf {STATE_DIR}; : > {LOG}\n"));
-    }
-    if let Some(c) = config {
-        script.push_str(&format!("cat > {CONFIG} <<'EOF'\n{c}EOF\n"));
-    }
-    script.push_str(&format!(
-        "setsid pcifab-manager --config {CONFIG} --state {STATE_DIR} --socket {SOCKET} \
-         --executor driver \
-         </dev/null >>{LOG} 2>&1 &\n\
-         echo $! > {PIDFILE}\n\
-         i=0\n\
-         until pcifab queue >/dev/null 2>&1; do\n\
-           kill -0 $(cat {PIDFILE}) 2>/dev/null || {{ echo 'pcifab-manager exited:'; tail -20 {LOG}; exit 1; }}\n\
-           [ $i -ge 300 ] && {{ echo 'pcifab-manager did not answer within 60 s:'; tail -20 {LOG}; exit 1; }}\n\
-           sleep 0.2; i=$((i+1))\n\
-         done\n\
-         echo started pid $(cat {PIDFILE})"
-    ));
-    h0.run_ok_timeout(&script, Duration::from_secs(90))
-        .map(|_| ())
-        .map_err(|e| format!("starting pcifab-manager in h0: {e}"))
-}
-
-/// Stops the daemon (`signal` TERM or KILL) and waits until it is gone.
-pub(crate) fn stop_manager(h0: &mut Host, signal: &str) -> Result<(), String> {
-    h0.run_ok(&format!(
-        "[ -f {PIDFILE} ] || exit 0\n\
-         p=$(cat {PIDFILE}); kill -{signal} $p 2>/dev/null\n\
-         i=0; while kill -0 $p 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done\n\
-         if kill -0 $p 2>/dev/null; then echo \"pcifab-manager (pid $p) still running after SIG{signal}\"; exit 1; fi\n\
-         rm -f {PIDFILE}"
-    ))
-    .map(|_| ())
-}
-
-/// The last `lines` lines of the daemon's log, for failure messages.
-pub(crate) fn manager_log(h0: &mut Host, lines: usize) -> String {
-    h0.run(&format!("tail -{lines} {LOG}"))
-        .map(|o| o.out)
-        .unwrap_or_default()
-}
-
 /// `pcifab ARGS --json` in h0 through the daemon: (exit code, the reply).
 fn cli(h0: &mut Host, args: &str) -> Result<(i64, Value), String> {
     let o = h0.run(&format!("pcifab {args} --json"))?;
@@ -141,25 +83,6 @@ fn cli_ok(h0: &mut Host, args: &str) -> Result<Value, String> {
         return Err(format!(
             "h0: `pcifab {args}`: expected exit 0 and {{\"ok\":true,...}}, got exit {code}: {v}\n\
              manager log:\n{log}"
-        ));
-    }
-    Ok(v)
-}
-
-/// One request to the daemon's socket with `pcifab-manager --ask` (ops the CLI has no
-/// command for: pool, events, state).
-pub(crate) fn ask(h0: &mut Host, request: &str) -> Result<Value, String> {
-    let o = h0.run(&format!("pcifab-manager --ask '{request}'"))?;
-    let v: Value = serde_json::from_str(o.out.trim()).map_err(|e| {
-        format!(
-            "h0: `pcifab-manager --ask {request}`: expected one JSON line, got {:?} ({e})",
-            o.out.trim()
-        )
-    })?;
-    if o.code != 0 || v.get("ok") != Some(&Value::Bool(true)) {
-        return Err(format!(
-            "h0: `pcifab-manager --ask {request}`: expected exit 0 and ok, got exit {}: {v}",
-            o.code
         ));
     }
     Ok(v)
@@ -263,30 +186,6 @@ fn notes(v: &[(u64, &str)]) -> Vec<(u64, String)> {
     v.iter().map(|(i, k)| (*i, k.to_string())).collect()
 }
 
-/// Waits until the emulator's bindings are `want` (a change the daemon makes on its own,
-/// at a tick); returns how long it took.
-fn wait_owners(f: &Fabric, want: &Owners, secs: u64, what: &str) -> Result<Duration, String> {
-    let emu = f.emu();
-    let t = Instant::now();
-    loop {
-        let got = emu_owners(&emu, &f.expected).map(|(o, _)| o);
-        if got.as_ref() == Ok(want) {
-            return Ok(t.elapsed());
-        }
-        if t.elapsed() > Duration::from_secs(secs) {
-            return Err(format!(
-                "{what}: emulator bindings: expected {} within {secs} s, got {}",
-                owners_text(&f.expected, want),
-                match got {
-                    Ok(o) => owners_text(&f.expected, &o),
-                    Err(e) => e,
-                }
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
 /// Runs `body` with a fresh daemon in h0 (configuration `mode`, telemetry every
 /// `telemetry_s`), starting from every function free; afterwards, whatever happened, stops
 /// the daemon and frees every function; the body's error comes first.
@@ -309,29 +208,7 @@ fn with_manager_and(
 ) -> Result<(), String> {
     compose_begin(f)?;
     let cfg = format!("{}{extra}", config_text(f, mode, telemetry_s));
-    f.hosts[0].log_note(&format!("manager configuration:\n{cfg}"));
-    start_manager(&mut f.hosts[0], Some(&cfg), false)?;
-    let r = body(f);
-    let r = match r {
-        Ok(()) => Ok(()),
-        Err(e) => Err(format!(
-            "{e}\nmanager log (h0 {LOG}):\n{}",
-            manager_log(&mut f.hosts[0], 15)
-        )),
-    };
-    let stop = stop_manager(&mut f.hosts[0], "TERM");
-    let emu = f.emu();
-    let mut free = Ok(());
-    if let Ok((o, _)) = emu_owners(&emu, &f.expected) {
-        for p in o.keys() {
-            if let Err(e) = emu.request(&format!("unbind {p:#06x}")) {
-                free = Err(format!("cleaning up (every function free): {e}"));
-            }
-        }
-    }
-    r?;
-    stop?;
-    free?;
+    run_with_manager(f, &cfg, 15, "every function free", body)?;
     check_world(
         f,
         &Owners::new(),
@@ -352,7 +229,7 @@ pub fn four_requests(f: &mut Fabric) -> Result<(), String> {
         // R1: h0, one whole GPU, priority 5: the first whole-free device, gpu0.
         let h0 = &mut f.hosts[0];
         let (r1, granted, v) = request(h0, "--gpus 1 --host 0 --priority 5 --duration 600")?;
-        let mut c = crate::scenarios::Checks::new("R1 (h0, 1 GPU, priority 5)");
+        let mut c = Checks::new("R1 (h0, 1 GPU, priority 5)");
         c.eq("granted", true, granted);
         c.eq("functions", hexes(&[g0]), lease_functions(&v["lease"]));
         c.finish()?;
@@ -365,7 +242,7 @@ pub fn four_requests(f: &mut Fabric) -> Result<(), String> {
             "--vfs 4 --profile quarter --host 1 --priority 1 --duration 600 \
              --preemptible-by-higher",
         )?;
-        let mut c = crate::scenarios::Checks::new("R2 (h1, 4 VFs, priority 1, pre-emptible)");
+        let mut c = Checks::new("R2 (h1, 4 VFs, priority 1, pre-emptible)");
         c.eq("granted", true, granted);
         c.eq("functions", hexes(&g1_vfs), lease_functions(&v["lease"]));
         c.finish()?;
@@ -380,7 +257,7 @@ pub fn four_requests(f: &mut Fabric) -> Result<(), String> {
             h0,
             &format!("--gpus 1 --host 0 --priority 9 --duration {R3_LEASE_S}"),
         )?;
-        let mut c = crate::scenarios::Checks::new("R3 (h0, 1 GPU, priority 9)");
+        let mut c = Checks::new("R3 (h0, 1 GPU, priority 9)");
         c.eq("granted", true, granted);
         c.eq("functions", hexes(&[g1]), lease_functions(&v["lease"]));
         c.eq("queue after R3 (R2 pre-empted)", vec![r2], queue(h0)?);
@@ -392,7 +269,7 @@ pub fn four_requests(f: &mut Fabric) -> Result<(), String> {
             h0,
             "--vfs 2 --profile quarter --host 1 --priority 5 --duration 600",
         )?;
-        let mut c = crate::scenarios::Checks::new("R4 (h1, 2 VFs, priority 5)");
+        let mut c = Checks::new("R4 (h1, 2 VFs, priority 5)");
         c.eq("granted", false, granted);
         c.eq("position", Some(0), v["position"].as_u64());
         c.eq("queue in rank order", vec![r4, r2], queue(h0)?);
@@ -409,7 +286,7 @@ pub fn four_requests(f: &mut Fabric) -> Result<(), String> {
         f.hosts[0].log_note(&format!("hand-over at R3's expiry seen after {took:?}"));
         check_world(f, &want, "R3 expired, R4 granted")?;
         let h0 = &mut f.hosts[0];
-        let mut c = crate::scenarios::Checks::new("after R3 expired");
+        let mut c = Checks::new("after R3 expired");
         c.eq(
             "leases",
             vec![(r1, hexes(&[g0])), (r4, hexes(&[g1_vfs[0], g1_vfs[1]]))],
@@ -436,7 +313,7 @@ pub fn four_requests(f: &mut Fabric) -> Result<(), String> {
 
         // Each holder was told, in order.
         let h0 = &mut f.hosts[0];
-        let mut c = crate::scenarios::Checks::new("notices");
+        let mut c = Checks::new("notices");
         c.eq(
             "host 0",
             notes(&[
@@ -464,16 +341,12 @@ pub fn four_requests(f: &mut Fabric) -> Result<(), String> {
 }
 
 fn expect<T: PartialEq + std::fmt::Debug>(what: &str, want: T, got: T) -> Result<(), String> {
-    crate::scenarios::expect_eq(what, want, got)
+    expect_eq(what, want, got)
 }
 
 /// The emulator's scrub count of `pdfid`.
 fn scrubs(emu: &EmuControl, pdfid: u16) -> Result<u64, String> {
-    let v = emu.request("state")?;
-    v["bindings"]
-        .as_array()
-        .and_then(|a| a.iter().find(|b| b["pdfid"] == pdfid))
-        .and_then(|b| b["scrubs"].as_u64())
+    emu_scrubs(emu, pdfid)?
         .ok_or_else(|| format!("emulator state has no scrub count for {pdfid:#06x}"))
 }
 
@@ -494,7 +367,7 @@ pub fn time_sliced(f: &mut Fabric) -> Result<(), String> {
         let emu = f.emu();
         let h0 = &mut f.hosts[0];
         let (ra, granted, v) = request(h0, "--gpus 1 --host 0 --priority 5 --duration 600")?;
-        let mut c = crate::scenarios::Checks::new("Ra (h0, 1 GPU, time-sliced pool)");
+        let mut c = Checks::new("Ra (h0, 1 GPU, time-sliced pool)");
         c.eq("granted", true, granted);
         c.eq("functions", hexes(&[g0]), lease_functions(&v["lease"]));
         c.eq(
@@ -514,7 +387,7 @@ pub fn time_sliced(f: &mut Fabric) -> Result<(), String> {
         )?;
         let h0 = &mut f.hosts[0];
         let (rb, granted, v) = request(h0, "--gpus 1 --host 1 --priority 5 --duration 600")?;
-        let mut c = crate::scenarios::Checks::new("Rb (h1, 1 GPU, time-sliced pool)");
+        let mut c = Checks::new("Rb (h1, 1 GPU, time-sliced pool)");
         c.eq("granted (as the second sharer)", true, granted);
         c.eq(
             "resident (waits for its slice)",
@@ -544,7 +417,7 @@ pub fn time_sliced(f: &mut Fabric) -> Result<(), String> {
         let h0 = &mut f.hosts[0];
         // The slices go on while the checks above run: on a slow machine another hand-over
         // may have come since, which must continue the same rotation.
-        let mut c = crate::scenarios::Checks::new("notices");
+        let mut c = Checks::new("notices");
         if let Err(e) = rotation(
             &[(rb, "granted"), (rb, "slice-in"), (rb, "slice-out")],
             notices(h0, 1)?,
@@ -628,7 +501,7 @@ pub fn kill_9(f: &mut Fabric) -> Result<(), String> {
         check_world(f, &want, "the manager killed (-9)")?;
         let h0 = &mut f.hosts[0];
         start_manager(h0, None, true)?;
-        let mut c = crate::scenarios::Checks::new("after the restart");
+        let mut c = Checks::new("after the restart");
         c.eq_json("durable state", state_before, durable_state(h0)?);
         c.eq("leases", leases_before, leases(h0)?);
         c.eq("queue", vec![r4, r3], queue(h0)?);
@@ -665,7 +538,7 @@ pub fn kill_9(f: &mut Fabric) -> Result<(), String> {
             .request("fault h0 delay 1000")
             .map_err(|e| format!("slowing h0's firmware for the kill: {e}"))?;
         // Cleared on every path: a failure here must not slow the scenarios after it.
-        let _clear = crate::compose_trust::ClearFault(f.emu(), "h0");
+        let _clear = ClearFault(f.emu(), "h0");
         let h0 = &mut f.hosts[0];
         h0.run_ok(&format!(
             "rm -f /tmp/release.out; n0=$(wc -l < {LOG}); echo $n0 > /tmp/release.n0\n\
@@ -728,7 +601,7 @@ pub fn kill_9(f: &mut Fabric) -> Result<(), String> {
             .unwrap_or("?")
             .trim()
             .to_string();
-        let mut c = crate::scenarios::Checks::new("kill -9 during the release of R4");
+        let mut c = Checks::new("kill -9 during the release of R4");
         c.eq("daemon alive when killed", true, o.contains("killed-alive"));
         c.eq(
             "actions (unbind gpu1, bind four VFs) the daemon logged done before the kill",
@@ -744,16 +617,13 @@ pub fn kill_9(f: &mut Fabric) -> Result<(), String> {
         }
         c.finish()?;
         // The fabric as the killed daemon left it: not yet the release's outcome.
-        let t = Instant::now();
-        let left = loop {
-            match emu_owners(&emu, &f.expected) {
-                Ok((o, _)) => break o,
-                Err(e) if t.elapsed() > Duration::from_secs(20) => {
-                    return Err(format!("after the kill during the release: {e}"))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(200)),
-            }
-        };
+        let left = settled_owners(
+            &emu,
+            &f.expected,
+            Duration::from_secs(20),
+            Duration::from_millis(200),
+        )
+        .map_err(|e| format!("after the kill during the release: {e}"))?;
         let missing = usize::from(left.contains_key(&g1))
             + [v1, v2, v3, v4]
                 .iter()
@@ -858,7 +728,7 @@ pub fn endpoint_failure(f: &mut Fabric) -> Result<(), String> {
             let h0 = &mut f.hosts[0];
             let pool = ask(h0, "{\"op\":\"pool\"}")?;
             let d0 = &pool["devices"][0];
-            let mut c = crate::scenarios::Checks::new("pool after the fault");
+            let mut c = Checks::new("pool after the fault");
             c.eq("gpu0 healthy", Some(false), d0["healthy"].as_bool());
             let reason = d0["reason"].as_str().unwrap_or("");
             if pax && !reason.contains("link down") {
@@ -968,7 +838,7 @@ pub fn host_killed(f: &mut Fabric) -> Result<(), String> {
         }
         check_world(f, &want, "h1's GPUs reclaimed, R2 granted")?;
         let h0 = &mut f.hosts[0];
-        let mut c = crate::scenarios::Checks::new("after the reclaim");
+        let mut c = Checks::new("after the reclaim");
         c.eq("leases", vec![(r2, hexes(&[g0]))], leases(h0)?);
         c.eq("queue", Vec::<u64>::new(), queue(h0)?);
         c.eq(
@@ -1049,7 +919,7 @@ pub fn network_api(f: &mut Fabric) -> Result<(), String> {
             ));
         }
         let r1 = v["id"].as_u64().ok_or("no id in the reply")?;
-        let mut c = crate::scenarios::Checks::new("h1's lease (over the network)");
+        let mut c = Checks::new("h1's lease (over the network)");
         c.eq("owner", Some("h1-job"), v["lease"]["owner"].as_str());
         c.eq("host", Some(1), v["lease"]["host"].as_u64());
         c.finish()?;
@@ -1134,7 +1004,7 @@ pub fn network_api(f: &mut Fabric) -> Result<(), String> {
         let (_, all) = net_cli(h1, &url, Some("auditor"), "leases")?;
         let (_, own) = net_cli(h1, &url, Some("h1-job"), "leases")?;
         let (_, ev) = net_cli(h1, &url, Some("h1-job"), "events --host 1")?;
-        let mut c = crate::scenarios::Checks::new("views over the network");
+        let mut c = Checks::new("views over the network");
         c.eq("the reader's leases", vec![r1, r0], ids(&all));
         c.eq("the tenant's leases", vec![r1], ids(&own));
         c.eq(
@@ -1165,7 +1035,7 @@ pub fn network_api(f: &mut Fabric) -> Result<(), String> {
                     .and_then(|x| x["host"].as_u64())
             })
         };
-        let mut c = crate::scenarios::Checks::new("top through the manager");
+        let mut c = Checks::new("top through the manager");
         c.eq("exit", 0, code);
         c.eq(
             "schema",

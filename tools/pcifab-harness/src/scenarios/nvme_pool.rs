@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::checks::{
+    ask, check_bindings, compose_begin, drive, json_line, manager_log, owners, run_with_manager,
+    selftest_ok, Owners,
+};
 use crate::fabric::{Fabric, Host};
-use crate::manager::{ask, manager_log, start_manager, stop_manager, LOG};
-use crate::nvme::{drive, selftest, world as check_world};
-use crate::scenarios::{compose_begin, emu_owners, owners, owners_text, Owners};
 
 /// Seeds of the block patterns the holders write.
 const SEED_A: u64 = 0x0a5e_ed00;
@@ -21,22 +22,6 @@ const SEED_B: u64 = 0x0b5e_ed00;
 /// Longest wait for the drive to reach a host, its block device to appear, a scrub.
 const HANDOVER: Duration = Duration::from_secs(120);
 const CMD: Duration = Duration::from_secs(180);
-
-/// The scenarios, in order (run on fabric-nvme.toml only, like every "nvme:" scenario).
-pub fn scenarios() -> Vec<(&'static str, u64, crate::scenarios::ScenarioFn)> {
-    vec![
-        (
-            "nvme: manager queues h1 while h0 holds the drive; h0's release hands it over with its data",
-            600,
-            handover_keeps_data as crate::scenarios::ScenarioFn,
-        ),
-        (
-            "nvme: manager scrub pool erases the drive between holders; the next holder reads zeros",
-            600,
-            scrub_between_holders,
-        ),
-    ]
-}
 
 /// The manager's configuration: two tenants, one whole pool of the drive, telemetry every
 /// second (on PAX: the die temperature and the drive's link).
@@ -71,7 +56,7 @@ fn request(h0: &mut Host, host: usize, tenant: &str) -> Result<(u64, bool), Stri
 /// `pcifab release ID` through the CLI.
 fn release(h0: &mut Host, id: u64) -> Result<(), String> {
     let out = h0.run(&format!("pcifab release {id} --json"))?;
-    let v = crate::scenarios::json_line(&out.out)?;
+    let v = json_line(&out.out)?;
     if out.code != 0 || v.get("ok") != Some(&Value::Bool(true)) {
         return Err(format!(
             "h0: `pcifab release {id}`: expected exit 0 and ok, got exit {}: {}",
@@ -114,26 +99,7 @@ fn wait_granted(h0: &mut Host, id: u64, what: &str) -> Result<Duration, String> 
 
 /// Waits until the emulator's bindings are `want`.
 fn wait_owners(f: &Fabric, want: &Owners, what: &str) -> Result<(), String> {
-    let emu = f.emu();
-    let t = Instant::now();
-    loop {
-        let got = emu_owners(&emu, &f.expected).map(|(o, _)| o);
-        if got.as_ref() == Ok(want) {
-            return Ok(());
-        }
-        if t.elapsed() > HANDOVER {
-            return Err(format!(
-                "{what}: emulator bindings: expected {} within {} s, got {}",
-                owners_text(&f.expected, want),
-                HANDOVER.as_secs(),
-                match got {
-                    Ok(o) => owners_text(&f.expected, &o),
-                    Err(e) => e,
-                }
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    crate::checks::wait_owners(f, want, HANDOVER.as_secs(), what).map(|_| ())
 }
 
 /// Waits for the drive's namespace to appear in `h` (the manager binds without waiting
@@ -167,7 +133,7 @@ fn wait_block_device(h: &mut Host, what: &str) -> Result<String, String> {
 
 /// Writes pattern `seed` over the whole drive in `h`; returns the blocks written.
 fn write_all(h: &mut Host, dev: &str, seed: u64) -> Result<u64, String> {
-    let w = selftest(h, &format!("blk-write --dev {dev} --seed {seed}"))?;
+    let w = selftest_ok(h, &format!("blk-write --dev {dev} --seed {seed}"), CMD)?;
     w["blocks"]
         .as_u64()
         .filter(|b| *b > 0)
@@ -176,7 +142,7 @@ fn write_all(h: &mut Host, dev: &str, seed: u64) -> Result<u64, String> {
 
 /// Checks every block of the drive in `h` is `pattern` (`--seed S` or `--zero`).
 fn verify_all(h: &mut Host, dev: &str, pattern: &str, blocks: u64) -> Result<(), String> {
-    let v = selftest(h, &format!("blk-verify --dev {dev} {pattern}"))?;
+    let v = selftest_ok(h, &format!("blk-verify --dev {dev} {pattern}"), CMD)?;
     if v["good"].as_u64() != Some(blocks) || v["bad"].as_u64() != Some(0) {
         return Err(format!(
             "{}: blk-verify {pattern}: expected {blocks} good blocks, got {v}",
@@ -214,30 +180,10 @@ fn with_pool(
 ) -> Result<(), String> {
     let (pf, _) = drive(f)?;
     compose_begin(f)?;
-    check_world(f, &Owners::new(), "setup (the drive free)")?;
+    check_bindings(f, &Owners::new(), "setup (the drive free)")?;
     let cfg = config_text(f, pf, scrub);
-    f.hosts[0].log_note(&format!("manager configuration:\n{cfg}"));
-    start_manager(&mut f.hosts[0], Some(&cfg), false)?;
-    let r = body(f, pf).map_err(|e| {
-        format!(
-            "{e}\nmanager log (h0 {LOG}):\n{}",
-            manager_log(&mut f.hosts[0], 20)
-        )
-    });
-    let stop = stop_manager(&mut f.hosts[0], "TERM");
-    let emu = f.emu();
-    let mut free = Ok(());
-    if let Ok((o, _)) = emu_owners(&emu, &f.expected) {
-        for p in o.keys() {
-            if let Err(e) = emu.request(&format!("unbind {p:#06x}")) {
-                free = Err(format!("cleaning up (the drive free): {e}"));
-            }
-        }
-    }
-    r?;
-    stop?;
-    free?;
-    check_world(
+    run_with_manager(f, &cfg, 20, "the drive free", |f| body(f, pf))?;
+    check_bindings(
         f,
         &Owners::new(),
         "the end (daemon stopped, the drive free)",
@@ -267,7 +213,7 @@ fn healthy_with_telemetry(h0: &mut Host, pf: u16) -> Result<(), String> {
 
 /// (a): no scrub. h0 (tenant a) gets the drive and fills it with seed A; h1's request
 /// (tenant b) queues; h0's release hands the drive to h1, which reads seed A everywhere.
-fn handover_keeps_data(f: &mut Fabric) -> Result<(), String> {
+pub fn handover_keeps_data(f: &mut Fabric) -> Result<(), String> {
     with_pool(f, false, |f, pf| {
         let (a, granted) = request(&mut f.hosts[0], 0, "a")?;
         if !granted {
@@ -286,7 +232,7 @@ fn handover_keeps_data(f: &mut Fabric) -> Result<(), String> {
                  got granted {granted}, leases {leases:?}, queue {queue:?}"
             ));
         }
-        check_world(f, &owners(&[(pf, 0)]), "h1's request queued")?;
+        check_bindings(f, &owners(&[(pf, 0)]), "h1's request queued")?;
         healthy_with_telemetry(&mut f.hosts[0], pf)?;
         release(&mut f.hosts[0], a)?;
         let took = wait_granted(&mut f.hosts[0], b, "h0's release")?;
@@ -294,7 +240,7 @@ fn handover_keeps_data(f: &mut Fabric) -> Result<(), String> {
         let dev1 = wait_block_device(&mut f.hosts[1], "h1's lease")?;
         no_drive(&mut f.hosts[0], "after h0's release")?;
         verify_all(&mut f.hosts[1], &dev1, &format!("--seed {SEED_A}"), blocks)?;
-        check_world(f, &owners(&[(pf, 1)]), "h1's lease")?;
+        check_bindings(f, &owners(&[(pf, 1)]), "h1's lease")?;
         crate::say(&format!(
             "# nvme: manager: h1 granted the drive {:.1} s after h0's release; {blocks} blocks \
              of h0's data read back in h1",
@@ -307,7 +253,7 @@ fn handover_keeps_data(f: &mut Fabric) -> Result<(), String> {
 
 /// (b): scrub pool. h1 (tenant b) fills the drive with seed B and releases it; h0's queued
 /// request (tenant a) is granted only after the manager erased it, and h0 reads zeros.
-fn scrub_between_holders(f: &mut Fabric) -> Result<(), String> {
+pub fn scrub_between_holders(f: &mut Fabric) -> Result<(), String> {
     with_pool(f, true, |f, pf| {
         let (b, granted) = request(&mut f.hosts[0], 1, "b")?;
         if !granted {
@@ -380,7 +326,7 @@ fn scrub_between_holders(f: &mut Fabric) -> Result<(), String> {
         }
         verify_all(&mut f.hosts[0], &dev0, "--zero", blocks)?;
         no_drive(&mut f.hosts[1], "after h1's release")?;
-        check_world(f, &owners(&[(pf, 0)]), "h0's lease after the scrub")?;
+        check_bindings(f, &owners(&[(pf, 0)]), "h0's lease after the scrub")?;
         crate::say(&format!(
             "# nvme: manager: scrub of the drive ({} bytes) took {:.2} s; h0 granted {:.1} s \
              after h1's release and read {blocks} zero blocks",

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::fabric::{EmuControl, Fabric, Host};
-use crate::scenarios::{
+use crate::checks::{
     bind_here, check_bound_pcifab, check_invariants, check_world, compose_begin, dmesg_clean,
-    emu_owners, ensure_pcifab, find_mep, module_loaded, pcifab_cmd, pcifab_ok, Checks, Owners,
+    emu_owners, ensure_pcifab, find_mep, module_loaded, pcifab_cmd, pcifab_ok, Checks, ClearFault,
+    Owners, PCIFAB_KO,
 };
+use crate::fabric::{EmuControl, Fabric, Host};
 
-const PCIFAB_KO: &str = "/lib/modules/pcifab.ko";
 /// How long unbinding the MEP may take while an operation is in flight.
 const UNBIND_MEP_MAX_S: f64 = 5.0;
 /// The bind timeout of the waiting bind: far longer than the unbind may take.
@@ -378,18 +378,6 @@ pub fn unbind_mep_during_pciehp_removal(f: &mut Fabric) -> Result<(), String> {
     c.finish()?;
     freed?;
     check_world(f, &Owners::new(), "the MEP unbound during a pciehp removal")
-}
-
-/// Clears host `.1`'s emulator faults when dropped, whatever path the scenario takes.
-pub(crate) struct ClearFault(
-    pub(crate) crate::fabric::EmuControl,
-    pub(crate) &'static str,
-);
-
-impl Drop for ClearFault {
-    fn drop(&mut self) {
-        let _ = self.0.request(&format!("fault clear {}", self.1));
-    }
 }
 
 /// `PCI_EXT_CAP_ID_ACS` and its control register.

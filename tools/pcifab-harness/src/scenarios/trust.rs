@@ -11,8 +11,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::checks::{
+    begin, check_bound_pcifab, check_invariants, check_world, compose_begin, owners_text,
+    selftest_json, settled_owners, Owners, PCIFAB_KO,
+};
 use crate::fabric::{EmuControl, Fabric, Host};
-use crate::scenarios::{begin, check_invariants, check_world, compose_begin, emu_owners, Owners};
 
 /// ioctl calls per fuzz run: 100,000 with `--soak` (`make soak`), 20,000 in `make test`.
 fn fuzz_calls() -> u64 {
@@ -46,7 +49,6 @@ const CYCLE_DELAY_MS: u32 = 20;
 /// Fault points tried per agent round trip, and the highest one tried at all.
 const FAULT_BATCH: u64 = 250;
 const FAULT_MAX_NTH: u64 = 60_000;
-const PCIFAB_KO: &str = "/lib/modules/pcifab.ko";
 
 /// The line `fuzz ioctl_calls=N splats=K changes=C` and the JSON record of a fuzz run.
 struct FuzzResult {
@@ -190,7 +192,7 @@ fn fabric_state(emu: &EmuControl, hosts: &[String]) -> Result<Value, String> {
     }))
 }
 
-fn fuzz_unpriv(f: &mut Fabric) -> Result<(), String> {
+pub fn fuzz_unpriv(f: &mut Fabric) -> Result<(), String> {
     compose_begin(f)?;
     let emu = f.emu();
     let hosts = f.expected.hosts.clone();
@@ -246,7 +248,7 @@ fn h1_round(h: &mut Host, pdfid: u16, tally: &Mutex<Vec<String>>) -> Result<(), 
     Ok(())
 }
 
-fn fuzz_root(f: &mut Fabric) -> Result<(), String> {
+pub fn fuzz_root(f: &mut Fabric) -> Result<(), String> {
     compose_begin(f)?;
     let emu = f.emu();
     let e = f.expected.clone();
@@ -324,20 +326,14 @@ fn fuzz_root(f: &mut Fabric) -> Result<(), String> {
     check_invariants(&emu, "the root fuzz")?;
     // Whatever the fuzz left bound: both hosts must agree with the emulator and see exactly
     // their own functions.
-    let t = Instant::now();
-    let left = loop {
-        match emu_owners(&emu, &e) {
-            Ok((o, _)) => break o,
-            Err(err) if t.elapsed() > Duration::from_secs(60) => {
-                return Err(format!("after the root fuzz: {err}"))
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(250)),
-        }
-    };
-    f.hosts[0].log_note(&format!(
-        "root fuzz left bound: {}",
-        crate::scenarios::owners_text(&e, &left)
-    ));
+    let left = settled_owners(
+        &emu,
+        &e,
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+    )
+    .map_err(|err| format!("after the root fuzz: {err}"))?;
+    f.hosts[0].log_note(&format!("root fuzz left bound: {}", owners_text(&e, &left)));
     check_world(f, &left, "the root fuzz")?;
     // Free everything again (as the manager), links up again; the fabric must be as at the
     // start and both hosts must say so.
@@ -402,7 +398,7 @@ fn kmemleak(h: &mut Host, since: Instant) -> Result<(), String> {
     }
 }
 
-fn unload_cycles(f: &mut Fabric) -> Result<(), String> {
+pub fn unload_cycles(f: &mut Fabric) -> Result<(), String> {
     let emu = f.emu();
     f.each_host(|h, _| {
         begin(h)?;
@@ -481,7 +477,7 @@ fn unload_cycles(f: &mut Fabric) -> Result<(), String> {
     })
 }
 
-fn probe_faults(f: &mut Fabric) -> Result<(), String> {
+pub fn probe_faults(f: &mut Fabric) -> Result<(), String> {
     f.each_host(|h, _| {
         begin(h)?;
         let t = Instant::now();
@@ -544,74 +540,12 @@ fn probe_faults(f: &mut Fabric) -> Result<(), String> {
             summary.1,
             summary.2
         ));
-        crate::scenarios::check_bound_pcifab(h)?;
+        check_bound_pcifab(h)?;
         selftest_echo(h)
     })
 }
 
 /// A final normal use of the device: 20 echoes.
 fn selftest_echo(h: &mut Host) -> Result<(), String> {
-    crate::scenarios::selftest_json(h, "echo --count 20 --size 64", Duration::from_secs(60))
-        .map(|_| ())
-}
-
-/// Puts the scenarios of this file into `all`, before the ones that unload the module or
-/// remove the MEP (they need both), or at the end.
-pub fn insert(all: &mut Vec<crate::scenarios::Scenario>) {
-    let at = all
-        .iter()
-        .position(|s| s.name.starts_with("rmmod pcifab") || s.name.starts_with("MEP hot removal"))
-        .unwrap_or(all.len());
-    all.splice(at..at, scenarios());
-}
-
-/// The scenarios of this file, in the order they run.
-pub fn scenarios() -> Vec<crate::scenarios::Scenario> {
-    let s = |name, secs, run| crate::scenarios::Scenario {
-        name,
-        timeout: Duration::from_secs(secs),
-        run,
-    };
-    let soak = crate::soak();
-    vec![
-        s(
-            if soak {
-                "fuzz: 100,000 hostile calls as an unprivileged user change nothing"
-            } else {
-                "fuzz: 20,000 hostile calls as an unprivileged user change nothing"
-            },
-            1800,
-            fuzz_unpriv,
-        ),
-        s(
-            if soak {
-                "1,000 insmod/rmmod cycles with files open, commands in flight, events pending"
-            } else {
-                "10 insmod/rmmod cycles with files open, commands in flight, events pending"
-            },
-            3600,
-            unload_cycles,
-        ),
-    ]
-    .into_iter()
-    .chain([s(
-        if soak {
-            "fuzz: 100,000 hostile calls as root while h1 binds and unbinds"
-        } else {
-            "fuzz: 20,000 hostile calls as root while h1 binds and unbinds"
-        },
-        2700,
-        fuzz_root,
-    )])
-    .chain(soak.then(|| {
-        // Soak only: every fault point of a load (hundreds of loads under KASAN), and kmemleak
-        // reports its own metadata allocations that the injection fails
-        // (testing-trust.rst).
-        s(
-            "probe undoes everything on every error path",
-            3600,
-            probe_faults,
-        )
-    }))
-    .collect()
+    selftest_json(h, "echo --count 20 --size 64", Duration::from_secs(60)).map(|_| ())
 }

@@ -8,16 +8,14 @@
 //! packages install (packaging/udev/60-pcifab.rules, built in) and applies them as udev
 //! would; `make check-systemd` checks the rule parses (udevadm verify).
 
-use std::time::Duration;
-
-use crate::fabric::{Fabric, Host};
-use crate::scenarios::{
+use crate::checks::{
     check_bound_pcifab, driver_of, ensure_pcifab, find_mep, json_line, module_loaded, wait_for,
-    Checks, Scenario, PCIFAB_KO, SWITCHTEC_KO,
+    Checks, PCIFAB_KO, SWITCHTEC_KO,
 };
+use crate::fabric::{Fabric, Host};
 
 /// The rule the packages install.
-const RULE: &str = include_str!("../../../packaging/udev/60-pcifab.rules");
+const RULE: &str = include_str!("../../../../packaging/udev/60-pcifab.rules");
 
 /// (group, mode) the rule gives a `pcifab*` misc device.
 fn rule_owner(rules: &str) -> Result<(String, String), String> {
@@ -39,35 +37,6 @@ fn rule_owner(rules: &str) -> Result<(String, String), String> {
 const USER: &str = "fabuser";
 const OTHER: &str = "fabother";
 
-/// Puts these scenarios into `all` before the ones that unload the module or remove the MEP.
-pub fn insert(all: &mut Vec<Scenario>) {
-    let at = all
-        .iter()
-        .position(|s| s.name.starts_with("rmmod pcifab") || s.name.starts_with("MEP hot removal"))
-        .unwrap_or(all.len());
-    all.splice(at..at, scenarios());
-}
-
-pub fn scenarios() -> Vec<Scenario> {
-    let s = |name, secs, run| Scenario {
-        name,
-        timeout: Duration::from_secs(secs),
-        run,
-    };
-    vec![
-        s(
-            "install: udev rule: group pcifab reads, mutating ioctls still need CAP_SYS_ADMIN",
-            180,
-            group_access,
-        ),
-        s(
-            "install: driver_override hands the MEP from switchtec to pcifab and back",
-            240,
-            driver_override,
-        ),
-    ]
-}
-
 /// As `user`: `pcifab ARGS --json`; (exit code, validated JSON, output).
 fn as_user(
     h: &mut Host,
@@ -80,7 +49,7 @@ fn as_user(
     Ok((o.code, v, o.out))
 }
 
-fn group_access(f: &mut Fabric) -> Result<(), String> {
+pub fn group_access(f: &mut Fabric) -> Result<(), String> {
     let (group, mode) = rule_owner(RULE)?;
     let h = &mut f.hosts[0];
     ensure_pcifab(h)?;
@@ -168,7 +137,7 @@ fn hand_to(h: &mut Host, bdf: &str, from: &str, driver: &str) -> Result<(), Stri
     .map(|_| ())
 }
 
-fn driver_override(f: &mut Fabric) -> Result<(), String> {
+pub fn driver_override(f: &mut Fabric) -> Result<(), String> {
     let h = &mut f.hosts[0];
     let r = override_inner(h);
     // Whatever happened: no override left, switchtec gone, pcifab bound for what follows.

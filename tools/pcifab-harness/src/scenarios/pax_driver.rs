@@ -8,16 +8,16 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::checks::{
+    begin, check_world, compose_begin, configured, emu_owners, owners, pcifab_cmd,
+    refused_by_firmware, selftest_json, Checks,
+};
 use crate::config::Dialect;
 use crate::fabric::{Fabric, Host};
-use crate::scenarios::{
-    begin, check_world, compose_begin, emu_owners, owners, pcifab_cmd, selftest_json, Checks,
-};
 
 const SYSFS: &str = "/sys/class/misc/pcifab0";
 /// gpu1's VFs (fabric.toml): a PF at 0x0400 with four VFs.
 const GPU1_VFS: [u16; 3] = [0x0401, 0x0402, 0x0403];
-const EOPNOTSUPP: i64 = 95;
 const EBUSY: i64 = 16;
 const ETIMEDOUT: i64 = 110;
 /// PAX's `ERR_CMD_INVALID`: what PAX firmware answers a command it does not have.
@@ -86,18 +86,7 @@ pub fn extensions(f: &mut Fabric) -> Result<(), String> {
         let window = sysfs(h, "p2p_window_size")?;
         match d {
             Dialect::Pax => {
-                c.eq(
-                    "`pcifab p2p route list` errno",
-                    Some(EOPNOTSUPP),
-                    v["error"]["errno"].as_i64(),
-                );
-                if code == 0 || !out.contains("firmware") {
-                    c.fail(format!(
-                        "`pcifab p2p route list`: expected a failure naming the missing \
-                         firmware feature, got exit {code}: {}",
-                        out.trim()
-                    ));
-                }
+                refused_by_firmware(&mut c, "p2p route list", code, &v, &out);
                 if temp.code == 0 || !temp.out.contains("not supported") {
                     c.fail(format!(
                         "function telemetry: expected EOPNOTSUPP (\"Operation not supported\"), \
@@ -206,9 +195,7 @@ pub fn multi_bind(f: &mut Fabric) -> Result<(), String> {
         ));
     }
     let name = v["name"].as_str().unwrap_or("").to_string();
-    let vf = e
-        .function(GPU1_VFS[0])
-        .ok_or("0x0401 is not in the configuration")?;
+    let vf = configured(&e, GPU1_VFS[0])?;
     let want: Vec<String> = GPU1_VFS
         .iter()
         .map(|_| format!("{:#06x}:{:#06x}", vf.vendor_id, vf.device_id))
@@ -356,44 +343,4 @@ pub fn dma_mrpc(f: &mut Fabric) -> Result<(), String> {
         c.fail(format!("echo run printed no result line: {}", out.trim()));
     }
     c.finish()
-}
-
-/// Under the PAX dialect, a scenario built on pcifab's firmware extensions checks instead
-/// that every call it would make is refused cleanly: `EOPNOTSUPP`, a message that names the
-/// missing firmware feature, no route in the emulator, and a clean kernel log. `Ok(false)`
-/// under the extended dialect: the scenario goes on with its own checks.
-pub fn refused_without_extensions(f: &mut Fabric, calls: &[&str]) -> Result<bool, String> {
-    if f.dialect() != Dialect::Pax {
-        return Ok(false);
-    }
-    compose_begin(f)?;
-    let emu = f.emu();
-    let h = f.hosts.first_mut().ok_or("no hosts")?;
-    let mut c = Checks::new(&format!("{}: without the firmware's extensions", h.name));
-    for call in calls {
-        let (code, v, out) = pcifab_cmd(h, call)?;
-        c.eq(
-            &format!("`pcifab {call}` errno"),
-            Some(EOPNOTSUPP),
-            v["error"]["errno"].as_i64(),
-        );
-        if code == 0 || !out.contains("firmware") {
-            c.fail(format!(
-                "`pcifab {call}`: expected a failure naming the missing firmware feature, \
-                 got exit {code}: {}",
-                out.trim()
-            ));
-        }
-    }
-    let routes = emu.request(&format!("routes {}", h.name))?;
-    let none = routes
-        .get("routes")
-        .and_then(Value::as_array)
-        .is_some_and(|r| r.is_empty());
-    if !none {
-        c.fail(format!("emulator routes after the refused calls: {routes}"));
-    }
-    c.finish()?;
-    crate::scenarios::dmesg_clean(h)?;
-    Ok(true)
 }
