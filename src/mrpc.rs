@@ -62,7 +62,7 @@ pub(crate) struct Reply {
     pub(crate) ret: u32,
 }
 
-crate::fw::payload! {
+crate::payload::payload! {
     /// `struct dma_mrpc_output`: where DMA MRPC firmware writes a command's completion.
     pub(crate) struct DmaOut[1040] {
         status: u32,

@@ -59,7 +59,7 @@ pub(crate) const DMA_OK: u32 = 1;
 const DMA_HOST_FAULT: u32 = 2;
 const DMA_ROUTE_FAULT: u32 = 3;
 
-fw::payload! {
+crate::payload::payload! {
     /// One DMA descriptor, as the engine reads it.
     struct Desc[64] {
         control: u32,

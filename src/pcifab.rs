@@ -33,6 +33,7 @@ mod hotplug;
 mod kext;
 mod mrpc;
 mod p2p;
+mod payload;
 mod regs;
 mod sysfs;
 mod telemetry;
