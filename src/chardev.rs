@@ -74,7 +74,7 @@ impl Drop for Slot {
 /// Fields drop in declaration order: the per-function directories (which live under the
 /// device's) go first, then the device, then its name.
 pub(crate) struct Registration {
-    _fndirs: Option<fnsysfs::FnDirs>,
+    _fndirs: Option<fnsysfs::Installed>,
     _misc: Pin<KBox<miscdev::Registration<OpenFile>>>,
     _slot: Slot,
 }
@@ -87,7 +87,7 @@ impl Registration {
             miscdev::Registration::new(NAMES[slot.0], parent, &sysfs::GROUPS, mep),
             GFP_KERNEL,
         )?;
-        let fndirs = fnsysfs::FnDirs::new(Arc::clone(misc.data()), misc.device())
+        let fndirs = fnsysfs::install(misc.data(), misc.device())
             .inspect_err(|e| dev_warn!(parent, "no per-function sysfs directories: {:?}\n", e))
             .ok();
         Ok(Self {

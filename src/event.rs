@@ -286,10 +286,11 @@ impl irq::Handler for Handler {
         if other != 0 {
             mep.fabric.invalidate();
             mep.events.changed.notify_all();
+            crate::fnsysfs::queue(mep);
         }
         if found.gfms != 0 {
             // Already queued is fine: the running or queued work reads every event.
-            let _ = kext::workqueue::system_dfl().enqueue(mep.clone());
+            let _ = kext::workqueue::system_dfl().enqueue::<Arc<Mep>, 0>(mep.clone());
         }
         IrqReturn::Handled
     }

@@ -18,7 +18,7 @@ use kernel::{
     sync::{
         aref::ARef,
         atomic::{ordering::Relaxed, Atomic},
-        Arc,
+        new_mutex, Arc, Mutex,
     },
     workqueue::{new_work, Work}, //
 };
@@ -89,6 +89,13 @@ pub(crate) struct Mep {
     /// Reads fabric-manager events in process context ([`event`]).
     #[pin]
     gfms_work: Work<Mep>,
+    /// The per-function sysfs directories while the character device is registered
+    /// ([`fnsysfs`]); taken out (breaking their references back to this) at unregistration.
+    #[pin]
+    fn_dirs: Mutex<Option<fnsysfs::FnDirs>>,
+    /// Brings [`Mep::fn_dirs`] up to date with the fabric after a fabric event ([`fnsysfs`]).
+    #[pin]
+    fn_dirs_work: Work<Mep, 1>,
 }
 
 impl Mep {
@@ -199,6 +206,7 @@ impl Drop for MepGuard {
         let _ = event::enable(&self.0, false);
         self.0.events.shut_down();
         event::flush_work(&self.0);
+        fnsysfs::flush(&self.0);
     }
 }
 
@@ -284,6 +292,8 @@ impl pci::Driver for PcifabDriver {
                     p2p <- p2p::P2p::new(),
                     telemetry <- telemetry::Cache::new(),
                     gfms_work <- new_work!("pcifab::gfms_work"),
+                    fn_dirs <- new_mutex!(None, "pcifab::fn_dirs"),
+                    fn_dirs_work <- new_work!("pcifab::fn_dirs_work"),
                 }),
                 GFP_KERNEL,
             )?;
@@ -431,6 +441,7 @@ impl PcifabDriver {
         let _ = event::enable(&data.mep, false);
         data.mep.events.shut_down();
         event::flush_work(&data.mep);
+        fnsysfs::flush(&data.mep);
     }
 }
 

@@ -198,6 +198,11 @@ pub fn all() -> Vec<Scenario> {
             120,
             telemetry::sysfs_telemetry,
         ),
+        s(
+            "sysfs: per-function directories follow the fabric as an endpoint leaves and returns",
+            120,
+            telemetry::sysfs_dirs_follow_fabric,
+        ),
         // The network and TLS material the manager's API is reached through.
         s(
             "mgmt net: every host reaches the manager's host, and only it",

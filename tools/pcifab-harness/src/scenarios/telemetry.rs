@@ -169,3 +169,126 @@ fn pax_telemetry(f: &mut Fabric) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The sorted names under `functions/` of host `h`.
+fn dirs(h: &mut crate::fabric::Host) -> Result<Vec<String>, String> {
+    let out = h.run_ok("ls /sys/class/misc/pcifab0/functions")?;
+    let mut v: Vec<String> = out.split_whitespace().map(str::to_string).collect();
+    v.sort();
+    Ok(v)
+}
+
+/// Reads `functions/` of `h` until it lists exactly `want`, at most `secs`; returns the
+/// last listing and how long it took.
+fn dirs_until(
+    h: &mut crate::fabric::Host,
+    want: &[String],
+    secs: u64,
+) -> Result<(Vec<String>, std::time::Duration), String> {
+    let t = std::time::Instant::now();
+    loop {
+        let got = dirs(h)?;
+        if got == want || t.elapsed() > std::time::Duration::from_secs(secs) {
+            return Ok((got, t.elapsed()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// The per-function directories follow the fabric: when gpu1's endpoint leaves (its link goes
+/// down, so the firmware's endpoint records no longer list its functions) every host loses
+/// gpu1's directories within 10 s, the others stay; when the link comes back the directories
+/// return, and their files read again.
+pub fn sysfs_dirs_follow_fabric(f: &mut Fabric) -> Result<(), String> {
+    crate::checks::compose_begin(f)?;
+    let e = f.expected.clone();
+    let emu = f.emu();
+    let gpu1 = e
+        .endpoints
+        .iter()
+        .find(|ep| ep.name == "gpu1")
+        .ok_or("the configuration has no gpu1")?;
+    let port = gpu1.port;
+    let all: Vec<String> = {
+        let mut v: Vec<String> = e
+            .functions()
+            .iter()
+            .map(|fi| format!("{:#06x}", fi.pdfid))
+            .collect();
+        v.sort();
+        v
+    };
+    let without: Vec<String> = {
+        let mut v: Vec<String> = e
+            .functions()
+            .iter()
+            .filter(|fi| fi.endpoint != "gpu1")
+            .map(|fi| format!("{:#06x}", fi.pdfid))
+            .collect();
+        v.sort();
+        v
+    };
+    if without.len() == all.len() {
+        return Err("gpu1 has no functions in the configuration".into());
+    }
+    for h in &mut f.hosts {
+        expect_eq(
+            &format!("{}: function directories at the start", h.name),
+            all.clone(),
+            dirs(h)?,
+        )?;
+    }
+    emu.request(&format!("link {port} down"))?;
+    let r = (|| {
+        for h in &mut f.hosts {
+            let (got, took) = dirs_until(h, &without, 10)?;
+            expect_eq(
+                &format!(
+                    "{}: function directories after gpu1's link went down",
+                    h.name
+                ),
+                without.clone(),
+                got,
+            )?;
+            h.log_note(&format!(
+                "gpu1's directories gone {took:?} after its link went down"
+            ));
+        }
+        Ok::<(), String>(())
+    })();
+    emu.request(&format!("link {port} up"))?;
+    r?;
+    let pf = e
+        .functions()
+        .iter()
+        .find(|fi| fi.endpoint == "gpu1")
+        .map(|fi| fi.pdfid)
+        .ok_or("gpu1 has no functions")?;
+    let pax = f.dialect() == crate::config::Dialect::Pax;
+    for h in &mut f.hosts {
+        let (got, took) = dirs_until(h, &all, 10)?;
+        expect_eq(
+            &format!(
+                "{}: function directories after gpu1's link came back",
+                h.name
+            ),
+            all.clone(),
+            got,
+        )?;
+        h.log_note(&format!(
+            "gpu1's directories back {took:?} after its link came up"
+        ));
+        if !pax {
+            let v = read(h, pf)?;
+            expect_eq(&format!("{}: gpu1 PF's files read", h.name), 4, v.len())?;
+        }
+    }
+    let mut c = Checks::new("dmesg after the directories followed the fabric");
+    for h in &mut f.hosts {
+        let d = h.run_ok("dmesg")?;
+        if d.contains("per-function sysfs directories not updated") {
+            c.fail(format!("{}: the sync failed: {d}", h.name));
+        }
+    }
+    c.finish()
+}
