@@ -30,7 +30,7 @@ CARGO := cargo
 TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
-	cargo-test qemu-test test soak demo bench help kernel-debian module-debian test-debian switchtec-user pax-client \
+	cargo-test qemu-test test soak demo bench help kernel-debian module-debian switchtec-debian test-debian switchtec-user pax-client \
 	check-dkms check-module-msrv test-nvme
 
 modules:
@@ -158,21 +158,22 @@ pax-client: kernel check-module tools switchtec-user
 #   Debian kernel, DKMS build the identity scenarios
 # Each run writes RESULTS/<cell>/summary.json; a failed cell does not stop the others, and
 # `pcifab-harness summary` prints the per-dialect lines and the final `N passed, N failed`.
-DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|mgmt net|identity|MRPC echo: four|fault|compose|manager|features|extensions|multi-function|DMA MRPC|p2p|rmmod pcifab in every host
+DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|mgmt net|identity|MRPC echo: four|fault|compose|manager|features|extensions|multi-function|DMA MRPC|p2p|pax client|sysfs: per-function directories|rmmod pcifab in every host
 DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host
 MATRIX := debug nvme debian-pax debian-extended dkms
 
 # The order matters: cheap checks first, the QEMU cells last; the summary prints the final line.
 test: deps kernel-debug kernel-debian lint check-module-debug check-module-msrv cargo-test tools \
-		check-packages check-systemd
+		switchtec-user switchtec-debian check-packages check-systemd
 	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX))
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended $(DEBUG_HARNESS_ARGS) \
-		--results $(RESULTS)/debug
+		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
 		$(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
 	-$(MAKE) -s module-debian
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(DEBIAN_PAX_FILTER)' \
-		$(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-pax
+		$(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) --switchtec-user $(SWITCHTEC_USER) \
+		--results $(RESULTS)/debian-pax
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended \
 		--filter '$(DEBIAN_EXT_FILTER)' $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-extended
 	-$(MAKE) -s check-dkms
@@ -198,16 +199,22 @@ DEBIAN_HARNESS_ARGS = --kernel $(DEBIAN_KDIR)/vmlinuz --module $(DEBIAN_MO)/src/
 	--kernel-modules $(DEBIAN_KDIR)/debian-modules $(GUEST_ARGS)
 # Identity, management (bind, move), P2P and the manager: about 90 s of scenarios.
 DEBIAN_FILTER := pcifab binds the MEP|identity|compose: bind GPU0|compose: move GPU0|p2p: same-host|manager: four requests|rmmod pcifab in every host
-# demo: debian (Debian's own kernel, the default) or test (the fast test kernel). bench stays
-# on the test kernel: its figures compare pcifab with switchtec.ko on the same kernel, and
-# Debian builds no switchtec.ko (Documentation/benchmarks.rst).
+# demo and bench: debian (Debian's own kernel, the default) or test (the fast test kernel).
+# bench compares pcifab with Linux's switchtec driver on the same kernel: Debian builds none
+# (PCI_SW_SWITCHTEC is off), so switchtec-debian builds it, unmodified, from Debian's source
+# for Debian's kernel (Documentation/benchmarks.rst).
 DEMO_KERNEL ?= debian
+BENCH_KERNEL ?= debian
+DEBIAN_SWITCHTEC := $(PCIFAB_CACHE)/module-debian-switchtec/switchtec.ko
 
 kernel-debian: deps
 	@tools/scripts/debian-kernel.sh prepare
 
 module-debian: kernel-debian
 	@tools/scripts/debian-kernel.sh module
+
+switchtec-debian: kernel-debian
+	@tools/scripts/debian-kernel.sh switchtec
 
 test-debian: module-debian tools
 	$(HOST_BIN)/pcifab-harness test --keep-going --filter '$(DEBIAN_FILTER)' \
@@ -242,9 +249,16 @@ endif
 # One guest: MRPC echo through pcifab's ioctl vs the C driver's /dev/switchtec0, and
 # bind/unbind latency through pcifab vs raw QMP hot-plug. Documentation/benchmarks.rst
 # records the numbers.
+ifeq ($(BENCH_KERNEL),debian)
+bench: module-debian switchtec-debian tools
+	$(HOST_BIN)/pcifab-harness bench $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
+		--results $(RESULTS)
+	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench
+else
 bench: kernel check-module tools
 	$(HOST_BIN)/pcifab-harness bench $(HARNESS_ARGS)
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench
+endif
 
 # ---- install, packages (Documentation/install.rst) ------------------------------------------
 # make install [PREFIX=/usr/local] [DESTDIR=]: the module of src/ for KDIR's kernel (+ depmod

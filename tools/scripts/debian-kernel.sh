@@ -15,6 +15,11 @@
 #   debian-kernel.sh module      prepare, then build the checkout's module against it inside
 #                                the trixie tree (clippy on, warnings fail) into
 #                                $CACHE/module-debian/src/pcifab.ko.
+#   debian-kernel.sh switchtec   prepare, then build Linux's own switchtec driver (the C peer
+#                                the benchmarks compare with; Debian's config leaves
+#                                PCI_SW_SWITCHTEC off) from Debian's unmodified source, as an
+#                                external module against the prepared tree, inside the trixie
+#                                tree, into $CACHE/module-debian-switchtec/switchtec.ko.
 #   debian-kernel.sh check-dkms  prepare, then inside the trixie tree: install dkms, Debian's
 #                                headers and linux-source, `dkms add` this checkout and
 #                                `dkms build -k $KREL`; copies the module to
@@ -211,6 +216,32 @@ build_module() {
 	say "built $mo/src/pcifab.ko (vermagic $vm)"
 }
 
+# Linux's switchtec driver, drivers/pci/switch/switchtec.c of the source the prepared tree $1
+# was made from, built unmodified as an external module into $2 (inside the trixie tree);
+# every symbol must resolve against Debian's Module.symvers.
+build_switchtec() {
+	local tree=$1 mo=$2 src args vm
+	src=$(readlink -f "$tree/source")
+	[ -f "$src/drivers/pci/switch/switchtec.c" ] || die "no drivers/pci/switch/switchtec.c in $src"
+	if [ -f "$mo/switchtec.ko" ] && [ "$mo/switchtec.ko" -nt "$tree/.built" ] \
+		&& cmp -s "$src/drivers/pci/switch/switchtec.c" "$mo/switchtec.c"; then
+		say "up to date: $mo/switchtec.ko"
+		return
+	fi
+	mapfile -t args < <(kmake_args "$tree")
+	rm -rf "$mo"
+	mkdir -p "$mo"
+	cp "$src/drivers/pci/switch/switchtec.c" "$mo/"
+	echo 'obj-m := switchtec.o' >"$mo/Kbuild"
+	$RUN make -s -C "$tree" M="$mo" "${args[@]}" modules >"$mo/build.log" 2>&1 || {
+		cat "$mo/build.log" >&2; die "switchtec build against $tree failed"; }
+	! grep -q -i -E 'warning|error|undefined' "$mo/build.log" \
+		|| { cat "$mo/build.log" >&2; die "switchtec build against $tree is not clean (see $mo/build.log)"; }
+	vm=$($RUN modinfo -F vermagic "$mo/switchtec.ko")
+	case "$vm" in "$KREL "*) ;; *) die "$mo/switchtec.ko: vermagic '$vm', expected '$KREL ...'" ;; esac
+	say "built $mo/switchtec.ko from Debian's source (vermagic $vm)"
+}
+
 # Cache mode: everything of 1-4 in $CACHE.
 prepare_cache() {
 	mkdir -p "$CACHE"
@@ -369,7 +400,7 @@ check_dkms() {
 }
 
 case "$MODE" in
-prepare | module | check-dkms)
+prepare | module | switchtec | check-dkms)
 	[ "$(id -u)" = 0 ] || die "run as root (debootstrap, chroot and mounts need it)"
 	mkdir -p "$CACHE"
 	exec 9>"$CACHE/.debian-kernel.lock"
@@ -377,7 +408,7 @@ prepare | module | check-dkms)
 	prepare_cache
 	;;
 dkms) ;;
-*) die "unknown mode '$MODE' (prepare, module, check-dkms or dkms KREL)" ;;
+*) die "unknown mode '$MODE' (prepare, module, switchtec, check-dkms or dkms KREL)" ;;
 esac
 
 case "$MODE" in
@@ -386,6 +417,9 @@ module)
 	start=$(date +%s)
 	RUN=in_root build_module "$CACHE/kbuild-debian" "$CACHE/module-debian"
 	say "module built in $(($(date +%s) - start)) s"
+	;;
+switchtec)
+	RUN=in_root build_switchtec "$CACHE/kbuild-debian" "$CACHE/module-debian-switchtec"
 	;;
 check-dkms)
 	start=$(date +%s)

@@ -7,7 +7,8 @@
 # switchtec-user-sys 0.1.11 carries it (its switchtec-user/ folder; crates.io is reachable
 # where GitHub may not be), pinned by sha256 and checked before it is unpacked. It is built
 # with the host's C compiler (the same one that builds the static samples) into the cache,
-# after undoing the crate's one change to upstream (it renames the device class);
+# after undoing the crate's two changes to upstream (it renames the device class and frames
+# commands for another kernel driver);
 # nothing is installed. Without curses and OpenSSL: the scenarios need neither the GUI nor
 # firmware signing. Idempotent: a binary built from the same source is kept.
 #
@@ -36,7 +37,7 @@ if [ -n "${SWITCHTEC_USER_SRC:-}" ]; then
 		| xargs -0 sha256sum | sha256sum | cut -c1-16)"
 	src=$SWITCHTEC_USER_SRC
 else
-	key="$CRATE:$SHA256:switchtec-names"
+	key="$CRATE:$SHA256:switchtec-names:switchtec-framing"
 	src=
 fi
 if [ -x "$OUT/switchtec" ] && [ "$(cat "$OUT/switchtec.source" 2>/dev/null)" = "$key" ]; then
@@ -71,6 +72,70 @@ if [ -z "$src" ]; then
 	sed -i 's/pciswitch/switchtec/g' "$BUILD/lib/platform/linux.c" "$BUILD/lib/switchtec.c" \
 		"$BUILD/cli/common.h"
 	! grep -rq pciswitch "$BUILD/lib" "$BUILD/cli" || die "unexpected pciswitch names left in $CRATE"
+	# The crate's copy also frames commands for another kernel driver ("PCIe Switch
+	# Framework", inc/linux/pcisw.h: a 12-byte header on every write, a 10-byte one on every
+	# read). Linux's switchtec.ko, which the scenarios use, takes what its documentation
+	# (Documentation/driver-api/switchtec.rst) gives: write the 32-bit command id followed
+	# by the input; read the 32-bit return value followed by the output. Replace the two
+	# framing functions of lib/platform/linux.c with that.
+	python3 - "$BUILD/lib/platform/linux.c" <<'PY' || die "cannot restore switchtec.ko's framing in $CRATE"
+import sys
+path = sys.argv[1]
+src = open(path).read()
+start = src.index("static int submit_cmd(")
+end = src.index("static int linux_cmd(")
+framing = r"""/* Linux switchtec.ko framing: u32 command id + input; u32 return value + output. */
+static int submit_cmd(struct switchtec_linux *ldev, uint32_t cmd,
+		      const void *payload, size_t payload_len)
+{
+	size_t len = sizeof(cmd) + payload_len;
+	char buf[len];
+	uint32_t id = htole32(cmd);
+	ssize_t n;
+
+	memcpy(buf, &id, sizeof(id));
+	if (payload_len)
+		memcpy(buf + sizeof(id), payload, payload_len);
+	n = write(ldev->fd, buf, len);
+	if (n < 0)
+		return -1;
+	if ((size_t)n != len) {
+		errno = EIO;
+		return -errno;
+	}
+	return 0;
+}
+
+static int read_resp(struct switchtec_linux *ldev, void *resp,
+		     size_t resp_len)
+{
+	size_t len = sizeof(uint32_t) + resp_len;
+	char buf[len];
+	uint32_t rv;
+	ssize_t n;
+
+	n = read(ldev->fd, buf, len);
+	if (n < 0)
+		return -1;
+	if ((size_t)n != len) {
+		errno = EIO;
+		return -errno;
+	}
+	memcpy(&rv, buf, sizeof(rv));
+	rv = le32toh(rv);
+	if (rv)
+		errno = rv;
+	if (resp && resp_len)
+		memcpy(resp, buf + sizeof(rv), resp_len);
+	return rv;
+}
+
+"""
+src = src[:start] + framing + src[end:]
+open(path, "w").write(src)
+PY
+	! grep -q 'swdev_\|PCISW_' "$BUILD/lib/platform/linux.c" \
+		|| die "pcisw framing left in $BUILD/lib/platform/linux.c"
 fi
 
 say "building with ${CC:-cc} (static, no curses, no OpenSSL)"
