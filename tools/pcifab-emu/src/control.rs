@@ -82,7 +82,10 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
             telemetry(&args, fabric).unwrap_or_else(|e| error(&e))
         }
         (
-            Some(verb @ ("routes" | "grants" | "dma-maps" | "p2p" | "mem-fill" | "mem-hash")),
+            Some(
+                verb @ ("routes" | "grants" | "dma-maps" | "p2p" | "mem-fill" | "mem-hash"
+                | "memcpy-bench"),
+            ),
             arg,
         ) => {
             let args: Vec<&str> = arg.into_iter().chain(words).collect();
@@ -92,6 +95,7 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
                 "dma-maps" => dma_maps(&args, fabric),
                 "p2p" => p2p_state(&args, fabric),
                 "mem-fill" => mem_fill(&args, fabric),
+                "memcpy-bench" => memcpy_bench(&args, fabric),
                 _ => mem_hash(&args, fabric),
             };
             r.unwrap_or_else(|e| error(&e))
@@ -475,6 +479,28 @@ fn mem_hash(args: &[&str], fabric: &Fabric) -> Result<String, String> {
     let len: u64 = parse_num(len, "length")?;
     let h = p2p::mem_hash(f, off, len)?;
     Ok(format!("{{\"ok\":true,\"fnv1a64\":\"{h:016x}\"}}"))
+}
+
+/// `memcpy-bench <src_pdfid> <dst_pdfid> <bytes> [reps]`: the DMA engine's copy alone, from
+/// offset 0 of one function's device memory to offset 0 of the other's, best of `reps`
+/// (default 3).
+fn memcpy_bench(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let (src, dst, bytes, reps) = match args {
+        [s, d, b] => (s, d, b, None),
+        [s, d, b, r] => (s, d, b, Some(r)),
+        _ => return Err("usage: memcpy-bench <src_pdfid> <dst_pdfid> <bytes> [reps]".into()),
+    };
+    let src: u16 = parse_num(src, "pdfid")?;
+    let dst: u16 = parse_num(dst, "pdfid")?;
+    let bytes: u64 = parse_num(bytes, "bytes")?;
+    let reps: u32 = reps.map_or(Ok(3), |r| parse_num(r, "reps"))?;
+    let secs = p2p::memcpy_bench(&fabric.p2p, src, dst, bytes, reps)?;
+    let mib_s = bytes as f64 / f64::from(1 << 20) / secs.max(1e-9);
+    Ok(format!(
+        "{{\"ok\":true,\"src\":{src},\"dst\":{dst},\"bytes\":{bytes},\"reps\":{reps},\
+         \"chunk\":{},\"seconds\":{secs:.9},\"mib_s\":{mib_s:.1}}}",
+        p2p::CHUNK
+    ))
 }
 
 fn error(msg: &str) -> String {

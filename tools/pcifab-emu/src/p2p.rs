@@ -2,9 +2,10 @@
 //! The P2P window (the MEP's BAR2) and the MEP's DMA engine
 //! (Documentation/mrpc.rst: "The P2P window (BAR2)", "The DMA engine"),
 //! plus the memory pattern and hash of the control requests `mem-fill` and
-//! `mem-hash`. The routes and grants they follow ("0xF004 P2P_ROUTE") are
-//! part of the fabric model (`model`); the MEP they belong to is reached
-//! through the `MepPort` trait only.
+//! `mem-hash`, and the engine's copy alone for `memcpy-bench`. The routes and
+//! grants they follow ("0xF004 P2P_ROUTE") are part of the fabric model
+//! (`model`); the MEP they belong to is reached through the `MepPort` trait
+//! only.
 //!
 //! Locking: data is never copied under the model lock or a MEP's lock.
 //! Every copy (a window access, one DMA chunk) looks its route up under the
@@ -556,6 +557,53 @@ pub fn mem_fill(f: &FnDevice, off: u64, len: u64, seed: u64) -> Result<(), Strin
         done += n as u64;
     }
     Ok(())
+}
+
+/// Most repetitions of one `memcpy-bench` request.
+pub const MEMCPY_MAX_REPS: u32 = 100;
+
+/// The fair floor of the DMA engine's function-to-function copy (control request
+/// `memcpy-bench`): `len` bytes from offset 0 of `src`'s device memory to offset 0 of `dst`'s,
+/// copied in this process by the engine's own routine ([`copy_spans`]), in its chunks
+/// ([`CHUNK`]) and each chunk under the copy gate as the engine copies it; no descriptor, no
+/// route look-up, no guest. Returns the fastest of `reps` copies in seconds. Overwrites
+/// `dst`'s first `len` bytes, as a fabric copy of the same range would.
+pub fn memcpy_bench(sh: &Shared, src: u16, dst: u16, len: u64, reps: u32) -> Result<f64, String> {
+    let f = |pdfid: u16| {
+        sh.function(pdfid)
+            .ok_or_else(|| format!("no function with pdfid {pdfid:#06x}"))
+    };
+    let (s, d) = (f(src)?, f(dst)?);
+    if len == 0 {
+        return Err("bytes must be at least 1".into());
+    }
+    if len > MAX_DMA_LEN {
+        return Err(format!(
+            "bytes {len:#x} exceed the longest DMA descriptor ({MAX_DMA_LEN:#x})"
+        ));
+    }
+    check_dev_range(s, 0, len)?;
+    check_dev_range(d, 0, len)?;
+    if reps == 0 || reps > MEMCPY_MAX_REPS {
+        return Err(format!("reps {reps} is not from 1 to {MEMCPY_MAX_REPS}"));
+    }
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let t = std::time::Instant::now();
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(CHUNK) as usize;
+            let _copy = sh.enter();
+            let from = Span::Dev(s.dev_ptr(done, n)?, n);
+            let to = Span::Dev(d.dev_ptr(done, n)?, n);
+            // SAFETY: both pieces lie inside device memory (checked by dev_ptr), which
+            // lives as long as the fabric.
+            unsafe { copy_spans(&from, &to) };
+            done += n as u64;
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best)
 }
 
 /// FNV-1a 64 of `len` bytes of device memory at `off`.

@@ -2,17 +2,20 @@
 
 //! `pcifab-harness bench`: MRPC echo through pcifab and through the in-tree C driver at
 //! several firmware completion delays, payload sizes and caller counts, and bind/unbind
-//! latency through pcifab against raw hot-plug (Documentation/benchmarks.rst).
+//! latency through pcifab against raw hot-plug (Documentation/benchmarks.rst); the data of
+//! the charts `make bench` writes.
 
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::charts::{Panel, Scale, Series};
 use crate::checks::{
     back_to_pcifab, begin, check_bound_pcifab, dmesg_clean, emu_owners, ensure_pcifab, wait_for,
     GPU0, PCIFAB_KO, SWITCHTEC_KO,
 };
-use crate::fabric::{Fabric, Host};
+use crate::fabric::{EmuControl, Fabric, Host};
+use crate::scenarios::p2p::P2pRow;
 
 /// Firmware completion delays (us), payload sizes (bytes) and caller counts of the table.
 pub const DELAYS_US: [u64; 3] = [0, 20, 200];
@@ -157,6 +160,113 @@ fn sweep(f: &mut Fabric, sub: &str, d: u64) -> Result<Vec<Side>, String> {
         }
     }
     Ok(out)
+}
+
+/// 64-byte MRPC echo round trips through pcifab in `h` by one caller, after the warm-up, at
+/// whatever completion delay the emulator has.
+pub fn echo_64(h: &mut Host, count: u64) -> Result<Side, String> {
+    run_point(h, "echo", 64, 1, WARMUP)?;
+    run_point(h, "echo", 64, 1, count)
+}
+
+/// Host `host`'s MRPC completion delay (us) in the emulator now: what its `state` shows as
+/// `completion-delay <us>` among the host's faults, 0 when absent.
+pub fn completion_delay_us(emu: &EmuControl, host: &str) -> Result<u64, String> {
+    let v = emu.request("state")?;
+    completion_delay_in(&v, host)
+}
+
+fn completion_delay_in(state: &Value, host: &str) -> Result<u64, String> {
+    let h = state["host_state"]
+        .as_array()
+        .and_then(|a| a.iter().find(|h| h["name"].as_str() == Some(host)))
+        .ok_or_else(|| format!("emulator state has no host_state for {host}"))?;
+    let faults = h["faults"]
+        .as_array()
+        .ok_or_else(|| format!("emulator state: no faults of {host}: {h}"))?;
+    for f in faults.iter().filter_map(Value::as_str) {
+        if let Some(us) = f.strip_prefix("completion-delay ") {
+            return us
+                .parse()
+                .map_err(|_| format!("emulator state: {host}: bad fault {f:?}"));
+        }
+    }
+    Ok(0)
+}
+
+/// The MRPC chart: echo rate against payload size, one line per driver per completion
+/// delay, one panel per caller count.
+pub fn mrpc_panels(points: &[Point]) -> Vec<Panel> {
+    CALLERS
+        .iter()
+        .map(|&callers| {
+            let mut series = Vec::new();
+            for d in DELAYS_US {
+                for name in ["pcifab", "switchtec"] {
+                    let pts: Vec<(f64, f64)> = points
+                        .iter()
+                        .filter(|p| p.delay_us == d && p.callers == callers)
+                        .map(|p| {
+                            let side = if name == "pcifab" {
+                                p.pcifab
+                            } else {
+                                p.switchtec
+                            };
+                            (p.size as f64, side.rate)
+                        })
+                        .collect();
+                    if !pts.is_empty() {
+                        series.push(Series {
+                            name: format!("{name} {d} us"),
+                            points: pts,
+                        });
+                    }
+                }
+            }
+            Panel {
+                title: format!(
+                    "MRPC echo, {callers} caller{} (line: driver, firmware completion delay)",
+                    if callers == 1 { "" } else { "s" }
+                ),
+                x_label: "payload (bytes)".into(),
+                y_label: "round trips/s".into(),
+                x: Scale::Log2Bytes,
+                y: Scale::Log10,
+                series,
+            }
+        })
+        .collect()
+}
+
+/// The P2P chart: throughput against copy size (fabric, the emulator's memcpy, the CPU
+/// bounce), and the fabric's efficiency against the memcpy.
+pub fn p2p_panels(rows: &[P2pRow]) -> Vec<Panel> {
+    let line = |name: &str, f: fn(&P2pRow) -> f64| Series {
+        name: name.into(),
+        points: rows.iter().map(|r| (r.bytes as f64, f(r))).collect(),
+    };
+    vec![
+        Panel {
+            title: "P2P copy 0x0300:0 -> 0x0400:0, best of each".into(),
+            x_label: "copy size (bytes)".into(),
+            y_label: "MiB/s".into(),
+            x: Scale::Log2Bytes,
+            y: Scale::Log10,
+            series: vec![
+                line("fabric (DMA engine)", |r| r.fabric),
+                line("emulator memcpy", |r| r.memcpy),
+                line("CPU bounce", |r| r.bounce),
+            ],
+        },
+        Panel {
+            title: "Fabric copy efficiency against the emulator's memcpy".into(),
+            x_label: "copy size (bytes)".into(),
+            y_label: "fabric / memcpy".into(),
+            x: Scale::Log2Bytes,
+            y: Scale::Log10,
+            series: vec![line("fabric / memcpy", P2pRow::efficiency)],
+        },
+    ]
 }
 
 /// What each driver's MRPC completion path is (DMA MRPC or the mailbox).
@@ -439,5 +549,85 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn completion_delay_from_state() {
+        let state = |faults: Value| {
+            serde_json::json!({"ok": true, "host_state": [
+                {"name": "h0", "faults": faults},
+                {"name": "h1", "faults": ["completion-delay 7"]},
+            ]})
+        };
+        let v = state(serde_json::json!(["drop-irq", "completion-delay 200"]));
+        assert_eq!(completion_delay_in(&v, "h0"), Ok(200));
+        assert_eq!(completion_delay_in(&v, "h1"), Ok(7));
+        assert_eq!(
+            completion_delay_in(&state(serde_json::json!([])), "h0"),
+            Ok(0)
+        );
+        assert!(completion_delay_in(&v, "h9").is_err());
+        let bad = state(serde_json::json!(["completion-delay x"]));
+        assert!(completion_delay_in(&bad, "h0").is_err());
+    }
+
+    #[test]
+    fn chart_data() {
+        let side = |rate| Side {
+            rate,
+            p50_us: 0.0,
+            p99_us: 0.0,
+        };
+        let mut points = Vec::new();
+        for d in DELAYS_US {
+            for size in SIZES {
+                for callers in CALLERS {
+                    points.push(Point {
+                        delay_us: d,
+                        size,
+                        callers,
+                        pcifab: side(1000.0 + d as f64),
+                        switchtec: side(100.0),
+                    });
+                }
+            }
+        }
+        let m = mrpc_panels(&points);
+        assert_eq!(m.len(), CALLERS.len());
+        let names: Vec<&str> = m[0].series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "pcifab 0 us",
+                "switchtec 0 us",
+                "pcifab 20 us",
+                "switchtec 20 us",
+                "pcifab 200 us",
+                "switchtec 200 us"
+            ]
+        );
+        assert_eq!(
+            m[1].series[4].points,
+            SIZES.map(|s| (s as f64, 1200.0)).to_vec()
+        );
+        let row = |bytes: u64, fabric: f64| P2pRow {
+            bytes,
+            fabric,
+            bounce: 10.0,
+            ratio: 0.0,
+            memcpy: 2.0 * fabric,
+        };
+        let p = p2p_panels(&[row(4096, 1.0), row(16 << 20, 3000.0)]);
+        assert_eq!(p[0].series.len(), 3);
+        assert_eq!(p[0].series[1].points, [(4096.0, 2.0), (16777216.0, 6000.0)]);
+        assert_eq!(p[1].series[0].points, [(4096.0, 0.5), (16777216.0, 0.5)]);
+        // Both render.
+        let dir = std::env::temp_dir().join(format!("pcifab-bench-charts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        crate::charts::write_svg(&dir.join("mrpc.svg"), "MRPC", &m).unwrap();
+        crate::charts::write_svg(&dir.join("p2p.svg"), "P2P", &p).unwrap();
+        let svg = std::fs::read_to_string(dir.join("mrpc.svg")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(svg.contains("switchtec 200 us"));
     }
 }

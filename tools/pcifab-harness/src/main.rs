@@ -4,6 +4,7 @@
 //! See Documentation/testing.rst.
 
 mod bench;
+mod charts;
 mod checks;
 mod config;
 mod conn;
@@ -599,6 +600,14 @@ impl Run {
             "bench mrpc_echo_p99_ratio_vs_switchtec_irq {:.3}",
             head.p99_ratio()
         ));
+        // A chart that cannot be written fails the run at its end, after every figure.
+        let mut chart_errors = Vec::new();
+        self.chart(
+            "bench-mrpc-echo.svg",
+            "MRPC echo rate against payload size: pcifab vs switchtec.ko (TCG, one guest)",
+            &bench::mrpc_panels(&points),
+            &mut chart_errors,
+        );
         fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(600)));
         let r = bench::compose(fabric);
         fabric.set_deadline(None);
@@ -654,23 +663,63 @@ impl Run {
         fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
         let r = scenarios::p2p::bench_p2p(fabric);
         fabric.set_deadline(None);
-        let rows = r?;
+        let p2p = r?;
         say("# P2P copy 0x0300:0 -> 0x0400:0 in one guest, best of 3 (MiB/s): the DMA engine");
         say("# through the fabric vs a CPU bounce (read BAR2 of one, write BAR2 of the other)");
-        say("#      bytes     fabric     bounce    ratio");
-        for &(n, fab, bounce, ratio) in &rows {
+        say(&format!(
+            "# memcpy: the emulator's own copy of the same bytes from 0x0300's memory to \
+             0x0400's, best of {}; efficiency = fabric / memcpy",
+            scenarios::p2p::MEMCPY_REPS
+        ));
+        say("#      bytes     fabric     bounce    ratio     memcpy  efficiency");
+        for r in &p2p.rows {
             say(&format!(
-                "# {n:>10} {fab:>10.1} {bounce:>10.1} {ratio:>8.2}"
+                "# {:>10} {:>10.1} {:>10.1} {:>8.2} {:>10.1} {:>11.4}",
+                r.bytes,
+                r.fabric,
+                r.bounce,
+                r.ratio,
+                r.memcpy,
+                r.efficiency()
             ));
         }
-        let at16 = rows
+        let at16 = p2p
+            .rows
             .iter()
-            .find(|r| r.0 == 16 << 20)
+            .find(|r| r.bytes == 16 << 20)
             .ok_or("p2p bench: no 16 MiB row")?;
         say(&format!(
             "bench p2p_throughput_ratio_vs_bounce {:.3}",
-            at16.3
+            at16.ratio
         ));
+        say(&format!(
+            "bench p2p_efficiency_vs_memcpy {:.3}",
+            at16.efficiency()
+        ));
+        say(&format!(
+            "# {} KiB copy latency: p50 {:.1} us (p99 {:.1} us) over {} copies 0x0300:0 -> \
+             0x0400:0, one ioctl each; 64-byte MRPC echo round trip: p50 {:.0} us over {}; both \
+             in {} with the emulator's MRPC completion delay at {} us (its setting during the \
+             P2P bench)",
+            scenarios::p2p::LAT_BYTES / 1024,
+            p2p.copy_p50_us,
+            p2p.copy_p99_us,
+            p2p.copy_count,
+            p2p.echo.p50_us,
+            p2p.echo_count,
+            fabric.hosts[0].name,
+            p2p.completion_us
+        ));
+        say(&format!(
+            "bench p2p_4k_latency_in_echo_round_trips {:.3}",
+            p2p.copy_p50_us / p2p.echo.p50_us
+        ));
+        self.chart(
+            "bench-p2p-throughput.svg",
+            "P2P throughput against copy size: fabric, emulator memcpy, CPU bounce (TCG)",
+            &bench::p2p_panels(&p2p.rows),
+            &mut chart_errors,
+        );
         fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
         let r = scenarios::manager::bench_requests(fabric);
         fabric.set_deadline(None);
@@ -693,7 +742,24 @@ impl Run {
             "bench manager_request_p99_ms_from_h1 {:.1}",
             pct(0.99)
         ));
-        Ok(())
+        if chart_errors.is_empty() {
+            Ok(())
+        } else {
+            Err(chart_errors.join("\n"))
+        }
+    }
+
+    /// Writes one chart of the benchmark into the results directory and says where; a
+    /// failure is noted in `errors`.
+    fn chart(&self, file: &str, title: &str, panels: &[charts::Panel], errors: &mut Vec<String>) {
+        let path = self.opts.results.join(file);
+        match charts::write_svg(&path, title, panels) {
+            Ok(()) => say(&format!("# chart: {}", path.display())),
+            Err(e) => {
+                say(&format!("# chart not written: {e}"));
+                errors.push(e);
+            }
+        }
     }
 
     fn demo(&mut self, fabric: &mut Fabric) -> Result<(), String> {

@@ -807,6 +807,98 @@ fn pattern_and_hash() {
     }
 }
 
+/// `memcpy-bench`: the engine's copy alone, between two functions' device memories, across
+/// a chunk boundary; its answer and its refusals.
+#[test]
+fn memcpy_bench_copies_between_functions() {
+    let f = fabric();
+    let len = MIB + 13;
+    assert_eq!(
+        handle(&format!("mem-fill 0x0300 0 {len} 7"), &f),
+        "{\"ok\":true}"
+    );
+    let r = handle(&format!("memcpy-bench 0x0300 0x0400 {len} 2"), &f);
+    let v: serde_json::Value = serde_json::from_str(&r).expect(&r);
+    assert_eq!(v["ok"], true, "{r}");
+    assert_eq!(v["src"], 0x0300, "{r}");
+    assert_eq!(v["dst"], 0x0400, "{r}");
+    assert_eq!(v["bytes"], len, "{r}");
+    assert_eq!(v["reps"], 2, "{r}");
+    assert_eq!(v["chunk"], CHUNK, "{r}");
+    let secs = v["seconds"].as_f64().expect(&r);
+    let mib_s = v["mib_s"].as_f64().expect(&r);
+    assert!(secs > 0.0 && mib_s > 0.0, "{r}");
+    // The destination now holds the source's bytes, the byte after them untouched.
+    let hash = |req: &str| handle(req, &f);
+    assert_eq!(
+        hash(&format!("mem-hash 0x0400 0 {len}")),
+        hash(&format!("mem-hash 0x0300 0 {len}"))
+    );
+    let mut b = [0u8; 1];
+    f.function_dev(0x0400)
+        .expect("0x0400")
+        .dev_read(len, &mut b)
+        .expect("read");
+    assert_eq!(b, [0], "the byte after the copy");
+    // reps defaults to 3; the whole of the smaller memory may be copied, onto itself too.
+    let r = handle("memcpy-bench 0x400 0x0300 0x200000", &f);
+    assert!(r.contains("\"bytes\":2097152,\"reps\":3,"), "{r}");
+    assert!(handle("memcpy-bench 0x0300 0x0300 4096 1", &f).starts_with("{\"ok\":true,"));
+    for (bad, why) in [
+        ("memcpy-bench", "usage: memcpy-bench"),
+        ("memcpy-bench 0x0300 0x0400", "usage: memcpy-bench"),
+        ("memcpy-bench 0x0300 0x0400 1 2 3", "usage: memcpy-bench"),
+        (
+            "memcpy-bench 0x0999 0x0400 1",
+            "no function with pdfid 0x0999",
+        ),
+        (
+            "memcpy-bench 0x0300 0x0999 1",
+            "no function with pdfid 0x0999",
+        ),
+        (
+            "memcpy-bench 0x10000 0x0400 1",
+            "pdfid 0x10000 is out of range",
+        ),
+        ("memcpy-bench 0x0300 0x0400 0", "bytes must be at least 1"),
+        ("memcpy-bench 0x0300 0x0400 x", "bytes 'x' is not a number"),
+        (
+            "memcpy-bench 0x0300 0x0400 0x200001",
+            "outside the 0x200000 bytes",
+        ),
+        (
+            "memcpy-bench 0x0301 0x0400 0x100001",
+            "outside the 0x100000 bytes",
+        ),
+        (
+            "memcpy-bench 0x0300 0x0400 0x10000001",
+            "longest DMA descriptor",
+        ),
+        (
+            "memcpy-bench 0x0300 0x0400 18446744073709551615",
+            "longest DMA descriptor",
+        ),
+        (
+            "memcpy-bench 0x0300 0x0400 1 0",
+            "reps 0 is not from 1 to 100",
+        ),
+        (
+            "memcpy-bench 0x0300 0x0400 1 101",
+            "reps 101 is not from 1 to 100",
+        ),
+        (
+            "memcpy-bench 0x0300 0x0400 1 4294967296",
+            "reps 4294967296 is out of range",
+        ),
+    ] {
+        let r = handle(bad, &f);
+        assert!(
+            r.starts_with("{\"ok\":false,\"error\":") && r.contains(why),
+            "{bad}: {r}"
+        );
+    }
+}
+
 // h0 holds gpu1's PF, h1 gpu0's PF; h2 is the manager and holds nothing.
 const CFG_MGR: &str = "p2p_window_mib = 16\n\
     [policy]\nmanager = \"h2\"\n\

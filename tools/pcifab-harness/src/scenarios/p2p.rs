@@ -554,40 +554,126 @@ pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
     dmesg_clean(h1)
 }
 
-/// `make bench`: fabric-routed copies vs a CPU bounce through host memory, 4 KiB to 64 MiB.
-/// Returns (bytes, fabric MiB/s, bounce MiB/s, ratio) per size.
-pub fn bench_p2p(f: &mut Fabric) -> Result<Vec<(u64, f64, f64, f64)>, String> {
+/// One size of the P2P benchmark (MiB/s, best of each side's repetitions).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct P2pRow {
+    pub bytes: u64,
+    /// The DMA engine through the fabric, timed in the guest around the ioctl.
+    pub fabric: f64,
+    /// The guest's CPU bounce through host memory.
+    pub bounce: f64,
+    /// Bounce time / fabric time, as p2p-bench computed it.
+    pub ratio: f64,
+    /// The emulator's own copy of the same bytes between the two functions' memories.
+    pub memcpy: f64,
+}
+
+impl P2pRow {
+    /// Fabric throughput / memcpy throughput.
+    pub fn efficiency(&self) -> f64 {
+        self.fabric / self.memcpy
+    }
+}
+
+/// What `make bench` measures of P2P.
+#[derive(Clone, Debug)]
+pub struct P2pBench {
+    pub rows: Vec<P2pRow>,
+    /// Fabric copies of [`LAT_BYTES`] timed one by one: count, p50 and p99 (us).
+    pub copy_count: u64,
+    pub copy_p50_us: f64,
+    pub copy_p99_us: f64,
+    /// 64-byte MRPC echo round trips through pcifab in the same guest right after.
+    pub echo: crate::bench::Side,
+    pub echo_count: u64,
+    /// h0's MRPC completion delay (us) in the emulator during all of it.
+    pub completion_us: u64,
+}
+
+/// The copy size of the latency figure, and how many copies and echoes it times.
+pub const LAT_BYTES: u64 = 4096;
+pub const LAT_COUNT: u64 = 200;
+/// Repetitions of the emulator's memcpy per size (it answers the best).
+pub const MEMCPY_REPS: u32 = 5;
+
+/// `make bench`: fabric-routed copies vs a CPU bounce through host memory and vs the
+/// emulator's own memcpy between the same memories, 4 KiB to 64 MiB; then the latency of
+/// single 4 KiB copies against 64-byte MRPC echo round trips.
+pub fn bench_p2p(f: &mut Fabric) -> Result<P2pBench, String> {
     compose_begin(f)?;
     let e = f.expected.clone();
+    let emu = f.emu();
     let h0 = f.hosts.first_mut().ok_or("no hosts")?;
     let a = bind_here(h0, &e, GPU0)?;
     let b = bind_here(h0, &e, GPU1)?;
     route(h0, GPU0, 64 * MIB, 0, 0)?;
     route(h0, GPU1, 64 * MIB, 0, 64 * MIB)?;
+    let completion_us = crate::bench::completion_delay_us(&emu, &h0.name)?;
     let o = h0.run_ok_timeout(
         &format!(
             "pcifab-selftest p2p-bench --a {GPU0:#06x} --b {GPU1:#06x} --bar-a {a} --bar-b {b} \
-             --sizes 4K,64K,1M,4M,16M,64M"
+             --sizes 4K,64K,1M,4M,16M,64M --latency {LAT_COUNT} --latency-size {LAT_BYTES}"
         ),
         Duration::from_secs(900),
     )?;
     let mut rows = Vec::new();
-    for l in o
-        .lines()
-        .filter(|l| l.starts_with("{\"test\":\"p2p-bench\""))
-    {
+    let mut lat = None;
+    for l in o.lines().filter(|l| l.starts_with("{\"test\":\"p2p-")) {
         let v: Value =
             serde_json::from_str(l).map_err(|e| format!("bad p2p-bench line {l}: {e}"))?;
         let g = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
-        rows.push((
-            g("bytes") as u64,
-            g("fabric_mib_s"),
-            g("bounce_mib_s"),
-            g("ratio"),
-        ));
+        match v["test"].as_str() {
+            Some("p2p-bench") => rows.push(P2pRow {
+                bytes: g("bytes") as u64,
+                fabric: g("fabric_mib_s"),
+                bounce: g("bounce_mib_s"),
+                ratio: g("ratio"),
+                memcpy: f64::NAN,
+            }),
+            Some("p2p-latency") => lat = Some((g("count") as u64, g("p50_us"), g("p99_us"))),
+            _ => {}
+        }
     }
     if rows.is_empty() {
         return Err(format!("p2p-bench printed no results: {o}"));
     }
-    Ok(rows)
+    let (copy_count, copy_p50_us, copy_p99_us) =
+        lat.ok_or_else(|| format!("p2p-bench printed no p2p-latency line: {o}"))?;
+    // The floor: the same bytes between the same memories inside the emulator, while the
+    // guest is idle.
+    for r in &mut rows {
+        let v = emu.request(&format!(
+            "memcpy-bench {GPU0:#06x} {GPU1:#06x} {} {MEMCPY_REPS}",
+            r.bytes
+        ))?;
+        r.memcpy = v["mib_s"]
+            .as_f64()
+            .ok_or_else(|| format!("emulator memcpy-bench: no mib_s in {v}"))?;
+    }
+    let echo = crate::bench::echo_64(h0, LAT_COUNT)?;
+    let after = crate::bench::completion_delay_us(&emu, &h0.name)?;
+    if after != completion_us {
+        return Err(format!(
+            "{}: the emulator's completion delay changed during the P2P bench ({completion_us} \
+             us, then {after} us)",
+            h0.name
+        ));
+    }
+    h0.log_note(&format!(
+        "p2p bench: {} sizes, memcpy {:?} MiB/s; {copy_count} copies of {LAT_BYTES} bytes p50 \
+         {copy_p50_us} us; {LAT_COUNT} echoes of 64 bytes p50 {} us; completion delay \
+         {completion_us} us",
+        rows.len(),
+        rows.iter().map(|r| r.memcpy).collect::<Vec<_>>(),
+        echo.p50_us
+    ));
+    Ok(P2pBench {
+        rows,
+        copy_count,
+        copy_p50_us,
+        copy_p99_us,
+        echo,
+        echo_count: LAT_COUNT,
+        completion_us,
+    })
 }

@@ -4,11 +4,65 @@
 //! scheduler on a simulated fabric (Documentation/benchmarks.rst, "Fabric manager
 //! scheduling").
 //!
-//! `cargo run --release -p pcifab-manager --bin pcifab-manager-bench [-- --seed N]`
+//! `cargo run --release -p pcifab-manager --bin pcifab-manager-bench [-- --seed N]
+//! [--charts DIR]`; `--charts DIR` (or `PCIFAB_BENCH_CHARTS=DIR`) also writes the scaling
+//! table as the chart `DIR/bench-scheduler-scaling.svg`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use pcifab_manager::bench;
+
+// The harness's chart module, shared as a file so neither tool depends on the other; this
+// chart does not use every scale it offers.
+#[allow(dead_code)]
+#[path = "../../../pcifab-harness/src/charts.rs"]
+mod charts;
+
+/// Environment variable naming the directory for the chart when `--charts` is not given.
+const CHARTS_ENV: &str = "PCIFAB_BENCH_CHARTS";
+
+const USAGE: &str = "usage: pcifab-manager-bench [--seed N] [--charts DIR]";
+
+/// The scaling table as a chart: decisions per second, CPU time and ops per decision
+/// against the queue, one line per pool size.
+fn scaling_panels(rows: &[bench::Rate]) -> Vec<charts::Panel> {
+    let mut pools: Vec<usize> = rows.iter().map(|r| r.functions).collect();
+    pools.dedup();
+    let panel = |title: &str, y_label: &str, f: fn(&bench::Rate) -> f64| charts::Panel {
+        title: title.into(),
+        x_label: "requests queued".into(),
+        y_label: y_label.into(),
+        x: charts::Scale::Linear,
+        y: charts::Scale::Linear,
+        series: pools
+            .iter()
+            .map(|&n| charts::Series {
+                name: format!("{n} functions"),
+                points: rows
+                    .iter()
+                    .filter(|r| r.functions == n)
+                    .map(|r| (r.queued as f64, f(r)))
+                    .collect(),
+            })
+            .collect(),
+    };
+    vec![
+        panel(
+            "Scheduling decisions per second of CPU time",
+            "decisions/s",
+            |r| r.per_second,
+        ),
+        panel("CPU time per decision", "ns/decision", |r| {
+            r.ns_per_decision
+        }),
+        panel(
+            "Queue entries examined and tree operations per decision",
+            "ops/decision",
+            |r| r.ops_per_decision,
+        ),
+    ]
+}
 
 fn main() -> ExitCode {
     if std::env::args()
@@ -20,14 +74,22 @@ fn main() -> ExitCode {
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut seed = 0x5eed_u64;
+    let mut charts_dir: Option<PathBuf> = std::env::var_os(CHARTS_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let usage = || {
+        eprintln!("{USAGE}");
+        ExitCode::from(2)
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        match (a.as_str(), it.next().map(|v| v.parse::<u64>())) {
-            ("--seed", Some(Ok(v))) => seed = v,
-            _ => {
-                eprintln!("usage: pcifab-manager-bench [--seed N]");
-                return ExitCode::from(2);
-            }
+        match (a.as_str(), it.next()) {
+            ("--seed", Some(v)) => match v.parse() {
+                Ok(v) => seed = v,
+                Err(_) => return usage(),
+            },
+            ("--charts", Some(v)) if !v.is_empty() => charts_dir = Some(PathBuf::from(v)),
+            _ => return usage(),
         }
     }
 
@@ -46,6 +108,7 @@ fn main() -> ExitCode {
     );
     println!("bench schedule_decisions_per_second {:.0}", r.per_second);
     println!("bench queued  functions  decisions/s  ns/decision  ops/decision  grants/decision");
+    let mut scaling = Vec::new();
     for functions in [256, 1024, 4096] {
         for queued in [1000, 2000, 5000, 10_000] {
             let r = bench::decisions_per_second(queued, functions, 5_000, seed);
@@ -58,6 +121,7 @@ fn main() -> ExitCode {
                 r.ops_per_decision,
                 r.grants_per_decision
             );
+            scaling.push(r);
         }
     }
 
@@ -107,5 +171,60 @@ fn main() -> ExitCode {
     println!("bench pool_wait_mean_s_static {:.0}", day.wait_mean_static);
     println!("bench pool_wait_p95_s_dynamic {:.0}", day.wait_p95_dynamic);
     println!("bench pool_wait_p95_s_static {:.0}", day.wait_p95_static);
+
+    if let Some(dir) = charts_dir {
+        let path = dir.join("bench-scheduler-scaling.svg");
+        let title = format!(
+            "Scheduler scaling: 5,000 decisions per point on full hybrid pools, seed {seed:#x}"
+        );
+        if let Err(e) = std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))
+            .and_then(|()| charts::write_svg(&path, &title, &scaling_panels(&scaling)))
+        {
+            eprintln!("pcifab-manager-bench: chart not written: {e}");
+            return ExitCode::FAILURE;
+        }
+        println!("# chart: {}", path.display());
+    }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaling_chart_has_a_line_per_pool() {
+        let rate = |queued, functions, per_second| bench::Rate {
+            queued,
+            functions,
+            decisions: 5000,
+            per_second,
+            ns_per_decision: 1e9 / per_second,
+            per_wall_second: per_second,
+            grants_per_decision: 1.0,
+            preemptions_per_decision: 0.5,
+            ops_per_decision: 100.0,
+            mean_queue: queued as f64,
+        };
+        let rows = [
+            rate(1000, 256, 1e5),
+            rate(2000, 256, 2e5),
+            rate(1000, 1024, 5e4),
+            rate(2000, 1024, 4e4),
+        ];
+        let p = scaling_panels(&rows);
+        assert_eq!(p.len(), 3);
+        let names: Vec<&str> = p[0].series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["256 functions", "1024 functions"]);
+        assert_eq!(p[0].series[1].points, [(1000.0, 5e4), (2000.0, 4e4)]);
+        assert_eq!(p[1].series[0].points, [(1000.0, 1e4), (2000.0, 5e3)]);
+        let dir = std::env::temp_dir().join(format!("pcifab-mgr-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.svg");
+        charts::write_svg(&path, "scaling", &p).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(svg.contains("1024 functions") && svg.contains("ops/decision"));
+    }
 }

@@ -11,7 +11,7 @@ use pcifab_uapi::dev::{self, CopyDst, CopySrc};
 
 use super::args::Args;
 use super::mmio::map_bar;
-use super::util::{check, json_str, num, usage, Fail, Res, Rng};
+use super::util::{check, json_str, latency, num, usage, Fail, Res, Rng};
 
 pub const USAGE: &str = "\
   p2p-user --fn PDFID --off O --len N [--seed S] [--shift K] [--device PATH]
@@ -21,9 +21,12 @@ pub const USAGE: &str = "\
   bar-range --device BDF --seed S --src-off X --off Y --len N
         BAR2 bytes [Y, Y+N) must equal pattern bytes [X, X+N) of SEED
   p2p-bench --a PDFID --b PDFID --bar-a BDF --bar-b BDF [--sizes LIST] [--device PATH]
+            [--latency N [--latency-size S]]
         per size (default 4K,64K,1M,16M,64M): the fabric copy a:0 -> b:0 with the DMA
         engine against a CPU bounce through host memory (read BAR2 of a, write BAR2 of
-        b, wrapping in the BARs when the size exceeds them); best of 3 each
+        b, wrapping in the BARs when the size exceeds them); best of 3 each. With
+        --latency: then N fabric copies a:0 -> b:0 of S bytes (default 4K), one ioctl
+        each after 10 unmeasured ones, each timed: p50/p99/min/max in microseconds
 ";
 
 /// The options only these commands have.
@@ -199,6 +202,17 @@ pub fn cmd_p2p_bench(args: &[String]) -> Res<()> {
         .split(',')
         .map(|s| size("--sizes", s))
         .collect::<Res<Vec<u64>>>()?;
+    // --latency N [--latency-size S]: N single copies of S bytes after the sweep.
+    let lat = match a.get("latency") {
+        None => None,
+        Some(c) => match num("--latency", c)? {
+            0 => return Err(usage("--latency must be at least 1")),
+            c => match a.size_or("latency-size", 4096)? {
+                0 => return Err(usage("--latency-size must be at least 1")),
+                n => Some((c, n)),
+            },
+        },
+    };
     let d = a.dev()?;
     let ma = map_bar(&bar_a, 2)?;
     let mb = map_bar(&bar_b, 2)?;
@@ -239,6 +253,38 @@ pub fn cmd_p2p_bench(args: &[String]) -> Res<()> {
             mib_s(n, fabric),
             mib_s(n, bounce),
             bounce / fabric
+        );
+    }
+    if let Some((count, n)) = lat {
+        let one = || {
+            dev::p2p_copy(
+                &d,
+                CopySrc::Function { pdfid: pa, off: 0 },
+                CopyDst::Function { pdfid: pb, off: 0 },
+                n,
+                0,
+            )
+            .map_err(|e| copy_err(&format!("{pa:#06x} -> {pb:#06x}, {n} bytes"), e))
+        };
+        for _ in 0..10 {
+            one()?;
+        }
+        let mut ns = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let t = Instant::now();
+            one()?;
+            ns.push(t.elapsed().as_nanos() as u64);
+        }
+        let min = ns.iter().copied().min().unwrap_or(0);
+        let l = latency(ns);
+        let us = |v: u64| v as f64 / 1000.0;
+        println!(
+            "{{\"test\":\"p2p-latency\",\"bytes\":{n},\"count\":{count},\"p50_us\":{:.1},\
+             \"p99_us\":{:.1},\"min_us\":{:.1},\"max_us\":{:.1}}}",
+            us(l.p50),
+            us(l.p99),
+            us(min),
+            us(l.max)
         );
     }
     Ok(())
