@@ -253,11 +253,11 @@ ifeq ($(BENCH_KERNEL),debian)
 bench: module-debian switchtec-debian tools
 	$(HOST_BIN)/pcifab-harness bench $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
 		--results $(RESULTS)
-	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench
+	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
 else
 bench: kernel check-module tools
 	$(HOST_BIN)/pcifab-harness bench $(HARNESS_ARGS)
-	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench
+	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
 endif
 
 # ---- install, packages (Documentation/install.rst) ------------------------------------------
