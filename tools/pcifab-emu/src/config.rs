@@ -157,10 +157,14 @@ fn default_max_functions() -> u8 {
     DEFAULT_MAX_FUNCTIONS
 }
 
-/// Highest physical port id plus one.
-pub const MAX_PORTS: u8 = 48;
-/// Most VFs an endpoint may have (function index 1..=31 in its PDFID block).
-pub const MAX_VFS: u8 = 31;
+/// Highest physical port id plus one: the ports of a Gen4 PAX (switchtec-user's
+/// `switchtec_max_supported_ports`, as many as LNKSTAT reports), so 48 partitions leave
+/// ports 48-51 for endpoints.
+pub const MAX_PORTS: u8 = 52;
+/// Most VFs an endpoint may have: `vf_num` of the fabric database's function records is
+/// one byte. VFs 1-31 take PDFIDs in the port's block of 32, the others in a block of
+/// 256 of their own ([`crate::model::pdfid`]).
+pub const MAX_VFS: u8 = 255;
 /// Logical downstream ports per host.
 pub const LOG_PORTS: u8 = 4;
 
@@ -209,7 +213,7 @@ pub struct Endpoint {
     pub device_id: Option<u16>,
     pub vf_device_id: Option<u16>,
     pub class: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "vf_count")]
     pub vfs: u8,
     #[serde(default = "default_temp")]
     pub temp_centi: i32,
@@ -298,6 +302,16 @@ impl Endpoint {
     pub fn nvme_serial(&self) -> String {
         format!("{NVME_SERIAL_PREFIX}{}", self.name)
     }
+}
+
+/// `endpoints[].vfs`: 0 to [`MAX_VFS`], refused with the limit beyond.
+fn vf_count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u8, D::Error> {
+    let n = u64::deserialize(d)?;
+    u8::try_from(n).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "vfs = {n} is too many; an endpoint has at most {MAX_VFS} VFs"
+        ))
+    })
 }
 
 fn default_temp() -> i32 {
@@ -433,12 +447,6 @@ impl Config {
                 ));
             }
             claim(ep.port, who.clone())?;
-            if ep.vfs > MAX_VFS {
-                return Err(format!(
-                    "{who}.vfs = {} is too many; an endpoint has at most {MAX_VFS} VFs",
-                    ep.vfs
-                ));
-            }
             match ep.kind {
                 EndpointKind::Gpu => validate_gpu(ep, &who)?,
                 EndpointKind::Nvme => validate_nvme(ep, &who)?,
@@ -761,9 +769,10 @@ mod tests {
             ("vfs = 40\n", "duplicate"),
             ("[[endpoints]]\nname = \"g2\"\nport = 16\nvendor_id = 1\ndevice_id = 2\nclass = 1\n", "port 16 is already used by endpoints[0]"),
             ("[[endpoints]]\nname = \"g\"\nport = 17\nvendor_id = 1\ndevice_id = 2\nclass = 1\n", "endpoints[1].name 'g' is already used"),
-            ("[[endpoints]]\nname = \"x\"\nport = 48\nvendor_id = 1\ndevice_id = 2\nclass = 1\n", "port 48 is not a physical port"),
+            ("[[endpoints]]\nname = \"x\"\nport = 52\nvendor_id = 1\ndevice_id = 2\nclass = 1\n", "port 52 is not a physical port; use 0 to 51"),
             ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\ndevice_id = 2\nclass = 0x1000000\n", "24-bit"),
-            ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\ndevice_id = 2\nclass = 1\nvfs = 32\n", "at most 31 VFs"),
+            ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\ndevice_id = 2\nclass = 1\nvfs = 256\n", "vfs = 256 is too many; an endpoint has at most 255 VFs"),
+            ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\ndevice_id = 2\nclass = 1\nvfs = -1\n", "vfs"),
             ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\ndevice_id = 2\nclass = 1\nutilisation = 101\n", "percentage"),
             ("[[endpoints]]\nname = \"x\"\nport = 20\nvendor_id = 1\nclass = 1\n", "device_id"),
             ("dev_mem_mib = 8\n", "endpoints[0].dev_mem_mib = 8 must be at least mem_mib (16)"),
@@ -826,6 +835,32 @@ mod tests {
             .map(|i| format!("[[hosts]]\nname = \"h{i}\"\n"))
             .collect();
         assert!(Config::parse(&max).is_ok());
+    }
+
+    /// The fabric-scale benchmark's largest fabric: 48 partitions on ports 0-47 and four
+    /// SR-IOV endpoints of 255 VFs on the four ports left, 1,024 functions.
+    #[test]
+    fn largest_fabric() {
+        let mut text: String = (0..48)
+            .map(|i| format!("[[hosts]]\nname = \"h{i}\"\n"))
+            .collect();
+        for e in 0..4 {
+            text.push_str(&format!(
+                "[[endpoints]]\nname = \"gpu{e}\"\nport = {}\nvendor_id = 0x10de\n\
+                 device_id = 0x2330\nclass = 0x030200\nvfs = 255\nmem_mib = 2\nvf_mem_mib = 1\n",
+                48 + e
+            ));
+        }
+        let cfg = Config::parse(&text).expect("48 hosts, 4 x 256 functions");
+        assert_eq!(
+            cfg.endpoints
+                .iter()
+                .map(|e| e.vfs as usize + 1)
+                .sum::<usize>(),
+            1024
+        );
+        let e = err(&text.replace("port = 51", "port = 47"));
+        assert!(e.contains("port 47 is already used by hosts[47]"), "{e}");
     }
 
     #[test]

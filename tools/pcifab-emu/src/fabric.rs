@@ -178,9 +178,11 @@ impl Fabric {
     /// The image and serial number of function `pdfid` when it is an nvme function.
     /// Takes no lock: the configuration says which endpoint owns `pdfid`.
     pub fn nvme(&self, pdfid: u16) -> Option<(PathBuf, String)> {
-        let e = self.config.endpoints.iter().position(|ep| {
-            (model::pdfid(ep.port, 0)..=model::pdfid(ep.port, ep.vfs)).contains(&pdfid)
-        })?;
+        let e = self
+            .config
+            .endpoints
+            .iter()
+            .position(|ep| (0..=ep.vfs).any(|f| model::pdfid(ep.port, f) == pdfid))?;
         let image = self.images.get(e)?.clone()?;
         Some((image, self.config.endpoints[e].nvme_serial()))
     }

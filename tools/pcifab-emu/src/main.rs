@@ -144,6 +144,39 @@ fn listen(path: &Path) -> Result<UnixListener, String> {
     UnixListener::bind(path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))
 }
 
+/// Raises the soft limit of open files to `need` (at most the hard limit) when it is lower;
+/// a fabric of a thousand functions passes the usual 1024.
+fn raise_fd_limit(need: u64) -> Result<(), String> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain system call filling a local struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Ok(());
+    }
+    if lim.rlim_cur >= need {
+        return Ok(());
+    }
+    if lim.rlim_max < need {
+        return Err(format!(
+            "the fabric needs about {need} open files (a socket per host and per function) \
+             but RLIMIT_NOFILE allows at most {}; raise the hard limit (ulimit -Hn) or use \
+             fewer functions",
+            lim.rlim_max
+        ));
+    }
+    lim.rlim_cur = need;
+    // SAFETY: plain system call with a local struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(format!(
+            "cannot raise RLIMIT_NOFILE to {need}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
 fn signal_set() -> libc::sigset_t {
     // SAFETY: sigset manipulation on a local value.
     unsafe {
@@ -178,6 +211,9 @@ fn run(args: Args) -> Result<(), String> {
     }
 
     let fabric = Arc::new(Fabric::with(config, args.run_dir.clone(), &args.qmp)?);
+    // A listening socket per MEP and per function, a connection on each that is in use,
+    // the device memory and the DMA maps QEMU passes: room for all of them.
+    raise_fd_limit(2 * (fabric.meps.len() + fabric.functions.len()) as u64 + 256)?;
     fabric.start()?;
     for (i, q) in fabric.qmp.iter().enumerate() {
         if q.is_none() {

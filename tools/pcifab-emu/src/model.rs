@@ -9,9 +9,15 @@ use crate::config::{Config, Dialect, Firmware, LOG_PORTS};
 use crate::gas::{DSPS_PER_PARTITION, PFFS_PER_PARTITION};
 use std::collections::VecDeque;
 
-/// PDFID of function `f` of the endpoint on physical port `port`.
+/// PDFID of function `f` (0 the PF, i VF i) of the endpoint on physical port `port`: the
+/// PF and VFs 1-31 in the port's block of 32 from 0x0100 (up to 0x077f), VFs 32-255 in the
+/// port's block of 256 from 0x1000 (whose first 32 stay unused), so no two meet.
 pub fn pdfid(port: u8, f: u8) -> u16 {
-    0x0100 + 0x20 * u16::from(port) + u16::from(f)
+    if f < 32 {
+        0x0100 + 0x20 * u16::from(port) + u16::from(f)
+    } else {
+        0x1000 + 0x100 * u16::from(port) + u16::from(f)
+    }
 }
 
 /// Most GFMS events queued per host.
@@ -1209,6 +1215,33 @@ mod tests {
         let ports: Vec<u8> = m.ports.iter().map(|p| p.id).collect();
         assert_eq!(ports, [0, 8, 16]);
         assert_eq!(m.generation, 1);
+    }
+
+    #[test]
+    fn pdfids_of_many_vfs() {
+        assert_eq!(
+            (pdfid(16, 0), pdfid(16, 4), pdfid(16, 31)),
+            (0x0300, 0x0304, 0x031f)
+        );
+        assert_eq!((pdfid(48, 32), pdfid(51, 255)), (0x4020, 0x43ff));
+        let mut all: Vec<u16> = (0..crate::config::MAX_PORTS)
+            .flat_map(|p| (0..=crate::config::MAX_VFS).map(move |f| pdfid(p, f)))
+            .collect();
+        let n = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n, "every (port, function) has its own PDFID");
+        let cfg = "[[hosts]]\nname = \"a\"\n[[endpoints]]\nname = \"g\"\nport = 50\n\
+                   vendor_id = 1\ndevice_id = 2\nclass = 3\nvfs = 255\n";
+        let m = Model::new(&Config::parse(cfg).expect("config"));
+        assert_eq!(m.functions.len(), 256);
+        let vf40 = m
+            .functions
+            .iter()
+            .find(|f| f.vf_index == 40)
+            .expect("VF 40");
+        assert_eq!((vf40.pdfid, vf40.pf_pdfid), (0x1000 + 0x3200 + 40, 0x0740));
+        assert_eq!(m.functions[0].total_vfs, 255);
     }
 
     #[test]

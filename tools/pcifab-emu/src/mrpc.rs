@@ -721,7 +721,9 @@ impl Exec<'_> {
         let is_host = |p: &crate::model::Port| matches!(p.kind, PortKind::Host(_));
         let rc = m.port_map(is_host);
         let ep = m.port_map(|p| !is_host(p));
-        let free = ((1u64 << 48) - 1) & !(rc | ep);
+        let free = ((1u64 << crate::config::MAX_PORTS) - 1) & !(rc | ep);
+        // The PDFIDs of ports 0-47 as ever; VFs from 32 on (model::pdfid) widen the range.
+        let pdfid_end = m.functions.iter().map(|f| f.pdfid).fold(0x06ff, u16::max);
         o.u8(m.ports.len() as u8)
             .u8(m.hosts.len() as u8)
             .u16(m.endpoints.len() as u16)
@@ -729,7 +731,14 @@ impl Exec<'_> {
             .u16(0)
             .zeros(12);
         for v in [
-            0x0001, 0x0fff, 0x0800, 0x082f, 0x0900, 0x09ff, 0x0100, 0x06ff,
+            0x0001,
+            pdfid_end.max(0x0fff),
+            0x0800,
+            0x082f,
+            0x0900,
+            0x09ff,
+            0x0100,
+            pdfid_end,
         ] {
             o.u16(v);
         }
@@ -1653,6 +1662,50 @@ mod tests {
             .begin_unbind_port(Requester::Control, 0, 0)
             .expect("h0 lport 0 holds 0x0301");
         assert!(!m.unbind_request(&req[0]), "no UNBIND_REQUEST in pax");
+    }
+
+    /// 48 partitions and 1,024 functions (four endpoints of 255 VFs on ports 48-51): the
+    /// PAX_ALL dump holds every host and function and stays within what a driver reads
+    /// (pcifab's MAX_DUMP, 256 KiB), the general record counts them and widens the PDFID
+    /// range, and a VF past 31 is listed with its PDFID and VF number.
+    #[test]
+    fn pax_all_of_the_largest_fabric() {
+        let mut text: String = (0..48)
+            .map(|i| format!("[[hosts]]\nname = \"h{i}\"\n"))
+            .collect();
+        for e in 0..4 {
+            text.push_str(&format!(
+                "[[endpoints]]\nname = \"gpu{e}\"\nport = {}\nvendor_id = 0x10de\n\
+                 device_id = 0x2330\nclass = 0x030200\nvfs = 255\nmem_mib = 2\nvf_mem_mib = 1\n",
+                48 + e
+            ));
+        }
+        let mut m = Model::new(&Config::parse(&text).expect("config"));
+        let d = chunked(&mut m, DUMP_PAX_ALL, 0);
+        // General 80, HVD section 12 + 48 * 136, EP section 12 + 4 * (8 + 8 + 256 * 36).
+        assert_eq!(d.len(), 80 + 12 + 48 * 136 + 12 + 4 * (16 + 256 * 36));
+        assert!(d.len() <= 256 * 1024);
+        assert_eq!(
+            (d[12], d[13], le16(&d, 14), le16(&d, 16)),
+            (52, 48, 4, 1024)
+        );
+        assert_eq!((le16(&d, 44), le16(&d, 46)), (0x100, 0x43ff), "pdfid range");
+        assert_eq!(
+            u64::from_le_bytes(d[72..80].try_into().unwrap()),
+            0,
+            "no port free"
+        );
+        // The last endpoint's record: port header, attachment header, 256 functions.
+        let last = d.len() - (16 + 256 * 36);
+        assert_eq!((d[last], d[last + 1], le16(&d, last + 8)), (0, 51, 256));
+        let vf255 = last + 16 + 255 * 36;
+        assert_eq!((le16(&d, vf255), le16(&d, vf255 + 2)), (255, 0x43ff));
+        assert_eq!((d[vf255 + 4], d[vf255 + 5]), (FUNC_SRIOV_VF, 255));
+        let pf = last + 16;
+        assert_eq!(
+            (le16(&d, pf + 2), d[pf + 4], d[pf + 5]),
+            (0x0760, FUNC_SRIOV_PF, 255)
+        );
     }
 
     /// An nvme endpoint in the inventory: QEMU's ids and class, one BAR.
