@@ -12,6 +12,7 @@ mod fabric;
 mod initramfs;
 mod procs;
 mod qmp;
+mod scale;
 mod scenarios;
 mod splat;
 mod tls;
@@ -47,8 +48,9 @@ use fabric::{CmdLog, Fabric, TempDir};
 use procs::Children;
 
 const USAGE: &str = "\
-usage: pcifab-harness <test|demo|bench|list|selftest> --kernel BZIMAGE --module PCIFAB_KO
-         [--switchtec SWITCHTEC_KO] --guest-bin DIR --emu EMU_BIN --emu-config TOML
+usage: pcifab-harness <test|demo|bench|bench-scale|list|selftest>
+         --kernel BZIMAGE --module PCIFAB_KO [--switchtec SWITCHTEC_KO]
+         --guest-bin DIR --emu EMU_BIN --emu-config TOML
          --qemu-root TRIXIE_DIR --results DIR
          [--hosts N] [--filter SUBSTR] [--keep-going] [--debug-kernel] [--busybox PATH]
          [--no-emu] [--dialect pax|extended] [--switchtec-user PATH]
@@ -59,6 +61,9 @@ usage: pcifab-harness <test|demo|bench|list|selftest> --kernel BZIMAGE --module 
   demo        boot the fabric, load pcifab in every host, print `pcifab info`
   bench       boot h0 and h1, measure h0 alone (MRPC echo through pcifab and
               switchtec, bind/unbind, P2P), then requests made on h1 to the manager
+  bench-scale fabric scale: per size (--sizes 64,256,1024 functions) a generated
+              48-partition config (no --emu-config), h0 and h1 booted; h0's inventory
+              read, one bind event's MRPC cost, the view's memory, `pcifab list`
   list        print the scenario names and exit
   selftest    boot the fabric and check the harness and agent themselves
   summary     read DIR/summary.json of several runs, print `<dialect>: N passed, N failed`
@@ -92,6 +97,7 @@ pub enum Mode {
     Test,
     Demo,
     Bench,
+    BenchScale,
     List,
     Selftest,
 }
@@ -121,6 +127,8 @@ pub struct Opts {
     /// devices need (virtio_net always, nvme for a drive) when the kernel has them as
     /// modules.
     pub kernel_modules: Option<PathBuf>,
+    /// `--sizes N,N,...`: the function counts of `bench-scale`.
+    pub sizes: Option<String>,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -129,12 +137,13 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         Some("test") => Mode::Test,
         Some("demo") => Mode::Demo,
         Some("bench") => Mode::Bench,
+        Some("bench-scale") => Mode::BenchScale,
         Some("list") => Mode::List,
         Some("selftest") => Mode::Selftest,
         Some("-h" | "--help") | None => return Err(String::new()),
         Some(m) => {
             return Err(format!(
-                "unknown mode {m:?}: expected test, demo, bench, list or selftest"
+                "unknown mode {m:?}: expected test, demo, bench, bench-scale, list or selftest"
             ))
         }
     };
@@ -151,7 +160,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             "-h" | "--help" => return Err(String::new()),
             "--kernel" | "--module" | "--switchtec" | "--guest-bin" | "--emu" | "--emu-config"
             | "--qemu-root" | "--results" | "--hosts" | "--filter" | "--busybox" | "--dialect"
-            | "--kernel-modules" | "--switchtec-user" => {
+            | "--kernel-modules" | "--switchtec-user" | "--sizes" => {
                 let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
                 get.insert(a.trim_start_matches('-').to_string(), v.clone());
             }
@@ -164,6 +173,8 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             Some(v) => Ok(PathBuf::from(v)),
             None if mode == Mode::List => Ok(PathBuf::new()),
             None if no_emu && (k == "emu" || k == "emu-config") => Ok(PathBuf::new()),
+            // bench-scale generates its configuration per size.
+            None if mode == Mode::BenchScale && k == "emu-config" => Ok(PathBuf::new()),
             None => Err(format!("--{k} is required")),
         }
     };
@@ -214,6 +225,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         dialect,
         switchtec_user,
         kernel_modules,
+        sizes: get.remove("sizes"),
     })
 }
 
@@ -1005,6 +1017,9 @@ fn main() -> ExitCode {
             println!("{}", s.name);
         }
         return ExitCode::SUCCESS;
+    }
+    if opts.mode == Mode::BenchScale {
+        return scale::main(opts);
     }
     if let Some(f) = &opts.filter {
         let f = f.to_lowercase();
