@@ -253,10 +253,12 @@ ifeq ($(BENCH_KERNEL),debian)
 bench: module-debian switchtec-debian tools
 	$(HOST_BIN)/pcifab-harness bench $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
 		--results $(RESULTS)
+	$(HOST_BIN)/pcifab-harness bench-scale $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/scale
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
 else
 bench: kernel check-module tools
 	$(HOST_BIN)/pcifab-harness bench $(HARNESS_ARGS)
+	$(HOST_BIN)/pcifab-harness bench-scale $(TEST_KERNEL_ARGS) --results $(RESULTS)/scale
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
 endif
 

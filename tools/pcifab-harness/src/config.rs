@@ -82,8 +82,15 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// PDFID of function `f` (0 = PF, i = VF i): 0x0100 + 0x20 * port + f.
+    /// PDFID of function `f` (0 = PF), as the emulator numbers them
+    /// (Documentation/emulator.rst): `0x0100 + 0x20 * port + f` below 32, `0x1000 + 0x100 *
+    /// port + f` for VFs 32-255.
     pub fn pdfid(&self, f: u32) -> u16 {
-        (0x100 + 0x20 * self.port + f) as u16
+        if f < 32 {
+            (0x100 + 0x20 * self.port + f) as u16
+        } else {
+            (0x1000 + 0x100 * self.port + f) as u16
+        }
     }
 }
 
