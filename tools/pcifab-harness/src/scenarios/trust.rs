@@ -477,7 +477,17 @@ pub fn unload_cycles(f: &mut Fabric) -> Result<(), String> {
     })
 }
 
+/// Every fault point of a module load (`insmod`: the loader's own and probe's).
 pub fn probe_faults(f: &mut Fabric) -> Result<(), String> {
+    probe_fault_sweep(f, "load")
+}
+
+/// Every fault point of a probe through the driver's sysfs `bind` file, the module loaded.
+pub fn probe_faults_bind(f: &mut Fabric) -> Result<(), String> {
+    probe_fault_sweep(f, "bind")
+}
+
+fn probe_fault_sweep(f: &mut Fabric, attach: &'static str) -> Result<(), String> {
     f.each_host(|h, _| {
         begin(h)?;
         let t = Instant::now();
@@ -494,7 +504,8 @@ pub fn probe_faults(f: &mut Fabric) -> Result<(), String> {
             let to = from + FAULT_BATCH - 1;
             let o = h.run_timeout(
                 &format!(
-                    "pcifab-selftest probe-faults --module {PCIFAB_KO} --from {from} --to {to}"
+                    "pcifab-selftest probe-faults --module {PCIFAB_KO} --attach {attach} \
+                     --from {from} --to {to}"
                 ),
                 Duration::from_secs(900),
             )?;
@@ -531,8 +542,8 @@ pub fn probe_faults(f: &mut Fabric) -> Result<(), String> {
         ));
         let last = r?;
         crate::say(&format!(
-            "# {}: {} fault points in {:.0} s: {} failed loads, {} failed probes, {} \
-             tolerated; fail-nth {last} loads and binds",
+            "# {} ({attach}): {} fault points in {:.0} s: {} failed steps, {} failed probes, \
+             {} tolerated; fail-nth {last} loads and binds",
             h.name,
             last - 1,
             t.elapsed().as_secs_f64(),

@@ -31,7 +31,12 @@ pub const SPLAT_MARKS: &[&str] = &[
     "list_add corruption",
     "list_del corruption",
     "Kernel panic",
-    "kmemleak",
+    // kmemleak's leak reports, and kmemleak switching itself off (which would blind the
+    // run's leak scans). Not its "Cannot allocate a scan area" warning: under injected
+    // allocation failures it scans the whole object instead, and still finds every leak.
+    "new suspected memory leak",
+    "memory leak detector disabled",
+    "Cannot allocate a kmemleak_object",
     "stack-protector",
     "double free",
     "use-after-free",
@@ -163,5 +168,12 @@ mod tests {
         assert!(!is_splat("pcifab: warning about nothing"));
         assert!(!is_splat("Call Trace:"));
         assert!(!is_splat("insmod: vmalloc error: size 4096, page order 0"));
+        assert!(is_splat(
+            "kmemleak: 2 new suspected memory leaks (see /sys/kernel/debug/kmemleak)"
+        ));
+        assert!(is_splat("kmemleak: Kernel memory leak detector disabled"));
+        assert!(!is_splat(
+            "kmemleak: Cannot allocate a scan area, scanning the full object"
+        ));
     }
 }
