@@ -15,7 +15,6 @@ use crate::checks::{
     GPU0, PCIFAB_KO, SWITCHTEC_KO,
 };
 use crate::fabric::{EmuControl, Fabric, Host};
-use crate::scenarios::p2p::P2pRow;
 
 /// Firmware completion delays (us), payload sizes (bytes) and caller counts of the table.
 pub const DELAYS_US: [u64; 3] = [0, 20, 200];
@@ -236,6 +235,27 @@ pub fn mrpc_panels(points: &[Point]) -> Vec<Panel> {
             }
         })
         .collect()
+}
+
+/// One size of the P2P benchmark (MiB/s, best of each side's repetitions).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct P2pRow {
+    pub bytes: u64,
+    /// The DMA engine through the fabric, timed in the guest around the ioctl.
+    pub fabric: f64,
+    /// The guest's CPU bounce through host memory.
+    pub bounce: f64,
+    /// Bounce time / fabric time, as p2p-bench computed it.
+    pub ratio: f64,
+    /// The emulator's own copy of the same bytes between the two functions' memories.
+    pub memcpy: f64,
+}
+
+impl P2pRow {
+    /// Fabric throughput / memcpy throughput.
+    pub fn efficiency(&self) -> f64 {
+        self.fabric / self.memcpy
+    }
 }
 
 /// The P2P chart: throughput against copy size (fabric, the emulator's memcpy, the CPU

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::bench::P2pRow;
 use crate::checks::{
     bind_here, check_invariants, compose_begin, dmesg_clean, expect_eq, find_mep, json_line,
     pcifab_cmd, pcifab_ok, refused_without_extensions, selftest_json, two_hosts, Checks, GPU0, MIB,
@@ -552,27 +553,6 @@ pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
     check_invariants(&emu, "P2P races")?;
     dmesg_clean(h0)?;
     dmesg_clean(h1)
-}
-
-/// One size of the P2P benchmark (MiB/s, best of each side's repetitions).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct P2pRow {
-    pub bytes: u64,
-    /// The DMA engine through the fabric, timed in the guest around the ioctl.
-    pub fabric: f64,
-    /// The guest's CPU bounce through host memory.
-    pub bounce: f64,
-    /// Bounce time / fabric time, as p2p-bench computed it.
-    pub ratio: f64,
-    /// The emulator's own copy of the same bytes between the two functions' memories.
-    pub memcpy: f64,
-}
-
-impl P2pRow {
-    /// Fabric throughput / memcpy throughput.
-    pub fn efficiency(&self) -> f64 {
-        self.fabric / self.memcpy
-    }
 }
 
 /// What `make bench` measures of P2P.
