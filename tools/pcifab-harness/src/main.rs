@@ -26,6 +26,9 @@ fn filter_matches(filter: &str, name: &str) -> bool {
         .any(|alt| !alt.is_empty() && name.contains(alt))
 }
 
+/// The parts of `bench`, in the order they run; `--filter` picks some of them.
+const BENCH_PARTS: [&str; 4] = ["mrpc", "compose", "p2p", "manager"];
+
 /// `--soak`: the trust scenarios at the full counts (`make soak`), not the shorter ones of
 /// `make test` (Documentation/testing-trust.rst).
 static SOAK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -79,7 +82,8 @@ usage: pcifab-harness <test|demo|bench|bench-scale|list|selftest>
               pcifab-selftest); every file in it goes to the guest's /bin
   --hosts N   boot the first N hosts of the config (default: all)
   --filter S  run only scenarios whose name contains S (case-insensitive); S may list
-              alternatives separated by '|'
+              alternatives separated by '|'. With bench: only the parts it names
+              (mrpc, compose, p2p, manager)
   --keep-going  run every scenario even after a failure (default: stop)
   --debug-kernel  the kernel is the sanitizer (debug) kernel: require its checks
               (KASAN, lockdep, kmemleak, ...) in every guest, give the guests 1 GiB
@@ -559,201 +563,215 @@ impl Run {
         if let Some(h1) = fabric.hosts.get_mut(1) {
             h1.kill_qemu()?;
         }
-        fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(1800)));
-        let r = bench::mrpc(fabric);
-        fabric.set_deadline(None);
-        let (points, paths) = r?;
-        say(&format!(
-            "# MRPC echo, one guest (TCG): {} round trips per point after a warm-up, pcifab's \
-             ioctl vs switchtec.ko's /dev/switchtec0; the emulated firmware completes each \
-             command <delay> us after the command-register write",
-            bench::POINT_COUNT
-        ));
-        say(&format!(
-            "# completion path: pcifab {}; switchtec {}",
-            paths.pcifab, paths.switchtec
-        ));
-        say("# delay_us  bytes  callers | pcifab rate/s  p50_us  p99_us | switchtec rate/s  p50_us  p99_us | rate_ratio  p99_ratio  verdict");
-        let mut missed = 0;
-        for p in &points {
-            let verdict = if p.meets_goal() { "ok" } else { "MISSED" };
-            if !p.meets_goal() {
-                missed += 1;
-            }
-            say(&format!(
-                "bench mrpc {:>5} {:>6} {:>3} | {:>9.1} {:>7.0} {:>7.0} | {:>9.1} {:>7.0} {:>7.0} | {:>6.3} {:>6.3} {verdict}",
-                p.delay_us,
-                p.size,
-                p.callers,
-                p.pcifab.rate,
-                p.pcifab.p50_us,
-                p.pcifab.p99_us,
-                p.switchtec.rate,
-                p.switchtec.p50_us,
-                p.switchtec.p99_us,
-                p.rate_ratio(),
-                p.p99_ratio()
-            ));
-        }
-        say(&format!(
-            "bench mrpc_points_meeting_goal {} of {}",
-            points.len() - missed,
-            points.len()
-        ));
-        let head = points
-            .iter()
-            .find(|p| p.delay_us == 20 && p.size == 64 && p.callers == 1)
-            .ok_or("MRPC bench: no 20 us, 64 B, 1 caller point")?;
-        say(&format!(
-            "bench mrpc_echo_ratio_vs_switchtec_irq {:.3}",
-            head.rate_ratio()
-        ));
-        say(&format!(
-            "bench mrpc_echo_p99_ratio_vs_switchtec_irq {:.3}",
-            head.p99_ratio()
-        ));
         // A chart that cannot be written fails the run at its end, after every figure.
         let mut chart_errors = Vec::new();
-        self.chart(
-            "bench-mrpc-echo.svg",
-            "MRPC echo rate against payload size: pcifab vs switchtec.ko (TCG, one guest)",
-            &bench::mrpc_panels(&points),
-            &mut chart_errors,
-        );
-        fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(600)));
-        let r = bench::compose(fabric);
-        fabric.set_deadline(None);
-        let c = r?;
-        let m = bench::median;
-        let fmt = |v: &[f64]| {
-            v.iter()
-                .map(|x| format!("{x:.0}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
-        say(&format!(
-            "# {} binds and unbinds of 0x0300 on logical port 1, through pcifab and raw (ms, \
-             median of: pcifab bind {}; of it the bind command {}, {} ms after pcifab's \
-             power-off of the slot; raw device_add {}; pcifab unbind {}; raw sysfs power-off + \
-             device_del {})",
-            bench::COMPOSE_N,
-            fmt(&c.bind_ms),
-            fmt(&c.bind_cmd_ms),
-            fmt(&c.since_poweroff_ms),
-            fmt(&c.raw_add_ms),
-            fmt(&c.unbind_ms),
-            fmt(&c.raw_del_ms)
-        ));
-        say(&format!(
-            "bench bind_latency_ms_pcifab {:.0}",
-            m(&c.bind_ms)
-        ));
-        say(&format!(
-            "bench bind_latency_ms_raw_hotplug {:.0}",
-            m(&c.raw_add_ms)
-        ));
-        say(&format!(
-            "bench unbind_latency_ms_pcifab {:.0}",
-            m(&c.unbind_ms)
-        ));
-        say(&format!(
-            "bench unbind_latency_ms_raw_poweroff {:.0}",
-            m(&c.raw_del_ms)
-        ));
-        say(&format!(
-            "bench bind_latency_ratio_vs_raw_hotplug {:.3}",
-            m(&c.bind_ms) / m(&c.raw_add_ms)
-        ));
-        say(&format!(
-            "bench unbind_latency_ratio_vs_raw_poweroff {:.3}",
-            m(&c.unbind_ms) / m(&c.raw_del_ms)
-        ));
-        // The P2P set-up unbinds every host's functions first: h1 runs again (idle) from here.
-        if fabric.hosts.len() > 1 {
-            scenarios::manager::start_again(fabric, 1)?;
-        }
-        fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
-        let r = scenarios::p2p::bench_p2p(fabric);
-        fabric.set_deadline(None);
-        let p2p = r?;
-        say("# P2P copy 0x0300:0 -> 0x0400:0 in one guest, best of 3 (MiB/s): the DMA engine");
-        say("# through the fabric vs a CPU bounce (read BAR2 of one, write BAR2 of the other)");
-        say(&format!(
-            "# memcpy: the emulator's own copy of the same bytes from 0x0300's memory to \
-             0x0400's, best of {}; efficiency = fabric / memcpy",
-            scenarios::p2p::MEMCPY_REPS
-        ));
-        say("#      bytes     fabric     bounce    ratio     memcpy  efficiency");
-        for r in &p2p.rows {
+        let filter = self.opts.filter.as_deref().map(str::to_lowercase);
+        let want = |part: &str| filter.as_deref().is_none_or(|f| filter_matches(f, part));
+        if want("mrpc") {
+            fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(1800)));
+            let r = bench::mrpc(fabric);
+            fabric.set_deadline(None);
+            let (points, paths) = r?;
             say(&format!(
-                "# {:>10} {:>10.1} {:>10.1} {:>8.2} {:>10.1} {:>11.4}",
-                r.bytes,
-                r.fabric,
-                r.bounce,
-                r.ratio,
-                r.memcpy,
-                r.efficiency()
+                "# MRPC echo, one guest (TCG): {} round trips per point after a warm-up, pcifab's \
+                 ioctl vs switchtec.ko's /dev/switchtec0; the emulated firmware completes each \
+                 command <delay> us after the command-register write",
+                bench::POINT_COUNT
+            ));
+            say(&format!(
+                "# completion path: pcifab {}; switchtec {}",
+                paths.pcifab, paths.switchtec
+            ));
+            say("# delay_us  bytes  callers | pcifab rate/s  p50_us  p99_us | switchtec rate/s  p50_us  p99_us | rate_ratio  p99_ratio  verdict");
+            let mut missed = 0;
+            for p in &points {
+                let verdict = if p.meets_goal() { "ok" } else { "MISSED" };
+                if !p.meets_goal() {
+                    missed += 1;
+                }
+                say(&format!(
+                    "bench mrpc {:>5} {:>6} {:>3} | {:>9.1} {:>7.0} {:>7.0} | {:>9.1} {:>7.0} {:>7.0} | {:>6.3} {:>6.3} {verdict}",
+                    p.delay_us,
+                    p.size,
+                    p.callers,
+                    p.pcifab.rate,
+                    p.pcifab.p50_us,
+                    p.pcifab.p99_us,
+                    p.switchtec.rate,
+                    p.switchtec.p50_us,
+                    p.switchtec.p99_us,
+                    p.rate_ratio(),
+                    p.p99_ratio()
+                ));
+            }
+            say(&format!(
+                "bench mrpc_points_meeting_goal {} of {}",
+                points.len() - missed,
+                points.len()
+            ));
+            let head = points
+                .iter()
+                .find(|p| p.delay_us == 20 && p.size == 64 && p.callers == 1)
+                .ok_or("MRPC bench: no 20 us, 64 B, 1 caller point")?;
+            say(&format!(
+                "bench mrpc_echo_ratio_vs_switchtec_irq {:.3}",
+                head.rate_ratio()
+            ));
+            say(&format!(
+                "bench mrpc_echo_p99_ratio_vs_switchtec_irq {:.3}",
+                head.p99_ratio()
+            ));
+            self.chart(
+                "bench-mrpc-echo.svg",
+                "MRPC echo rate against payload size: pcifab vs switchtec.ko (TCG, one guest)",
+                &bench::mrpc_panels(&points),
+                &mut chart_errors,
+            );
+        }
+        if want("compose") {
+            fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(600)));
+            let r = bench::compose(fabric);
+            fabric.set_deadline(None);
+            let c = r?;
+            let m = bench::median;
+            let fmt = |v: &[f64]| {
+                v.iter()
+                    .map(|x| format!("{x:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            say(&format!(
+                "# {} binds and unbinds of 0x0300 on logical port 1, through pcifab and raw (ms, \
+                 median of: pcifab bind {}; of it the bind command {}, {} ms after pcifab's \
+                 power-off of the slot; raw device_add {}; pcifab unbind {}; raw sysfs power-off + \
+                 device_del {})",
+                bench::COMPOSE_N,
+                fmt(&c.bind_ms),
+                fmt(&c.bind_cmd_ms),
+                fmt(&c.since_poweroff_ms),
+                fmt(&c.raw_add_ms),
+                fmt(&c.unbind_ms),
+                fmt(&c.raw_del_ms)
+            ));
+            say(&format!(
+                "bench bind_latency_ms_pcifab {:.0}",
+                m(&c.bind_ms)
+            ));
+            say(&format!(
+                "bench bind_latency_ms_raw_hotplug {:.0}",
+                m(&c.raw_add_ms)
+            ));
+            say(&format!(
+                "bench unbind_latency_ms_pcifab {:.0}",
+                m(&c.unbind_ms)
+            ));
+            say(&format!(
+                "bench unbind_latency_ms_raw_poweroff {:.0}",
+                m(&c.raw_del_ms)
+            ));
+            say(&format!(
+                "bench bind_latency_ratio_vs_raw_hotplug {:.3}",
+                m(&c.bind_ms) / m(&c.raw_add_ms)
+            ));
+            say(&format!(
+                "bench unbind_latency_ratio_vs_raw_poweroff {:.3}",
+                m(&c.unbind_ms) / m(&c.raw_del_ms)
             ));
         }
-        let at16 = p2p
-            .rows
-            .iter()
-            .find(|r| r.bytes == 16 << 20)
-            .ok_or("p2p bench: no 16 MiB row")?;
-        say(&format!(
-            "bench p2p_throughput_ratio_vs_bounce {:.3}",
-            at16.ratio
-        ));
-        say(&format!(
-            "bench p2p_efficiency_vs_memcpy {:.3}",
-            at16.efficiency()
-        ));
-        say(&format!(
-            "# {} KiB copy latency: p50 {:.1} us (p99 {:.1} us) over {} copies 0x0300:0 -> \
-             0x0400:0, one ioctl each; 64-byte MRPC echo round trip: p50 {:.0} us over {}; both \
-             in {} with the emulator's MRPC completion delay at {} us (its setting during the \
-             P2P bench)",
-            scenarios::p2p::LAT_BYTES / 1024,
-            p2p.copy_p50_us,
-            p2p.copy_p99_us,
-            p2p.copy_count,
-            p2p.echo.p50_us,
-            p2p.echo_count,
-            fabric.hosts[0].name,
-            p2p.completion_us
-        ));
-        say(&format!(
-            "bench p2p_4k_latency_in_echo_round_trips {:.3}",
-            p2p.copy_p50_us / p2p.echo.p50_us
-        ));
-        self.chart(
-            "bench-p2p-throughput.svg",
-            "P2P throughput against copy size: fabric, emulator memcpy, CPU bounce (TCG)",
-            &bench::p2p_panels(&p2p.rows),
-            &mut chart_errors,
-        );
-        fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
-        let r = scenarios::manager::bench_requests(fabric);
-        fabric.set_deadline(None);
-        let mut t = r?;
-        t.sort_by(f64::total_cmp);
-        let pct = |q: f64| t[((t.len() - 1) as f64 * q).round() as usize];
-        say(&format!(
-            "# {} GPU requests made on h1 with pcifab --manager over the management network \
-             (TLS 1.3, client certificate), command start to exit with the grant, ms: min \
-             {:.1}, max {:.1}",
-            t.len(),
-            t[0],
-            t[t.len() - 1]
-        ));
-        say(&format!(
-            "bench manager_request_p50_ms_from_h1 {:.1}",
-            pct(0.5)
-        ));
-        say(&format!(
-            "bench manager_request_p99_ms_from_h1 {:.1}",
-            pct(0.99)
-        ));
+        if want("p2p") {
+            // The P2P set-up unbinds every host's functions first: h1 runs again (idle) from here.
+            if fabric.hosts.len() > 1 {
+                scenarios::manager::start_again(fabric, 1)?;
+            }
+            fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
+            let r = scenarios::p2p::bench_p2p(fabric);
+            fabric.set_deadline(None);
+            let p2p = r?;
+            say("# P2P copy 0x0300:0 -> 0x0400:0 in one guest, best of 3 (MiB/s): the DMA engine");
+            say("# through the fabric vs a CPU bounce (read BAR2 of one, write BAR2 of the other)");
+            say(&format!(
+                "# memcpy: the emulator's own copy of the same bytes from 0x0300's memory to \
+                 0x0400's, best of {}; efficiency = fabric / memcpy",
+                scenarios::p2p::MEMCPY_REPS
+            ));
+            say("#      bytes     fabric     bounce    ratio     memcpy  efficiency");
+            for r in &p2p.rows {
+                say(&format!(
+                    "# {:>10} {:>10.1} {:>10.1} {:>8.2} {:>10.1} {:>11.4}",
+                    r.bytes,
+                    r.fabric,
+                    r.bounce,
+                    r.ratio,
+                    r.memcpy,
+                    r.efficiency()
+                ));
+            }
+            let at16 = p2p
+                .rows
+                .iter()
+                .find(|r| r.bytes == 16 << 20)
+                .ok_or("p2p bench: no 16 MiB row")?;
+            say(&format!(
+                "bench p2p_throughput_ratio_vs_bounce {:.3}",
+                at16.ratio
+            ));
+            say(&format!(
+                "bench p2p_efficiency_vs_memcpy {:.3}",
+                at16.efficiency()
+            ));
+            say(&format!(
+                "# {} KiB copy latency: p50 {:.1} us (p99 {:.1} us) over {} copies 0x0300:0 -> \
+                 0x0400:0, one ioctl each; 64-byte MRPC echo round trip: p50 {:.0} us over {}; both \
+                 in {} with the emulator's MRPC completion delay at {} us (its setting during the \
+                 P2P bench)",
+                scenarios::p2p::LAT_BYTES / 1024,
+                p2p.copy_p50_us,
+                p2p.copy_p99_us,
+                p2p.copy_count,
+                p2p.echo.p50_us,
+                p2p.echo_count,
+                fabric.hosts[0].name,
+                p2p.completion_us
+            ));
+            say(&format!(
+                "bench p2p_4k_latency_in_echo_round_trips {:.3}",
+                p2p.copy_p50_us / p2p.echo.p50_us
+            ));
+            self.chart(
+                "bench-p2p-throughput.svg",
+                "P2P throughput against copy size: fabric, emulator memcpy, CPU bounce (TCG)",
+                &bench::p2p_panels(&p2p.rows),
+                &mut chart_errors,
+            );
+        }
+        if want("manager") {
+            // The requests come from h1 (nothing to do if the P2P part started it already).
+            if fabric.hosts.len() > 1 {
+                scenarios::manager::start_again(fabric, 1)?;
+            }
+            fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
+            let r = scenarios::manager::bench_requests(fabric);
+            fabric.set_deadline(None);
+            let mut t = r?;
+            t.sort_by(f64::total_cmp);
+            let pct = |q: f64| t[((t.len() - 1) as f64 * q).round() as usize];
+            say(&format!(
+                "# {} GPU requests made on h1 with pcifab --manager over the management network \
+                 (TLS 1.3, client certificate), command start to exit with the grant, ms: min \
+                 {:.1}, max {:.1}",
+                t.len(),
+                t[0],
+                t[t.len() - 1]
+            ));
+            say(&format!(
+                "bench manager_request_p50_ms_from_h1 {:.1}",
+                pct(0.5)
+            ));
+            say(&format!(
+                "bench manager_request_p99_ms_from_h1 {:.1}",
+                pct(0.99)
+            ));
+        }
         if chart_errors.is_empty() {
             Ok(())
         } else {
@@ -1023,7 +1041,16 @@ fn main() -> ExitCode {
     }
     if let Some(f) = &opts.filter {
         let f = f.to_lowercase();
-        if !scenarios::all()
+        if opts.mode == Mode::Bench {
+            if !BENCH_PARTS.iter().any(|p| filter_matches(&f, p)) {
+                eprintln!(
+                    "pcifab-harness: --filter {f:?} matches no part of the benchmark; the \
+                     parts are {}",
+                    BENCH_PARTS.join(", ")
+                );
+                return ExitCode::from(2);
+            }
+        } else if !scenarios::all()
             .iter()
             .chain(scenarios::selftest().iter())
             .any(|s| filter_matches(&f, s.name))
