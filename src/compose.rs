@@ -30,7 +30,7 @@ use crate::{
             ERR_BIND_IN_PROGRESS, ERR_LOGC_PORT_ARDY_BIND, ERR_LOGC_PORT_NOT_BIND_PHYC_PORT,
             EXT_HOTPLUG_FAILED, EXT_UNBIND_TIMEOUT,
         },
-        event, ext,
+        ext,
     },
     hotplug::{self, LOG_PORTS},
     kext::slot::Sysfs,
@@ -39,8 +39,6 @@ use crate::{
 
 pub(crate) use crate::fw::Failure;
 
-/// Fabric-event batches read per work run, at most.
-const EVENT_BATCHES: usize = 16;
 /// Default bound on a whole bind or unbind, firmware and enumeration included.
 pub(crate) const DEFAULT_TIMEOUT_MS: u32 = 30_000;
 /// Enumeration poll interval, and how often a waiter looks again.
@@ -681,37 +679,25 @@ impl Mep {
         if self.compose.check_alive().is_err() {
             return;
         }
-        let handshake = self.features().has(ext::UNBIND_REQUEST_EVENT);
+        // Bindings go to the view; unbind requests come back here, also those a reader of
+        // the view read from the queue first.
+        self.fabric.drain(self, false);
+        let requests = self.fabric.take_requests();
+        if !self.features().has(ext::UNBIND_REQUEST_EVENT) {
+            return;
+        }
         // This host's bindings as the firmware has them now: a request for a function that
         // is no longer at its port is stale (the port may hold a new function).
         let mut mine = None;
-        for _ in 0..EVENT_BATCHES {
-            let Ok(batch) = event::read(self) else {
-                return;
-            };
-            if batch.overflow {
-                dev_warn!(self.pdev, "the firmware dropped fabric events\n");
-                self.fabric.invalidate();
-            }
-            for e in batch.events.iter() {
-                if e.code != event::UNBIND_REQUEST || !handshake {
-                    continue;
-                }
-                let Some((usp, port, pdfid)) = e.binding else {
-                    continue;
+        for &(usp, port, pdfid) in requests.iter() {
+            if mine.is_none() {
+                let Ok(h) = hvd(self, self.partition as u8) else {
+                    return;
                 };
-                if mine.is_none() {
-                    let Ok(h) = hvd(self, self.partition as u8) else {
-                        return;
-                    };
-                    mine = Some(h);
-                }
-                if let Some(m) = mine.as_ref().filter(|m| m.usp_port == usp) {
-                    self.unbind_requested(m, port, pdfid);
-                }
+                mine = Some(h);
             }
-            if !batch.more {
-                return;
+            if let Some(m) = mine.as_ref().filter(|m| m.usp_port == usp) {
+                self.unbind_requested(m, port, pdfid);
             }
         }
     }

@@ -19,7 +19,7 @@ use kernel::{
     workqueue::{impl_has_work, WorkItem},
 };
 
-use crate::{kext, regs, Bar0, Mep};
+use crate::{fabric::Fabric, headers::local_pffs, kext, regs, Bar0, Mep};
 
 /// Event counters since probe.
 #[derive(Clone, Copy, Default)]
@@ -128,26 +128,12 @@ struct Found {
     gfms: u64,
 }
 
-/// The PFF instances of the partition's ports pcifab watches: upstream first.
-fn local_pffs(bar: &Bar0<'_>, partition: usize) -> Result<[u32; 1 + regs::DSP_PORTS]> {
-    let mut pffs = [u32::MAX; 1 + regs::DSP_PORTS];
-    pffs[0] = bar
-        .read(regs::PART_USP_PFF::try_at(partition).ok_or(EINVAL)?)
-        .pff()
-        .into();
-    for (i, pff) in pffs[1..].iter_mut().enumerate() {
-        let loc = regs::PART_DSP_PFF::try_at(regs::dsp_pff_index(partition, i)).ok_or(EINVAL)?;
-        *pff = bar.read(loc).pff().into();
-    }
-    Ok(pffs)
-}
-
 /// Reads every enabled event header and clears those whose event occurred.
 ///
 /// Writing a header back clears "occurred" and keeps its interrupt enabled.
-/// Calls `invalidate` (marks the fabric view stale) before a fabric or link event is cleared,
-/// so that a reader of the view sees either the event still pending ([`pending`]) or the mark.
-fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, invalidate: impl Fn()) -> Result<Found> {
+/// Tells the fabric view before a fabric or link event is cleared, so that a reader of the
+/// view sees either the event still pending ([`pending`]) or the mark.
+fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, fabric: &Fabric) -> Result<Found> {
     let mut found = Found::default();
 
     let mrpc_loc = || regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL);
@@ -168,7 +154,7 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, invalidate: impl Fn()) -> R
 
     let hdr = bar.read(regs::SW_GFMS_EVENT_HDR);
     if hdr.occurred() {
-        invalidate();
+        fabric.events_signalled();
         bar.write_reg(hdr);
         found.gfms += 1;
     }
@@ -180,7 +166,7 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, invalidate: impl Fn()) -> R
         };
         let hdr = bar.read(at);
         if hdr.occurred() {
-            invalidate();
+            fabric.invalidate();
             if let Some(at) = loc() {
                 bar.write(at, hdr);
             }
@@ -188,24 +174,6 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, invalidate: impl Fn()) -> R
         }
     }
     Ok(found)
-}
-
-/// Whether a fabric or link event occurred that the interrupt has not cleared yet.
-pub(crate) fn pending(mep: &Mep) -> Result<bool> {
-    let partition = mep.partition;
-    mep.with_bar(|bar| -> Result<bool> {
-        if bar.read(regs::SW_GFMS_EVENT_HDR).occurred() {
-            return Ok(true);
-        }
-        for pff in local_pffs(bar, partition)? {
-            if let Some(at) = regs::PFF_LINK_STATE_HDR::try_at(pff as usize) {
-                if bar.read(at).occurred() {
-                    return Ok(true);
-                }
-            }
-        }
-        Ok(false)
-    })?
 }
 
 /// Enables (or disables) the interrupts of every event pcifab handles, clearing stale ones.
@@ -255,11 +223,10 @@ impl irq::Handler for Handler {
     fn handle(&self) -> IrqReturn {
         let mep = &self.mep;
         let p2p = mep.p2p.window_size() != 0;
-        let found =
-            match mep.with_bar(|bar| scan(bar, mep.partition, p2p, || mep.fabric.invalidate())) {
-                Ok(Ok(found)) => found,
-                _ => return IrqReturn::None,
-            };
+        let found = match mep.with_bar(|bar| scan(bar, mep.partition, p2p, &mep.fabric)) {
+            Ok(Ok(found)) => found,
+            _ => return IrqReturn::None,
+        };
         let other = found.link.saturating_add(found.gfms);
         if let Some(ev) = found.p2p {
             mep.p2p.on_events(ev);
@@ -284,7 +251,6 @@ impl irq::Handler for Handler {
             mep.mrpc.complete();
         }
         if other != 0 {
-            mep.fabric.invalidate();
             mep.events.changed.notify_all();
             crate::fnsysfs::queue(mep);
         }

@@ -5,11 +5,19 @@
 //!
 //! It is read with PAX commands only: the topology dump ([`fw::topo`]) for the ports and the
 //! fabric database ([`fw::gfms`], PAX_ALL) for the hosts and every endpoint's functions. The
-//! view is cached and read again when a fabric or link event arrived, when one is pending in
-//! the event registers, when this host changed a binding, or when it is older than
+//! view is cached and read again when a link event arrived, when this host changed a binding,
+//! when a fabric event came that its data cannot describe, or when the view is older than
 //! [`MAX_AGE`] (a change the firmware signals to no host of ours, such as another host's
-//! link, is seen within that time). Every length the firmware
-//! reports is checked; a reply that does not add up is `EIO`, never an out-of-bounds access.
+//! link, is seen within that time). Every length the firmware reports is checked; a reply that
+//! does not add up is `EIO`, never an out-of-bounds access.
+//!
+//! A binding made or undone anywhere in the fabric costs a constant number of commands, not a
+//! read of the whole fabric: the firmware's BIND and UNBIND events name the function, the
+//! host's upstream port and the logical port, and the next reader of the view (or the
+//! fabric-event work, whichever comes first) reads the event queue ([`Fabric::drain`]) and
+//! applies them to the cached view. Anything the events cannot describe (another event code,
+//! a function or host the view does not know, a dropped event, a failed read of the queue)
+//! makes the view stale instead.
 
 use kernel::{
     new_mutex,
@@ -22,10 +30,17 @@ use kernel::{
 
 use kernel::time::{Delta, Instant, Monotonic};
 
-use crate::{fw, uapi, Mep};
+use crate::{fw, fw::event, uapi, Mep};
 
 /// The oldest view served without reading the fabric again.
 const MAX_AGE: Delta = Delta::from_millis(1_000);
+/// Event-queue reads one drain makes at most (32 events each).
+const DRAIN_BATCHES: usize = 16;
+/// Binding changes kept for the view at most; past that the view is read again.
+const MAX_CHANGES: usize = 512;
+/// Unbind requests kept for the fabric-event work at most; the firmware sends one per
+/// function it takes from this host, so more than that is a firmware that floods.
+const MAX_REQUESTS: usize = 256;
 
 /// One physical port.
 #[derive(Clone, Copy, Default)]
@@ -67,6 +82,55 @@ pub(crate) struct Host {
     pub(crate) usp_port: u8,
 }
 
+/// A function bound or unbound somewhere in the fabric, as a BIND or UNBIND event says.
+#[derive(Clone, Copy)]
+struct Change {
+    pdfid: u16,
+    /// `(host's upstream port, logical port)` for a bind, `None` for an unbind.
+    to: Option<(u8, u8)>,
+}
+
+/// An `UNBIND_REQUEST` for one of this host's functions: `(upstream port, logical port,
+/// PDFID)` as the event names them.
+pub(crate) type Request = (u8, u8, u16);
+
+/// What was read from the firmware's event queue and not yet used.
+struct Queue {
+    /// Binding changes, oldest first, not yet applied to the view.
+    changes: KVec<Change>,
+    /// The queue held something the changes cannot describe: read the whole fabric.
+    reread: bool,
+    /// Unbind requests for the fabric-event work.
+    requests: KVec<Request>,
+}
+
+/// Applies one change to `view`; `false` if the view does not know the function or host.
+fn apply(view: &mut View, c: &Change) -> bool {
+    let host = match c.to {
+        Some((usp, _)) => match view.hosts.iter().find(|h| h.usp_port == usp) {
+            Some(h) => h.index,
+            None => return false,
+        },
+        None => uapi::UNBOUND,
+    };
+    let Some(f) = view.functions.iter_mut().find(|f| f.pdfid == c.pdfid) else {
+        return false;
+    };
+    match c.to {
+        Some((_, port)) => {
+            f.flags |= FN_BOUND;
+            f.bound_host = host;
+            f.bound_log_port = port;
+        }
+        None => {
+            f.flags &= !FN_BOUND;
+            f.bound_host = uapi::UNBOUND;
+            f.bound_log_port = uapi::UNBOUND;
+        }
+    }
+    true
+}
+
 /// A consistent snapshot of the fabric.
 pub(crate) struct View {
     /// Counts the driver's reads of a changed fabric.
@@ -86,8 +150,15 @@ pub(crate) struct View {
 pub(crate) struct Fabric {
     #[pin]
     view: Mutex<View>,
-    /// A fabric event arrived since the view was read.
+    /// The view must be read again: a link event, a binding of this host's, or events that
+    /// cannot be applied.
     stale: Atomic<bool>,
+    /// The firmware signalled fabric events that nobody has read from its queue yet.
+    unread: Atomic<bool>,
+    /// Events read from the firmware's queue, for the view and the fabric-event work. Taken
+    /// after the view's lock, never before it.
+    #[pin]
+    queue: Mutex<Queue>,
     /// Held across a multi-step firmware dump session (START to FINISH), the driver's and a
     /// raw caller's, so that neither runs a step inside the other's.
     #[pin]
@@ -201,6 +272,12 @@ impl Fabric {
                 read_at: None,
             }),
             stale: Atomic::new(true),
+            unread: Atomic::new(false),
+            queue <- new_mutex!(Queue {
+                changes: KVec::new(),
+                reread: false,
+                requests: KVec::new(),
+            }),
             session <- new_mutex!(()),
         })
     }
@@ -210,21 +287,117 @@ impl Fabric {
         self.session.lock()
     }
 
-    /// Marks the view out of date: a fabric or link event arrived, or this host changed a
-    /// binding. The event interrupt calls it before it clears the event, so a reader sees
-    /// either the pending event or the mark.
+    /// Marks the view out of date: a link event arrived, this host changed a binding, or
+    /// something else consumed the firmware's event queue. The event interrupt calls it
+    /// before it clears a link event, so a reader sees either the pending event or the mark.
     pub(crate) fn invalidate(&self) {
         self.stale.store(true, Relaxed);
+    }
+
+    /// Notes that the firmware signalled fabric events: the next reader of the view or the
+    /// fabric-event work reads them. The event interrupt calls it before it clears the
+    /// event, so a reader sees either the pending event or the mark.
+    pub(crate) fn events_signalled(&self) {
+        self.unread.store(true, Relaxed);
+    }
+
+    /// Reads the firmware's fabric-event queue until it is empty: bindings become changes
+    /// for the view, unbind requests wait for [`Fabric::take_requests`], and anything else
+    /// (or a lost event, or a failed read) marks the view for a full read.
+    ///
+    /// Reads nothing unless events were signalled since the last drain, or `pending` (the
+    /// event is in the registers, its interrupt not handled yet): of a reader and the
+    /// fabric-event work woken by one event, only the first reads the queue.
+    pub(crate) fn drain(&self, mep: &Mep, pending: bool) {
+        let mut q = self.queue.lock();
+        // Cleared before the queue is read: an event signalled from now on is read again.
+        if !self.unread.xchg(false, Relaxed) && !pending {
+            return;
+        }
+        let mut emptied = false;
+        for _ in 0..DRAIN_BATCHES {
+            let batch = match event::read(mep) {
+                Ok(b) => b,
+                Err(_) => break,
+            };
+            if batch.overflow {
+                dev_warn!(mep.pdev, "the firmware dropped fabric events\n");
+                q.reread = true;
+            }
+            for e in batch.events.iter() {
+                let change = match (e.code, e.binding) {
+                    (event::BIND, Some((usp, port, pdfid))) => Some(Change {
+                        pdfid,
+                        to: Some((usp, port)),
+                    }),
+                    (event::UNBIND, Some((_, _, pdfid))) => Some(Change { pdfid, to: None }),
+                    (event::UNBIND_REQUEST, Some(r)) => {
+                        if q.requests.len() >= MAX_REQUESTS
+                            || q.requests.push(r, GFP_KERNEL).is_err()
+                        {
+                            dev_warn!(mep.pdev, "dropping an unbind request of the firmware\n");
+                        }
+                        continue;
+                    }
+                    _ => None,
+                };
+                match change {
+                    Some(c) if !q.reread && q.changes.len() < MAX_CHANGES => {
+                        if q.changes.push(c, GFP_KERNEL).is_err() {
+                            q.reread = true;
+                        }
+                    }
+                    _ => q.reread = true,
+                }
+            }
+            if !batch.more {
+                emptied = true;
+                break;
+            }
+        }
+        if !emptied {
+            // A failed read, or more events than one drain takes: read the fabric, and let
+            // the next drain go on where this one stopped.
+            q.reread = true;
+            self.unread.store(true, Relaxed);
+        }
+        if q.reread {
+            q.changes.clear();
+        }
+    }
+
+    /// The unbind requests read so far, oldest first.
+    pub(crate) fn take_requests(&self) -> KVec<Request> {
+        core::mem::take(&mut self.queue.lock().requests)
     }
 
     /// Runs `f` on an up-to-date view of the fabric.
     pub(crate) fn with_view<R>(&self, mep: &Mep, f: impl FnOnce(&View) -> R) -> Result<R> {
         let mut view = self.view.lock();
-        // An event the interrupt has not handled yet makes the view as stale as one it has.
-        let pending = crate::event::pending(mep)?;
-        let stale = self.stale.xchg(false, Relaxed);
+        // An event the interrupt has not handled yet counts as much as one it has.
+        let pending = crate::headers::pending(mep)?;
+        if pending.link {
+            self.invalidate();
+        }
+        // Unbind requests read here wait for the fabric-event work, which the event's
+        // interrupt queues.
+        self.drain(mep, pending.gfms);
+        // Taken before a full read, so that events read while it runs are applied after it.
+        let (changes, reread) = {
+            let mut q = self.queue.lock();
+            (
+                core::mem::take(&mut q.changes),
+                core::mem::replace(&mut q.reread, false),
+            )
+        };
         let fresh = view.read_at.is_some_and(|t| t.elapsed() < MAX_AGE);
-        if stale || pending || !fresh {
+        let mut whole = self.stale.xchg(false, Relaxed) || reread || !fresh;
+        if !whole && !changes.is_empty() {
+            // A change the view cannot take leaves it part applied: read it whole then.
+            whole = !changes.iter().all(|c| apply(&mut view, c));
+            view.generation = view.generation.wrapping_add(1);
+        }
+        if whole {
             view.read_at = None;
             if let Err(e) = read(mep, &mut view) {
                 self.invalidate();

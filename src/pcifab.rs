@@ -29,6 +29,7 @@ mod event;
 mod fabric;
 mod fnsysfs;
 mod fw;
+mod headers;
 mod hotplug;
 mod kext;
 mod mrpc;

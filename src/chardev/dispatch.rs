@@ -105,6 +105,10 @@ impl OpenFile {
             .mrpc
             .run(&self.mep, m.cmd, &input, &mut output, m.timeout_ms);
         drop(session);
+        if m.cmd == 0x89 {
+            // A raw GET or CLEAR may have taken binding events the view would be told by.
+            self.mep.fabric.invalidate();
+        }
         let reply = reply?;
         UserSlice::new(out_ptr, out_len)
             .writer()
