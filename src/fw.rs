@@ -16,6 +16,8 @@
 //! - [`bind`] - GFMS_BIND_UNBIND.
 //! - [`event`] - GFMS_EVENT.
 //! - [`ext`] - pcifab's extensions, present only when [`ext::Features`] says so.
+//! - [`p2p`] - P2P_ROUTE, pcifab's route and grant extension.
+//! - [`raw`] - what a command sent through the raw pass-through does.
 
 use kernel::{
     prelude::*,
@@ -29,6 +31,7 @@ pub(crate) mod event;
 pub(crate) mod ext;
 pub(crate) mod gfms;
 pub(crate) mod p2p;
+pub(crate) mod raw;
 pub(crate) mod sys;
 pub(crate) mod topo;
 

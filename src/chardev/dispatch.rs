@@ -16,7 +16,7 @@ use super::{
     perm::{allow, allowed_config, mrpc_class, MrpcClass},
     OpenFile,
 };
-use crate::{compose, kext::security::Lockdown, mrpc, p2p, uapi};
+use crate::{compose, fw, kext::security::Lockdown, mrpc, p2p, uapi};
 
 impl OpenFile {
     /// Runs the ioctl `cmd` with the argument at `arg`.
@@ -95,17 +95,17 @@ impl OpenFile {
             .write_slice(&output)?;
         write_arg(arg, &m, len)?;
 
-        if m.cmd & 0xffff == 0xf004 {
+        if fw::raw::p2p_routes(m.cmd) {
             self.mep.p2p.routes_changed();
         }
         // A raw step of a dump session never lands inside the driver's own session.
-        let session = (m.cmd == 0x82 || m.cmd == 0x83).then(|| self.mep.fabric.session());
+        let session = fw::raw::dump_session(m.cmd).then(|| self.mep.fabric.session());
         let reply = self
             .mep
             .mrpc
             .run(&self.mep, m.cmd, &input, &mut output, m.timeout_ms);
         drop(session);
-        if m.cmd == 0x89 {
+        if fw::raw::event_queue(m.cmd) {
             // A raw GET or CLEAR may have taken binding events the view would be told by.
             self.mep.fabric.invalidate();
         }

@@ -5,7 +5,10 @@
 
 use kernel::prelude::*;
 
-use crate::kext::security::{self, capable, Capability, Lockdown};
+use crate::{
+    fw::{self, raw::Effect},
+    kext::security::{self, capable, Capability, Lockdown},
+};
 
 /// Which privilege an MRPC command needs, as fwctl classes its RPCs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -21,34 +24,14 @@ pub(crate) enum MrpcClass {
     DebugWrite,
 }
 
-/// Classes an MRPC command by its id and, where a command has them, its sub-command
-/// (`Documentation/uapi.rst` lists them). `input` is the caller's input; missing bytes read
-/// as zero, as the firmware reads them.
+/// Classes an MRPC command by what it does ([`fw::raw::effect`], from its id and, where a
+/// command has them, its sub-command; `Documentation/uapi.rst` lists them). `input` is the
+/// caller's input.
 pub(crate) fn mrpc_class(cmd: u32, input: &[u8]) -> MrpcClass {
-    let byte = |at: usize| input.get(at).copied().unwrap_or(0);
-    match cmd {
-        // Echo, PAX id.
-        0x41 | 0x81 => MrpcClass::ReadOnly,
-        // Die temperature: GET reads; SET_CLOCK, SET_MEAS and STOP change the sensor.
-        0x04 if input.get(..4).unwrap_or(&[]) == [2, 0, 0, 0] => MrpcClass::ReadOnly,
-        // Fabric database dump: the single-shot sections (FABRIC, PAX_ALL, PAX general, HVD,
-        // FAB_PORT, EP_PORT, HVD_DETAIL) only read; the chunked start/get/finish steps own
-        // a dump session in the firmware.
-        0x83 if byte(0) <= 6 => MrpcClass::ReadOnly,
-        // Other die-temperature and database-dump sub-commands, the topology dump (a session
-        // the driver's inventory read uses), GFMS events (GET consumes the queue the driver
-        // reads UNBIND_REQUEST from; CLEAR empties it), bind/unbind, device management, port
-        // configuration, port control.
-        0x04 | 0x82 | 0x83 | 0x84 | 0x85 | 0x88 | 0x89 | 0x8d => MrpcClass::Configuration,
-        // P2P routes: LIST and GRANT_LIST read; adding and deleting routes and grants
-        // change what a host can reach.
-        0xf004 if matches!(byte(4), 3 | 6) => MrpcClass::ReadOnly,
-        0xf004 => MrpcClass::Configuration,
-        // pcifab's read-only extensions.
-        0xf000..=0xf07f => MrpcClass::ReadOnly,
-        // pcifab's configuration extensions.
-        0xf080..=0xf0ff => MrpcClass::Configuration,
-        _ => MrpcClass::DebugWrite,
+    match fw::raw::effect(cmd, input) {
+        Effect::Reads => MrpcClass::ReadOnly,
+        Effect::Configures => MrpcClass::Configuration,
+        Effect::Unknown => MrpcClass::DebugWrite,
     }
 }
 

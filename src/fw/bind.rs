@@ -8,7 +8,7 @@ use kernel::prelude::*;
 
 use super::{payload, Command, ERR_MRPC_DENIED, ERR_PARAM_INVALID};
 
-const OPCODE: u32 = 0x84;
+pub(super) const OPCODE: u32 = 0x84;
 const SUB_BIND: u8 = 1;
 const SUB_UNBIND: u8 = 2;
 /// Functions one bind request names at most (`SWITCHTEC_FABRIC_MULTI_FUNC_NUM`).

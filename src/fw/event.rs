@@ -8,7 +8,7 @@ use kernel::prelude::*;
 use super::{payload, query, read_at, Command};
 use crate::Mep;
 
-const OPCODE: u32 = 0x89;
+pub(super) const OPCODE: u32 = 0x89;
 const SUB_GET: u8 = 1;
 /// Events one GET asks for.
 const REQ_NUM: u16 = 32;

@@ -10,6 +10,9 @@ use kernel::prelude::*;
 use super::{call, payload, Command, Failure, ERR_CMD_INVALID, ERR_SUBCMD_INVALID};
 use crate::Mep;
 
+/// The first opcode of pcifab's extensions; they end at 0xf0ff.
+pub(crate) const FIRST: u32 = 0xf000;
+
 /// Function telemetry (`FUNCTION_TELEMETRY`, 0xF002).
 pub(crate) const TELEMETRY: u32 = 1 << 0;
 /// P2P window routes and grants (`P2P_ROUTE`, 0xF004).
@@ -61,7 +64,7 @@ payload! {
 }
 
 impl Command for FeaturesReq {
-    const OPCODE: u32 = 0xf000;
+    const OPCODE: u32 = FIRST;
     type Reply = FeaturesReply;
 }
 

@@ -15,7 +15,7 @@ use kernel::prelude::*;
 use super::{payload, query, read_at, Command};
 use crate::Mep;
 
-const OPCODE: u32 = 0x83;
+pub(super) const OPCODE: u32 = 0x83;
 /// Section sub-commands (`MRPC_GFMS_DB_DUMP_*`).
 pub(crate) const PAX_ALL: u8 = 1;
 pub(crate) const HVD: u8 = 3;

@@ -9,7 +9,7 @@ use kernel::prelude::*;
 use super::{call, call_raw, payload, read_at, Command, Failure, ERR_PARAM_INVALID};
 use crate::{mrpc, Mep};
 
-const OPCODE: u32 = 0xf004;
+pub(super) const OPCODE: u32 = 0xf004;
 const SUB_ADD: u8 = 1;
 const SUB_DEL: u8 = 2;
 const SUB_LIST: u8 = 3;
@@ -68,6 +68,15 @@ payload! {
         grantee: u8,
         rsvd: u32,
     }
+}
+
+/// Whether a raw `P2P_ROUTE` request with `input` only reads (LIST, GRANT_LIST). Missing
+/// bytes read as zero, as the firmware reads them.
+pub(super) fn raw_reads(input: &[u8]) -> bool {
+    let mut bytes = [0u8; core::mem::size_of::<Req>()];
+    let n = input.len().min(bytes.len());
+    bytes[..n].copy_from_slice(&input[..n]);
+    read_at::<Req>(&bytes, 0).is_ok_and(|r| matches!(r.sub, SUB_LIST | SUB_GRANT_LIST))
 }
 
 impl Command for Req {

@@ -8,7 +8,7 @@ use kernel::prelude::*;
 use super::{payload, query, read_at, Command};
 use crate::Mep;
 
-const OPCODE: u32 = 0x82;
+pub(super) const OPCODE: u32 = 0x82;
 const SUB_START: u8 = 1;
 const SUB_STATUS: u8 = 2;
 const SUB_DATA: u8 = 3;
