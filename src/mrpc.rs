@@ -56,7 +56,7 @@ const WATCHDOG_MS: i64 = 500;
 /// Outcome of a command the firmware finished.
 #[derive(Clone, Copy)]
 pub(crate) struct Reply {
-    /// [`regs::MRPC_STATUS_DONE`] or the firmware's error status.
+    /// done (2) or the firmware's error status, as `MRPC_STATUS` has it.
     pub(crate) status: u32,
     /// The firmware's return value.
     pub(crate) ret: u32,
@@ -301,7 +301,7 @@ impl Mrpc {
 
         let dma = self.dma_path(mep, &mb)?;
         if let Some(buf) = dma {
-            io_write!(buf, .status, regs::MRPC_STATUS_INPROGRESS);
+            io_write!(buf, .status, regs::MrpcState::InProgress as u32);
             io_write!(buf, .rtn_code, 0u32);
             io_write!(buf, .output_size, 0u32);
         }
@@ -322,7 +322,9 @@ impl Mrpc {
 
         let (status, via_dma) = match self.wait_done(mep, i64::from(timeout_ms), dma) {
             // The firmware dropped the command (e.g. it was reset), as the C driver reports it.
-            Ok((regs::MRPC_STATUS_INTERRUPTED, _)) => return Err(ENXIO),
+            Ok((s, _)) if regs::MrpcState::of(s) == Some(regs::MrpcState::Interrupted) => {
+                return Err(ENXIO)
+            }
             Ok(done) => done,
             Err(e) => {
                 mb.stale = true;
@@ -380,14 +382,20 @@ impl Mrpc {
         loop {
             let seen = *self.completions.lock();
             let (reg, on) = mep.with_bar(|bar| {
-                let status: u32 = bar.read(regs::MRPC_STATUS).value().into();
-                (status, bar.read(regs::MRPC_DMA_EN).enabled())
+                let status = bar.read(regs::MRPC_STATUS);
+                (
+                    (u32::from(status.value()), status.state().ok()),
+                    bar.read(regs::MRPC_DMA_EN).enabled(),
+                )
             })?;
-            let (status, via_dma) = match dma {
-                Some(buf) if on => (io_read!(buf, .status), true),
+            let ((status, state), via_dma) = match dma {
+                Some(buf) if on => {
+                    let raw = io_read!(buf, .status);
+                    ((raw, regs::MrpcState::of(raw)), true)
+                }
                 _ => (reg, false),
             };
-            if status != regs::MRPC_STATUS_INPROGRESS {
+            if state != Some(regs::MrpcState::InProgress) {
                 return Ok((status, via_dma));
             }
             let elapsed = start.elapsed().as_millis();

@@ -6,7 +6,7 @@
 //! information at 0x2000, per-partition configuration at 0x4000 (one 0x400 block per
 //! partition), NTB information at 0x10000, PFF CSRs at 0x134000.
 
-use kernel::io::register;
+use kernel::{io::register, num::Bounded, prelude::*};
 
 /// Size of the BAR0 mapping the driver requires (the emulated and real parts expose 4 MiB).
 pub(crate) const GAS_SIZE: usize = 0x40_0000;
@@ -35,10 +35,42 @@ pub(crate) const SYS_PRODUCT_REV_LEN: usize = 2;
 /// Size of the MRPC input and output buffers.
 pub(crate) const MRPC_PAYLOAD: usize = 1024;
 
-/// MRPC status: the firmware is running the command.
-pub(crate) const MRPC_STATUS_INPROGRESS: u32 = 1;
-/// MRPC status: the command was interrupted (e.g. by a firmware reset).
-pub(crate) const MRPC_STATUS_INTERRUPTED: u32 = 0x100;
+/// The states of `MRPC_STATUS` the driver acts on (switchtec's `SWITCHTEC_MRPC_STATUS_*`).
+/// Any other value ends the command: done (2), error (0xff) or a value only the firmware
+/// knows, which the caller gets as it is.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u32)]
+pub(crate) enum MrpcState {
+    /// The firmware is running the command.
+    InProgress = 1,
+    /// The command was interrupted (e.g. by a firmware reset).
+    Interrupted = 0x100,
+}
+
+impl MrpcState {
+    /// The state a raw status value means, if the driver acts on it.
+    pub(crate) fn of(raw: u32) -> Option<Self> {
+        match raw {
+            1 => Some(Self::InProgress),
+            0x100 => Some(Self::Interrupted),
+            _ => None,
+        }
+    }
+}
+
+impl TryFrom<Bounded<u32, 32>> for MrpcState {
+    type Error = Error;
+
+    fn try_from(raw: Bounded<u32, 32>) -> Result<Self> {
+        Self::of(raw.get()).ok_or(EINVAL)
+    }
+}
+
+impl From<MrpcState> for Bounded<u32, 32> {
+    fn from(state: MrpcState) -> Self {
+        Bounded::from(state as u32)
+    }
+}
 
 register! {
     /// MRPC input buffer, in 32-bit words.
@@ -58,7 +90,10 @@ register! {
 
     /// State of the current command.
     pub(crate) MRPC_STATUS(u32) @ 0x804 {
+        /// The raw status, which a finished command's caller gets.
         31:0 value;
+        /// The same bits as a state the driver acts on.
+        31:0 state ?=> MrpcState;
     }
 
     /// Return code of the last command.
