@@ -265,6 +265,11 @@ pub fn all() -> Vec<Scenario> {
             pax_driver::multi_bind,
         ),
         s(
+            "multi-function bind with pcifab: a list binds all or none",
+            300,
+            pax_driver::multi_bind_cli,
+        ),
+        s(
             "DMA MRPC: host-buffer completions, the mailbox when the firmware withdraws it",
             300,
             pax_driver::dma_mrpc,

@@ -115,8 +115,9 @@ pub enum Command {
         #[arg(value_parser = pdfid)]
         pdfid: u16,
     },
-    /// Bind a function to a host (needs CAP_SYS_ADMIN).
-    Bind(Compose),
+    /// Bind a function, or up to 8 together as one multi-function device, to a host (needs
+    /// CAP_SYS_ADMIN).
+    Bind(BindArgs),
     /// Take a function away from the host holding it (needs CAP_SYS_ADMIN).
     Unbind {
         /// The function (PDFID, e.g. 0x0300).
@@ -242,12 +243,37 @@ pub enum Command {
     },
 }
 
-/// The options of `bind` and `move`.
+/// The arguments of `bind`.
+#[derive(Debug, Args)]
+pub struct BindArgs {
+    /// The function (PDFID, e.g. 0x0300), or up to 8 bound together as one multi-function
+    /// device, all or none; the first one is function 0 (the primary).
+    #[arg(value_parser = pdfid, value_name = "PDFID", required = true, num_args = 1..)]
+    pub pdfids: Vec<u16>,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+impl BindArgs {
+    /// The primary function: the first one named, function 0 on the host.
+    pub fn primary(&self) -> u16 {
+        self.pdfids.first().copied().unwrap_or_default()
+    }
+}
+
+/// The options of `move`.
 #[derive(Debug, Args)]
 pub struct Compose {
     /// The function (PDFID, e.g. 0x0300).
     #[arg(value_parser = pdfid)]
     pub pdfid: u16,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// Where `bind` and `move` put functions.
+#[derive(Debug, Args)]
+pub struct Target {
     /// The host (partition number) to bind it to.
     #[arg(long, value_name = "H", value_parser = host_u8)]
     pub host: u8,
@@ -603,6 +629,28 @@ pub fn pdfid(s: &str) -> Result<u16, String> {
         .map_err(|_| format!("PDFID '{s}' is larger than 0xffff"))
 }
 
+/// Checks the functions of one `bind`: 1 to [`pcifab_uapi::BIND_MAX_PDFIDS`], none twice.
+pub fn bind_list(pdfids: &[u16]) -> Result<(), String> {
+    let max = pcifab_uapi::BIND_MAX_PDFIDS;
+    if pdfids.is_empty() {
+        return Err("name the function to bind (a PDFID, e.g. 0x0300)".into());
+    }
+    if pdfids.len() > max {
+        return Err(format!(
+            "{} functions named: at most {max} bind together as one multi-function device",
+            pdfids.len()
+        ));
+    }
+    for (i, p) in pdfids.iter().enumerate() {
+        if pdfids[..i].contains(p) {
+            return Err(format!(
+                "function {p:#06x} is named twice: each function of the list binds once"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Parses hex bytes ("0a0b0c", spaces and colons allowed).
 pub fn hex_bytes(s: &str) -> Result<HexBytes, String> {
     let digits: Vec<u8> = s.bytes().filter(|b| !matches!(b, b' ' | b':')).collect();
@@ -796,5 +844,16 @@ mod tests {
         assert!(pdfid("0x10000").is_err());
         assert!(host_u8("255").is_err());
         assert!(interval("0").is_err() && interval("0.5").is_ok());
+    }
+
+    #[test]
+    fn bind_lists() {
+        assert!(bind_list(&[0x300]).is_ok());
+        assert!(bind_list(&[0x401, 0x402, 0x403, 0x404, 0x405, 0x406, 0x407, 0x408]).is_ok());
+        let e = bind_list(&[1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap_err();
+        assert!(e.contains("9 functions") && e.contains("at most 8"), "{e}");
+        let e = bind_list(&[0x401, 0x402, 0x401]).unwrap_err();
+        assert!(e.contains("0x0401 is named twice"), "{e}");
+        assert!(bind_list(&[]).is_err());
     }
 }

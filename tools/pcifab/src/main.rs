@@ -15,7 +15,7 @@ mod top;
 
 use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
 use out::{emit, failure, usage_error, Error, Progress, EXIT_REFUSED};
-use pcifab::cli::{Cli, Command, Compose, MoveArgs, SCOPED_GLOBALS};
+use pcifab::cli::{BindArgs, Cli, Command, MoveArgs, SCOPED_GLOBALS};
 use pcifab_manager::blockdev::{self, Appeared, Decision, Roots, Usage};
 use pcifab_uapi::{dev, fixed_str, Arg, Bind, Events, Function, Move, Port, Unbind};
 use serde_json::{json, Value};
@@ -342,6 +342,34 @@ pub fn telemetry_json(t: &pcifab_uapi::telemetry::Sample) -> Value {
     })
 }
 
+/// Why there is no telemetry on PAX firmware (`show`'s line, `top`'s and `stats
+/// --telemetry`'s error).
+pub const LACKS_TELEMETRY: &str = "the switch firmware lacks the telemetry extension \
+     (pcifab's firmware feature `telemetry`; PAX firmware has none: `pcifab info` lists the \
+     firmware's features)";
+
+/// Whether the firmware has pcifab's per-function telemetry (`PCIFAB_FEATURE_TELEMETRY` in
+/// the identity's `features`). `None` when the driver cannot say (a module before uAPI 1.6,
+/// whose identity has no `features`, or a failed ioctl): the caller then just asks.
+pub fn has_telemetry(dev: &File) -> Option<bool> {
+    let v = dev::version(dev).ok()?;
+    if v.major != pcifab_uapi::VERSION_MAJOR || v.minor < 6 {
+        return None;
+    }
+    let id = dev::identity(dev).ok()?;
+    Some(id.features & pcifab_uapi::FEATURE_TELEMETRY != 0)
+}
+
+/// The error of `top` and `stats --telemetry` on firmware without telemetry: `EOPNOTSUPP`,
+/// as the P2P commands fail without their extensions.
+pub fn no_telemetry(path: &str) -> Error {
+    failure(format!(
+        "no telemetry to show from {path}: {LACKS_TELEMETRY}"
+    ))
+    .errno(&std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+    .detail("missing_feature", json!("telemetry"))
+}
+
 fn show(cli: &Cli, pdfid: u16) -> Result<(), Error> {
     let dev = open(&cli.device)?;
     let fab = inventory(&dev, &cli.device)?;
@@ -355,12 +383,17 @@ fn show(cli: &Cli, pdfid: u16) -> Result<(), Error> {
                 pdfid_str(pdfid)
             ))
         })?;
-    let telemetry = dev::telemetry(&dev, pdfid);
+    // None: the firmware lacks the extension, so it is not asked.
+    let telemetry = (has_telemetry(&dev) != Some(false)).then(|| dev::telemetry(&dev, pdfid));
     if cli.json {
         let mut o = function_json(f);
         match &telemetry {
-            Ok(t) => o["telemetry"] = telemetry_json(t),
-            Err(e) => o["telemetry_error"] = json!(e),
+            Some(Ok(t)) => o["telemetry"] = telemetry_json(t),
+            Some(Err(e)) => o["telemetry_error"] = json!(e),
+            None => {
+                o["telemetry"] = Value::Null;
+                o["missing_feature"] = json!("telemetry");
+            }
         }
         emit("show", o);
         return Ok(());
@@ -396,14 +429,15 @@ fn show(cli: &Cli, pdfid: u16) -> Result<(), Error> {
         println!("VFs:          {}", vfs.join(", "));
     }
     match telemetry {
-        Ok(t) => {
+        Some(Ok(t)) => {
             let temp = t.temperature_centi;
             println!("temperature:  {}.{:02} C", temp / 100, (temp % 100).abs());
             println!("power:        {} mW", t.power_mw);
             println!("utilisation:  {} %", t.utilisation);
             println!("health:       {}", top::health_text(u64::from(t.health)));
         }
-        Err(e) => println!("telemetry:    not available ({e})"),
+        Some(Err(e)) => println!("telemetry:    not available ({e})"),
+        None => println!("telemetry:    none: {LACKS_TELEMETRY}"),
     }
     Ok(())
 }
@@ -458,6 +492,9 @@ fn watch(cli: &Cli) -> Result<(), Error> {
     Ok(())
 }
 
+/// PAX's `ERR_PHYC_PORT_ARDY_BIND`: the function (one of the list) is bound already.
+const FW_ALREADY_BOUND: u32 = 0x1;
+
 /// Names the firmware's return codes of binding: PAX's GFMS_BIND_UNBIND codes
 /// (switchtec-user's `errors.h`; Documentation/mrpc.rst) and the emulator's two of its own.
 fn fw_reason(ret: u32) -> Option<&'static str> {
@@ -484,9 +521,25 @@ fn fw_reason(ret: u32) -> Option<&'static str> {
 
 /// The error of a failed bind, unbind or move, with the firmware's reason.
 fn compose_error(verb: &str, pdfid: u16, e: std::io::Error, fw_ret: u32) -> Error {
-    let mut msg = format!("{verb} {} failed: {e}", pdfid_str(pdfid));
+    compose_error_of(verb, &[pdfid], e, fw_ret)
+}
+
+/// [`compose_error`] of an operation on `pdfids` (one function, or a list bound together).
+fn compose_error_of(verb: &str, pdfids: &[u16], e: std::io::Error, fw_ret: u32) -> Error {
+    let pdfid = pdfids.first().copied().unwrap_or_default();
+    let mut msg = format!("{verb} {} failed: {e}", pdfids_str(pdfids));
     if let Some(r) = fw_reason(fw_ret) {
-        msg.push_str(&format!(" ({r}; firmware code {fw_ret:#x})"));
+        if pdfids.len() > 1 {
+            let r = match fw_ret {
+                FW_ALREADY_BOUND => "a function of it is bound or being bound already",
+                _ => r,
+            };
+            msg.push_str(&format!(
+                " (the firmware refused the whole list: {r}; firmware code {fw_ret:#x})"
+            ));
+        } else {
+            msg.push_str(&format!(" ({r}; firmware code {fw_ret:#x})"));
+        }
     }
     if e.raw_os_error() == Some(libc::EPERM) {
         msg.push_str("; composing the fabric needs CAP_SYS_ADMIN (run as root)");
@@ -511,10 +564,13 @@ fn c_name(raw: &[u8]) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
-/// `bind`'s object; `blocks` only for a storage function bound here.
-fn bind_json(b: &Bind, ms: u64, blocks: Option<&[String]>) -> Value {
-    let mut o = json!({"pdfid": pdfid_str(b.pdfid), "host": b.host, "port": b.port,
-               "device": c_name(&b.name), "vendor": format!("{:#06x}", b.vendor),
+/// `bind`'s object for the functions `pdfids` (`b.pdfid` first); `blocks` only for a
+/// storage function bound here.
+fn bind_json(b: &Bind, pdfids: &[u16], ms: u64, blocks: Option<&[String]>) -> Value {
+    let list: Vec<String> = pdfids.iter().map(|&p| pdfid_str(p)).collect();
+    let mut o = json!({"pdfid": pdfid_str(b.pdfid), "pdfids": list, "host": b.host,
+               "port": b.port, "device": c_name(&b.name),
+               "vendor": format!("{:#06x}", b.vendor),
                "device_id": format!("{:#06x}", b.device), "elapsed_ms": ms});
     if let Some(bl) = blocks {
         o["block_devices"] = json!(bl);
@@ -533,43 +589,133 @@ fn move_json(m: &Move, ms: u64, blocks: Option<&[String]>) -> Value {
     o
 }
 
-fn bind(cli: &Cli, a: &Compose) -> Result<(), Error> {
-    let (pdfid, host) = (a.pdfid, a.host);
+/// The functions of a bind list as text: `0x0401, 0x0402, 0x0403`.
+fn pdfids_str(pdfids: &[u16]) -> String {
+    pdfids
+        .iter()
+        .map(|&p| pdfid_str(p))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Binding several functions at once needs uAPI 1.6 (`nr_pdfids`, `pdfids`); an older
+/// module would refuse the struct with `E2BIG`.
+fn require_multi_bind(dev: &File, path: &str) -> Result<(), Error> {
+    let v = dev::version(dev).map_err(|e| ioctl_error("PCIFAB_IOCTL_VERSION", path, e))?;
+    if v.major == pcifab_uapi::VERSION_MAJOR && v.minor < 6 {
+        return Err(failure(format!(
+            "{path} speaks uAPI {}.{}: binding several functions together needs uAPI 1.6 \
+             (load a newer pcifab module, or bind one function at a time)",
+            v.major, v.minor
+        )));
+    }
+    Ok(())
+}
+
+/// The error of a failed bind of several functions: as [`compose_error`]'s, naming the whole
+/// list, the functions of it that are bound already when the firmware refused it for that,
+/// and that none of them was bound.
+fn bind_list_error(
+    dev: &File,
+    path: &str,
+    pdfids: &[u16],
+    e: std::io::Error,
+    fw_ret: u32,
+) -> Error {
+    let mut held = Vec::new();
+    if fw_ret == FW_ALREADY_BOUND {
+        if let Ok(fab) = inventory(dev, path) {
+            for &p in pdfids {
+                if let Some(f) = fab
+                    .functions
+                    .iter()
+                    .find(|f| f.pdfid == p && f.flags & pcifab_uapi::FN_BOUND != 0)
+                {
+                    held.push(format!(
+                        "{} is bound to host {} port {}",
+                        pdfid_str(p),
+                        f.bound_host,
+                        f.bound_port
+                    ));
+                }
+            }
+        }
+    }
+    let mut err = compose_error_of("bind", pdfids, e, fw_ret);
+    if !held.is_empty() {
+        err.msg.push_str(&format!("; {}", held.join(", ")));
+    }
+    err.msg.push_str(&format!(
+        "; none of the {} functions was bound (a list binds all or none)",
+        pdfids.len()
+    ));
+    err.detail(
+        "pdfids",
+        json!(pdfids.iter().map(|&p| pdfid_str(p)).collect::<Vec<_>>()),
+    )
+}
+
+fn bind(cli: &Cli, a: &BindArgs) -> Result<(), Error> {
+    pcifab::cli::bind_list(&a.pdfids).map_err(usage_error)?;
+    let (list, to) = (&a.pdfids[..], &a.target);
+    let (pdfid, host) = (a.primary(), to.host);
     let dev = open(&cli.device)?;
+    let multi = list.len() > 1;
+    if multi {
+        require_multi_bind(&dev, &cli.device)?;
+    }
     let mut b = Bind::new();
-    (b.pdfid, b.host, b.port) = (pdfid, host, a.port.unwrap_or(pcifab_uapi::ANY_PORT));
+    (b.pdfid, b.host, b.port) = (pdfid, host, to.port.unwrap_or(pcifab_uapi::ANY_PORT));
+    // A list of one is the call of every earlier release: nr_pdfids 0, `pdfid` alone.
+    if multi {
+        b.nr_pdfids = list.len() as u32;
+        b.pdfids[..list.len()].copy_from_slice(list);
+    }
     b.timeout_ms = cli.timeout.unwrap_or(0);
-    if a.no_wait {
+    if to.no_wait {
         b.flags = pcifab_uapi::BIND_NO_WAIT;
     }
+    let what = pdfids_str(list);
     let start = std::time::Instant::now();
-    let progress = Progress::start(
-        format!("binding {} to host {host}", pdfid_str(pdfid)),
-        cli.json,
-    );
+    let progress = Progress::start(format!("binding {what} to host {host}"), cli.json);
     let r = dev::bind(&dev, &mut b);
     drop(progress);
-    r.map_err(|e| compose_error("bind", pdfid, e, b.fw_ret))?;
+    r.map_err(|e| {
+        if multi {
+            bind_list_error(&dev, &cli.device, list, e, b.fw_ret)
+        } else {
+            compose_error("bind", pdfid, e, b.fw_ret)
+        }
+    })?;
     let ms = start.elapsed().as_millis() as u64;
     let name = c_name(&b.name);
     let blocks = name
         .as_deref()
-        .and_then(|n| storage_block_devices(cli, pdfid, n, a.block_timeout));
+        .and_then(|n| storage_block_devices(cli, pdfid, n, to.block_timeout));
     if cli.json {
-        emit("bind", bind_json(&b, ms, blocks.as_deref()));
+        emit("bind", bind_json(&b, list, ms, blocks.as_deref()));
         return Ok(());
     }
+    let together = if multi {
+        " as one multi-function device"
+    } else {
+        ""
+    };
     match name {
-        Some(n) => println!(
-            "{} bound to host {host} port {}: {n} ({:04x}:{:04x}) in {ms} ms",
-            pdfid_str(pdfid),
+        Some(n) if multi => println!(
+            "{what} bound to host {host} port {}{together} in {ms} ms: function 0 ({}) is {n} \
+             ({:04x}:{:04x})",
             b.port,
+            pdfid_str(pdfid),
             b.vendor,
             b.device
         ),
+        Some(n) => println!(
+            "{what} bound to host {host} port {}: {n} ({:04x}:{:04x}) in {ms} ms",
+            b.port, b.vendor, b.device
+        ),
         None => println!(
-            "{} bound to host {host} port {} in {ms} ms",
-            pdfid_str(pdfid),
+            "{what} bound to host {host} port {}{together} in {ms} ms",
             b.port
         ),
     }
@@ -798,8 +944,8 @@ fn unbind(cli: &Cli, pdfid: u16, force: bool) -> Result<(), Error> {
 }
 
 fn move_cmd(cli: &Cli, args: &MoveArgs) -> Result<(), Error> {
-    let (a, force) = (&args.to, args.force);
-    let (pdfid, host) = (a.pdfid, a.host);
+    let (pdfid, a, force) = (args.to.pdfid, &args.to.target, args.force);
+    let host = a.host;
     if a.no_wait {
         return Err(usage_error(
             "--no-wait applies to `pcifab bind` only: a move always waits for the target host",

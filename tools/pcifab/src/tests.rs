@@ -129,6 +129,10 @@ fn the_harness_command_lines_parse() {
         "queue",
         "leases --json",
         "top --count 2 --interval 0.5 --sort temp",
+        "top --count 1 --json",
+        "show 0x0300 --json",
+        "bind 0x0401 0x0402 0x0403 0x0404 --host 0 --json",
+        "bind 0x0401 0x0401 --host 0 --json",
     ] {
         parse(line).unwrap_or_else(|e| panic!("{line}: {e}"));
     }
@@ -197,16 +201,131 @@ fn new_storage_options_reach_the_commands() {
     let Command::Bind(a) = &c.command else {
         panic!("{:?}", c.command)
     };
-    assert_eq!(a.block_timeout, 30, "the default --block-timeout");
+    assert_eq!(a.target.block_timeout, 30, "the default --block-timeout");
     let c = parse("move 0x0500 --host 1 --force --block-timeout 0").expect("parse");
     let Command::Move(m) = &c.command else {
         panic!("{:?}", c.command)
     };
-    assert!(m.force && m.to.block_timeout == 0 && m.to.host == 1);
+    assert!(m.force && m.to.target.block_timeout == 0 && m.to.target.host == 1);
     let c = parse("unbind 0x0500").expect("parse");
     assert!(matches!(c.command, Command::Unbind { force: false, .. }));
     let c = parse("unbind 0x0500 --force").expect("parse");
     assert!(matches!(c.command, Command::Unbind { force: true, .. }));
+}
+
+#[test]
+fn bind_takes_a_list_of_functions() {
+    let c = parse("bind 0x0401 0x0402 0x0403 --host 0 --port 2 --no-wait").expect("parse");
+    let Command::Bind(a) = &c.command else {
+        panic!("{:?}", c.command)
+    };
+    assert_eq!(a.pdfids, [0x401, 0x402, 0x403]);
+    assert_eq!(a.primary(), 0x401);
+    assert!(a.target.no_wait && a.target.port == Some(2) && a.target.host == 0);
+    for line in [
+        "bind 0x0300 --host 1",
+        "bind --host 1 0x0300",
+        "bind 768 --host 1",
+    ] {
+        let c = parse(line).expect(line);
+        let Command::Bind(a) = &c.command else {
+            panic!("{:?}", c.command)
+        };
+        assert_eq!(
+            (a.pdfids.as_slice(), a.target.host),
+            (&[0x300][..], 1),
+            "{line}"
+        );
+    }
+    let c = parse("bind --host 0 0x0401 0x0402").expect("options first");
+    assert!(matches!(&c.command, Command::Bind(a) if a.pdfids == [0x401, 0x402]));
+    for bad in [
+        "bind --host 0",
+        "bind 0x0401 0xzz --host 0",
+        "bind 0x0401 0x10000 --host 0",
+        "move 0x0401 0x0402 --host 0",
+    ] {
+        assert_eq!(parse_err(bad).exit, out::EXIT_USAGE, "{bad}");
+    }
+}
+
+#[test]
+fn a_bound_list_and_its_refusal_fit_the_schemas() {
+    let mut b = Bind::new();
+    (b.pdfid, b.host, b.port) = (0x401, 0, 1);
+    b.name[..12].copy_from_slice(b"0000:03:00.0");
+    let list = [0x401, 0x402, 0x403];
+    let v = emitted("bind", bind_json(&b, &list, 5, None));
+    valid(v.clone());
+    assert_eq!(v["pdfid"], "0x0401");
+    assert_eq!(v["pdfids"], json!(["0x0401", "0x0402", "0x0403"]));
+    let v = emitted("bind", bind_json(&b, &[0x401], 5, None));
+    assert_eq!(v["pdfids"], json!(["0x0401"]));
+    // /dev/null has no inventory: the error cannot say which function is bound already.
+    let null = File::open("/dev/null").expect("open /dev/null");
+    let e = bind_list_error(
+        &null,
+        "/dev/null",
+        &list,
+        std::io::Error::from_raw_os_error(libc::EBUSY),
+        0x1,
+    );
+    assert_eq!(
+        e.msg,
+        format!(
+            "bind 0x0401, 0x0402, 0x0403 failed: {} (the firmware refused the whole list: a \
+             function of it is bound or being bound already; firmware code 0x1); none of the 3 \
+             functions was bound (a list binds all or none)",
+            std::io::Error::from_raw_os_error(libc::EBUSY)
+        )
+    );
+    assert_eq!(e.exit, EXIT_REFUSED);
+    let j = e.json("bind");
+    valid(j.clone());
+    assert_eq!(j["error"]["pdfid"], "0x0401");
+    assert_eq!(j["error"]["pdfids"], json!(["0x0401", "0x0402", "0x0403"]));
+    assert_eq!(j["error"]["fw_ret"], "0x1");
+    // One function alone: the message of every earlier release.
+    let e = compose_error(
+        "bind",
+        0x401,
+        std::io::Error::from_raw_os_error(libc::EBUSY),
+        0x1,
+    );
+    assert!(
+        e.msg.starts_with("bind 0x0401 failed: ")
+            && e.msg
+                .ends_with(" (the function is bound or being bound already; firmware code 0x1)"),
+        "{}",
+        e.msg
+    );
+}
+
+#[test]
+fn without_the_telemetry_extension() {
+    let f = Function {
+        pdfid: 0x300,
+        ..Function::default()
+    };
+    let mut s = function_json(&f);
+    s["telemetry"] = Value::Null;
+    s["missing_feature"] = json!("telemetry");
+    valid(emitted("show", s));
+    let e = no_telemetry("/dev/pcifab0");
+    assert_eq!((e.exit, e.code()), (1, "EOPNOTSUPP".to_string()));
+    assert!(
+        e.msg.contains("lacks the telemetry extension") && e.msg.contains("`telemetry`"),
+        "{}",
+        e.msg
+    );
+    for cmd in ["stats-telemetry", "top"] {
+        let j = e.json(cmd);
+        valid(j.clone());
+        assert_eq!(j["error"]["missing_feature"], "telemetry");
+    }
+    // /dev/null is no pcifab device: the features are unknown, so the tool just asks.
+    let null = File::open("/dev/null").expect("open /dev/null");
+    assert_eq!(has_telemetry(&null), None);
 }
 
 #[test]
@@ -216,7 +335,7 @@ fn block_devices_fit_the_bind_and_move_schemas() {
     b.name[..12].copy_from_slice(b"0000:03:00.0");
     let disks = vec!["/dev/nvme0n1".to_string()];
     for blocks in [None, Some(&[][..]), Some(&disks[..])] {
-        let v = emitted("bind", bind_json(&b, 12, blocks));
+        let v = emitted("bind", bind_json(&b, &[0x500], 12, blocks));
         valid(v.clone());
         assert_eq!(v.get("block_devices").cloned(), blocks.map(|d| json!(d)));
     }

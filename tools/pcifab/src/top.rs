@@ -23,7 +23,21 @@ use pcifab::cli::SortKey;
 use pcifab_uapi::{dev, telemetry::Sample};
 use serde_json::{json, Value};
 
-use super::{emit, inventory, open, out::rfc3339, pdfid_str, telemetry_json, Cli, Error};
+use super::{
+    emit, has_telemetry, inventory, no_telemetry, open, out::rfc3339, pdfid_str, telemetry_json,
+    Cli, Error,
+};
+
+/// Opens the device for telemetry: fails naming the missing firmware feature when the
+/// firmware lacks the telemetry extension (PAX firmware), rather than a row of firmware
+/// errors per function.
+fn open_for_telemetry(cli: &Cli) -> Result<File, Error> {
+    let dev = open(&cli.device)?;
+    if has_telemetry(&dev) == Some(false) {
+        return Err(no_telemetry(&cli.device));
+    }
+    Ok(dev)
+}
 
 /// One row: a function and its telemetry, or why there is none.
 struct Row {
@@ -252,7 +266,7 @@ fn table(title: &str, rows: &[Row], key: SortKey, live: bool) -> Vec<String> {
 
 /// `stats --telemetry`: one snapshot.
 pub fn snapshot(cli: &Cli) -> Result<(), Error> {
-    let dev = open(&cli.device)?;
+    let dev = open_for_telemetry(cli)?;
     let (generation, mut rows) = rows(&dev, cli)?;
     sort(&mut rows, SortKey::Pdfid);
     if cli.json {
@@ -329,7 +343,7 @@ pub fn top(cli: &Cli, interval: f64, mut key_sort: SortKey) -> Result<(), Error>
     let src = if super::manager::has_url(cli)? {
         Source::Manager
     } else {
-        Source::Driver(open(&cli.device)?)
+        Source::Driver(open_for_telemetry(cli)?)
     };
     let live = std::io::stdout().is_terminal() && !cli.json;
     let stdin = std::io::stdin();

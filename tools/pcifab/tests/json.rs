@@ -132,6 +132,7 @@ fn every_command_fails_as_one_json_error() {
         ("list", "list"),
         ("show", "show 0x0300"),
         ("bind", "bind 0x0300 --host 1"),
+        ("bind", "bind 0x0401 0x0402 0x0403 --host 1"),
         ("unbind", "unbind 0x0300"),
         ("move", "move 0x0300 --host 1"),
         ("watch", "watch --count 1"),
@@ -187,6 +188,9 @@ fn usage_errors_are_exit_2_and_json() {
         ("p2p-route-add", "p2p route add 0x0300 --size 5"),
         ("bogus", "bogus"),
         ("top", "top --interval 0"),
+        ("bind", "bind 0x0401 0x0402 0x0401 --host 0"),
+        ("bind", "bind 1 2 3 4 5 6 7 8 9 --host 0"),
+        ("bind", "bind 0x0401 0xzz --host 0"),
     ] {
         let mut a = vec!["--json"];
         a.extend(args.split_whitespace());
@@ -197,6 +201,18 @@ fn usage_errors_are_exit_2_and_json() {
         assert_eq!(v["command"], cmd, "{args}");
         assert!(!err.is_empty(), "{args}: nothing on stderr");
     }
+    // A list of functions: what is wrong with it, before the device is opened.
+    let (code, _, err) = pcifab(&["bind", "0x0401", "0x0402", "0x0401", "--host", "0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("function 0x0401 is named twice"), "{err}");
+    let (code, _, err) = pcifab(&[
+        "bind", "1", "2", "3", "4", "5", "6", "7", "8", "9", "--host", "0",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("9 functions named: at most 8"), "{err}");
+    let (code, _, err) = pcifab(&["bind", "0x0401", "0xzz", "--host", "0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("PDFID '0xzz' is not a number"), "{err}");
     // Without --json nothing goes to stdout.
     let (code, out, err) = pcifab(&["--count", "3", "info"]);
     assert_eq!((code, out.as_str()), (2, ""));

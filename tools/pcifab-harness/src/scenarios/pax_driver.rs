@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::checks::{
-    begin, check_world, compose_begin, configured, emu_owners, owners, pcifab_cmd,
+    begin, check_world, compose_begin, configured, emu_owners, owners, pcifab_cmd, pcifab_ok,
     refused_by_firmware, selftest_json, Checks,
 };
 use crate::config::Dialect;
@@ -18,6 +18,10 @@ use crate::fabric::{Fabric, Host};
 const SYSFS: &str = "/sys/class/misc/pcifab0";
 /// gpu1's VFs (fabric.toml): a PF at 0x0400 with four VFs.
 const GPU1_VFS: [u16; 3] = [0x0401, 0x0402, 0x0403];
+/// All four of gpu1's VFs, for `pcifab bind` with a list.
+const GPU1_ALL_VFS: [u16; 4] = [0x0401, 0x0402, 0x0403, 0x0404];
+/// `EOPNOTSUPP`, as the CLI's JSON reports it.
+const EOPNOTSUPP: i64 = 95;
 const EBUSY: i64 = 16;
 const ETIMEDOUT: i64 = 110;
 /// PAX's `ERR_CMD_INVALID`: what PAX firmware answers a command it does not have.
@@ -97,6 +101,7 @@ pub fn extensions(f: &mut Fabric) -> Result<(), String> {
                 }
                 c.eq("p2p_window_size", "0".to_string(), window);
                 c.eq("p2p_routes", "0".to_string(), sysfs(h, "p2p_routes")?);
+                no_telemetry_cli(h, &mut c)?;
                 // The driver never touched the register block the firmware lacks, since
                 // the emulator started (probe included).
                 let state = emu.request("state")?;
@@ -127,10 +132,86 @@ pub fn extensions(f: &mut Fabric) -> Result<(), String> {
                 if window == "0" {
                     c.fail("p2p_window_size: expected the MEP's window, got 0".into());
                 }
+                telemetry_cli(h, &mut c)?;
             }
         }
         c.finish()
     })
+}
+
+/// On PAX firmware `pcifab show` shows the function and says the firmware lacks the
+/// telemetry extension (it does not ask the firmware); `stats --telemetry` and `top` fail
+/// with `EOPNOTSUPP` naming the missing feature.
+fn no_telemetry_cli(h: &mut Host, c: &mut Checks) -> Result<(), String> {
+    let (code, v, out) = pcifab_cmd(h, "show 0x0300")?;
+    c.eq("`pcifab show 0x0300` exit", 0, code);
+    c.eq_json(
+        "`pcifab show` pdfid",
+        Value::from("0x0300"),
+        v["pdfid"].clone(),
+    );
+    c.eq_json(
+        "`pcifab show` telemetry",
+        Value::Null,
+        v.get("telemetry").cloned().unwrap_or(Value::from("absent")),
+    );
+    c.eq_json(
+        "`pcifab show` missing_feature",
+        Value::from("telemetry"),
+        v["missing_feature"].clone(),
+    );
+    if v.get("telemetry_error").is_some() {
+        c.fail(format!(
+            "`pcifab show`: the firmware was asked for telemetry it lacks: {}",
+            out.trim()
+        ));
+    }
+    let text = h.run("pcifab show 0x0300")?;
+    if text.code != 0 || !text.out.contains("lacks the telemetry extension") {
+        c.fail(format!(
+            "`pcifab show 0x0300`: expected exit 0 and a line saying the firmware lacks the \
+             telemetry extension, got exit {}: {}",
+            text.code,
+            text.out.trim()
+        ));
+    }
+    for call in ["stats --telemetry", "top --count 1"] {
+        let (code, v, out) = pcifab_cmd(h, call)?;
+        refused_by_firmware(c, call, code, &v, &out);
+        c.eq(&format!("`pcifab {call}` exit"), 1, code);
+        c.eq_json(
+            &format!("`pcifab {call}` missing_feature"),
+            Value::from("telemetry"),
+            v["error"]["missing_feature"].clone(),
+        );
+        if !out.contains("lacks the telemetry extension") {
+            c.fail(format!(
+                "`pcifab {call}`: expected a message naming the telemetry extension, got: {}",
+                out.trim()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// With the extensions `pcifab show` and `stats --telemetry` read the telemetry.
+fn telemetry_cli(h: &mut Host, c: &mut Checks) -> Result<(), String> {
+    let (code, v, out) = pcifab_cmd(h, "show 0x0300")?;
+    if code != 0 || !v["telemetry"].is_object() || v.get("missing_feature").is_some() {
+        c.fail(format!(
+            "`pcifab show 0x0300`: expected exit 0 with a telemetry object, got exit {code}: {}",
+            out.trim()
+        ));
+    }
+    let (code, v, out) = pcifab_cmd(h, "stats --telemetry")?;
+    let errno = v["error"]["errno"].as_i64();
+    if code != 0 || errno == Some(EOPNOTSUPP) {
+        c.fail(format!(
+            "`pcifab stats --telemetry`: expected exit 0, got exit {code}: {}",
+            out.trim()
+        ));
+    }
+    Ok(())
 }
 
 /// Runs the multi-function bind sample in `h`; returns (exit code, its JSON line).
@@ -261,6 +342,127 @@ pub fn multi_bind(f: &mut Fabric) -> Result<(), String> {
     );
     c.finish()?;
     check_world(f, &owners(&[]), "never enumerated: nothing left bound")
+}
+
+/// `pcifab bind` with a list of functions: the first is function 0 of one multi-function
+/// device and the list binds all or none, as with the C sample above. A list whose third
+/// function is bound elsewhere is refused whole, with the firmware's reason and none of it
+/// bound; a good list arrives whole; unbinding function 0 takes it all away again.
+pub fn multi_bind_cli(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let emu = f.emu();
+    let e = f.expected.clone();
+    let list: Vec<String> = GPU1_ALL_VFS.iter().map(|p| format!("{p:#06x}")).collect();
+    let bind = format!("bind {} --host 0", list.join(" "));
+
+    // A list named wrong never reaches the driver.
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    let mut c = Checks::new(&format!("{}: `pcifab bind` with a wrong list", h0.name));
+    let (code, v, out) = pcifab_cmd(h0, "bind 0x0401 0x0402 0x0401 --host 0")?;
+    c.eq("exit", 2, code);
+    c.eq_json(
+        "error code",
+        Value::from("usage"),
+        v["error"]["code"].clone(),
+    );
+    if !out.contains("0x0401 is named twice") {
+        c.fail(format!(
+            "expected a message naming the duplicate, got: {}",
+            out.trim()
+        ));
+    }
+    c.finish()?;
+    check_world(f, &owners(&[]), "a wrong list: nothing bound")?;
+
+    // The third function of the list bound elsewhere: the firmware refuses the whole list.
+    let third = GPU1_ALL_VFS[2];
+    emu.request(&format!("bind {third:#06x} h1 0"))?;
+    check_world(
+        f,
+        &owners(&[(third, 1)]),
+        "the list's third function bound to h1",
+    )?;
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    let (code, v, _) = pcifab_cmd(h0, &bind)?;
+    let mut c = Checks::new(&format!(
+        "{}: `pcifab {bind}` with {third:#06x} on h1",
+        h0.name
+    ));
+    c.eq("exit", 3, code);
+    c.eq("errno", Some(EBUSY), v["error"]["errno"].as_i64());
+    c.eq(
+        "firmware code",
+        Some(ERR_PHYC_PORT_ARDY_BIND),
+        v["error"]["fw_ret"].as_str(),
+    );
+    c.eq_json(
+        "error pdfids",
+        Value::from(list.clone()),
+        v["error"]["pdfids"].clone(),
+    );
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    for want in [
+        "the firmware refused the whole list",
+        "bound or being bound already",
+        &format!("{third:#06x} is bound to host 1"),
+        "none of the 4 functions was bound",
+    ] {
+        if !msg.contains(want) {
+            c.fail(format!("message: expected it to say {want:?}, got {msg:?}"));
+        }
+    }
+    c.finish()?;
+    check_world(
+        f,
+        &owners(&[(third, 1)]),
+        "`pcifab bind` of a list refused: only h1's VF bound",
+    )?;
+    emu.request(&format!("unbind {third:#06x}"))?;
+    check_world(f, &owners(&[]), "h1's VF unbound")?;
+
+    // The list free: all four arrive on h0 as one device, the first as function 0.
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    let v = pcifab_ok(h0, &bind)?;
+    let mut c = Checks::new(&format!("{}: `pcifab {bind}`", h0.name));
+    c.eq_json("pdfid", Value::from(list[0].clone()), v["pdfid"].clone());
+    c.eq_json("pdfids", Value::from(list.clone()), v["pdfids"].clone());
+    c.eq_json("host", Value::from(0), v["host"].clone());
+    let name = v["device"].as_str().unwrap_or("").to_string();
+    let vf = configured(&e, GPU1_ALL_VFS[0])?;
+    c.eq_json(
+        "vendor",
+        Value::from(format!("{:#06x}", vf.vendor_id)),
+        v["vendor"].clone(),
+    );
+    let want: Vec<String> = GPU1_ALL_VFS
+        .iter()
+        .map(|_| format!("{:#06x}:{:#06x}", vf.vendor_id, vf.device_id))
+        .collect();
+    c.eq(
+        "functions of the slot (vendor:device)",
+        want,
+        slot_functions(h0, &name)?,
+    );
+    c.finish()?;
+    let all_h0 = owners(&GPU1_ALL_VFS.iter().map(|&p| (p, 0)).collect::<Vec<_>>());
+    check_world(f, &all_h0, "`pcifab bind` of four VFs together to h0")?;
+
+    // Clean up: unbinding function 0 takes the whole device away.
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    let (code, _, out) = pcifab_cmd(h0, &format!("unbind {}", list[0]))?;
+    if code != 0 {
+        return Err(format!(
+            "{}: unbind {}: exit {code}: {}",
+            h0.name,
+            list[0],
+            out.trim()
+        ));
+    }
+    check_world(
+        f,
+        &owners(&[]),
+        "function 0 unbound: the four VFs left together",
+    )
 }
 
 /// `mrpc_dma` and `mrpc_dma_commands` of `h`.
