@@ -5,6 +5,7 @@
 //! into the hosts' QEMUs over QMP.
 
 use crate::config::Config;
+use crate::ep;
 use crate::function::{FnDevice, Memory};
 use crate::hostile::{self, Stream};
 use crate::mep::{Job, Mep};
@@ -607,8 +608,8 @@ impl Fabric {
             if f.delay_ms > 0 {
                 std::thread::sleep(Duration::from_millis(f.delay_ms));
             }
-            let (mut outcome, notices, deferred) = match f.error {
-                Some(ret) => (MrpcOutcome::error(ret), Vec::new(), None),
+            let (mut outcome, notices, deferred, access) = match f.error {
+                Some(ret) => (MrpcOutcome::error(ret), Vec::new(), None, None),
                 None => {
                     let mut model = self.model();
                     let mut x = Exec {
@@ -617,11 +618,19 @@ impl Fabric {
                         bad_length: f.bad_length,
                         notices: Vec::new(),
                         deferred: None,
+                        ep_access: None,
                     };
                     let outcome = x.run(job.cmd, &job.input);
-                    (outcome, x.notices, x.deferred)
+                    (outcome, x.notices, x.deferred, x.ep_access)
                 }
             };
+            if let Some(acc) = access {
+                // The model lock is released: the function's BAR0 takes it.
+                outcome = match ep::perform(&self.p2p, idx, &acc) {
+                    Ok(out) => MrpcOutcome::done(out),
+                    Err(ret) => MrpcOutcome::error(ret),
+                };
+            }
             if notices.iter().any(|n| !n.routes_lost.is_empty()) {
                 // A REVOKE removed routes: complete only once no copy that
                 // passed its check on one of them is still running.

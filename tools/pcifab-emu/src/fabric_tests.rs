@@ -4,5 +4,6 @@
 //! every module they exercise, so the modules themselves need not know the
 //! fabric or the control socket to be tested through them.
 
+mod ep;
 mod hostile;
 mod p2p;

@@ -9,6 +9,7 @@ mod log;
 mod config;
 mod control;
 mod dma;
+mod ep;
 mod fabric;
 #[cfg(test)]
 mod fabric_tests;

@@ -66,6 +66,12 @@ pub struct Function {
     pub dev_mem: u64,
     /// Size of its BAR2 in bytes.
     pub bar2: u64,
+    /// An nvme function: QEMU's own device, whose config space and BARs
+    /// the emulator does not hold.
+    pub nvme: bool,
+    /// Its EP management tunnel is enabled (EP_TUNNEL_CFG); closed when an
+    /// unbind of it begins.
+    pub tunnel: bool,
 }
 
 /// A bind or unbind in flight.
@@ -436,6 +442,8 @@ impl Model {
                         u64::from(ep.vf_mem()) << 20
                     },
                     bar2: u64::from(if f == 0 { ep.pf_mem_mib() } else { ep.vf_mem() }) << 20,
+                    nvme: ep.is_nvme(),
+                    tunnel: false,
                 });
             }
         }
@@ -794,6 +802,10 @@ impl Model {
         for i in idx {
             let f = &mut self.functions[i];
             f.op = Some(Op::Unbind);
+            // No EP_RESOURCE_ACCESS may start once the function is leaving
+            // its owner (ep.rs); one already past its check finishes before
+            // the scrub (the copy gate).
+            f.tunnel = false;
             reqs.push(Request {
                 bind: false,
                 pdfid: f.pdfid,

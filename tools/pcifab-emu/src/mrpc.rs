@@ -3,6 +3,7 @@
 //! of Documentation/mrpc.rst.
 
 use crate::config::LOG_PORTS;
+use crate::ep::{self, EpAccess};
 use crate::gas::{MRPC_STATUS_DONE, MRPC_STATUS_ERROR};
 use crate::model::{Model, Notice, PortKind, Request, Requester, MULTI_FUNC_NUM};
 
@@ -260,6 +261,9 @@ pub struct Exec<'a> {
     /// A checked and reserved bind/unbind the worker must now carry out;
     /// the command completes when it is done.
     pub deferred: Option<Vec<Request>>,
+    /// A checked EP_RESOURCE_ACCESS the worker must now carry out without
+    /// the model lock (`ep::perform`); its result is the command's.
+    pub ep_access: Option<EpAccess>,
 }
 
 impl Exec<'_> {
@@ -286,8 +290,8 @@ impl Exec<'_> {
             MRPC_FUNCTION_TELEMETRY => self.telemetry(input),
             MRPC_FUNCTION_LIST => self.list(input),
             MRPC_P2P_ROUTE => self.p2p_route(input),
-            // Not served: answered as firmware without them answers.
-            MRPC_EP_RESOURCE_ACCESS | MRPC_EP_TUNNEL_CFG => Err(ERR_CMD_INVALID),
+            MRPC_EP_TUNNEL_CFG => ep::tunnel_cfg(self.model, self.partition, input),
+            MRPC_EP_RESOURCE_ACCESS => self.ep_resource_access(input),
             _ => Err(ERR_CMD_INVALID),
         };
         match r {
@@ -297,6 +301,15 @@ impl Exec<'_> {
             }
             Err(ret) => MrpcOutcome::error(ret),
         }
+    }
+
+    /// EP_RESOURCE_ACCESS (0x8E): parse and check here, under the model
+    /// lock; the worker reads or writes the function (`ep::perform`).
+    fn ep_resource_access(&mut self, input: &[u8]) -> Res {
+        let acc = ep::parse(input)?;
+        ep::check(self.model, self.partition, &acc)?;
+        self.ep_access = Some(acc);
+        Ok(Vec::new())
     }
 
     /// GFMS_BIND_UNBIND: check and reserve; the worker does the rest.
@@ -1210,6 +1223,7 @@ mod tests {
             bad_length: false,
             notices: Vec::new(),
             deferred: None,
+            ep_access: None,
         }
         .run(cmd, input)
     }
@@ -1325,6 +1339,7 @@ mod tests {
             bad_length: false,
             notices: Vec::new(),
             deferred: None,
+            ep_access: None,
         };
         assert_eq!(x.run(MRPC_PORT_CONTROL, &[0, 16, 0, 0]).status, 2);
         assert_eq!(x.notices.len(), 1);
@@ -1602,6 +1617,7 @@ mod tests {
             bad_length: false,
             notices: Vec::new(),
             deferred: None,
+            ep_access: None,
         };
         assert_eq!(x.run(MRPC_GFMS_BIND_UNBIND, &bind).status, MRPC_STATUS_DONE);
         let reqs = x.deferred.take().expect("deferred");
@@ -1621,6 +1637,7 @@ mod tests {
             bad_length: false,
             notices: Vec::new(),
             deferred: None,
+            ep_access: None,
         };
         let un = [2, 0, 0, 2, 0x34, 0x12, 0x77, 0x88];
         assert_eq!(x.run(MRPC_GFMS_BIND_UNBIND, &un).status, MRPC_STATUS_DONE);

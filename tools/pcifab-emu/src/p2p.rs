@@ -81,11 +81,15 @@ impl Shared {
         self.functions.iter().find(|f| f.pdfid == pdfid)
     }
 
-    fn enter(&self) -> RwLockReadGuard<'_, ()> {
+    /// The read side of the copy gate: held while data moves into or out of
+    /// a function after its check (a window access, a DMA chunk, an
+    /// EP_RESOURCE_ACCESS).
+    pub(crate) fn enter(&self) -> RwLockReadGuard<'_, ()> {
         self.gate.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Wait until every copy that already looked its route up is done.
+    /// Wait until every copy that already looked its route up (and every
+    /// EP_RESOURCE_ACCESS past its check) is done.
     pub fn quiesce(&self) {
         drop(self.gate.write().unwrap_or_else(|e| e.into_inner()));
     }

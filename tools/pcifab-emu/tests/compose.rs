@@ -715,10 +715,20 @@ fn pax_dialect_multifunction_bind_and_dma_mrpc() {
     assert_eq!(mrpc(&mut h0, 0x81, &[]).0, 2, "GET_PAX_ID");
     assert_eq!(h0.read(BAR0, 0x400, 1), [0]);
     // No extension command, no extension registers.
-    for cmd in [0xf000, 0xf001, 0xf002, 0xf003, 0xf004, 0xf0ff, 0x8e, 0x8f] {
+    for cmd in [0xf000, 0xf001, 0xf002, 0xf003, 0xf004, 0xf0ff] {
         let (st, ret, _) = mrpc(&mut h0, cmd, &[1, 0, 8, 0, 0, 0, 0, 0]);
         assert_eq!((st, ret), (0xff, 0x64005), "cmd {cmd:#x}");
     }
+    // EP_TUNNEL_CFG and EP_RESOURCE_ACCESS are PAX's: the manager opens
+    // gpu0's PF's tunnel and reads its ids from config space.
+    let (st, ret, _) = mrpc(&mut h0, 0x8e, &[0, 0, 0x00, 0x03, 0, 0, 4, 0]);
+    assert_eq!((st, ret), (0xff, 0x64007), "tunnel still closed");
+    let (st, ret, _) = mrpc(&mut h0, 0x8f, &[0, 0, 0x00, 0x03, 0, 0, 0, 0]);
+    assert_eq!((st, ret), (2, 0), "EP_TUNNEL_CFG ENABLE 0x0300");
+    assert_eq!(h0.read(BAR0, 0x400, 4), [0; 4], "len 0");
+    let (st, ret, _) = mrpc(&mut h0, 0x8e, &[0, 0, 0x00, 0x03, 0, 0, 4, 0]);
+    assert_eq!((st, ret), (2, 0), "CSR read of 4 bytes at 0");
+    assert_eq!(h0.read(BAR0, 0x400, 4), [0xde, 0x10, 0x30, 0x23]);
     assert_eq!(h0.read(BAR0, 0x3000, 0x38), [0; 0x38], "nothing at 0x3000");
     h0.write32(BAR0, 0x3000, 1);
     assert_eq!(h0.read32(BAR0, 0x3000), 0, "writes dropped");

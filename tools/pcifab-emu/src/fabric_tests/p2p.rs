@@ -74,6 +74,7 @@ fn mrpc(f: &Fabric, host: usize, input: &[u8]) -> MrpcOutcome {
         bad_length: false,
         notices: Vec::new(),
         deferred: None,
+        ep_access: None,
     }
     .run(mrpc::MRPC_P2P_ROUTE, input)
 }
@@ -924,6 +925,7 @@ fn mrpc_notices(f: &Fabric, host: usize, input: &[u8]) -> (MrpcOutcome, Vec<mode
         bad_length: false,
         notices: Vec::new(),
         deferred: None,
+        ep_access: None,
     };
     let r = x.run(mrpc::MRPC_P2P_ROUTE, input);
     (r, x.notices)
