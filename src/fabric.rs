@@ -7,7 +7,7 @@
 //! fabric database ([`fw::gfms`], PAX_ALL) for the hosts and every endpoint's functions. The
 //! view is cached and read again when a link event arrived, when this host changed a binding,
 //! when a fabric event came that its data cannot describe, or when the view is older than
-//! [`MAX_AGE`] (a change the firmware signals to no host of ours, such as another host's
+//! [`MAX_AGE_MS`] (a change the firmware signals to no host of ours, such as another host's
 //! link, is seen within that time). Every length the firmware reports is checked; a reply that
 //! does not add up is `EIO`, never an out-of-bounds access.
 //!
@@ -32,8 +32,11 @@ use kernel::time::{Delta, Instant, Monotonic};
 
 use crate::{fw, fw::event, uapi, Mep};
 
-/// The oldest view served without reading the fabric again.
-const MAX_AGE: Delta = Delta::from_millis(1_000);
+/// The oldest view served without reading the fabric again, unless set otherwise
+/// ([`Fabric::set_max_age_ms`], sysfs `view_max_age_ms`).
+pub(crate) const MAX_AGE_MS: u32 = 1_000;
+/// The largest age that can be set: a minute.
+pub(crate) const MAX_AGE_LIMIT_MS: u32 = 60_000;
 /// Event-queue reads one drain makes at most (32 events each).
 const DRAIN_BATCHES: usize = 16;
 /// Binding changes kept for the view at most; past that the view is read again.
@@ -155,6 +158,8 @@ pub(crate) struct Fabric {
     stale: Atomic<bool>,
     /// The firmware signalled fabric events that nobody has read from its queue yet.
     unread: Atomic<bool>,
+    /// The oldest view served without reading the fabric again, in milliseconds.
+    max_age_ms: Atomic<u32>,
     /// Events read from the firmware's queue, for the view and the fabric-event work. Taken
     /// after the view's lock, never before it.
     #[pin]
@@ -273,6 +278,7 @@ impl Fabric {
             }),
             stale: Atomic::new(true),
             unread: Atomic::new(false),
+            max_age_ms: Atomic::new(MAX_AGE_MS),
             queue <- new_mutex!(Queue {
                 changes: KVec::new(),
                 reread: false,
@@ -285,6 +291,21 @@ impl Fabric {
     /// Excludes every other dump session while the guard lives.
     pub(crate) fn session(&self) -> MutexGuard<'_, ()> {
         self.session.lock()
+    }
+
+    /// The oldest view served without reading the fabric again, in milliseconds.
+    pub(crate) fn max_age_ms(&self) -> u32 {
+        self.max_age_ms.load(Relaxed)
+    }
+
+    /// Sets how old a view may be served: 0 reads the fabric for every reader; more than
+    /// [`MAX_AGE_LIMIT_MS`] is `EINVAL`.
+    pub(crate) fn set_max_age_ms(&self, ms: u32) -> Result {
+        if ms > MAX_AGE_LIMIT_MS {
+            return Err(EINVAL);
+        }
+        self.max_age_ms.store(ms, Relaxed);
+        Ok(())
     }
 
     /// Marks the view out of date: a link event arrived, this host changed a binding, or
@@ -390,7 +411,8 @@ impl Fabric {
                 core::mem::replace(&mut q.reread, false),
             )
         };
-        let fresh = view.read_at.is_some_and(|t| t.elapsed() < MAX_AGE);
+        let max_age = Delta::from_millis(i64::from(self.max_age_ms()));
+        let fresh = view.read_at.is_some_and(|t| t.elapsed() < max_age);
         let mut whole = self.stale.xchg(false, Relaxed) || reread || !fresh;
         if !whole && !changes.is_empty() {
             // A change the view cannot take leaves it part applied: read it whole then.

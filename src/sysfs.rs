@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0-only
 
-//! Read-only sysfs attributes of a management endpoint, one value per file, in
+//! The sysfs attributes of a management endpoint, one value per file, in
 //! `/sys/class/misc/pcifabN/` (documented in `Documentation/ABI/testing/sysfs-class-pcifab`).
 //!
 //! The attributes are a static table of [`DeviceAttr`]s of the misc device
@@ -86,6 +86,24 @@ const fn ro(name: &'static CStr, show: fn(&Arc<Mep>, &mut PageWriter<'_>) -> Res
     DeviceAttr::read_only(name, show)
 }
 
+/// `view_max_age_ms`: one number of milliseconds, 0 to a minute.
+fn store_max_age(m: &Arc<Mep>, input: &[u8]) -> Result {
+    let (v, n) = numbers::<1>(input)?;
+    if n != 1 {
+        return Err(EINVAL);
+    }
+    m.fabric.set_max_age_ms(v[0])
+}
+
+/// A read-write attribute of `/dev/pcifabN`: anyone reads, root writes.
+const fn rw(
+    name: &'static CStr,
+    show: fn(&Arc<Mep>, &mut PageWriter<'_>) -> Result,
+    store: fn(&Arc<Mep>, &[u8]) -> Result,
+) -> Attr {
+    DeviceAttr::read_write(name, show, store)
+}
+
 /// A write-only (root) attribute of `/dev/pcifabN`.
 const fn wo(name: &'static CStr, store: fn(&Arc<Mep>, &[u8]) -> Result) -> Attr {
     DeviceAttr::write_only(name, store)
@@ -167,6 +185,13 @@ attribute_groups! {
         ro(c"p2p_copies", |m, o| o.emit(format_args!("{}\n", m.p2p.counters().copies))),
         ro(c"p2p_bytes", |m, o| o.emit(format_args!("{}\n", m.p2p.counters().bytes))),
         ro(c"p2p_faults", |m, o| o.emit(format_args!("{}\n", m.p2p.counters().faults))),
+        // How old a view of the fabric may be served (ms); bindings and link changes of this
+        // partition reach the view by their events whatever the age.
+        rw(
+            c"view_max_age_ms",
+            |m, o| o.emit(format_args!("{}\n", m.fabric.max_age_ms())),
+            store_max_age
+        ),
         wo(c"bind", store_bind),
         wo(c"unbind", store_unbind),
     ];

@@ -227,7 +227,7 @@ pub(crate) type ShowFn<D> = fn(&D, &mut PageWriter<'_>) -> Result;
 pub(crate) type StoreFn<D> = fn(&D, &[u8]) -> Result;
 
 /// A sysfs attribute of the device of a [`Registration`] whose data is a `D`: read-only with a
-/// [`ShowFn`] or write-only (root) with a [`StoreFn`]; listed with
+/// [`ShowFn`], write-only (root) with a [`StoreFn`], or both; listed with
 /// [`sysfs::attribute_groups!`].
 ///
 /// # Invariants
@@ -287,6 +287,33 @@ impl<D: Send + Sync + 'static> DeviceAttr<D> {
                 },
             },
             show: None,
+            store: Some(store),
+        }
+    }
+
+    /// A read-write attribute: anyone reads, root writes (0644).
+    // `struct attribute` has more fields with CONFIG_DEBUG_LOCK_ALLOC.
+    #[allow(clippy::needless_update)]
+    pub(crate) const fn read_write(
+        name: &'static CStr,
+        show: ShowFn<D>,
+        store: StoreFn<D>,
+    ) -> Self {
+        Self {
+            dev_attr: bindings::device_attribute {
+                attr: bindings::attribute {
+                    name: as_char_ptr_in_const_context(name),
+                    mode: 0o644,
+                    ..pin_init::zeroed()
+                },
+                __bindgen_anon_1: bindings::device_attribute__bindgen_ty_1 {
+                    show: Some(Self::show_trampoline),
+                },
+                __bindgen_anon_2: bindings::device_attribute__bindgen_ty_2 {
+                    store: Some(Self::store_trampoline),
+                },
+            },
+            show: Some(show),
             store: Some(store),
         }
     }

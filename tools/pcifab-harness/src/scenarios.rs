@@ -134,6 +134,11 @@ pub fn all() -> Vec<Scenario> {
             compose::compose_conflicts,
         ),
         s(
+            "compose: h1's bind and unbind reach h0's view by their events",
+            180,
+            compose::compose_view_events,
+        ),
+        s(
             "compose: bind to a host that never enumerates: ETIMEDOUT",
             120,
             compose::compose_no_enumerate,

@@ -705,3 +705,122 @@ pub fn compose_random(f: &mut Fabric) -> Result<(), String> {
     )?;
     compose_begin(f)
 }
+
+/// The driver's sysfs directory in the guests.
+const MISC: &str = "/sys/class/misc/pcifab0";
+
+/// One sysfs counter of the MEP in `h`.
+fn misc_counter(h: &mut Host, file: &str) -> Result<u64, String> {
+    let out = h.run_ok(&format!("cat {MISC}/{file}"))?;
+    out.trim()
+        .parse()
+        .map_err(|e| format!("{}: {MISC}/{file}: {e}: {out:?}", h.name))
+}
+
+/// `view_max_age_ms` refuses what is not one number from 0 to 60000, and anyone but root.
+fn check_view_age_file(h: &mut Host) -> Result<(), String> {
+    let file = format!("{MISC}/view_max_age_ms");
+    let mut c = Checks::new(&format!("{}: {file}", h.name));
+    c.eq(
+        "value after load",
+        "1000".to_string(),
+        h.run_ok(&format!("cat {file}"))?.trim().to_string(),
+    );
+    for bad in ["abc", "-1", "60001", "1 2", "0x", ""] {
+        let o = h.run(&format!("printf '%s' '{bad}' > {file}"))?;
+        c.eq(&format!("exit code of writing {bad:?}"), true, o.code != 0);
+        c.eq(
+            &format!("errno of writing {bad:?}"),
+            true,
+            o.out.contains("Invalid argument"),
+        );
+    }
+    let o = h.run(&format!(
+        "grep -q '^nobody:' /etc/passwd 2>/dev/null || \
+         echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >>/etc/passwd; \
+         su -s /bin/sh nobody -c 'echo 5 > {file}'"
+    ))?;
+    c.eq("exit code of an unprivileged write", true, o.code != 0);
+    c.eq(
+        "value after the refused writes",
+        "1000".to_string(),
+        h.run_ok(&format!("cat {file}"))?.trim().to_string(),
+    );
+    h.run_ok(&format!("echo 0x0 > {file}"))?;
+    c.eq(
+        "value after writing 0x0",
+        "0".to_string(),
+        h.run_ok(&format!("cat {file}"))?.trim().to_string(),
+    );
+    c.finish()
+}
+
+/// A bind and an unbind made on h1 reach h0's cached view of the fabric through their
+/// events: one `GFMS_EVENT` read in h0 each, no re-read of the fabric.
+pub fn compose_view_events(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let e = f.expected.clone();
+    let emu = f.emu();
+    check_view_age_file(&mut f.hosts[0])?;
+    // Long enough that the view's age plays no part while h1 binds, however slow the guest.
+    f.hosts[0].run_ok(&format!("echo 60000 > {MISC}/view_max_age_ms"))?;
+    let steps = [
+        (format!("bind {GPU0:#06x} --host 1"), owners(&[(GPU0, 1)])),
+        (format!("unbind {GPU0:#06x}"), Owners::new()),
+    ];
+    for (op, want) in steps {
+        let h0 = &mut f.hosts[0];
+        // A fresh view, then the counters it is measured from.
+        list_owners(h0)?;
+        let (mrpc0, gfms0) = (
+            misc_counter(h0, "mrpc_commands")?,
+            misc_counter(h0, "events_gfms")?,
+        );
+        let emu0 = emu.mrpc_commands(&h0.name)?;
+        pcifab_ok(&mut f.hosts[1], &op)?;
+        let h0 = &mut f.hosts[0];
+        if !wait_for(
+            h0,
+            &format!("[ $(cat {MISC}/events_gfms) -gt {gfms0} ]"),
+            30,
+        )? {
+            return Err(format!(
+                "h0: no fabric event within 30 s of h1's `pcifab {op}`"
+            ));
+        }
+        let (listed, _) = list_owners(h0)?;
+        let mrpc = misc_counter(h0, "mrpc_commands")?.wrapping_sub(mrpc0);
+        let emu_mrpc = emu.mrpc_commands(&h0.name)?.wrapping_sub(emu0);
+        h0.log_note(&format!(
+            "h1's `pcifab {op}`: h0 issued {mrpc} firmware commands (emulator: {emu_mrpc}) \
+             until its list showed it"
+        ));
+        let mut c = Checks::new(&format!("h0 after h1's `pcifab {op}`"));
+        c.eq(
+            "bindings in `pcifab list --json`",
+            owners_text(&e, &want),
+            owners_text(&e, &listed),
+        );
+        c.eq(
+            "firmware commands, the driver's count and the emulator's",
+            mrpc,
+            emu_mrpc,
+        );
+        // One GFMS_EVENT read; a second only when a reader drained the queue before the
+        // event's interrupt was handled and the work then found it empty.
+        c.eq(
+            &format!(
+                "1 or 2 firmware commands (GFMS_EVENT reads), no re-read of the fabric: {mrpc}"
+            ),
+            true,
+            (1..=2).contains(&mrpc),
+        );
+        c.finish()?;
+    }
+    f.hosts[0].run_ok(&format!("echo 1000 > {MISC}/view_max_age_ms"))?;
+    check_world(
+        f,
+        &Owners::new(),
+        "bind and unbind on h1 seen by h0's events",
+    )
+}

@@ -357,7 +357,7 @@ enum Place {
 struct SysFile {
     path: String,
     /// Garbage only, never a parsable value (driver-core files whose valid values would
-    /// rebind devices or send uevents).
+    /// rebind devices or send uevents, and the driver's view age).
     garbage_only: bool,
 }
 
@@ -423,7 +423,12 @@ fn walk(
             skipped.push((path, why));
             continue;
         }
-        let garbage_only = matches!(name.as_str(), "uevent" | "new_id" | "remove_id");
+        // view_max_age_ms: a valid value would change how stale a view the driver serves to
+        // every later scenario of the run; garbage still goes through its parser.
+        let garbage_only = matches!(
+            name.as_str(),
+            "uevent" | "new_id" | "remove_id" | "view_max_age_ms"
+        );
         out.push(SysFile { path, garbage_only });
     }
 }
