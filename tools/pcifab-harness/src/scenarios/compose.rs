@@ -726,20 +726,29 @@ fn check_view_age_file(h: &mut Host) -> Result<(), String> {
         "1000".to_string(),
         h.run_ok(&format!("cat {file}"))?.trim().to_string(),
     );
-    for bad in ["abc", "-1", "60001", "1 2", "0x", ""] {
-        let o = h.run(&format!("printf '%s' '{bad}' > {file}"))?;
+    for bad in ["abc", "-1", "60001", "1 2", "0x"] {
+        // dd, unlike the shell's printf, names the errno of a failed write.
+        let o = h.run(&format!(
+            "printf '%s' '{bad}' | dd of={file} bs=64 conv=notrunc 2>&1"
+        ))?;
         c.eq(&format!("exit code of writing {bad:?}"), true, o.code != 0);
         c.eq(
-            &format!("errno of writing {bad:?}"),
+            &format!("EINVAL for {bad:?} (dd said {:?})", o.out.trim()),
             true,
             o.out.contains("Invalid argument"),
         );
     }
     let o = h.run(&format!(
-        "grep -q '^nobody:' /etc/passwd 2>/dev/null || \
+        "mkdir -p /etc; grep -q '^nobody:' /etc/passwd 2>/dev/null || \
          echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >>/etc/passwd; \
-         su -s /bin/sh nobody -c 'echo 5 > {file}'"
+         grep -q '^nogroup:' /etc/group 2>/dev/null || echo 'nogroup:x:65534:' >>/etc/group; \
+         su -s /bin/sh nobody -c 'echo 5 > {file}' 2>&1"
     ))?;
+    c.eq(
+        &format!("unprivileged write refused (said {:?})", o.out.trim()),
+        true,
+        o.out.contains("Permission denied"),
+    );
     c.eq("exit code of an unprivileged write", true, o.code != 0);
     c.eq(
         "value after the refused writes",
@@ -764,9 +773,11 @@ pub fn compose_view_events(f: &mut Fabric) -> Result<(), String> {
     check_view_age_file(&mut f.hosts[0])?;
     // Long enough that the view's age plays no part while h1 binds, however slow the guest.
     f.hosts[0].run_ok(&format!("echo 60000 > {MISC}/view_max_age_ms"))?;
+    // A VF of gpu1, which the policy lets h1 take.
+    const VF: u16 = 0x0403;
     let steps = [
-        (format!("bind {GPU0:#06x} --host 1"), owners(&[(GPU0, 1)])),
-        (format!("unbind {GPU0:#06x}"), Owners::new()),
+        (format!("bind {VF:#06x} --host 1"), owners(&[(VF, 1)])),
+        (format!("unbind {VF:#06x}"), Owners::new()),
     ];
     for (op, want) in steps {
         let h0 = &mut f.hosts[0];

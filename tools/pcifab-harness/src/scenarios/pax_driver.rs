@@ -18,8 +18,6 @@ use crate::fabric::{Fabric, Host};
 const SYSFS: &str = "/sys/class/misc/pcifab0";
 /// gpu1's VFs (fabric.toml): a PF at 0x0400 with four VFs.
 const GPU1_VFS: [u16; 3] = [0x0401, 0x0402, 0x0403];
-/// All four of gpu1's VFs, for `pcifab bind` with a list.
-const GPU1_ALL_VFS: [u16; 4] = [0x0401, 0x0402, 0x0403, 0x0404];
 /// `EOPNOTSUPP`, as the CLI's JSON reports it.
 const EOPNOTSUPP: i64 = 95;
 const EBUSY: i64 = 16;
@@ -352,7 +350,7 @@ pub fn multi_bind_cli(f: &mut Fabric) -> Result<(), String> {
     compose_begin(f)?;
     let emu = f.emu();
     let e = f.expected.clone();
-    let list: Vec<String> = GPU1_ALL_VFS.iter().map(|p| format!("{p:#06x}")).collect();
+    let list: Vec<String> = GPU1_VFS.iter().map(|p| format!("{p:#06x}")).collect();
     let bind = format!("bind {} --host 0", list.join(" "));
 
     // A list named wrong never reaches the driver.
@@ -375,7 +373,7 @@ pub fn multi_bind_cli(f: &mut Fabric) -> Result<(), String> {
     check_world(f, &owners(&[]), "a wrong list: nothing bound")?;
 
     // The third function of the list bound elsewhere: the firmware refuses the whole list.
-    let third = GPU1_ALL_VFS[2];
+    let third = GPU1_VFS[2];
     emu.request(&format!("bind {third:#06x} h1 0"))?;
     check_world(
         f,
@@ -405,7 +403,7 @@ pub fn multi_bind_cli(f: &mut Fabric) -> Result<(), String> {
         "the firmware refused the whole list",
         "bound or being bound already",
         &format!("{third:#06x} is bound to host 1"),
-        "none of the 4 functions was bound",
+        "none of the 3 functions was bound",
     ] {
         if !msg.contains(want) {
             c.fail(format!("message: expected it to say {want:?}, got {msg:?}"));
@@ -420,7 +418,7 @@ pub fn multi_bind_cli(f: &mut Fabric) -> Result<(), String> {
     emu.request(&format!("unbind {third:#06x}"))?;
     check_world(f, &owners(&[]), "h1's VF unbound")?;
 
-    // The list free: all four arrive on h0 as one device, the first as function 0.
+    // The list free: all three arrive on h0 as one device, the first as function 0.
     let h0 = f.hosts.first_mut().ok_or("no hosts")?;
     let v = pcifab_ok(h0, &bind)?;
     let mut c = Checks::new(&format!("{}: `pcifab {bind}`", h0.name));
@@ -428,13 +426,13 @@ pub fn multi_bind_cli(f: &mut Fabric) -> Result<(), String> {
     c.eq_json("pdfids", Value::from(list.clone()), v["pdfids"].clone());
     c.eq_json("host", Value::from(0), v["host"].clone());
     let name = v["device"].as_str().unwrap_or("").to_string();
-    let vf = configured(&e, GPU1_ALL_VFS[0])?;
+    let vf = configured(&e, GPU1_VFS[0])?;
     c.eq_json(
         "vendor",
         Value::from(format!("{:#06x}", vf.vendor_id)),
         v["vendor"].clone(),
     );
-    let want: Vec<String> = GPU1_ALL_VFS
+    let want: Vec<String> = GPU1_VFS
         .iter()
         .map(|_| format!("{:#06x}:{:#06x}", vf.vendor_id, vf.device_id))
         .collect();
@@ -444,8 +442,8 @@ pub fn multi_bind_cli(f: &mut Fabric) -> Result<(), String> {
         slot_functions(h0, &name)?,
     );
     c.finish()?;
-    let all_h0 = owners(&GPU1_ALL_VFS.iter().map(|&p| (p, 0)).collect::<Vec<_>>());
-    check_world(f, &all_h0, "`pcifab bind` of four VFs together to h0")?;
+    let all_h0 = owners(&GPU1_VFS.iter().map(|&p| (p, 0)).collect::<Vec<_>>());
+    check_world(f, &all_h0, "`pcifab bind` of three VFs together to h0")?;
 
     // Clean up: unbinding function 0 takes the whole device away.
     let h0 = f.hosts.first_mut().ok_or("no hosts")?;
@@ -461,7 +459,7 @@ pub fn multi_bind_cli(f: &mut Fabric) -> Result<(), String> {
     check_world(
         f,
         &owners(&[]),
-        "function 0 unbound: the four VFs left together",
+        "function 0 unbound: the three VFs left together",
     )
 }
 
