@@ -13,15 +13,21 @@
 //! that can be granted or pre-empt, in rank order, not at the whole queue. The full scan it
 //! replaces ([`Scheduler::pass_full_scan`]) stays as the reference the randomized test
 //! compares it with, and as the fallback while the clock is behind a queued request.
+//!
+//! The leases to pre-empt come from an ordered index of the pre-emptible leases and the
+//! capacity counts (`preempt.rs`), not from a walk over the leases and the pool's devices;
+//! that walk ([`Scheduler::victims_walk`]) stays as the reference, as the full scan does.
 
 mod capacity;
 mod compose;
 mod fairshare;
 mod index;
+mod preempt;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt::Write as _;
 use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
@@ -31,6 +37,7 @@ use capacity::{Capacity, DeviceLevels};
 pub use compose::{Composed, Plan};
 pub use fairshare::Usage;
 use index::{after_bound, Meta, QueueIndex, RankKey};
+use preempt::PreemptKey;
 
 pub type Host = u8;
 pub type Pdfid = u16;
@@ -308,8 +315,21 @@ struct Derived {
     index: QueueIndex,
     /// Free and pre-emptible capacity per pool.
     capacity: Capacity,
+    /// The running leases that allow pre-emption, in the order victims are chosen in
+    /// (`preempt.rs`).
+    preemptible: BTreeSet<PreemptKey>,
+    /// What each pool holds, healthy or not (its devices do not change).
+    sizes: Vec<PoolSize>,
     /// Entries examined and tree operations, over the scheduler's life (see `ops`).
     ops: u64,
+}
+
+/// A pool's devices and VFs (all, and by profile).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct PoolSize {
+    devices: usize,
+    vfs: usize,
+    vfs_by_profile: BTreeMap<String, usize>,
 }
 
 impl PartialEq for Derived {
@@ -509,6 +529,8 @@ impl Scheduler {
                 d.index.insert(q.id, m);
             }
             d.capacity = self.capacity_scan();
+            d.preemptible = self.preemptible_scan();
+            d.sizes = self.sizes_scan();
             d.ops = ops;
             self.derived = d;
         }
@@ -621,6 +643,11 @@ impl Scheduler {
 
     /// Pools a request may use, in configuration order.
     fn pools_for(&self, spec: &RequestSpec) -> Vec<usize> {
+        self.pools_iter(spec).collect()
+    }
+
+    /// [`Self::pools_for`] without collecting them.
+    fn pools_iter<'a>(&'a self, spec: &'a RequestSpec) -> impl Iterator<Item = usize> + 'a {
         self.config
             .pools
             .iter()
@@ -631,7 +658,44 @@ impl Scheduler {
                 Want::Vfs { .. } => p.mode.vfs(),
             })
             .map(|(i, _)| i)
-            .collect()
+    }
+
+    /// Units of `spec`'s kind pool `p` has, healthy or not: its devices, or its VFs (of the
+    /// profile asked for).
+    fn pool_size(&self, p: usize, spec: &RequestSpec) -> usize {
+        if self.derived.built {
+            if let Some(size) = self.derived.sizes.get(p) {
+                return match &spec.want {
+                    Want::Gpus { .. } => size.devices,
+                    Want::Vfs {
+                        profile: Some(prof),
+                        ..
+                    } => size.vfs_by_profile.get(prof).copied().unwrap_or(0),
+                    Want::Vfs { profile: None, .. } => size.vfs,
+                };
+            }
+        }
+        let devs = self
+            .devices
+            .iter()
+            .filter(|d| d.pool == p && Self::profile_ok(d, spec));
+        match spec.want {
+            Want::Gpus { .. } => devs.count(),
+            Want::Vfs { .. } => devs.map(|d| d.vfs.len()).sum(),
+        }
+    }
+
+    /// Every pool's size (what [`Self::pool_size`] counts) from the devices.
+    fn sizes_scan(&self) -> Vec<PoolSize> {
+        let mut v = vec![PoolSize::default(); self.config.pools.len()];
+        for d in &self.devices {
+            if let Some(size) = v.get_mut(d.pool) {
+                size.devices += 1;
+                size.vfs += d.vfs.len();
+                *size.vfs_by_profile.entry(d.profile.clone()).or_default() += d.vfs.len();
+            }
+        }
+        v
     }
 
     /// Units a request needs.
@@ -697,25 +761,16 @@ impl Scheduler {
                 return Err(Refused(format!("no pool named '{p}'")));
             }
         }
-        let pools = self.pools_for(spec);
-        if pools.is_empty() {
+        if self.pools_iter(spec).next().is_none() {
             let what = match spec.want {
                 Want::Gpus { .. } => "whole GPUs (mode whole, time-slice or hybrid)",
                 Want::Vfs { .. } => "VFs (mode partition or hybrid)",
             };
             return Err(Refused(format!("no pool gives {what}")));
         }
-        let fits_somewhere = pools.iter().any(|&p| {
-            let devs = self
-                .devices
-                .iter()
-                .filter(|d| d.pool == p && Self::profile_ok(d, spec));
-            let cap: usize = match spec.want {
-                Want::Gpus { .. } => devs.count(),
-                Want::Vfs { .. } => devs.map(|d| d.vfs.len()).sum(),
-            };
-            cap >= need
-        });
+        let fits_somewhere = self
+            .pools_iter(spec)
+            .any(|p| self.pool_size(p, spec) >= need);
         if !fits_somewhere {
             return Err(Refused(format!(
                 "no pool has {need} {} of that kind; ask for fewer",
@@ -1011,8 +1066,7 @@ impl Scheduler {
             return None;
         }
         let none = BTreeSet::new();
-        self.pools_for(spec)
-            .into_iter()
+        self.pools_iter(spec)
             .find_map(|p| self.fit(p, spec, need, ignore, &none).map(|u| (p, u)))
     }
 
@@ -1039,6 +1093,11 @@ impl Scheduler {
         }
         let mut touched: Vec<usize> = lease.units.iter().map(|u| u.device).collect();
         touched.dedup();
+        if self.derived.built {
+            if let Some(k) = self.preempt_key(&lease) {
+                self.derived.preemptible.insert(k);
+            }
+        }
         self.leases.insert(lease.id, lease);
         for di in touched {
             self.touch(di);
@@ -1090,6 +1149,11 @@ impl Scheduler {
 
     fn end_lease(&mut self, id: u64, now: Secs, kind: &str, message: String) -> Option<Lease> {
         let lease = self.leases.remove(&id)?;
+        if self.derived.built {
+            if let Some(k) = self.preempt_key(&lease) {
+                self.derived.preemptible.remove(&k);
+            }
+        }
         self.account(
             lease.spec.host,
             lease.spec.tenant_name(),
@@ -1134,14 +1198,15 @@ impl Scheduler {
             sliced,
             spec: q.spec,
         };
-        let fns: Vec<String> = lease
-            .units
-            .iter()
-            .map(|u| format!("{:#06x}", u.pdfid))
-            .collect();
+        let mut fns = String::new();
+        for (i, u) in lease.units.iter().enumerate() {
+            if i > 0 {
+                fns.push(' ');
+            }
+            let _ = write!(fns, "{:#06x}", u.pdfid);
+        }
         let msg = format!(
-            "granted {} in pool '{}' until {}{}",
-            fns.join(" "),
+            "granted {fns} in pool '{}' until {}{}",
             self.config.pools[pool].name,
             lease.expires_at,
             if sliced { " (time-sliced)" } else { "" }
@@ -1150,54 +1215,6 @@ impl Scheduler {
         self.install(lease, now);
         self.grants += 1;
         self.notice(now, host, id, "granted", msg);
-    }
-
-    /// Pre-emptible leases that would make room for `q`, fewest first; none if no set does.
-    fn victims(&self, spec: &RequestSpec) -> Option<Vec<u64>> {
-        let mut cands: Vec<&Lease> = self
-            .leases
-            .values()
-            .filter(|l| {
-                l.spec.preemptible_by_higher
-                    && l.spec.priority < spec.priority
-                    && !l.sliced
-                    && !self.config.pools[l.pool].scrub
-            })
-            .collect();
-        if cands.is_empty() {
-            return None;
-        }
-        // Cheap check first: not even all of them together would do.
-        let all: BTreeSet<u64> = cands.iter().map(|l| l.id).collect();
-        self.place(spec, &all)?;
-        // Lowest priority first, then the youngest lease.
-        cands.sort_by_key(|l| (l.spec.priority, std::cmp::Reverse(l.granted_at), l.id));
-        // The shortest prefix of that order that makes room (more victims never make less
-        // room, so a binary search finds the prefix the one-by-one walk would).
-        let order: Vec<u64> = cands.iter().map(|l| l.id).collect();
-        let fits = |m: usize| {
-            self.place(spec, &order[..m].iter().copied().collect())
-                .is_some()
-        };
-        let (mut lo, mut hi) = (1, order.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if fits(mid) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        let order = &order[..lo];
-        let mut set: BTreeSet<u64> = order.iter().copied().collect();
-        // Drop victims that turn out not to be needed.
-        for &id in order.iter().rev() {
-            set.remove(&id);
-            if self.place(spec, &set).is_none() {
-                set.insert(id);
-            }
-        }
-        Some(set.into_iter().collect())
     }
 
     fn host_down(&self, host: Host) -> bool {
@@ -1422,18 +1439,20 @@ impl Scheduler {
         let Some(m) = self.derived.index.meta.get(&id).copied() else {
             return false;
         };
-        let spec = self.queue[m.pos].spec.clone();
+        // The request stays at `m.pos` until it is dequeued (pre-empted leases are queued
+        // after it), so its spec is read there rather than cloned.
         let none = BTreeSet::new();
-        if let Some((pool, units)) = self.place(&spec, &none) {
+        if let Some((pool, units)) = self.place(&self.queue[m.pos].spec, &none) {
             if let Some(q) = self.dequeue(id) {
                 self.grant(q, pool, units, now);
                 return true;
             }
             return false;
         }
-        let vkey = (m.shape, spec.priority);
-        if allow_preempt && self.room(&spec, &none) && !tried.contains(&vkey) {
-            match self.victims(&spec) {
+        let priority = self.queue[m.pos].spec.priority;
+        let vkey = (m.shape, priority);
+        if allow_preempt && self.room(&self.queue[m.pos].spec, &none) && !tried.contains(&vkey) {
+            match self.victims(&self.queue[m.pos].spec) {
                 Some(victims) => {
                     for v in victims {
                         if let Some(l) = self.end_lease(
@@ -1441,8 +1460,7 @@ impl Scheduler {
                             now,
                             "preempted",
                             format!(
-                                "pre-empted by request {id} (priority {}); queued again",
-                                spec.priority
+                                "pre-empted by request {id} (priority {priority}); queued again"
                             ),
                         ) {
                             self.requeue(l, now);
@@ -1450,7 +1468,7 @@ impl Scheduler {
                     }
                     *preempted = true;
                     tried.clear();
-                    if let Some((pool, units)) = self.place(&spec, &none) {
+                    if let Some((pool, units)) = self.place(&self.queue[m.pos].spec, &none) {
                         if let Some(q) = self.dequeue(id) {
                             self.grant(q, pool, units, now);
                             return true;
@@ -2138,6 +2156,12 @@ impl Scheduler {
         if self.derived.built {
             if self.derived.capacity != self.capacity_scan() {
                 return Err("the capacity index differs from the devices".into());
+            }
+            if self.derived.preemptible != self.preemptible_scan() {
+                return Err("the pre-emption index differs from the leases".into());
+            }
+            if self.derived.sizes != self.sizes_scan() {
+                return Err("the pool sizes differ from the devices".into());
             }
             let idx = &self.derived.index;
             if idx.len() != self.queue.len() {

@@ -470,3 +470,131 @@ fn promoted_request_at_its_host_limit_does_not_idle_the_pool() {
         );
     }
 }
+
+/// Runs seeded random operations on `s` and, after each, asks both choices of victims
+/// (`preempt.rs` and the walk, the reference) for random requests with room; panics at
+/// the first difference. Returns (requests compared, of which with victims).
+fn compare_victims(
+    s: &mut Scheduler,
+    rng: &mut Rng,
+    steps: usize,
+    spec_of: &dyn Fn(&mut Rng, &Config) -> RequestSpec,
+    label: &str,
+) -> (usize, usize) {
+    let c = s.config.clone();
+    let pfs: Vec<Pdfid> = s.devices.iter().map(|d| d.pf).collect();
+    let (mut compared, mut found) = (0, 0);
+    let mut now = 0;
+    for step in 0..steps {
+        let r = rng.below(100);
+        if r < 60 {
+            let _ = s.submit(spec_of(rng, &c), now);
+        } else if r < 75 {
+            let ids: Vec<u64> = s.leases.keys().copied().collect();
+            if !ids.is_empty() {
+                let _ = s.release(ids[rng.below(ids.len() as u64) as usize], now);
+            }
+        } else if r < 95 {
+            now += rng.below(6);
+            s.tick(now);
+        } else {
+            let pf = pfs[rng.below(pfs.len() as u64) as usize];
+            if rng.below(2) == 0 {
+                let _ = s.set_health(pf, Some("test".into()), now);
+            } else {
+                let _ = s.readmit(pf, now);
+            }
+            for pf in s.scrubs_due() {
+                let _ = s.scrub_done(pf, Ok(()), now);
+            }
+        }
+        s.take_actions();
+        // The indexes as a pass finds them.
+        s.sync(now);
+        for _ in 0..4 {
+            let spec = spec_of(rng, &c);
+            if !s.room(&spec, &BTreeSet::new()) {
+                continue;
+            }
+            let a = s.victims(&spec);
+            let b = s.victims_walk(&spec);
+            assert_eq!(
+                a, b,
+                "{label} step {step} at {now}: victims for {spec:?}\nleases {:?}",
+                s.leases
+            );
+            compared += 1;
+            found += usize::from(a.is_some());
+        }
+        if let Err(e) = s.check_invariants() {
+            panic!("{label} step {step}: {e}");
+        }
+    }
+    (compared, found)
+}
+
+/// The victims chosen from the pre-emption index and the capacity counts are those of the
+/// walk over the leases and the pool's devices (the same leases, in the same order), on
+/// seeded random small fabrics of every mode and on a hybrid pool like the benchmark's.
+#[test]
+fn indexed_victims_match_the_walk() {
+    let (mut compared, mut found) = (0, 0);
+    for seed in 0..200u64 {
+        let mut rng = Rng::new(seed.wrapping_mul(0x9e37_79b9) ^ 0x51c7);
+        let c = random_config(&mut rng);
+        let mut s = Scheduler::new(c);
+        let (n, f) = compare_victims(
+            &mut s,
+            &mut rng,
+            150,
+            &random_spec,
+            &format!("small seed {seed}"),
+        );
+        compared += n;
+        found += f;
+    }
+    // A hybrid pool of 24 GPUs with 3 VFs each, 16 hosts, jobs as the benchmark's.
+    let bench_job = |rng: &mut Rng, _: &Config| {
+        let r = rng.below(10);
+        let want = if r < 5 {
+            Want::Gpus { count: 1 }
+        } else if r < 7 {
+            Want::Gpus { count: 2 }
+        } else {
+            Want::Vfs {
+                count: 1 + rng.below(3) as u32,
+                profile: None,
+            }
+        };
+        RequestSpec {
+            host: rng.below(16) as u8,
+            want,
+            priority: rng.below(10) as u32,
+            duration_s: Some(60 * (20 + rng.below(161))),
+            preemptible_by_higher: rng.below(3) == 0,
+            migratable: true,
+            pool: None,
+            tenant: None,
+            owner: None,
+        }
+    };
+    for seed in 0..10 {
+        let mut rng = Rng::new(seed + 0x5eed);
+        let mut c = crate::bench::pool_config(24, 16, 0x0100);
+        c.manager.max_functions_per_host = 1 << 20;
+        let mut s = Scheduler::new(c);
+        let (n, f) = compare_victims(
+            &mut s,
+            &mut rng,
+            400,
+            &bench_job,
+            &format!("hybrid seed {seed}"),
+        );
+        compared += n;
+        found += f;
+    }
+    assert!(
+        compared > 50_000 && found > 5_000,
+        "{compared} requests compared, {found} with victims"
+    );
+}
