@@ -19,7 +19,7 @@ use kernel::{
     workqueue::{impl_has_work, WorkItem},
 };
 
-use crate::{fabric::Fabric, headers::local_pffs, kext, regs, Bar0, Mep};
+use crate::{fabric::Fabric, headers::Pffs, kext, regs, Bar0, Mep};
 
 /// Event counters since probe.
 #[derive(Clone, Copy, Default)]
@@ -133,7 +133,13 @@ struct Found {
 /// Writing a header back clears "occurred" and keeps its interrupt enabled.
 /// Tells the fabric view before a fabric or link event is cleared, so that a reader of the
 /// view sees either the event still pending ([`pending`]) or the mark.
-fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, fabric: &Fabric) -> Result<Found> {
+fn scan(
+    bar: &Bar0<'_>,
+    partition: usize,
+    pffs: &Pffs,
+    p2p: bool,
+    fabric: &Fabric,
+) -> Result<Found> {
     let mut found = Found::default();
 
     let mrpc_loc = || regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL);
@@ -159,7 +165,7 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, fabric: &Fabric) -> Result<
         found.gfms += 1;
     }
 
-    for pff in local_pffs(bar, partition)? {
+    for &pff in pffs {
         let loc = || regs::PFF_LINK_STATE_HDR::try_at(pff as usize);
         let Some(at) = loc() else {
             continue;
@@ -179,6 +185,7 @@ fn scan(bar: &Bar0<'_>, partition: usize, p2p: bool, fabric: &Fabric) -> Result<
 /// Enables (or disables) the interrupts of every event pcifab handles, clearing stale ones.
 pub(crate) fn enable(mep: &Mep, on: bool) -> Result {
     let partition = mep.partition;
+    let pffs = mep.pffs();
     mep.with_bar(|bar| -> Result {
         let loc = regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL)?;
         bar.write(
@@ -192,7 +199,7 @@ pub(crate) fn enable(mep: &Mep, on: bool) -> Result {
                 .with_occurred(true)
                 .with_irq_enable(on),
         );
-        for pff in local_pffs(bar, partition)? {
+        for &pff in pffs {
             if let Some(loc) = regs::PFF_LINK_STATE_HDR::try_at(pff as usize) {
                 bar.write(
                     loc,
@@ -223,7 +230,8 @@ impl irq::Handler for Handler {
     fn handle(&self) -> IrqReturn {
         let mep = &self.mep;
         let p2p = mep.p2p.window_size() != 0;
-        let found = match mep.with_bar(|bar| scan(bar, mep.partition, p2p, &mep.fabric)) {
+        let found = match mep.with_bar(|bar| scan(bar, mep.partition, mep.pffs(), p2p, &mep.fabric))
+        {
             Ok(Ok(found)) => found,
             _ => return IrqReturn::None,
         };

@@ -13,7 +13,12 @@ use kernel::{
 
 use crate::{regs, Bar0, Mep};
 
-/// The PFF instances of the partition's ports pcifab watches: upstream first.
+/// The PFF instances of the partition's ports pcifab watches: upstream first. Read once at
+/// probe ([`Mep::pffs`]): the switch's configuration fixes a partition's ports, and changing
+/// it restarts the switch, which takes the endpoint away.
+pub(crate) type Pffs = [u32; 1 + regs::DSP_PORTS];
+
+/// Reads [`Pffs`] from the partition's configuration.
 pub(crate) fn local_pffs(bar: &Bar0<'_>, partition: usize) -> Result<[u32; 1 + regs::DSP_PORTS]> {
     let mut pffs = [u32::MAX; 1 + regs::DSP_PORTS];
     pffs[0] = bar
@@ -37,10 +42,10 @@ pub(crate) struct Pending {
 
 /// Which fabric and link events occurred that the interrupt has not cleared yet.
 pub(crate) fn pending(mep: &Mep) -> Result<Pending> {
-    let partition = mep.partition;
+    let pffs = mep.pffs();
     mep.with_bar(|bar| -> Result<Pending> {
         let gfms = bar.read(regs::SW_GFMS_EVENT_HDR).occurred();
-        for pff in local_pffs(bar, partition)? {
+        for &pff in pffs {
             if let Some(at) = regs::PFF_LINK_STATE_HDR::try_at(pff as usize) {
                 if bar.read(at).occurred() {
                     return Ok(Pending { gfms, link: true });

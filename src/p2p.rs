@@ -606,8 +606,18 @@ fn run_batch(
     mep.with_bar(|bar| bar.write_reg(regs::DMA_TAIL::zeroed().with_value(tail)))?;
 
     // Wait until the engine's HEAD reaches our TAIL.
+    let last = (first.wrapping_add(n).wrapping_sub(1) as usize) % RING_ENTRIES;
     let mut failed = None;
     loop {
+        // The engine writes a descriptor's status back when it is done with it, in ring
+        // order: the batch's last descriptor written back as a success means the engine is
+        // past the batch, and no register needs reading (each read is a round trip to the
+        // device). Anything else goes by the registers, which also tell a halted engine.
+        let ring = e.ring.as_ref().ok_or(EOPNOTSUPP)?;
+        let last_status: u32 = io_read!(ring, [try: last].status);
+        if n != 0 && last_status == DMA_OK {
+            break;
+        }
         let (head, status) =
             mep.with_bar(|bar| (bar.read(regs::DMA_HEAD).value(), bar.read(regs::DMA_STATUS)))?;
         let head: u32 = head.into();

@@ -70,6 +70,8 @@ pub(crate) struct Mep {
     pci_device: u16,
     /// This host's partition, checked against [`regs::MAX_PARTITIONS`] at probe.
     partition: usize,
+    /// The PFF instances of the partition's ports, read at probe ([`headers::Pffs`]).
+    pffs: headers::Pffs,
     /// The firmware's extensions ([`fw::ext::Features`]), found at probe.
     features: Atomic<u32>,
     /// The switch's index in the fabric (`GET_PAX_ID`), found at probe.
@@ -110,6 +112,11 @@ impl Mep {
     }
 
     /// Whether the endpoint is still bound (its BAR still mapped).
+    /// The PFF instances of this partition's ports, upstream first.
+    pub(crate) fn pffs(&self) -> &headers::Pffs {
+        &self.pffs
+    }
+
     pub(crate) fn present(&self) -> bool {
         self.with_bar(|_| ()).is_ok()
     }
@@ -277,6 +284,9 @@ impl pci::Driver for PcifabDriver {
                 dev_err!(pdev, "partition {} out of range\n", partition);
                 return Err(ENODEV);
             }
+            let pffs = bar
+                .try_access_with(|bar| headers::local_pffs(bar, partition))
+                .ok_or(ENODEV)??;
             let mep = Arc::pin_init(
                 try_pin_init!(Mep {
                     pdev: pdev.into(),
@@ -284,6 +294,7 @@ impl pci::Driver for PcifabDriver {
                     pci_vendor,
                     pci_device,
                     partition,
+                    pffs,
                     features: Atomic::new(0),
                     pax_id: Atomic::new(0),
                     mrpc <- mrpc::Mrpc::new(),
