@@ -264,6 +264,7 @@ impl pci::Driver for PcifabDriver {
             // Disabled again when probe fails below or the driver unbinds (dropped last).
             let enabled = kext::pci_enable::EnabledDevice::new(pdev)?;
             pdev.set_master();
+            probe_step(pdev, 1)?;
 
             let bar = pdev
                 .iomap_region_sized::<{ regs::GAS_SIZE }>(0, c"pcifab")
@@ -275,6 +276,7 @@ impl pci::Driver for PcifabDriver {
                     )
                 })?
                 .into_devres()?;
+            probe_step(pdev, 2)?;
             let (pci_vendor, pci_device) = (pdev.vendor_id().as_raw(), pdev.device_id());
             let partition = bar
                 .try_access_with(|bar| u8::from(bar.read(regs::SYS_PARTITION_ID).partition()))
@@ -309,6 +311,7 @@ impl pci::Driver for PcifabDriver {
                 }),
                 GFP_KERNEL,
             )?;
+            probe_step(pdev, 3)?;
 
             let id = mep.identity()?;
             if id.device_id != u32::from(pdev.device_id()) {
@@ -338,7 +341,9 @@ impl pci::Driver for PcifabDriver {
                 id.partition_count
             );
 
+            probe_step(pdev, 4)?;
             let vectors = pdev.alloc_irq_vectors(1, 4, pci::IrqTypes::all())?;
+            probe_step(pdev, 5)?;
             let vector = event::vector(&mep)?;
             if vector >= vectors.len() {
                 dev_err!(
@@ -350,12 +355,15 @@ impl pci::Driver for PcifabDriver {
                 return Err(ENODEV);
             }
             kext::dma::set_masks(pdev, DmaMask::new::<64>(), u32::MAX)?;
+            probe_step(pdev, 6)?;
             mep.pax_id.store(
                 fw::query(&mep, &fw::sys::GetPaxId::new())?.id.into(),
                 Relaxed,
             );
+            probe_step(pdev, 7)?;
             let features = fw::ext::Features::discover(&mep)?;
             mep.features.store(features.bits(), Relaxed);
+            probe_step(pdev, 8)?;
             dev_info!(
                 pdev,
                 "PAX id {}, firmware extensions {:#x}\n",
@@ -372,8 +380,11 @@ impl pci::Driver for PcifabDriver {
                     "the mailbox"
                 }
             );
+            probe_step(pdev, 9)?;
             p2p::init(&mep, pdev.as_ref(), vector)?;
+            probe_step(pdev, 10)?;
             let acs = hotplug::AcsRestore::apply(pdev);
+            probe_step(pdev, 11)?;
             let handler = event::Handler { mep: mep.clone() };
             let chardev_mep = mep.clone();
             Ok(try_pin_init!(&this in PcifabData {
@@ -408,7 +419,7 @@ impl pci::Driver for PcifabDriver {
                         )
                     }
                 },
-                dma_irq: match dma_vector {
+                dma_irq: match probe_step(pdev, 12).map(|()| dma_vector)? {
                     Some(v) => {
                         // As for `irq`: `vectors` is initialised before and dropped after.
                         let vectors: &'bound pci::IrqVectorRegistration<'bound> =
@@ -433,8 +444,12 @@ impl pci::Driver for PcifabDriver {
                     None => None,
                 },
                 chardev: {
+                    probe_step(pdev, 13)?;
                     event::enable(&chardev_mep, true)?;
-                    chardev::Registration::new(pdev.as_ref(), chardev_mep)?
+                    probe_step(pdev, 14)?;
+                    let registration = chardev::Registration::new(pdev.as_ref(), chardev_mep)?;
+                    probe_step(pdev, 15)?;
+                    registration
                 },
             }))
         })
@@ -463,4 +478,25 @@ kernel::module_pci_driver! {
     authors: ["pcifab developers"],
     description: "Management endpoint driver for multi-host PCIe switch fabrics",
     license: "GPL v2",
+    params: {
+        probe_fault_step: u32 {
+            default: 0,
+            description: "Testing aid: probe fails with ENOMEM at this step (1-15), undoing the steps before it; 0 (the default): never",
+        },
+    },
+}
+
+/// The steps of probe that [`probe_step`] can fail, in order. Each failure must undo
+/// everything the steps before it did (`pcifab-selftest probe-steps`).
+const PROBE_STEPS: u32 = 15;
+
+/// Fails probe with `ENOMEM` at step `n` when the `probe_fault_step` module parameter names
+/// it: a failure injected into the driver's own probe, each step exactly once, where the
+/// kernel's fault injection would also fail the kernel's code that probe calls.
+fn probe_step(pdev: &pci::Device, n: u32) -> Result {
+    if n <= PROBE_STEPS && module_parameters::probe_fault_step.value() == n {
+        dev_notice!(pdev, "probe stopped at step {} as probe_fault_step asks\n", n);
+        return Err(ENOMEM);
+    }
+    Ok(())
 }

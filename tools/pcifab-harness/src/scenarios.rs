@@ -386,6 +386,11 @@ pub fn all() -> Vec<Scenario> {
             trust::fuzz_root,
         ),
     ];
+    v.push(s(
+        "probe undoes everything when each of its steps fails (probe_fault_step)",
+        600,
+        trust::probe_steps,
+    ));
     if soak {
         // Soak only: every fault point of a probe through the driver's bind file, and of a
         // whole load (hundreds of points at 1.4-1.5 s each on the sanitizer kernel), and

@@ -132,6 +132,7 @@ fn main() -> ExitCode {
         "fuzz" => Some(fuzz::cmd_fuzz),
         "unload-cycles" => Some(cycles::cmd_unload_cycles),
         "probe-faults" => Some(faults::cmd_probe_faults),
+        "probe-steps" => Some(faults::cmd_probe_steps),
         "blk-write" => Some(blk::cmd_blk_write),
         "blk-verify" => Some(blk::cmd_blk_verify),
         "blk-stream" => Some(blk::cmd_blk_stream),

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::checks::{
     begin, check_bound_pcifab, check_invariants, check_world, compose_begin, owners_text,
-    selftest_json, settled_owners, Owners, PCIFAB_KO,
+    selftest_json, settled_owners, Checks, Owners, PCIFAB_KO,
 };
 use crate::fabric::{EmuControl, Fabric, Host};
 
@@ -559,4 +559,46 @@ fn probe_fault_sweep(f: &mut Fabric, attach: &'static str) -> Result<(), String>
 /// A final normal use of the device: 20 echoes.
 fn selftest_echo(h: &mut Host) -> Result<(), String> {
     selftest_json(h, "echo --count 20 --size 64", Duration::from_secs(60)).map(|_| ())
+}
+
+/// Steps of the driver's probe that its `probe_fault_step` parameter can fail
+/// (`PROBE_STEPS` in `src/pcifab.rs`).
+const PROBE_STEPS: u64 = 15;
+
+/// Every step of the driver's probe failed once through its own `probe_fault_step`
+/// parameter, in every host: nothing stays behind, and the step after the last binds.
+pub fn probe_steps(f: &mut Fabric) -> Result<(), String> {
+    f.each_host(|h, _| {
+        begin(h)?;
+        let o = h.run_timeout(
+            &format!("pcifab-selftest probe-steps --module {PCIFAB_KO}"),
+            Duration::from_secs(600),
+        )?;
+        let v: Value = o
+            .out
+            .lines()
+            .find(|l| l.starts_with("{\"test\":\"probe-steps\""))
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or(Value::Null);
+        // Leave pcifab loaded and bound whatever happened.
+        let _ = h.run(&format!("[ -d /sys/module/pcifab ] || insmod {PCIFAB_KO}"));
+        if o.code != 0 {
+            return Err(format!("{}: probe-steps: {}", h.name, o.out.trim()));
+        }
+        h.log_note(&format!("probe-steps: {v}"));
+        let mut c = Checks::new(&format!("{}: probe-steps", h.name));
+        c.eq(
+            "steps failed and undone",
+            Some(PROBE_STEPS),
+            v["failed_steps"].as_u64(),
+        );
+        c.eq(
+            "first probe_fault_step that probe does not reach",
+            Some(PROBE_STEPS + 1),
+            v["done_at"].as_u64(),
+        );
+        c.finish()?;
+        check_bound_pcifab(h)?;
+        selftest_echo(h)
+    })
 }

@@ -23,6 +23,14 @@ use super::kmsg::Kmsg;
 use super::util::{check, errno, errno_name, json_str, num, usage, Res};
 
 pub const USAGE: &str = "\
+  probe-steps --module PATH
+        for N = 1, 2, ...: load the module with probe_fault_step=N, which fails the
+        driver's probe at its N-th step (ENOMEM); the MEP must stay unbound, the driver
+        must log the step, nothing of the probe may remain (/dev/pcifab0, sysfs,
+        interrupt, memory region, MSI vectors, device enable count), no kernel splat may
+        appear, and nothing may remain after rmmod either; ends at the first N that
+        probe does not reach, which must bind and work, and leaves the module loaded
+        and bound without the parameter
   probe-faults --module PATH [--from N] [--to M] [--attach load|bind]
         for N = from..=to (1..=100000): fail the N-th fault point of the loading task
         (/proc/thread-self/fail-nth) and load the module; after a failed load or probe
@@ -641,6 +649,109 @@ pub fn cmd_probe_faults(args: &[String]) -> Res<()> {
             .map(|k| json_str(k))
             .collect::<Vec<_>>()
             .join(","),
+        failure.as_deref().map_or("null".to_string(), json_str)
+    );
+    match failure {
+        None => Ok(()),
+        Some(f) => Err(check(f)),
+    }
+}
+
+/// `pcifab-selftest probe-steps`: every step of the driver's probe failed once, through the
+/// driver's own `probe_fault_step` parameter, where the kernel's fault injection also fails
+/// the kernel code probe calls (`probe-faults`).
+pub fn cmd_probe_steps(args: &[String]) -> Res<()> {
+    let a = Args::parse(args)?;
+    let path = a.need("module")?.to_string();
+    let mut kmsg = Kmsg::open()?;
+    kmsg.watch = Some("as probe_fault_step asks".into());
+    let bdf = kmod::find_mep()?;
+    if kmod::loaded() {
+        kmod::unload_retry(Duration::from_secs(10))
+            .map_err(|e| check(format!("unloading pcifab first: {}", errno_name(e))))?;
+    }
+    let file = ModuleFile::open(&path)?;
+    let baseline = Traces::now(&bdf);
+    let left = kmod::leftovers(&bdf, &baseline, false);
+    if !left.is_empty() {
+        return Err(check(format!("before the first load: {}", left.join("; "))));
+    }
+    let start = Instant::now();
+    let mut failed_steps = 0u64;
+    let mut done = None;
+    let mut failure = None;
+    // Past the last step the parameter names none and probe completes.
+    for n in 1..=64u32 {
+        let param = std::ffi::CString::new(format!("probe_fault_step={n}"))
+            .map_err(|_| check("parameter string"))?;
+        let watched = kmsg.watched.len();
+        let rc = file.load_with(&param);
+        kmsg.poll();
+        let logged = kmsg.watched[watched..]
+            .iter()
+            .any(|l| l.contains(&format!("stopped at step {n} ")));
+        let bound = kmod::driver_of(&bdf).as_deref() == Some(kmod::MODULE);
+        let mut bad = Vec::new();
+        match (rc, bound, logged) {
+            (Err(e), _, _) => bad.push(format!(
+                "insmod with probe_fault_step={n} failed with {}: a failed probe must not fail \
+                 the module's load",
+                errno_name(e)
+            )),
+            (Ok(()), false, true) => {
+                failed_steps += 1;
+                bad.extend(kmod::leftovers(&bdf, &baseline, true));
+            }
+            (Ok(()), false, false) => bad.push(format!(
+                "probe_fault_step={n}: the MEP is not bound and the driver logged no stop at \
+                 step {n}"
+            )),
+            (Ok(()), true, true) => bad.push(format!(
+                "probe_fault_step={n}: the driver logged a stop at step {n} but the MEP is bound"
+            )),
+            (Ok(()), true, false) => {
+                if let Err(e) = works() {
+                    bad.push(format!(
+                        "the MEP is bound but /dev/pcifab0 does not work: {e}"
+                    ));
+                } else {
+                    done = Some(n);
+                }
+            }
+        }
+        match kmod::unload_retry(Duration::from_secs(10)) {
+            Ok(()) => bad.extend(kmod::leftovers(&bdf, &baseline, false)),
+            Err(e) => bad.push(format!("rmmod afterwards: {}", errno_name(e))),
+        }
+        if kmsg.poll() > 0 || !kmsg.splats.is_empty() {
+            bad.push(format!("kernel splat: {}", kmsg.first_splats()));
+        }
+        if !bad.is_empty() {
+            failure = Some(format!("step {n}: {}", bad.join("; ")));
+            break;
+        }
+        if done.is_some() {
+            break;
+        }
+    }
+    // Leave the guest as the scenarios expect: loaded, bound, no parameter.
+    let reload = if kmod::loaded() { Ok(()) } else { file.load() };
+    if failure.is_none() {
+        if let Err(e) = reload {
+            failure = Some(format!("loading without the parameter: {}", errno_name(e)));
+        } else if let Err(e) = works() {
+            failure = Some(format!("after the sweep, /dev/pcifab0 does not work: {e}"));
+        }
+    }
+    if failure.is_none() && done.is_none() {
+        failure = Some("probe never completed: more steps than the sweep tries".into());
+    }
+    println!(
+        "{{\"test\":\"probe-steps\",\"failed_steps\":{failed_steps},\"done_at\":{},\
+         \"secs\":{:.1},\"kmsg_lost\":{},\"failure\":{}}}",
+        done.map_or("null".into(), |n| n.to_string()),
+        start.elapsed().as_secs_f64(),
+        kmsg.lost,
         failure.as_deref().map_or("null".to_string(), json_str)
     );
     match failure {

@@ -2,7 +2,7 @@
 //! Loading and unloading pcifab from `pcifab-selftest` (no `insmod` process in between), and
 //! the checks that nothing of a binding is left once it is gone.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::time::{Duration, Instant};
 
 use super::util::{check, errno, errno_name, Res};
@@ -34,8 +34,13 @@ impl ModuleFile {
 
     /// `finit_module(fd, "", 0)`: Ok or the errno. Probing runs inside this call.
     pub fn load(&self) -> Result<(), i32> {
-        // SAFETY: `fd` is open; the parameter string is a valid empty C string.
-        let r = unsafe { libc::syscall(libc::SYS_finit_module, self.fd, c"".as_ptr(), 0) };
+        self.load_with(c"")
+    }
+
+    /// `finit_module(fd, params, 0)` with module parameters such as `"name=value"`.
+    pub fn load_with(&self, params: &CStr) -> Result<(), i32> {
+        // SAFETY: `fd` is open; `params` is a valid C string for the call.
+        let r = unsafe { libc::syscall(libc::SYS_finit_module, self.fd, params.as_ptr(), 0) };
         if r != 0 {
             Err(errno())
         } else {

@@ -57,6 +57,10 @@ pub struct Kmsg {
     pub lost: u64,
     /// Records read.
     pub records: u64,
+    /// Lines that contain [`Kmsg::watch`], when it is set.
+    pub watched: Vec<String>,
+    /// A text whose lines `poll` keeps in [`Kmsg::watched`].
+    pub watch: Option<String>,
 }
 
 impl Kmsg {
@@ -88,6 +92,8 @@ impl Kmsg {
             splats: Vec::new(),
             lost: 0,
             records: 0,
+            watched: Vec::new(),
+            watch: None,
         })
     }
 
@@ -123,6 +129,9 @@ impl Kmsg {
                 .unwrap_or("");
             if is_splat(msg) {
                 self.splats.push(msg.to_string());
+            }
+            if self.watch.as_deref().is_some_and(|w| msg.contains(w)) {
+                self.watched.push(msg.to_string());
             }
         }
         self.splats.len() - before
