@@ -495,7 +495,11 @@ const PROBE_STEPS: u32 = 15;
 /// kernel's fault injection would also fail the kernel's code that probe calls.
 fn probe_step(pdev: &pci::Device, n: u32) -> Result {
     if n <= PROBE_STEPS && module_parameters::probe_fault_step.value() == n {
-        dev_notice!(pdev, "probe stopped at step {} as probe_fault_step asks\n", n);
+        dev_notice!(
+            pdev,
+            "probe stopped at step {} as probe_fault_step asks\n",
+            n
+        );
         return Err(ENOMEM);
     }
     Ok(())
