@@ -336,6 +336,7 @@ impl Fabric {
             return;
         }
         let mut emptied = false;
+        let mut dropped = 0u32;
         for _ in 0..DRAIN_BATCHES {
             let batch = match event::read(mep) {
                 Ok(b) => b,
@@ -356,7 +357,7 @@ impl Fabric {
                         if q.requests.len() >= MAX_REQUESTS
                             || q.requests.push(r, GFP_KERNEL).is_err()
                         {
-                            dev_warn!(mep.pdev, "dropping an unbind request of the firmware\n");
+                            dropped = dropped.saturating_add(1);
                         }
                         continue;
                     }
@@ -375,6 +376,15 @@ impl Fabric {
                 emptied = true;
                 break;
             }
+        }
+        if dropped != 0 {
+            // Once per drain: a firmware that floods the queue must not flood the log.
+            dev_warn!(
+                mep.pdev,
+                "dropped {} unbind requests of the firmware: more than {} waiting\n",
+                dropped,
+                MAX_REQUESTS
+            );
         }
         if !emptied {
             // A failed read, or more events than one drain takes: read the fabric, and let
