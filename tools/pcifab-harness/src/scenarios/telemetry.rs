@@ -172,7 +172,12 @@ fn pax_telemetry(f: &mut Fabric) -> Result<(), String> {
 
 /// The sorted names under `functions/` of host `h`.
 fn dirs(h: &mut crate::fabric::Host) -> Result<Vec<String>, String> {
-    let out = h.run_ok("ls /sys/class/misc/pcifab0/functions")?;
+    // Names from the directory's listing alone: `ls` also looks each entry up, which fails
+    // for a directory the driver removes meanwhile (what the scenario waits for).
+    let out = h.run_ok(
+        "d=/sys/class/misc/pcifab0/functions; [ -d $d ] || exit 1; \
+         for f in $d/0x*; do [ \"$f\" = \"$d/0x*\" ] || echo \"${f##*/}\"; done",
+    )?;
     let mut v: Vec<String> = out.split_whitespace().map(str::to_string).collect();
     v.sort();
     Ok(v)
