@@ -482,6 +482,15 @@ pub fn probe_faults(f: &mut Fabric) -> Result<(), String> {
     probe_fault_sweep(f, "load")
 }
 
+/// The JSON report line `{"test":"<test>",...}` a selftest command printed, or null.
+fn report_line(out: &str, test: &str) -> Value {
+    let head = format!("{{\"test\":\"{test}\"");
+    out.lines()
+        .find(|l| l.starts_with(&head))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null)
+}
+
 /// Every fault point of a probe through the driver's sysfs `bind` file, the module loaded.
 pub fn probe_faults_bind(f: &mut Fabric) -> Result<(), String> {
     probe_fault_sweep(f, "bind")
@@ -509,12 +518,7 @@ fn probe_fault_sweep(f: &mut Fabric, attach: &'static str) -> Result<(), String>
                 ),
                 Duration::from_secs(900),
             )?;
-            let v: Value = o
-                .out
-                .lines()
-                .find(|l| l.starts_with("{\"test\":\"probe-faults\""))
-                .and_then(|l| serde_json::from_str(l).ok())
-                .unwrap_or(Value::Null);
+            let v = report_line(&o.out, "probe-faults");
             if o.code != 0 {
                 break Err(format!(
                     "{}: probe-faults from {from}: {}",
@@ -574,12 +578,7 @@ pub fn probe_steps(f: &mut Fabric) -> Result<(), String> {
             &format!("pcifab-selftest probe-steps --module {PCIFAB_KO}"),
             Duration::from_secs(600),
         )?;
-        let v: Value = o
-            .out
-            .lines()
-            .find(|l| l.starts_with("{\"test\":\"probe-steps\""))
-            .and_then(|l| serde_json::from_str(l).ok())
-            .unwrap_or(Value::Null);
+        let v = report_line(&o.out, "probe-steps");
         // Leave pcifab loaded and bound whatever happened.
         let _ = h.run(&format!("[ -d /sys/module/pcifab ] || insmod {PCIFAB_KO}"));
         if o.code != 0 {
