@@ -132,7 +132,7 @@ struct Found {
 ///
 /// Writing a header back clears "occurred" and keeps its interrupt enabled.
 /// Tells the fabric view before a fabric or link event is cleared, so that a reader of the
-/// view sees either the event still pending ([`pending`]) or the mark.
+/// view sees either the event still pending ([`crate::headers::pending`]) or the mark.
 fn scan(
     bar: &Bar0<'_>,
     partition: usize,
