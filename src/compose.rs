@@ -41,8 +41,11 @@ pub(crate) use crate::fw::Failure;
 
 /// Default bound on a whole bind or unbind, firmware and enumeration included.
 pub(crate) const DEFAULT_TIMEOUT_MS: u32 = 30_000;
-/// Enumeration poll interval, and how often a waiter looks again.
+/// How often a waiter for a reservation or the firmware looks again.
 const POLL_MS: u32 = 50;
+/// How often a bind looks for its function in this host's PCI tree: each look is a few
+/// counted lookups, and the bind returns within this much of pciehp adding the function.
+const ENUM_POLL_MS: i64 = 10;
 /// Functions operations may work on at once; one more waits for a free entry.
 const MAX_OPS: usize = 16;
 
@@ -60,17 +63,10 @@ struct Hvd {
     ports: [Option<u16>; LOG_PORTS as usize],
 }
 
-/// How long a slot this host powered off is left alone before a function is bound into it
-/// again: pciehp finishes its power-off sequence (indicators, the one-second wait after
-/// power-off) and the switch its detach before a new hot-plug arrives at that slot.
-const SETTLE_MS: i64 = 2_000;
-
 /// State guarded by [`Compose`]'s lock.
 struct State {
     /// `false` once the endpoint is being unbound.
     alive: bool,
-    /// When this host last powered off each of its logical ports' slots.
-    powered_off: [Option<Instant<Monotonic>>; LOG_PORTS as usize],
     /// Per logical port, the PDFID this host itself unbound from it, whose `UNBIND_REQUEST`
     /// the firmware sends back to us: the fabric-event work must not act on it, since the
     /// port may hold a function bound again since (a rolled-back move).
@@ -82,23 +78,6 @@ struct State {
 }
 
 impl State {
-    /// Records how a function left logical port `port` of this host.
-    fn removed(&mut self, port: u8, how: hotplug::Removal) {
-        if how == hotplug::Removal::SlotPoweredOff {
-            if let Some(t) = self.powered_off.get_mut(usize::from(port)) {
-                *t = Some(Instant::now());
-            }
-        }
-    }
-
-    /// Milliseconds until the slot of `port` has settled after a power-off of ours.
-    fn settle_left(&self, port: u8) -> i64 {
-        match self.powered_off.get(usize::from(port)) {
-            Some(Some(t)) => SETTLE_MS.saturating_sub(t.elapsed().as_millis()).max(0),
-            _ => 0,
-        }
-    }
-
     fn set_own_unbind(&mut self, port: u8, pdfid: Option<u16>) {
         if let Some(own) = self.own_unbind.get_mut(usize::from(port)) {
             *own = pdfid;
@@ -137,7 +116,6 @@ impl Compose {
         pin_init!(Self {
             lock <- new_mutex!(State {
                 alive: true,
-                powered_off: [None; LOG_PORTS as usize],
                 own_unbind: [None; LOG_PORTS as usize],
                 busy_fns: [None; MAX_OPS],
                 busy_ports: [false; LOG_PORTS as usize],
@@ -256,9 +234,9 @@ impl Reservation<'_> {
         }
     }
 
-    /// Reserves a logical port of this host that `h` shows free and no operation holds, the one
-    /// we powered off longest ago first. `Ok(None)` when every free port is held by another
-    /// operation; `ENOSPC` when none is free.
+    /// Reserves the first logical port of this host that `h` shows free and no operation holds.
+    /// `Ok(None)` when every free port is held by another operation; `ENOSPC` when none is
+    /// free.
     fn take_free_port(&mut self, h: &Hvd) -> Result<Option<u8>> {
         self.release_port();
         let mut st = self.compose.lock.lock();
@@ -269,13 +247,7 @@ impl Reservation<'_> {
         if !(0..LOG_PORTS).any(|p| free(&p)) {
             return Err(ENOSPC);
         }
-        let pick = (0..LOG_PORTS)
-            .filter(free)
-            .filter(|&p| !st.port_busy(p))
-            .min_by_key(|&p| match st.powered_off.get(usize::from(p)) {
-                Some(Some(t)) => i64::MAX.saturating_sub(t.elapsed().as_millis()),
-                _ => i64::MIN,
-            });
+        let pick = (0..LOG_PORTS).filter(free).find(|&p| !st.port_busy(p));
         if let Some(p) = pick {
             st.set_port_busy(p, true);
             self.port = Some(p);
@@ -470,10 +442,6 @@ impl Mep {
                     .find(|&p| h.ports.get(usize::from(p)).is_some_and(Option::is_none))
                     .ok_or(ENOSPC)?,
             };
-            if local {
-                let wait = self.compose.lock.lock().settle_left(p);
-                self.compose.sleep(wait)?;
-            }
             match bind_unbind(
                 self,
                 &bind_cmd(self, h.usp_port, p, &list[..count])?,
@@ -505,8 +473,11 @@ impl Mep {
             }
             // Ends at once (`ENODEV`) when the endpoint goes away: the function stays bound
             // to this host, which can no longer ask the firmware for anything.
-            self.compose
-                .pause(i64::from(timeout_ms).saturating_sub(spent))?;
+            self.compose.pause(
+                i64::from(timeout_ms)
+                    .saturating_sub(spent)
+                    .min(ENUM_POLL_MS),
+            )?;
         }
         // Never enumerated: give the function back so it is not held by a host that
         // cannot use it.
@@ -551,9 +522,7 @@ impl Mep {
         let removed = if local {
             r.take_port(port)?;
             self.compose.check_alive()?;
-            let how = hotplug::remove(&self.pdev, self.compose.sysfs.as_ref(), port)?;
-            self.compose.lock.lock().removed(port, how);
-            how
+            hotplug::remove(&self.pdev, self.compose.sysfs.as_ref(), port)?
         } else {
             hotplug::Removal::NotPresent
         };
@@ -730,13 +699,7 @@ impl Mep {
             st.set_port_busy(port, true);
         }
         let how = hotplug::remove(&self.pdev, self.compose.sysfs.as_ref(), port);
-        {
-            let mut st = self.compose.lock.lock();
-            st.set_port_busy(port, false);
-            if let Ok(how) = how {
-                st.removed(port, how);
-            }
-        }
+        self.compose.lock.lock().set_port_busy(port, false);
         self.compose.changed.notify_all();
         match how {
             Ok(how) => dev_info!(

@@ -184,16 +184,10 @@ fn scan(
 
 /// Enables (or disables) the interrupts of every event pcifab handles, clearing stale ones.
 pub(crate) fn enable(mep: &Mep, on: bool) -> Result {
-    let partition = mep.partition;
     let pffs = mep.pffs();
+    // On only while commands complete in the mailbox (see there).
+    mep.mrpc.set_completion_irq(mep, on)?;
     mep.with_bar(|bar| -> Result {
-        let loc = regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL)?;
-        bar.write(
-            loc,
-            regs::PART_MRPC_COMP_HDR::zeroed()
-                .with_occurred(true)
-                .with_irq_enable(on),
-        );
         bar.write_reg(
             regs::SW_GFMS_EVENT_HDR::zeroed()
                 .with_occurred(true)

@@ -105,8 +105,11 @@ pub(crate) struct Mrpc {
     timeouts: Atomic<u64>,
     firmware_dead: Atomic<u64>,
     dma_commands: Atomic<u64>,
-    /// The last command went through DMA MRPC.
+    /// The last command went through DMA MRPC (set when DMA MRPC is armed at probe).
     dma_active: Atomic<bool>,
+    /// Events are on: the MRPC-completion event interrupts while commands complete in the
+    /// mailbox ([`Mrpc::set_completion_irq`]).
+    events_on: Atomic<bool>,
     /// Number of MRPC completions the interrupt handler has seen.
     #[pin]
     completions: SpinLockIrq<u64>,
@@ -128,6 +131,7 @@ impl Mrpc {
             firmware_dead: Atomic::new(0),
             dma_commands: Atomic::new(0),
             dma_active: Atomic::new(false),
+            events_on: Atomic::new(false),
             completions <- new_spinlock_irq!(0),
             completed <- new_condvar!(),
         })
@@ -140,6 +144,16 @@ impl Mrpc {
             *n = n.wrapping_add(1);
         }
         self.completed.notify_all();
+    }
+
+    /// Turns the MRPC-completion event's interrupt on with the other events, or off: on only
+    /// while commands complete in the mailbox. With DMA MRPC its own vector signals every
+    /// completion, and the event vector on top would cost each command a pass of the event
+    /// handler over every event header (a dozen register reads). Follows DMA MRPC when the
+    /// firmware withdraws or restores it ([`Mrpc::dma_path`]).
+    pub(crate) fn set_completion_irq(&self, mep: &Mep, events_on: bool) -> Result {
+        self.events_on.store(events_on, Relaxed);
+        completion_hdr(mep, events_on && !self.dma_active())
     }
 
     /// Fails the running command and every queued one with `ENODEV`; called on unbind.
@@ -193,6 +207,8 @@ impl Mrpc {
         let mut mb = self.mailbox.lock();
         arm(mep, &buf)?;
         mb.dma = Some(buf);
+        self.dma_active.store(true, Relaxed);
+        dev_info!(mep.pdev, "DMA MRPC on\n");
         Ok(Some(usize::from(vector)))
     }
 
@@ -237,6 +253,9 @@ impl Mrpc {
             false
         };
         if usable != self.dma_active.xchg(usable, Relaxed) {
+            if self.events_on.load(Relaxed) {
+                completion_hdr(mep, !usable)?;
+            }
             dev_info!(
                 mep.pdev,
                 "DMA MRPC {}\n",
@@ -381,6 +400,14 @@ impl Mrpc {
         let mut next_watchdog = WATCHDOG_MS;
         loop {
             let seen = *self.completions.lock();
+            // A status the firmware wrote into the buffer (reset to "in progress" before the
+            // command) ends the wait without a register read, each a round trip to the device.
+            if let Some(buf) = dma {
+                let raw = io_read!(buf, .status);
+                if regs::MrpcState::of(raw) != Some(regs::MrpcState::InProgress) {
+                    return Ok((raw, true));
+                }
+            }
             let (reg, on) = mep.with_bar(|bar| {
                 let status = bar.read(regs::MRPC_STATUS);
                 (
@@ -426,6 +453,20 @@ impl Mrpc {
             }
         }
     }
+}
+
+/// Writes the MRPC-completion event header: its interrupt on or off, "occurred" cleared.
+fn completion_hdr(mep: &Mep, irq: bool) -> Result {
+    mep.with_bar(|bar| -> Result {
+        let loc = regs::PART_MRPC_COMP_HDR::try_at(mep.partition).ok_or(EINVAL)?;
+        bar.write(
+            loc,
+            regs::PART_MRPC_COMP_HDR::zeroed()
+                .with_occurred(true)
+                .with_irq_enable(irq),
+        );
+        Ok(())
+    })?
 }
 
 /// Points the firmware at `buf` and turns DMA MRPC on.
