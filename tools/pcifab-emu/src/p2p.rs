@@ -429,7 +429,9 @@ pub fn process<M: MepPort + ?Sized>(mep: &M) {
             continue;
         }
         let d = Desc::parse(&raw);
+        let t = std::time::Instant::now();
         let (status, done) = run(mep, &d);
+        let us = t.elapsed().as_micros();
         // A hostile firmware lies in the write-back only (see `MepPort`);
         // the engine's own registers below stay true.
         let (wb_done, wb_status) = mep.dma_writeback(d.len, done, status);
@@ -445,7 +447,7 @@ pub fn process<M: MepPort + ?Sized>(mep: &M) {
         let (sk, dk) = d.kinds();
         info_or_note!(
             status != ST_OK,
-            "{}: DMA descriptor {index}: {} {:#x} -> {} {:#x}, {} bytes: {} ({done} copied)",
+            "{}: DMA descriptor {index}: {} {:#x} -> {} {:#x}, {} bytes: {} ({done} copied in {us} us)",
             mep.name(),
             kind_name(sk),
             d.src,

@@ -453,10 +453,15 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
     for i in 0..=COMPOSE_N {
         let since = powered_off.map_or(f64::INFINITY, |t| t.elapsed().as_secs_f64() * 1000.0);
         let t = Instant::now();
+        // The reader of BAR0 runs from the start, as on the raw side (started right after
+        // `device_add`): the figure is the bind until the function is usable and `pcifab
+        // bind` has returned, whichever is later.
         let out = h.run_ok(&format!(
-            "read a _ < /proc/uptime; pcifab bind {GPU0:#06x} --host 0 --port 1 >/dev/null && \
-             read b _ < /proc/uptime && pcifab-selftest bar-id --device {bdf} && \
-             echo bind_cmd_s=$a,$b"
+            "read a _ < /proc/uptime; \
+             pcifab-selftest bar-id --device {bdf} --wait 30000 >/tmp/bench-bar-id & r=$!; \
+             if pcifab bind {GPU0:#06x} --host 0 --port 1 >/dev/null; then \
+             read b _ < /proc/uptime; wait $r && cat /tmp/bench-bar-id && \
+             echo bind_cmd_s=$a,$b; else kill $r; false; fi"
         ))?;
         let bind = t.elapsed().as_secs_f64() * 1000.0;
         if !id_ok(&out) {
