@@ -573,8 +573,9 @@ pub struct P2pBench {
 /// The copy size of the latency figure, and how many copies and echoes it times.
 pub const LAT_BYTES: u64 = 4096;
 pub const LAT_COUNT: u64 = 200;
-/// Repetitions of the emulator's memcpy per size (it answers the best).
-pub const MEMCPY_REPS: u32 = 5;
+/// Repetitions of the emulator's memcpy per size (it answers the best): as many as the
+/// guest's fabric copies of each size, which are also back to back.
+pub const MEMCPY_REPS: u32 = 3;
 
 /// `make bench`: fabric-routed copies vs a CPU bounce through host memory and vs the
 /// emulator's own memcpy between the same memories, 4 KiB to 64 MiB; then the latency of
