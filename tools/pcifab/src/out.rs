@@ -6,10 +6,7 @@
 use std::{
     fmt,
     io::{IsTerminal, Write},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::mpsc::{self, RecvTimeoutError},
     thread::JoinHandle,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -221,7 +218,8 @@ pub fn rfc3339(t: SystemTime) -> String {
 /// redrawn ten times a second and erased at the end); otherwise one timestamped line when
 /// it starts and one a second while it runs. Nothing with --json.
 pub struct Progress {
-    done: Arc<AtomicBool>,
+    /// Dropped to stop the thread: its wait for the next redraw ends at once.
+    stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -229,7 +227,7 @@ impl Progress {
     pub fn start(what: String, quiet: bool) -> Self {
         if quiet {
             return Self {
-                done: Arc::new(AtomicBool::new(false)),
+                stop: None,
                 thread: None,
             };
         }
@@ -242,40 +240,36 @@ impl Progress {
 
     /// Shows progress on `out`, a terminal if `tty`.
     fn start_on(what: String, tty: bool, mut out: Box<dyn Write + Send>) -> Self {
-        let done = Arc::new(AtomicBool::new(false));
+        let (stop, stopped) = mpsc::channel::<()>();
         if !tty {
             let _ = writeln!(out, "{} {what}...", rfc3339(SystemTime::now()));
         }
-        let thread = {
-            let done = done.clone();
-            std::thread::spawn(move || {
-                let start = Instant::now();
-                let mut shown = 0;
-                let mut drawn = false;
-                while !done.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(100));
-                    if done.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let el = start.elapsed();
-                    if tty {
-                        // The first tenth of a second shows nothing: quick calls stay quiet.
-                        let _ = write!(out, "\r{what}: {:.1} s\x1b[K", el.as_secs_f64());
-                        drawn = true;
-                    } else if el.as_secs() > shown {
-                        shown = el.as_secs();
-                        let _ = writeln!(out, "{} {what}: {shown} s", rfc3339(SystemTime::now()));
-                    }
-                    let _ = out.flush();
+        let thread = std::thread::spawn(move || {
+            let start = Instant::now();
+            let mut shown = 0;
+            let mut drawn = false;
+            // Redraws every tenth of a second until the sender is dropped.
+            while let Err(RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(Duration::from_millis(100))
+            {
+                let el = start.elapsed();
+                if tty {
+                    // The first tenth of a second shows nothing: quick calls stay quiet.
+                    let _ = write!(out, "\r{what}: {:.1} s\x1b[K", el.as_secs_f64());
+                    drawn = true;
+                } else if el.as_secs() > shown {
+                    shown = el.as_secs();
+                    let _ = writeln!(out, "{} {what}: {shown} s", rfc3339(SystemTime::now()));
                 }
-                if drawn {
-                    let _ = write!(out, "\r\x1b[K");
-                    let _ = out.flush();
-                }
-            })
-        };
+                let _ = out.flush();
+            }
+            if drawn {
+                let _ = write!(out, "\r\x1b[K");
+                let _ = out.flush();
+            }
+        });
         Self {
-            done,
+            stop: Some(stop),
             thread: Some(thread),
         }
     }
@@ -283,7 +277,7 @@ impl Progress {
 
 impl Drop for Progress {
     fn drop(&mut self) {
-        self.done.store(true, Ordering::Relaxed);
+        drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -303,7 +297,7 @@ mod tests {
 
     /// A writer whose bytes the test can read.
     #[derive(Clone, Default)]
-    struct Shared(Arc<std::sync::Mutex<Vec<u8>>>);
+    struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
     impl Write for Shared {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
@@ -336,6 +330,20 @@ mod tests {
         assert!(lines[0].ends_with("Z binding 0x0300..."), "{t:?}");
         assert!(lines[1].ends_with("Z binding 0x0300: 1 s"), "{t:?}");
         assert!(!t.contains('\r') && !t.contains('\x1b'), "{t:?}");
+    }
+
+    /// The operation's end is not held up by the thread's wait for its next redraw.
+    #[test]
+    fn progress_ends_at_once() {
+        for tty in [false, true] {
+            let p = Progress::start_on("x".into(), tty, Box::new(Shared::default()));
+            // Mid-wait: 80 ms before the next redraw.
+            std::thread::sleep(Duration::from_millis(120));
+            let t = Instant::now();
+            drop(p);
+            let took = t.elapsed();
+            assert!(took < Duration::from_millis(50), "tty {tty}: {took:?}");
+        }
     }
 
     #[test]
