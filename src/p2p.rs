@@ -11,21 +11,22 @@
 //! driver owns. Host memory is named by bus address: user buffers are pinned and mapped with
 //! the DMA API for the length of one batch, so with an IOMMU the engine reaches only those
 //! pages, and they are unmapped and unpinned on every exit path (the guard's `Drop`).
-//! Copies are serialised per endpoint ([`P2p::copying`]); each batch is submitted, then waited
-//! for; a timeout, a signal or unbind resets the engine and waits until it is idle before
-//! the batch's pages are released.
+//! Copies are serialised per endpoint ([`P2p::copying`]); each batch is submitted with one
+//! doorbell, then waited for by watching the engine's status write-back in the ring (polled,
+//! no completion interrupt: [`POLL_SPIN_US`]); a timeout, a signal or unbind resets the
+//! engine and waits until it is idle before the batch's pages are released.
 
 use kernel::{
     device::{Bound, Device},
     dma::{Coherent, DataDirection},
     io::{io_read, io_write, poll::read_poll_timeout, Io},
-    new_condvar, new_mutex,
+    new_mutex,
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
-        Arc, CondVar, CondVarTimeoutResult, Mutex, MutexGuard,
+        Arc, Mutex, MutexGuard,
     },
-    time::{msecs_to_jiffies, Delta, Instant, Monotonic},
+    time::{delay::fsleep, Delta, Instant, Monotonic},
 };
 
 use crate::{
@@ -47,20 +48,26 @@ const DESC_MAX: u64 = 16 << 20;
 const USER_CHUNK: usize = 4 << 20;
 /// Default bound on a whole copy.
 const DEFAULT_COPY_TIMEOUT_MS: u32 = 60_000;
-/// Batches of at most this many bytes are polled: their descriptors ask for no completion
-/// interrupt, and the waiter watches the last descriptor's status write-back in host memory
-/// ([`POLL_SPIN_US`], then once a jiffy). A small copy's fixed cost is then the doorbell
-/// alone, not the interrupt and the event handler's pass over every event header.
-const POLL_MAX_LEN: u64 = 64 << 10;
-/// How long the waiter of a polled batch spins on the write-back before it sleeps.
-const POLL_SPIN_US: i64 = 500;
+/// The waiter of a batch watches the last descriptor's status write-back in host memory; the
+/// descriptors ask for no completion interrupt (its handler reads every event header, a
+/// dozen device round trips). It spins this long first, which covers a small copy (about 30
+/// us for 4 KiB under TCG); longer, the spinning CPU slows the engine's copy down.
+const POLL_SPIN_US: i64 = 100;
+/// Then it sleeps an eighth of the time waited so far between looks, within these bounds: a
+/// completion is seen within an eighth of the copy's time, and a long copy wakes the waiter
+/// a number of times that grows with the logarithm of its length.
+const POLL_NAP_MIN_US: i64 = 50;
+const POLL_NAP_MAX_US: i64 = 4_000;
+/// How often HEAD and STATUS are read while no status is written back (an engine that
+/// halted before its write-back).
+const POLL_REGS_MS: i64 = 20;
 /// How long a reset waits for the engine's current descriptor.
 const RESET_WAIT_MS: i64 = 5_000;
 
-/// Descriptor control bits: source and destination kinds, completion interrupt.
+/// Descriptor control bits: source and destination kinds (bit 8, a completion interrupt, is
+/// never set: see [`POLL_SPIN_US`]).
 const KIND_HOST: u32 = 0;
 const KIND_WINDOW: u32 = 1;
-const DESC_IRQ: u32 = 1 << 8;
 /// Descriptor status values the engine writes.
 pub(crate) const DMA_OK: u32 = 1;
 const DMA_HOST_FAULT: u32 = 2;
@@ -97,8 +104,8 @@ struct Engine {
 /// P2P state of one endpoint.
 #[pin_data]
 pub(crate) struct P2p {
-    /// Held for a whole copy: the engine runs one copy's batches at a time. Separate from
-    /// `engine`, which a waiting copy releases while it sleeps on `done`.
+    /// Held for a whole copy: the engine runs one copy's batches at a time. Taken before
+    /// `engine`; unbind takes it to wait for the running copy.
     #[pin]
     copying: Mutex<()>,
     #[pin]
@@ -114,10 +121,7 @@ pub(crate) struct P2p {
     /// The cache may be out of date: set by route changes and by the firmware's
     /// ROUTES_CHANGED event (from the interrupt handler, which cannot take `cache`).
     stale: Atomic<bool>,
-    /// Woken by the interrupt handler when a descriptor completes.
-    #[pin]
-    done: CondVar,
-    /// Set on unbind, so a running copy stops at its next wait.
+    /// Set on unbind, so a running copy stops at its next look at the engine.
     abort: Atomic<bool>,
     /// Window size in bytes; 0 when the firmware has no P2P window.
     window: Atomic<u64>,
@@ -147,7 +151,6 @@ impl P2p {
             routes <- new_mutex!(()),
             cache <- new_mutex!(None),
             stale: Atomic::new(true),
-            done <- new_condvar!(),
             abort: Atomic::new(false),
             window: Atomic::new(0),
             faults: Atomic::new(0),
@@ -181,10 +184,6 @@ impl P2p {
         }
         if ev.routes_changed() {
             self.stale.store(true, Relaxed);
-        }
-        // A route the firmware removed may be the one a copy is using: wake it too.
-        if ev.dma_done() || ev.dma_error() || ev.routes_changed() {
-            self.done.notify_all();
         }
     }
 }
@@ -233,7 +232,6 @@ pub(crate) fn init(mep: &Mep, dev: &Device<Bound>, vector: usize) -> Result {
 /// returns), later ones fail with `ENODEV`.
 pub(crate) fn shut_down(mep: &Mep) {
     mep.p2p.abort.store(true, Relaxed);
-    mep.p2p.done.notify_all();
     let _copying = mep.p2p.copying.lock();
     let mut e = mep.p2p.engine.lock();
     e.dead = true;
@@ -593,11 +591,6 @@ fn run_batch(
 ) -> Result<(u64, u32, Option<Error>)> {
     let first = e.tail;
     let n = batch.len() as u32;
-    let polled = batch
-        .iter()
-        .try_fold(0u64, |sum, &(_, _, len)| sum.checked_add(len))
-        .is_some_and(|sum| sum <= POLL_MAX_LEN);
-    let irq = if polled { 0 } else { DESC_IRQ };
     {
         let ring = e.ring.as_ref().ok_or(EOPNOTSUPP)?;
         for (i, &(src, dst, len)) in batch.iter().enumerate() {
@@ -610,67 +603,60 @@ fn run_batch(
             io_write!(ring, [try: slot].dst, da);
             io_write!(ring, [try: slot].done, 0u64);
             io_write!(ring, [try: slot].cookie, u64::from(first + i as u32));
-            io_write!(ring, [try: slot].control, sk | (dk << 2) | irq);
+            io_write!(ring, [try: slot].control, sk | (dk << 2));
         }
     }
     let tail = (first + n) % RING_ENTRIES as u32;
     e.tail = tail;
     mep.with_bar(|bar| bar.write_reg(regs::DMA_TAIL::zeroed().with_value(tail)))?;
 
-    // Wait until the engine's HEAD reaches our TAIL.
+    // Wait until the engine is past the batch. It writes a descriptor's status back when it
+    // is done with it, in ring order: the batch's last descriptor written back as a success
+    // means the engine is past the batch, and no register needs reading (each read is a
+    // round trip to the device). Anything else goes by HEAD and STATUS, which also tell a
+    // halted engine.
     let last = (first.wrapping_add(n).wrapping_sub(1) as usize) % RING_ENTRIES;
-    if polled {
-        // The engine writes the status back into the ring: spinning on it costs no register
-        // read. Whatever it finds (or a timeout) goes on to the checks below.
-        let ring = e.ring.as_ref().ok_or(EOPNOTSUPP)?;
-        let _ = read_poll_timeout(
-            || Ok(io_read!(ring, [try: last].status)),
-            |status: &u32| *status != 0,
-            Delta::ZERO,
-            Delta::from_micros(POLL_SPIN_US),
-        );
-    }
+    let waited = Instant::<Monotonic>::now();
+    let mut regs_at = POLL_REGS_MS;
     let mut failed = None;
     loop {
-        // The engine writes a descriptor's status back when it is done with it, in ring
-        // order: the batch's last descriptor written back as a success means the engine is
-        // past the batch, and no register needs reading (each read is a round trip to the
-        // device). Anything else goes by the registers, which also tell a halted engine.
         let ring = e.ring.as_ref().ok_or(EOPNOTSUPP)?;
         let last_status: u32 = io_read!(ring, [try: last].status);
         if n != 0 && last_status == DMA_OK {
             break;
         }
-        let (head, status) =
-            mep.with_bar(|bar| (bar.read(regs::DMA_HEAD).value(), bar.read(regs::DMA_STATUS)))?;
-        let head: u32 = head.into();
-        if head == tail {
-            break;
-        }
-        if status.halted() {
-            failed = Some(EIO);
-            break;
+        let waited_us = waited.elapsed().as_nanos() / 1000;
+        if last_status != 0 || waited_us / 1000 >= regs_at {
+            regs_at = waited_us / 1000 + POLL_REGS_MS;
+            let (head, status) =
+                mep.with_bar(|bar| (bar.read(regs::DMA_HEAD).value(), bar.read(regs::DMA_STATUS)))?;
+            let head: u32 = head.into();
+            if head == tail {
+                break;
+            }
+            if status.halted() {
+                failed = Some(EIO);
+                break;
+            }
         }
         if mep.p2p.abort.load(Relaxed) {
             failed = Some(ENODEV);
             break;
         }
-        let left = i64::from(timeout_ms) - start.elapsed().as_millis();
-        if left <= 0 {
+        if start.elapsed().as_millis() >= i64::from(timeout_ms) {
             failed = Some(ETIMEDOUT);
             break;
         }
-        // A polled batch raises no interrupt: look again every jiffy.
-        let wait = if polled {
-            1
-        } else {
-            msecs_to_jiffies(u32::try_from(left.min(20)).unwrap_or(20))
-        };
-        if let CondVarTimeoutResult::Signal { .. } =
-            mep.p2p.done.wait_interruptible_timeout(e, wait)
-        {
+        if kernel::current!().signal_pending() {
             failed = Some(EINTR);
             break;
+        }
+        if waited_us < POLL_SPIN_US {
+            core::hint::spin_loop();
+        } else {
+            fsleep(Delta::from_micros(
+                (waited_us / 8).clamp(POLL_NAP_MIN_US, POLL_NAP_MAX_US),
+            ));
         }
     }
     if let Some(err) = failed {
