@@ -451,6 +451,16 @@ impl Mep {
                     fw_ret: ERR_LOGC_PORT_ARDY_BIND,
                     ..
                 }) if port.is_none() && tries < LOG_PORTS => tries += 1,
+                // Another host's bind is filling the port we picked (the first free one,
+                // which it picked too): wait for its outcome and pick again, as a bind made
+                // after it would. A function of ours that is busy gets its own error then.
+                Err(Failure {
+                    fw_ret: ERR_BIND_IN_PROGRESS,
+                    ..
+                }) if port.is_none() && start.elapsed().as_millis() < i64::from(timeout_ms) => {
+                    r.release_port();
+                    self.compose.pause(i64::from(POLL_MS))?;
+                }
                 Err(f) => return Err(f),
                 Ok(()) => break (h, p),
             }
