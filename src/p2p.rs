@@ -26,13 +26,13 @@ use kernel::{
         atomic::{ordering::Relaxed, Atomic},
         Arc, Mutex, MutexGuard,
     },
-    time::{delay::fsleep, Delta, Instant, Monotonic},
+    time::{Delta, Instant, Monotonic},
 };
 
 use crate::{
     fw::{self, ext, Failure},
     hotplug,
-    kext::{binding::Binding, user_pages::UserDma},
+    kext::{binding::Binding, sleep::usleep_range, user_pages::UserDma},
     regs, uapi, Mep,
 };
 
@@ -654,9 +654,10 @@ fn run_batch(
         if waited_us < POLL_SPIN_US {
             core::hint::spin_loop();
         } else {
-            fsleep(Delta::from_micros(
-                (waited_us / 8).clamp(POLL_NAP_MIN_US, POLL_NAP_MAX_US),
-            ));
+            // Naps end within a thirty-second of their length (fsleep's quarter would make
+            // every look late by up to that much).
+            let nap = (waited_us / 8).clamp(POLL_NAP_MIN_US, POLL_NAP_MAX_US);
+            usleep_range(Delta::from_micros(nap), Delta::from_micros(nap / 32));
         }
     }
     if let Some(err) = failed {
