@@ -496,6 +496,8 @@ pub struct Fabric {
     checks: u64,
     /// The run's TLS material, once a scenario asked for it ([`Fabric::tls_material`]).
     pub(crate) tls: Option<crate::tls::Authority>,
+    /// The emulator's pid, when the harness started it.
+    pub emu_pid: Option<u32>,
 }
 
 /// The emulator's control socket, for scenarios.
@@ -556,6 +558,7 @@ impl Fabric {
             skip: None,
             checks: 0,
             tls: None,
+            emu_pid: None,
         }
     }
 
@@ -761,7 +764,7 @@ fn sock_path(dir: &Path, name: &str) -> Result<PathBuf, String> {
     Ok(p)
 }
 
-/// Starts the emulator and waits for its `ready` line.
+/// Starts the emulator and waits for its `ready` line; returns its pid.
 ///
 /// Every host in `hosts` (the ones that boot) gets `--qmp HOST=RUNDIR/qmp-emu-HOST.sock`: the
 /// emulator's own QMP connection to that host's QEMU, through which a bind or unbind
@@ -771,7 +774,7 @@ pub fn start_emulator(
     children: &mut Children,
     run_dir: &Path,
     hosts: &[String],
-) -> Result<(), String> {
+) -> Result<u32, String> {
     let log_path = opts.results.join("emu.log");
     let log = File::create(&log_path)
         .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
@@ -841,7 +844,7 @@ pub fn start_emulator(
             ));
         }
     }
-    Ok(())
+    Ok(pid)
 }
 
 /// Last `n` lines of a file, as "\n  | line" text for error messages.

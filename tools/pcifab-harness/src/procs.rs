@@ -263,3 +263,128 @@ impl Drop for Children {
         }
     }
 }
+
+/// Every thread of a process held on one CPU; each thread's former CPU set comes back on
+/// drop. For the P2P benchmark: the emulator's DMA engine thread then copies on the core its
+/// memcpy floor is measured on, instead of being moved between cores whenever a guest's
+/// timer wakes QEMU (which the floor, measured with the guests idle, never sees).
+pub struct PinnedThreads {
+    saved: Vec<(libc::pid_t, libc::cpu_set_t)>,
+    pub cpu: usize,
+}
+
+impl PinnedThreads {
+    /// Pins every thread of `pid` to the highest CPU this process may run on. `Ok(None)` on
+    /// a machine with one CPU (nothing to choose).
+    pub fn new(pid: u32) -> Result<Option<Self>, String> {
+        // SAFETY: a zeroed cpu_set_t is a valid, empty set.
+        let mut mine: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `mine` is a valid cpu_set_t of the size passed.
+        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut mine) }
+            != 0
+        {
+            return Err(format!(
+                "sched_getaffinity: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: CPU_ISSET reads the set; every index is below CPU_SETSIZE.
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &mine) })
+            .collect();
+        let (Some(&cpu), true) = (cpus.last(), cpus.len() > 1) else {
+            return Ok(None);
+        };
+        // SAFETY: a zeroed cpu_set_t is a valid, empty set.
+        let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` came from the set above, so it is below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(cpu, &mut one) };
+        let dir = format!("/proc/{pid}/task");
+        let tasks = std::fs::read_dir(&dir).map_err(|e| format!("{dir}: {e}"))?;
+        let mut pinned = PinnedThreads {
+            saved: Vec::new(),
+            cpu,
+        };
+        for t in tasks {
+            let t = t.map_err(|e| format!("{dir}: {e}"))?;
+            let Some(tid) = t
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<libc::pid_t>().ok())
+            else {
+                continue;
+            };
+            // SAFETY: as above.
+            let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            // SAFETY: `old` is a valid cpu_set_t of the size passed; a thread that ended
+            // meanwhile makes the call fail (ESRCH), and it is skipped.
+            if unsafe { libc::sched_getaffinity(tid, size, &mut old) } != 0 {
+                continue;
+            }
+            // SAFETY: `one` is a valid cpu_set_t of the size passed.
+            if unsafe { libc::sched_setaffinity(tid, size, &one) } != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::ESRCH) {
+                    continue;
+                }
+                return Err(format!(
+                    "sched_setaffinity of thread {tid} of pid {pid}: {e}"
+                ));
+            }
+            pinned.saved.push((tid, old));
+        }
+        Ok(Some(pinned))
+    }
+
+    /// Threads pinned.
+    pub fn threads(&self) -> usize {
+        self.saved.len()
+    }
+}
+
+impl Drop for PinnedThreads {
+    fn drop(&mut self) {
+        for (tid, old) in &self.saved {
+            // SAFETY: `old` is the valid set read before; a thread that ended is ESRCH.
+            unsafe { libc::sched_setaffinity(*tid, std::mem::size_of::<libc::cpu_set_t>(), old) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod pin_tests {
+    use super::PinnedThreads;
+
+    fn allowed(pid: u32) -> String {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    /// A child's threads are held on the highest CPU while pinned and get their CPU set
+    /// back on drop.
+    #[test]
+    fn pins_and_restores() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let before = allowed(child.id());
+        match PinnedThreads::new(child.id()).unwrap() {
+            Some(p) => {
+                assert_eq!(p.threads(), 1);
+                assert_eq!(allowed(child.id()), p.cpu.to_string());
+                drop(p);
+                assert_eq!(allowed(child.id()), before);
+            }
+            // One CPU: nothing to pin, and nothing changed.
+            None => assert_eq!(allowed(child.id()), before),
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

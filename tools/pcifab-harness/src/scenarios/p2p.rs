@@ -590,6 +590,23 @@ pub fn bench_p2p(f: &mut Fabric) -> Result<P2pBench, String> {
     route(h0, GPU0, 64 * MIB, 0, 0)?;
     route(h0, GPU1, 64 * MIB, 0, 64 * MIB)?;
     let completion_us = crate::bench::completion_delay_us(&emu, &h0.name)?;
+    // The emulator's threads stay on one CPU for the copies and the floor alike
+    // (`PinnedThreads`), and come back after.
+    let pin = match f.emu_pid {
+        Some(pid) => crate::procs::PinnedThreads::new(pid)?,
+        None => None,
+    };
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    match &pin {
+        Some(p) => h0.log_note(&format!(
+            "p2p bench: the emulator's {} threads pinned to CPU {}",
+            p.threads(),
+            p.cpu
+        )),
+        None => {
+            h0.log_note("p2p bench: the emulator's threads not pinned (one CPU, or no emulator)")
+        }
+    }
     let o = h0.run_ok_timeout(
         &format!(
             "pcifab-selftest p2p-bench --a {GPU0:#06x} --b {GPU1:#06x} --bar-a {a} --bar-b {b} \
@@ -640,6 +657,7 @@ pub fn bench_p2p(f: &mut Fabric) -> Result<P2pBench, String> {
             h0.name
         ));
     }
+    drop(pin);
     h0.log_note(&format!(
         "p2p bench: {} sizes, memcpy {:?} MiB/s; {copy_count} copies of {LAT_BYTES} bytes p50 \
          {copy_p50_us} us; {LAT_COUNT} echoes of 64 bytes p50 {} us; completion delay \
