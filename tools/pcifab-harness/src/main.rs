@@ -319,8 +319,6 @@ struct Run {
     failed: usize,
     /// (scenario name, passed) of every scenario that ran, for summary.json.
     outcomes: Vec<(String, bool)>,
-    /// The emulator's pid once started.
-    emu_pid: Option<u32>,
 }
 
 impl Run {
@@ -360,9 +358,10 @@ impl Run {
             ));
         }
         let names = &self.expected.hosts[..n];
+        let mut emu_pid = None;
         if !o.no_emu {
             let t = Instant::now();
-            self.emu_pid = Some(fabric::start_emulator(o, children, run_dir, names)?);
+            emu_pid = Some(fabric::start_emulator(o, children, run_dir, names)?);
             self.log.write(&format!(
                 "emulator ready in {:.2} s",
                 t.elapsed().as_secs_f64()
@@ -419,7 +418,7 @@ impl Run {
             !o.no_emu,
         );
         fabric.guest_bin = o.guest_bin.clone();
-        fabric.emu_pid = self.emu_pid;
+        fabric.emu_pid = emu_pid;
         Ok(fabric)
     }
 
@@ -1118,7 +1117,6 @@ fn main() -> ExitCode {
         passed: 0,
         failed: 0,
         outcomes: Vec::new(),
-        emu_pid: None,
     };
     say(&format!(
         "# dialect: {} (emulator firmware for the whole run)",

@@ -265,7 +265,7 @@ impl Drop for Children {
 }
 
 /// Every thread of a process held on one CPU; each thread's former CPU set comes back on
-/// drop. For the P2P benchmark: the emulator's DMA engine thread then copies on the core its
+/// drop (a thread started meanwhile inherits its creator's single CPU and keeps it). For the P2P benchmark: the emulator's DMA engine thread then copies on the core its
 /// memcpy floor is measured on, instead of being moved between cores whenever a guest's
 /// timer wakes QEMU (which the floor, measured with the guests idle, never sees).
 pub struct PinnedThreads {

@@ -703,7 +703,6 @@ pub(crate) fn main(mut opts: Opts) -> ExitCode {
         passed: 0,
         failed: 0,
         outcomes: Vec::new(),
-        emu_pid: None,
     };
     let mut rows = Vec::new();
     let mut failed = false;
