@@ -8,6 +8,11 @@
 
 use std::{fs::File, process::ExitCode};
 
+/// mimalloc keeps freed memory for the next allocation; musl's allocator gives it back to
+/// the kernel at once (tools/Cargo.toml).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod manager;
 mod out;
 mod p2p;
