@@ -644,7 +644,7 @@ impl Run {
             };
             say(&format!(
                 "# {} binds and unbinds of 0x0300 on logical port 1, through pcifab and raw (ms, \
-                 median of: pcifab bind {}; of it the bind command {}, {} ms after pcifab's \
+                 median of: pcifab bind {}; of it the bind ioctl {}, {} ms after pcifab's \
                  power-off of the slot; raw device_add {}; pcifab unbind {}; raw sysfs power-off + \
                  device_del {})",
                 bench::COMPOSE_N,
