@@ -20,7 +20,7 @@ use crate::fabric::{EmuControl, Fabric, Host};
 const HOST_TIMEOUT_S: u64 = 3;
 const RECLAIM_AFTER_S: u64 = 2;
 /// Time-slice length of the time-sliced scenario.
-const SLICE_S: u64 = 20;
+const SLICE_S: u64 = 12;
 /// Lease of the priority-9 request, whose expiry hands its GPU over.
 const R3_LEASE_S: u64 = 30;
 /// Pattern seeds written into BAR2 by the time-sliced scenario.
