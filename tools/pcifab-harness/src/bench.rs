@@ -463,15 +463,16 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
     for i in 0..=COMPOSE_N {
         let since = powered_off.map_or(f64::INFINITY, |t| t.elapsed().as_secs_f64() * 1000.0);
         let t = Instant::now();
-        // The reader of BAR0 runs from the start, as on the raw side (started right after
-        // `device_add`): the figure is the bind until the function is usable and `pcifab
-        // bind` has returned, whichever is later. Both print one JSON line to the agent
-        // (the CLI's has the bind's own `elapsed_ms`); nothing else runs in the guest, as
-        // on the raw side.
+        // The reader of BAR0 starts right after `pcifab bind`, as it starts right after
+        // `device_add` on the raw side (started first, its start would delay the command
+        // measured): the figure is the bind until the function is usable and `pcifab bind`
+        // has returned, whichever is later. Both print one JSON line to the agent (the
+        // CLI's has the bind's own `elapsed_ms`); nothing else runs in the guest, as on the
+        // raw side.
         let out = h.run_ok(&format!(
-            "pcifab-selftest bar-id --device {bdf} --wait 30000 & r=$!; \
-             if pcifab --json bind {GPU0:#06x} --host 0 --port 1; then wait $r; \
-             else kill $r; false; fi"
+            "pcifab --json bind {GPU0:#06x} --host 0 --port 1 & p=$!; \
+             pcifab-selftest bar-id --device {bdf} --wait 30000 & r=$!; \
+             if wait $p; then wait $r; else kill $r; false; fi"
         ))?;
         let bind = t.elapsed().as_secs_f64() * 1000.0;
         if !id_ok(&out) {
