@@ -228,7 +228,13 @@ fn run_script(script: &[u8], timeout: Duration) -> (i64, Vec<u8>) {
         if pfds.is_empty() {
             sleep(Duration::from_millis(10));
         } else {
-            let wait = timeout.saturating_sub(start.elapsed()).min(POLL_MAX);
+            // Without a pidfd only the output wakes the poll: look for the end every 20 ms.
+            let most = if exited.is_some() {
+                POLL_MAX
+            } else {
+                Duration::from_millis(20)
+            };
+            let wait = timeout.saturating_sub(start.elapsed()).min(most);
             let ms = libc::c_int::try_from(wait.as_millis()).unwrap_or(libc::c_int::MAX);
             // SAFETY: `pfds` holds `pfds.len()` (at most 2) valid pollfds on descriptors
             // this function owns; the timeout is bounded.
