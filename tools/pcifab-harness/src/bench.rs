@@ -387,6 +387,9 @@ pub const COMPOSE_N: usize = 5;
 /// Bind-to-usable and unbind latencies (ms) through pcifab and the raw baselines.
 pub struct ComposeBench {
     pub bind_ms: Vec<f64>,
+    /// The same bind through the driver's sysfs `bind` file (a shell's `echo`, no process
+    /// started): the driver's share without the CLI's start.
+    pub bind_sysfs_ms: Vec<f64>,
     pub unbind_ms: Vec<f64>,
     pub raw_add_ms: Vec<f64>,
     /// Slot powered off through sysfs, then QMP `device_del`, to DEVICE_DELETED.
@@ -424,6 +427,9 @@ fn slot_of(h: &mut Host, addr: &str) -> Result<String, String> {
         .ok_or_else(|| format!("{}: no hot-plug slot with address {addr}", h.name))
 }
 
+/// The driver's `bind` file of the one endpoint of the bench's fabric (Documentation/sysfs.rst).
+const SYSFS_BIND: &str = "/sys/class/misc/pcifab0/bind";
+
 /// The `elapsed_ms` of the `pcifab --json bind` line in `out` (the reader's line is the
 /// other one).
 fn bind_elapsed_ms(out: &str) -> Result<f64, String> {
@@ -452,6 +458,7 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
     let id_ok = |out: &str| out.contains(&format!("\"pdfid\":\"{GPU0:#06x}\""));
     let mut r = ComposeBench {
         bind_ms: Vec::new(),
+        bind_sysfs_ms: Vec::new(),
         unbind_ms: Vec::new(),
         raw_add_ms: Vec::new(),
         raw_del_ms: Vec::new(),
@@ -484,6 +491,20 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
         let t = Instant::now();
         h.run_ok(&format!("pcifab unbind {GPU0:#06x}"))?;
         let unbind = t.elapsed().as_secs_f64() * 1000.0;
+        // The same bind through sysfs, the reader started the same way.
+        let t = Instant::now();
+        let out = h.run_ok(&format!(
+            "echo '{GPU0:#06x} 0 1' > {SYSFS_BIND} & p=$!; \
+             pcifab-selftest bar-id --device {bdf} --wait 30000 & r=$!; \
+             if wait $p; then wait $r; else kill $r; false; fi"
+        ))?;
+        let bind_sysfs = t.elapsed().as_secs_f64() * 1000.0;
+        if !id_ok(&out) {
+            return Err(format!(
+                "sysfs bind: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
+            ));
+        }
+        h.run_ok(&format!("pcifab unbind {GPU0:#06x}"))?;
         powered_off = Some(Instant::now());
         // The function must be free in the fabric before the harness plugs it itself.
         let (bound, _) = emu_owners(&emu, &e)?;
@@ -526,11 +547,13 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
         let del = t.elapsed().as_secs_f64() * 1000.0;
         h.log_note(&format!(
             "bench round {i}: pcifab bind {bind:.0} ms (bind command {bind_cmd:.0} ms, \
-             {since:.0} ms after pcifab's power-off of the slot), unbind {unbind:.0} ms; raw \
-             device_add {add:.0} ms, power-off + device_del {del:.0} ms"
+             {since:.0} ms after pcifab's power-off of the slot), unbind {unbind:.0} ms, \
+             sysfs bind {bind_sysfs:.0} ms; raw device_add {add:.0} ms, power-off + \
+             device_del {del:.0} ms"
         ));
         if i > 0 {
             r.bind_ms.push(bind);
+            r.bind_sysfs_ms.push(bind_sysfs);
             r.unbind_ms.push(unbind);
             r.raw_add_ms.push(add);
             r.raw_del_ms.push(del);

@@ -645,12 +645,13 @@ impl Run {
             say(&format!(
                 "# {} binds and unbinds of 0x0300 on logical port 1, through pcifab and raw (ms, \
                  median of: pcifab bind {}; of it the bind ioctl {}, {} ms after pcifab's \
-                 power-off of the slot; raw device_add {}; pcifab unbind {}; raw sysfs power-off + \
-                 device_del {})",
+                 power-off of the slot; sysfs bind {}; raw device_add {}; pcifab unbind {}; raw \
+                 sysfs power-off + device_del {})",
                 bench::COMPOSE_N,
                 fmt(&c.bind_ms),
                 fmt(&c.bind_cmd_ms),
                 fmt(&c.since_poweroff_ms),
+                fmt(&c.bind_sysfs_ms),
                 fmt(&c.raw_add_ms),
                 fmt(&c.unbind_ms),
                 fmt(&c.raw_del_ms)
@@ -678,6 +679,15 @@ impl Run {
             say(&format!(
                 "bench unbind_latency_ratio_vs_raw_poweroff {:.3}",
                 m(&c.unbind_ms) / m(&c.raw_del_ms)
+            ));
+            // The driver's share alone: the same bind without starting the CLI.
+            say(&format!(
+                "bench bind_sysfs_latency_ms_pcifab {:.0}",
+                m(&c.bind_sysfs_ms)
+            ));
+            say(&format!(
+                "bench bind_sysfs_latency_ratio_vs_raw_hotplug {:.3}",
+                m(&c.bind_sysfs_ms) / m(&c.raw_add_ms)
             ));
         }
         if want("p2p") {
