@@ -439,9 +439,10 @@ fn bind_elapsed_ms(out: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("pcifab --json bind printed no elapsed_ms: {out}"))
 }
 
-/// Host 0 only: GPU0 (0x0300) on logical port 1 (`dsp1`, bus 04), alternately bound and
-/// unbound through pcifab, and hot-plugged by the harness's own QMP `device_add`, then
-/// removed by powering the slot off through sysfs and QMP `device_del`; never both at once.
+/// Host 0 only: GPU0 (0x0300) on logical port 1 (`dsp1`, bus 04), in each round bound and
+/// unbound through the pcifab CLI, bound through the driver's sysfs file and unbound again,
+/// and hot-plugged by the harness's own QMP `device_add`, then removed by powering the slot
+/// off through sysfs and QMP `device_del`; never two of them at once.
 pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
     let emu = f.emu();
     let e = f.expected.clone();
