@@ -37,6 +37,14 @@ struct World {
     daemon: Arc<Mutex<Daemon>>,
 }
 
+/// The scenario's files go with it (the daemon's open database stays usable until the
+/// test process ends).
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, text).expect("write");
