@@ -439,6 +439,31 @@ fn bind_elapsed_ms(out: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("pcifab --json bind printed no elapsed_ms: {out}"))
 }
 
+/// Runs the bind command `cmd` in `h` and the reader of BAR0 of `bdf` right after it, as
+/// the reader starts right after `device_add` on the raw side (started first, its start
+/// would delay the command measured). Returns the ms until the function is usable and the
+/// command has returned, whichever is later, and the output (one JSON line of each; nothing
+/// else runs in the guest, as on the raw side), after checking that BAR0 read GPU0's PDFID.
+fn bind_to_usable(h: &mut Host, what: &str, cmd: &str, bdf: &str) -> Result<(f64, String), String> {
+    let t = Instant::now();
+    let out = h.run_ok(&format!(
+        "{cmd} & p=$!; pcifab-selftest bar-id --device {bdf} --wait 30000 & r=$!; \
+         if wait $p; then wait $r; else kill $r; false; fi"
+    ))?;
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    if !reads_gpu0(&out) {
+        return Err(format!(
+            "{what}: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
+        ));
+    }
+    Ok((ms, out))
+}
+
+/// Whether a reader's output shows GPU0's PDFID in BAR0.
+fn reads_gpu0(out: &str) -> bool {
+    out.contains(&format!("\"pdfid\":\"{GPU0:#06x}\""))
+}
+
 /// Host 0 only: GPU0 (0x0300) on logical port 1 (`dsp1`, bus 04), in each round bound and
 /// unbound through the pcifab CLI, bound through the driver's sysfs file and unbound again,
 /// and hot-plugged by the harness's own QMP `device_add`, then removed by powering the slot
@@ -456,7 +481,6 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
     let bdf = "0000:04:00.0";
     let slot = slot_of(h, "0000:04:00")?;
     let sock = run_dir.join(format!("fn-{GPU0:04x}.sock"));
-    let id_ok = |out: &str| out.contains(&format!("\"pdfid\":\"{GPU0:#06x}\""));
     let mut r = ComposeBench {
         bind_ms: Vec::new(),
         bind_sysfs_ms: Vec::new(),
@@ -470,41 +494,23 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
     // One unmeasured round of each warms the guest's page cache and QEMU.
     for i in 0..=COMPOSE_N {
         let since = powered_off.map_or(f64::INFINITY, |t| t.elapsed().as_secs_f64() * 1000.0);
-        let t = Instant::now();
-        // The reader of BAR0 starts right after `pcifab bind`, as it starts right after
-        // `device_add` on the raw side (started first, its start would delay the command
-        // measured): the figure is the bind until the function is usable and `pcifab bind`
-        // has returned, whichever is later. Both print one JSON line to the agent (the
-        // CLI's has the bind's own `elapsed_ms`); nothing else runs in the guest, as on the
-        // raw side.
-        let out = h.run_ok(&format!(
-            "pcifab --json bind {GPU0:#06x} --host 0 --port 1 & p=$!; \
-             pcifab-selftest bar-id --device {bdf} --wait 30000 & r=$!; \
-             if wait $p; then wait $r; else kill $r; false; fi"
-        ))?;
-        let bind = t.elapsed().as_secs_f64() * 1000.0;
-        if !id_ok(&out) {
-            return Err(format!(
-                "pcifab bind: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
-            ));
-        }
+        let (bind, out) = bind_to_usable(
+            h,
+            "pcifab bind",
+            &format!("pcifab --json bind {GPU0:#06x} --host 0 --port 1"),
+            bdf,
+        )?;
         let bind_cmd = bind_elapsed_ms(&out)?;
         let t = Instant::now();
         h.run_ok(&format!("pcifab unbind {GPU0:#06x}"))?;
         let unbind = t.elapsed().as_secs_f64() * 1000.0;
-        // The same bind through sysfs, the reader started the same way.
-        let t = Instant::now();
-        let out = h.run_ok(&format!(
-            "echo '{GPU0:#06x} 0 1' > {SYSFS_BIND} & p=$!; \
-             pcifab-selftest bar-id --device {bdf} --wait 30000 & r=$!; \
-             if wait $p; then wait $r; else kill $r; false; fi"
-        ))?;
-        let bind_sysfs = t.elapsed().as_secs_f64() * 1000.0;
-        if !id_ok(&out) {
-            return Err(format!(
-                "sysfs bind: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
-            ));
-        }
+        // The same bind through sysfs.
+        let (bind_sysfs, _) = bind_to_usable(
+            h,
+            "sysfs bind",
+            &format!("echo '{GPU0:#06x} 0 1' > {SYSFS_BIND}"),
+            bdf,
+        )?;
         h.run_ok(&format!("pcifab unbind {GPU0:#06x}"))?;
         powered_off = Some(Instant::now());
         // The function must be free in the fabric before the harness plugs it itself.
@@ -525,7 +531,7 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
             "pcifab-selftest bar-id --device {bdf} --wait 30000"
         ))?;
         let add = t.elapsed().as_secs_f64() * 1000.0;
-        if !id_ok(&out) {
+        if !reads_gpu0(&out) {
             return Err(format!(
                 "raw device_add: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
             ));
