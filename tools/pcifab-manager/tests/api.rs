@@ -227,6 +227,31 @@ fn roles_decide_and_refusals_say_why() {
     assert_eq!(w.lease_ids(), vec![id0]);
 }
 
+/// Every reply is written in pieces (TLS 1.3 session tickets, then the HTTP response); with
+/// Nagle's algorithm on the server's socket the last piece waits for the client's delayed
+/// ACK, at least 40 ms on Linux, in every request; loopback answers in a few ms without it.
+/// The fastest of ten is the figure: the stall is in each one, a busy machine is not.
+#[test]
+fn replies_come_without_a_delayed_ack_stall() {
+    let w = start("api-nodelay");
+    let c = w.client(Some("h1-job"), None);
+    let mut ms: Vec<f64> = (0..10)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            let (st, v) = c.ask(&Request::Leases, 0).expect("an answer");
+            assert_eq!(st, 200, "{v}");
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    assert!(
+        ms[0] < 30.0,
+        "the fastest of 10 requests over loopback took {:.1} ms (all: {ms:.1?}); a \
+         delayed-ACK stall (no TCP_NODELAY on the API's sockets) costs 40 ms each",
+        ms[0]
+    );
+}
+
 #[test]
 fn strangers_are_turned_away() {
     let w = start("api-strangers");
