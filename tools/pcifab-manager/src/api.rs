@@ -337,6 +337,8 @@ type Reply = hyper::Response<Full<Bytes>>;
 
 struct Ctx {
     daemon: Arc<Mutex<Daemon>>,
+    /// Changes when the daemon adds notices ([`Daemon::notices`]).
+    notices: tokio::sync::watch::Receiver<u64>,
     principals: Arc<Principals>,
     max_body: usize,
 }
@@ -436,8 +438,13 @@ pub fn spawn(
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the API's runtime: {e}"))?;
+    let notices = daemon
+        .lock()
+        .map_err(|_| "the daemon's lock is poisoned".to_string())?
+        .notices();
     let ctx = Arc::new(Ctx {
         daemon,
+        notices,
         principals,
         max_body: cfg.max_body,
     });
@@ -632,7 +639,10 @@ async fn handle(
         }
     };
     let deadline = Instant::now() + wait;
+    let mut notices = ctx.notices.clone();
     loop {
+        // Seen before the daemon is asked: a notice added after this wakes the wait below.
+        notices.borrow_and_update();
         let d = ctx.daemon.clone();
         let (p, op2) = (principal.clone(), op.clone());
         let r = tokio::task::spawn_blocking(move || {
@@ -657,9 +667,15 @@ async fn handle(
             .get("events")
             .and_then(Value::as_array)
             .is_some_and(Vec::is_empty);
-        if status == 200 && empty && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
+        let now = Instant::now();
+        if status == 200 && empty && now < deadline {
+            // A long poll (`wait`): ask again when the daemon has added notices (for any
+            // host; others' are filtered out), or once at the deadline.
+            match tokio::time::timeout(deadline - now, notices.changed()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) => return error_reply(500, "the manager failed internally; restart it"),
+                Err(_) => continue,
+            }
         }
         return json_reply(status, &v);
     }

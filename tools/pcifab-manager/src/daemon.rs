@@ -82,6 +82,9 @@ pub struct Daemon {
     pub api: Option<crate::config::ApiConfig>,
     /// Requests served, by operation and outcome, and how long they took (`/metrics`).
     pub stats: crate::metrics::Stats,
+    /// The scheduler's next notice number as of the last commit: the API's long polls of
+    /// `events` wait for it to change ([`Daemon::notices`]).
+    notices: tokio::sync::watch::Sender<u64>,
 }
 
 /// Scrub outcomes kept for the `pool` reply.
@@ -142,6 +145,7 @@ impl Daemon {
             principals: Arc::new(principals),
             api,
             stats: Default::default(),
+            notices: tokio::sync::watch::Sender::new(0),
         };
         if !fix.is_empty() {
             eprintln!(
@@ -196,6 +200,10 @@ impl Daemon {
 
     /// Commits the state (if it changed) and the log entry.
     fn commit(&mut self, entry: Option<&LogEntry>) -> Result<(), String> {
+        // Notices are served from memory, stored or not: wake whoever waits for one.
+        let next = self.sched.next_notice;
+        self.notices
+            .send_if_modified(|n| std::mem::replace(n, next) != next);
         let bytes = serde_json::to_vec(&self.sched).map_err(|e| e.to_string())?;
         if entry.is_none() && bytes == self.saved {
             return Ok(());
@@ -203,6 +211,12 @@ impl Daemon {
         self.store.save(&self.sched, entry)?;
         self.saved = bytes;
         Ok(())
+    }
+
+    /// Changes whenever notices were added (its value is the next notice's number), so a
+    /// long poll of `events` ends as soon as there is one.
+    pub fn notices(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.notices.subscribe()
     }
 
     /// Answers one request line.

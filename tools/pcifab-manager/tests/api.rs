@@ -172,6 +172,19 @@ impl World {
         self.client(who, None).ask(req, 0).expect("an answer")
     }
 
+    /// How many `events` requests the daemon has answered (its request counters).
+    fn events_served(&self) -> u64 {
+        self.daemon
+            .lock()
+            .expect("daemon")
+            .stats
+            .requests
+            .iter()
+            .filter(|((op, _), _)| op == "events")
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     /// The leases as the scheduler holds them (not through the API).
     fn lease_ids(&self) -> Vec<u64> {
         self.daemon
@@ -392,6 +405,77 @@ fn metrics_and_events_are_served() {
     );
     assert_eq!(st, 403);
     let _ = json!(null);
+}
+
+/// A long poll of `events` ends when the notice is added, not at a later look: five
+/// rounds of a tenant waiting (`wait` 10 s) while the admin grants its host a GPU; each wait
+/// must end within 60 ms of the grant's reply (a 200 ms polling loop passes all five with a
+/// chance of 0.3^5). The grant is made once the daemon has answered the poll empty.
+#[test]
+fn events_long_poll_ends_when_the_notice_comes() {
+    let w = start("api-long-poll");
+    let admin = w.client(None, Some(OPS_TOKEN));
+    let mut since = 0;
+    let mut late = Vec::new();
+    let mut served = w.events_served();
+    for round in 0..5 {
+        let tenant = w.client(Some("h1-job"), None);
+        let waiter = std::thread::spawn(move || {
+            let r = tenant.ask(&Request::Events { host: None, since }, 10);
+            (r, std::time::Instant::now())
+        });
+        // The poll is waiting once the daemon has served it (empty) once.
+        let t = std::time::Instant::now();
+        while w.events_served() == served {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "round {round}: the events poll never reached the daemon"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let (st, v) = admin
+            .ask(
+                &Request::Request {
+                    spec: gpus(1, 1, 5, 600),
+                },
+                0,
+            )
+            .expect("grant");
+        let granted = std::time::Instant::now();
+        assert_eq!(st, 201, "round {round}: {v}");
+        let id = v["id"].as_u64().expect("id");
+        let (r, answered) = waiter.join().expect("waiter");
+        let (st, ev) = r.expect("events");
+        assert_eq!(st, 200, "{ev}");
+        let evs = ev["events"].as_array().expect("events");
+        assert!(
+            evs.iter()
+                .any(|e| e["kind"] == "granted" && e["lease"] == id),
+            "round {round}: the wait ended without lease {id}'s grant: {ev}"
+        );
+        since = evs
+            .iter()
+            .filter_map(|e| e["seq"].as_u64())
+            .max()
+            .unwrap_or(since);
+        late.push(answered.saturating_duration_since(granted).as_secs_f64() * 1000.0);
+        let (st, v) = admin.ask(&Request::Release { id }, 0).expect("release");
+        assert_eq!(st, 200, "{v}");
+        // The release's notice, if any, is not what the next round waits for.
+        let (_, v) = w.ask(Some("h1-job"), &Request::Events { host: None, since });
+        served = w.events_served();
+        since = v["events"]
+            .as_array()
+            .and_then(|a| a.iter().filter_map(|e| e["seq"].as_u64()).max())
+            .unwrap_or(since);
+    }
+    late.sort_by(f64::total_cmp);
+    assert!(
+        late[4] < 60.0,
+        "an events long poll ended {:.1}-{:.1} ms after the grant that made its notice",
+        late[0],
+        late[4]
+    );
 }
 
 /// One raw HTTP exchange over TLS (to send what the client never would); `who` presents
