@@ -399,6 +399,11 @@ pub struct ComposeBench {
     /// the slot.
     pub bind_cmd_ms: Vec<f64>,
     pub since_poweroff_ms: Vec<f64>,
+    /// The test world's share, per round: the agent's round trip to a guest shell running
+    /// one built-in (`true`), and the same running `pcifab --version` (the CLI's start and
+    /// exit on top).
+    pub agent_rt_ms: Vec<f64>,
+    pub cli_rt_ms: Vec<f64>,
 }
 
 /// The median (NaN of nothing).
@@ -489,6 +494,8 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
         raw_del_ms: Vec::new(),
         bind_cmd_ms: Vec::new(),
         since_poweroff_ms: Vec::new(),
+        agent_rt_ms: Vec::new(),
+        cli_rt_ms: Vec::new(),
     };
     let mut powered_off: Option<Instant> = None;
     // One unmeasured round of each warms the guest's page cache and QEMU.
@@ -567,6 +574,16 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
             r.bind_cmd_ms.push(bind_cmd);
             r.since_poweroff_ms.push(since);
         }
+    }
+    // After the rounds, so they run as before: the test world's share of a request made in
+    // the guest.
+    for _ in 0..COMPOSE_N {
+        let t = Instant::now();
+        h.run_ok("true")?;
+        r.agent_rt_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        let t = Instant::now();
+        h.run_ok("pcifab --version >/dev/null")?;
+        r.cli_rt_ms.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     dmesg_clean(h)?;
     Ok(r)

@@ -689,6 +689,15 @@ impl Run {
                 "bench bind_sysfs_latency_ratio_vs_raw_hotplug {:.3}",
                 m(&c.bind_sysfs_ms) / m(&c.raw_add_ms)
             ));
+            // What starting a request in a guest costs the pcifab side (the raw side's
+            // request comes from the host, its reader's dispatch overlaps pciehp's waits).
+            say(&format!(
+                "# the test world's share (ms, median of {}): the agent's round trip to a guest \
+                 shell running one built-in {:.1}; the same running pcifab --version {:.1}",
+                bench::COMPOSE_N,
+                m(&c.agent_rt_ms),
+                m(&c.cli_rt_ms)
+            ));
         }
         if want("p2p") {
             // The P2P set-up unbinds every host's functions first: h1 runs again (idle) from here.
