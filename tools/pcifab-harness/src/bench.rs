@@ -398,6 +398,8 @@ pub struct ComposeBench {
     /// once the function is enumerated) and the time since this host's last power-off of
     /// the slot.
     pub bind_cmd_ms: Vec<f64>,
+    /// Of each pcifab unbind: the unbind ioctl as the CLI timed it (`elapsed_ms`).
+    pub unbind_cmd_ms: Vec<f64>,
     pub since_poweroff_ms: Vec<f64>,
     /// The test world's share, per round: the agent's round trip to a guest shell running
     /// one built-in (`true`), and the same running `pcifab --version` (the CLI's start and
@@ -435,13 +437,13 @@ fn slot_of(h: &mut Host, addr: &str) -> Result<String, String> {
 /// The driver's `bind` file of the one endpoint of the bench's fabric (Documentation/sysfs.rst).
 const SYSFS_BIND: &str = "/sys/class/misc/pcifab0/bind";
 
-/// The `elapsed_ms` of the `pcifab --json bind` line in `out` (the reader's line is the
-/// other one).
-fn bind_elapsed_ms(out: &str) -> Result<f64, String> {
+/// The `elapsed_ms` of the `pcifab --json <cmd>` line in `out` (a reader's line may be
+/// another one).
+fn elapsed_ms(out: &str, cmd: &str) -> Result<f64, String> {
     out.lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find_map(|v| v.get("elapsed_ms").and_then(Value::as_f64))
-        .ok_or_else(|| format!("pcifab --json bind printed no elapsed_ms: {out}"))
+        .ok_or_else(|| format!("pcifab --json {cmd} printed no elapsed_ms: {out}"))
 }
 
 /// Runs the bind command `cmd` in `h` and the reader of BAR0 of `bdf` right after it, as
@@ -493,6 +495,7 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
         raw_add_ms: Vec::new(),
         raw_del_ms: Vec::new(),
         bind_cmd_ms: Vec::new(),
+        unbind_cmd_ms: Vec::new(),
         since_poweroff_ms: Vec::new(),
         agent_rt_ms: Vec::new(),
         cli_rt_ms: Vec::new(),
@@ -507,10 +510,11 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
             &format!("pcifab --json bind {GPU0:#06x} --host 0 --port 1"),
             bdf,
         )?;
-        let bind_cmd = bind_elapsed_ms(&out)?;
+        let bind_cmd = elapsed_ms(&out, "bind")?;
         let t = Instant::now();
-        h.run_ok(&format!("pcifab unbind {GPU0:#06x}"))?;
+        let out = h.run_ok(&format!("pcifab --json unbind {GPU0:#06x}"))?;
         let unbind = t.elapsed().as_secs_f64() * 1000.0;
+        let unbind_cmd = elapsed_ms(&out, "unbind")?;
         // The same bind through sysfs.
         let (bind_sysfs, _) = bind_to_usable(
             h,
@@ -561,7 +565,7 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
         let del = t.elapsed().as_secs_f64() * 1000.0;
         h.log_note(&format!(
             "bench round {i}: pcifab bind {bind:.0} ms (bind command {bind_cmd:.0} ms, \
-             {since:.0} ms after pcifab's power-off of the slot), unbind {unbind:.0} ms, \
+             {since:.0} ms after pcifab's power-off of the slot), unbind {unbind:.0} ms (unbind command {unbind_cmd:.0} ms), \
              sysfs bind {bind_sysfs:.0} ms; raw device_add {add:.0} ms, power-off + \
              device_del {del:.0} ms"
         ));
@@ -572,6 +576,7 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
             r.raw_add_ms.push(add);
             r.raw_del_ms.push(del);
             r.bind_cmd_ms.push(bind_cmd);
+            r.unbind_cmd_ms.push(unbind_cmd);
             r.since_poweroff_ms.push(since);
         }
     }
@@ -610,8 +615,8 @@ mod tests {
     fn bind_time_from_the_cli_line() {
         let out = "{\"pdfid\":\"0x0300\",\"bar0\":\"ok\"}\n\
                    {\"schema\":\"x\",\"ok\":true,\"pdfid\":\"0x0300\",\"elapsed_ms\":153}\n";
-        assert_eq!(bind_elapsed_ms(out).unwrap(), 153.0);
-        assert!(bind_elapsed_ms("{\"pdfid\":\"0x0300\"}\nnot json\n").is_err());
+        assert_eq!(elapsed_ms(out, "bind").unwrap(), 153.0);
+        assert!(elapsed_ms("{\"pdfid\":\"0x0300\"}\nnot json\n", "bind").is_err());
     }
 
     #[test]

@@ -645,8 +645,8 @@ impl Run {
             say(&format!(
                 "# {} binds and unbinds of 0x0300 on logical port 1, through pcifab and raw (ms, \
                  median of: pcifab bind {}; of it the bind ioctl {}, {} ms after pcifab's \
-                 power-off of the slot; sysfs bind {}; raw device_add {}; pcifab unbind {}; raw \
-                 sysfs power-off + device_del {})",
+                 power-off of the slot; sysfs bind {}; raw device_add {}; pcifab unbind {}; of \
+                 it the unbind ioctl {}; raw sysfs power-off + device_del {})",
                 bench::COMPOSE_N,
                 fmt(&c.bind_ms),
                 fmt(&c.bind_cmd_ms),
@@ -654,6 +654,7 @@ impl Run {
                 fmt(&c.bind_sysfs_ms),
                 fmt(&c.raw_add_ms),
                 fmt(&c.unbind_ms),
+                fmt(&c.unbind_cmd_ms),
                 fmt(&c.raw_del_ms)
             ));
             say(&format!(
