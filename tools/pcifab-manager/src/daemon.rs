@@ -8,7 +8,7 @@ use std::{
     os::unix::net::{UnixListener, UnixStream},
     path::Path,
     sync::{Arc, Mutex},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::{json, Value};
@@ -579,7 +579,10 @@ pub fn serve(daemon: Daemon, socket: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn serve_conn(d: Arc<Mutex<Daemon>>, conn: UnixStream) {
+/// Serves one connection of the control socket until it closes: request lines in, reply
+/// lines out, as the peer's principal. Public for the tests, which drive it over a socket
+/// pair.
+pub fn serve_conn(d: Arc<Mutex<Daemon>>, conn: UnixStream) {
     let Ok(mut out) = conn.try_clone() else {
         return;
     };
@@ -594,22 +597,80 @@ fn serve_conn(d: Arc<Mutex<Daemon>>, conn: UnixStream) {
         ))),
     };
     let reader = BufReader::new(conn);
+    // Made on the first `events` line with a `wait`: it waits for the daemon's notices.
+    let mut rt = None;
     for line in reader.lines() {
         let Ok(line) = line else { return };
         if line.trim().is_empty() {
             continue;
         }
-        let reply = match (&principal, d.lock()) {
-            (Ok(p), Ok(mut d)) => d.serve_line(p, &line),
-            (Err(denied), _) => {
-                eprintln!("pcifab-manager: socket: refused: {}", denied.reason());
-                json!({"ok": false, "error": denied.reason(), "refused": true,
-                       "status": denied.status()})
-            }
-            (_, Err(_)) => protocol::error("the manager failed internally; restart it", false),
+        let reply = match protocol::take_wait(&line) {
+            Ok((line, 0)) => serve_once(&d, &principal, &line),
+            Ok((line, wait)) => serve_waiting(&d, &principal, &line, wait, &mut rt),
+            Err(reply) => reply,
         };
         if writeln!(out, "{reply}").is_err() {
             return;
+        }
+    }
+}
+
+fn serve_once(d: &Mutex<Daemon>, principal: &Result<Principal, Denied>, line: &str) -> Value {
+    match (principal, d.lock()) {
+        (Ok(p), Ok(mut d)) => d.serve_line(p, line),
+        (Err(denied), _) => {
+            eprintln!("pcifab-manager: socket: refused: {}", denied.reason());
+            json!({"ok": false, "error": denied.reason(), "refused": true,
+                   "status": denied.status()})
+        }
+        (_, Err(_)) => protocol::error("the manager failed internally; restart it", false),
+    }
+}
+
+/// An `events` line with a `wait`: answered once it has notices, or empty after `wait_s`
+/// seconds. The wait holds no lock; any notice the daemon adds wakes it to look again.
+fn serve_waiting(
+    d: &Mutex<Daemon>,
+    principal: &Result<Principal, Denied>,
+    line: &str,
+    wait_s: u64,
+    rt: &mut Option<tokio::runtime::Runtime>,
+) -> Value {
+    let Ok(mut notices) = d.lock().map(|d| d.notices()) else {
+        return protocol::error("the manager failed internally; restart it", false);
+    };
+    let deadline = Instant::now() + Duration::from_secs(wait_s);
+    loop {
+        // Seen before the daemon is asked: a notice added after this ends the wait below.
+        notices.borrow_and_update();
+        let reply = serve_once(d, principal, line);
+        let empty = reply
+            .get("events")
+            .and_then(Value::as_array)
+            .is_some_and(Vec::is_empty);
+        let now = Instant::now();
+        if !empty || now >= deadline {
+            return reply;
+        }
+        let rt = match rt {
+            Some(rt) => rt,
+            None => match tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+            {
+                Ok(r) => rt.insert(r),
+                Err(e) => {
+                    eprintln!("pcifab-manager: socket: cannot wait for notices: {e}");
+                    return reply;
+                }
+            },
+        };
+        // The timer is made inside the runtime, whose time driver it needs.
+        let left = deadline - now;
+        let woke = rt.block_on(async { tokio::time::timeout(left, notices.changed()).await });
+        if let Ok(Err(_)) = woke {
+            // The daemon is gone: nothing more will come.
+            return reply;
         }
     }
 }

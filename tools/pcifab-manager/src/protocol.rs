@@ -337,6 +337,30 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
 }
 
 /// Parses one request line; the error reply says what is wrong.
+/// Splits the socket's `wait` (seconds, at most [`crate::api::MAX_EVENT_WAIT_S`]) off an
+/// `events` request line: the line without it, and the wait (0 when absent or not an
+/// `events` line, whose own parse then judges it). A `wait` that is not such a number is a
+/// refused request.
+pub fn take_wait(line: &str) -> Result<(String, u64), Value> {
+    let Ok(Value::Object(mut o)) = serde_json::from_str::<Value>(line) else {
+        return Ok((line.to_string(), 0));
+    };
+    if o.get("op").and_then(Value::as_str) != Some("events") {
+        return Ok((line.to_string(), 0));
+    }
+    let Some(w) = o.remove("wait") else {
+        return Ok((line.to_string(), 0));
+    };
+    let max = crate::api::MAX_EVENT_WAIT_S;
+    match w.as_u64().filter(|&w| w <= max) {
+        Some(w) => Ok((Value::Object(o).to_string(), w)),
+        None => Err(error(
+            format!("bad request: wait is whole seconds, 0 to {max}; got {w}"),
+            true,
+        )),
+    }
+}
+
 pub fn parse(line: &str) -> Result<Request, Value> {
     serde_json::from_str(line).map_err(|e| {
         error(

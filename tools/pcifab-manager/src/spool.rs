@@ -136,7 +136,11 @@ pub fn serve(d: Arc<Mutex<Daemon>>, dir: &Path) -> Result<(), String> {
             let _ = fs::remove_file(&req);
             let reply = match (owner, d.lock()) {
                 (Ok(uid), Ok(mut d)) => match d.principals.by_uid(uid) {
-                    Ok(p) => d.serve_line(&p, line.trim()),
+                    // One server for every caller: a `wait` is answered at once.
+                    Ok(p) => match protocol::take_wait(line.trim()) {
+                        Ok((line, _)) => d.serve_line(&p, &line),
+                        Err(reply) => reply,
+                    },
                     Err(denied) => {
                         eprintln!("pcifab-manager: spool: refused: {}", denied.reason());
                         protocol::error(denied.reason(), true)

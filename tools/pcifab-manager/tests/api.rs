@@ -409,8 +409,9 @@ fn metrics_and_events_are_served() {
 
 /// A long poll of `events` ends when the notice is added, not at a later look: five
 /// rounds of a tenant waiting (`wait` 10 s) while the admin grants its host a GPU; each wait
-/// must end within 60 ms of the grant's reply (a 200 ms polling loop passes all five with a
-/// chance of 0.3^5). The grant is made once the daemon has answered the poll empty.
+/// must end within 150 ms of the grant's reply (a loop that looks every 200 ms, as this
+/// one did, ends about 190 ms after it: the poll has just looked). The grant is made once the
+/// daemon has answered the poll empty.
 #[test]
 fn events_long_poll_ends_when_the_notice_comes() {
     let w = start("api-long-poll");
@@ -471,7 +472,7 @@ fn events_long_poll_ends_when_the_notice_comes() {
     }
     late.sort_by(f64::total_cmp);
     assert!(
-        late[4] < 60.0,
+        late[4] < 150.0,
         "an events long poll ended {:.1}-{:.1} ms after the grant that made its notice",
         late[0],
         late[4]

@@ -569,3 +569,86 @@ fn scrub_pool_erases_between_holders() {
     assert_eq!(leases["leases"][0]["id"], a2["id"], "{leases}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// How many `events` requests `d` has answered (its request counters).
+fn events_served(d: &Mutex<Daemon>) -> u64 {
+    d.lock()
+        .expect("daemon")
+        .stats
+        .requests
+        .iter()
+        .filter(|((op, _), _)| op == "events")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// An `events` line with a `wait` on the control socket is answered when the notice comes:
+/// the socket's connection code on one end of a socket pair, a waiting line, then a grant
+/// made in the daemon once the daemon has answered the line empty; the reply must carry the
+/// grant within 150 ms of it (the CLI used to ask again every second). A bad `wait` is
+/// refused.
+#[test]
+fn socket_events_wait_ends_when_the_notice_comes() {
+    let dir = tempdir("socket-wait");
+    let mut c = config("hybrid");
+    // The socket's peer is this process: root is an admin, another user must be a principal.
+    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&dir).expect("dir"));
+    if uid != 0 {
+        let p = format!("[manager]\nhosts = 2\n[[principals]]\nname = \"tester\"\nrole = \"admin\"\nuids = [{uid}]\n");
+        c.principals = pcifab_manager::config::Config::parse(&p)
+            .expect("principals")
+            .principals;
+    }
+    let sim = Arc::new(Mutex::new(sim_for(&c)));
+    let d = Daemon::start(
+        c,
+        Store::open(&dir).expect("store"),
+        Box::new(sim),
+        Box::new(|| 1000),
+    )
+    .expect("daemon");
+    let d = Arc::new(Mutex::new(d));
+    let (mut s, theirs) = UnixStream::pair().expect("socket pair");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    {
+        let d = d.clone();
+        std::thread::spawn(move || pcifab_manager::daemon::serve_conn(d, theirs));
+    }
+    for bad in [json!(61), json!(-1), json!("5"), json!(1.5)] {
+        let r = ask(&mut s, json!({"op": "events", "wait": bad}));
+        assert_eq!(r["refused"], json!(true), "wait {bad}: {r}");
+        assert!(
+            r["error"].as_str().is_some_and(|e| e.contains("wait")),
+            "wait {bad}: {r}"
+        );
+    }
+    let before = events_served(&d);
+    writeln!(s, "{}", json!({"op": "events", "since": 0, "wait": 10})).expect("send");
+    let t = Instant::now();
+    while events_served(&d) == before {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the waiting line never reached the daemon"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let g = d
+        .lock()
+        .expect("daemon")
+        .handle_line(&req(0, 1, 1).to_string());
+    let granted = Instant::now();
+    assert_eq!(g["granted"], json!(true), "{g}");
+    let mut line = String::new();
+    BufReader::new(s.try_clone().expect("clone"))
+        .read_line(&mut line)
+        .expect("the waiting reply");
+    let late = granted.elapsed();
+    let v: Value = serde_json::from_str(&line).expect("JSON reply");
+    assert_eq!(v["events"][0]["kind"], json!("granted"), "{v}");
+    assert!(
+        late < Duration::from_millis(150),
+        "the waiting events line was answered {late:?} after the grant"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -206,9 +206,13 @@ impl Manager<'_> {
                 reply(v, Some(status))
             }
             None => {
-                let line = serde_json::to_string(req)
+                let mut v = serde_json::to_value(req)
                     .map_err(|e| failure(format!("cannot encode the request: {e}")))?;
-                ask(&self.cli.manager_socket, &line)
+                // The socket takes an `events` request's wait in the line itself.
+                if wait_s > 0 {
+                    v["wait"] = json!(wait_s);
+                }
+                ask(&self.cli.manager_socket, &v.to_string())
             }
         }
     }
@@ -477,14 +481,15 @@ fn hosts(m: &Manager) -> Result<(), Error> {
     Ok(())
 }
 
-/// Notices after `since`; with `follow`, waits for more (the API waits up to a minute per
-/// request; the socket is asked again every second) until --count notices were shown.
+/// Notices after `since`; with `follow`, waits for more (the manager holds each request up
+/// to 30 s until a notice comes) until --count notices were shown.
 fn events(m: &Manager, host: Option<u8>, since: u64, follow: bool) -> Result<(), Error> {
     let mut since = since;
     let mut shown: u64 = 0;
     let limit = m.cli.count.map(u64::from);
     loop {
-        let wait = if follow && m.remote.is_some() { 30 } else { 0 };
+        let wait = if follow { 30 } else { 0 };
+        let asked = std::time::Instant::now();
         let v = m.ask_waiting(&Request::Events { host, since }, wait)?;
         let evs = rows(&v, "events");
         if m.cli.json && !follow {
@@ -514,8 +519,11 @@ fn events(m: &Manager, host: Option<u8>, since: u64, follow: bool) -> Result<(),
         if !follow {
             return Ok(());
         }
-        if m.remote.is_none() && evs.is_empty() {
-            std::thread::sleep(Duration::from_secs(1));
+        // A manager serving through its spool directory (no UNIX sockets here) answers a
+        // wait at once: ask it again a second later, not at once.
+        let quick = Duration::from_secs(1).saturating_sub(asked.elapsed());
+        if m.remote.is_none() && evs.is_empty() && !quick.is_zero() {
+            std::thread::sleep(quick);
         }
     }
 }

@@ -250,3 +250,96 @@ fn version_and_help() {
     assert_eq!(code, 0);
     assert!(out.contains("Exit codes: 0 success"), "{out}");
 }
+
+/// `pcifab events --follow` on the manager's socket learns of a notice when it comes: the
+/// manager's own daemon and connection code serve the socket; once the CLI's waiting
+/// request has been answered empty, a grant is made in the daemon, and the CLI (`--count
+/// 1`) must print it and exit within 500 ms (it used to ask again a second later; the
+/// socket now holds the request until the notice).
+#[test]
+fn events_follow_prints_a_notice_when_it_comes() {
+    use pcifab_manager::{daemon::Daemon, executor::SimExecutor, store::Store};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    let dir = temp_dir("follow");
+    let sock = dir.join("m.sock");
+    let config = Config::parse(POOL).expect("config");
+    let sim = SimExecutor::new(
+        config
+            .pools
+            .iter()
+            .flat_map(|p| &p.devices)
+            .map(|d| (d.pf, d.vfs.as_slice())),
+    );
+    let d = Daemon::start(
+        config,
+        Store::open(&dir.join("state")).expect("store"),
+        Box::new(sim),
+        Box::new(|| 10),
+    )
+    .expect("daemon");
+    let d = Arc::new(Mutex::new(d));
+    let l = UnixListener::bind(&sock).expect("bind socket");
+    {
+        let d = d.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let d = d.clone();
+                std::thread::spawn(move || pcifab_manager::daemon::serve_conn(d, c));
+            }
+        });
+    }
+    let served = |d: &Mutex<Daemon>| -> u64 {
+        d.lock()
+            .expect("daemon")
+            .stats
+            .requests
+            .iter()
+            .filter(|((op, _), _)| op == "events")
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let s = sock.to_str().expect("utf-8 path");
+    let child = Command::new(env!("CARGO_BIN_EXE_pcifab"))
+        .args([
+            "--json",
+            "--manager-socket",
+            s,
+            "events",
+            "--follow",
+            "--count",
+            "1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run pcifab");
+    let t = Instant::now();
+    while served(&d) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "pcifab events --follow never asked the manager"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let req = r#"{"op":"request","spec":{"host":1,"want":{"kind":"gpus","count":1},"priority":2,"duration_s":100}}"#;
+    let g = d.lock().expect("daemon").handle_line(req);
+    assert_eq!(g["granted"], true, "{g}");
+    let granted = Instant::now();
+    let o = child.wait_with_output().expect("pcifab events");
+    let late = granted.elapsed();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v = object(&out);
+    assert_eq!(v["events"][0]["kind"], "granted", "{v}");
+    assert!(
+        late < Duration::from_millis(500),
+        "pcifab events --follow printed the grant {late:?} after it"
+    );
+}
