@@ -663,12 +663,8 @@ async fn handle(
             }
             _ => return error_reply(500, "the manager failed internally; restart it"),
         };
-        let empty = v
-            .get("events")
-            .and_then(Value::as_array)
-            .is_some_and(Vec::is_empty);
         let now = Instant::now();
-        if status == 200 && empty && now < deadline {
+        if status == 200 && crate::protocol::no_events(&v) && now < deadline {
             // A long poll (`wait`): ask again when the daemon has added notices (for any
             // host; others' are filtered out), or once at the deadline.
             match tokio::time::timeout(deadline - now, notices.changed()).await {

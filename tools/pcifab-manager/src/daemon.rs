@@ -644,12 +644,8 @@ fn serve_waiting(
         // Seen before the daemon is asked: a notice added after this ends the wait below.
         notices.borrow_and_update();
         let reply = serve_once(d, principal, line);
-        let empty = reply
-            .get("events")
-            .and_then(Value::as_array)
-            .is_some_and(Vec::is_empty);
         let now = Instant::now();
-        if !empty || now >= deadline {
+        if !protocol::no_events(&reply) || now >= deadline {
             return reply;
         }
         let rt = match rt {

@@ -46,6 +46,15 @@ impl Stats {
         self.buckets[BUCKETS.len()] += 1;
         self.sum_s += s;
     }
+
+    /// Requests of operation `op` served so far, whatever their outcome.
+    pub fn served(&self, op: &str) -> u64 {
+        self.requests
+            .iter()
+            .filter(|((o, _), _)| o == op)
+            .map(|(_, n)| n)
+            .sum()
+    }
 }
 
 /// A label value, escaped as the text format wants.

@@ -6,6 +6,8 @@
 //! (what went wrong and what to do) and `"refused"` (true when the manager refused the
 //! request itself, as opposed to failing). `Documentation/manager.rst` lists the operations.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -336,24 +338,27 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
     }
 }
 
-/// Parses one request line; the error reply says what is wrong.
 /// Splits the socket's `wait` (seconds, at most [`crate::api::MAX_EVENT_WAIT_S`]) off an
 /// `events` request line: the line without it, and the wait (0 when absent or not an
 /// `events` line, whose own parse then judges it). A `wait` that is not such a number is a
-/// refused request.
-pub fn take_wait(line: &str) -> Result<(String, u64), Value> {
+/// refused request. A line without the word is passed on as it is, unparsed.
+pub fn take_wait(line: &str) -> Result<(Cow<'_, str>, u64), Value> {
+    let unchanged = Ok((Cow::Borrowed(line), 0));
+    if !line.contains("\"wait\"") {
+        return unchanged;
+    }
     let Ok(Value::Object(mut o)) = serde_json::from_str::<Value>(line) else {
-        return Ok((line.to_string(), 0));
+        return unchanged;
     };
     if o.get("op").and_then(Value::as_str) != Some("events") {
-        return Ok((line.to_string(), 0));
+        return unchanged;
     }
     let Some(w) = o.remove("wait") else {
-        return Ok((line.to_string(), 0));
+        return unchanged;
     };
     let max = crate::api::MAX_EVENT_WAIT_S;
     match w.as_u64().filter(|&w| w <= max) {
-        Some(w) => Ok((Value::Object(o).to_string(), w)),
+        Some(w) => Ok((Cow::Owned(Value::Object(o).to_string()), w)),
         None => Err(error(
             format!("bad request: wait is whole seconds, 0 to {max}; got {w}"),
             true,
@@ -361,6 +366,15 @@ pub fn take_wait(line: &str) -> Result<(String, u64), Value> {
     }
 }
 
+/// Whether `reply` is an `events` reply with no notices (a long poll waits on).
+pub fn no_events(reply: &Value) -> bool {
+    reply
+        .get("events")
+        .and_then(Value::as_array)
+        .is_some_and(Vec::is_empty)
+}
+
+/// Parses one request line; the error reply says what is wrong.
 pub fn parse(line: &str) -> Result<Request, Value> {
     serde_json::from_str(line).map_err(|e| {
         error(
@@ -376,6 +390,26 @@ pub fn parse(line: &str) -> Result<Request, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wait_is_taken_off_events_lines_only() {
+        let plain = r#"{"op":"queue"}"#;
+        assert!(matches!(take_wait(plain), Ok((Cow::Borrowed(l), 0)) if l == plain));
+        let (line, w) = take_wait(r#"{"op":"events","since":3,"wait":30}"#).expect("taken");
+        assert_eq!(w, 30);
+        assert!(matches!(
+            parse(&line),
+            Ok(Request::Events {
+                host: None,
+                since: 3
+            })
+        ));
+        // Not an events line: left for its parse, which refuses the unknown field.
+        let (line, w) = take_wait(r#"{"op":"release","id":1,"wait":5}"#).expect("passed on");
+        assert_eq!(w, 0);
+        assert!(parse(&line).is_err());
+        assert!(take_wait(r#"{"op":"events","wait":61}"#).is_err());
+    }
 
     #[test]
     fn parses_requests() {

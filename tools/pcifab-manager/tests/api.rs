@@ -174,15 +174,7 @@ impl World {
 
     /// How many `events` requests the daemon has answered (its request counters).
     fn events_served(&self) -> u64 {
-        self.daemon
-            .lock()
-            .expect("daemon")
-            .stats
-            .requests
-            .iter()
-            .filter(|((op, _), _)| op == "events")
-            .map(|(_, n)| n)
-            .sum()
+        self.daemon.lock().expect("daemon").stats.served("events")
     }
 
     /// The leases as the scheduler holds them (not through the API).

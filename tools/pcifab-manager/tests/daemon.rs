@@ -572,14 +572,7 @@ fn scrub_pool_erases_between_holders() {
 
 /// How many `events` requests `d` has answered (its request counters).
 fn events_served(d: &Mutex<Daemon>) -> u64 {
-    d.lock()
-        .expect("daemon")
-        .stats
-        .requests
-        .iter()
-        .filter(|((op, _), _)| op == "events")
-        .map(|(_, n)| n)
-        .sum()
+    d.lock().expect("daemon").stats.served("events")
 }
 
 /// An `events` line with a `wait` on the control socket is answered when the notice comes:

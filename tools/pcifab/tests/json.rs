@@ -290,16 +290,7 @@ fn events_follow_prints_a_notice_when_it_comes() {
             }
         });
     }
-    let served = |d: &Mutex<Daemon>| -> u64 {
-        d.lock()
-            .expect("daemon")
-            .stats
-            .requests
-            .iter()
-            .filter(|((op, _), _)| op == "events")
-            .map(|(_, n)| n)
-            .sum()
-    };
+    let served = |d: &Mutex<Daemon>| d.lock().expect("daemon").stats.served("events");
     let s = sock.to_str().expect("utf-8 path");
     let child = Command::new(env!("CARGO_BIN_EXE_pcifab"))
         .args([
