@@ -11,7 +11,7 @@ KDIR ?= $(PCIFAB_CACHE)/kbuild
 # The sanitizer kernel every QEMU scenario of `make test` runs on, and the module built for it
 # outside the checkout, so that neither build throws away the other's objects.
 DEBUG_KDIR := $(PCIFAB_CACHE)/kbuild-debug
-DEBUG_MO := $(PCIFAB_CACHE)/module-debug
+DEBUG_MO ?= $(PCIFAB_CACHE)/module-debug
 # What a module build against a kernel tree must pass besides M= (LLVM=-19 for the debug
 # kernel), as tools/scripts/kernel.sh recorded it.
 kmake-args = $(shell cat $(1)/pcifab-kmake-args 2>/dev/null)
@@ -23,7 +23,7 @@ MUSL_BIN := $(CARGO_TARGET_DIR)/$(MUSL)/release
 # ring (TLS for the manager's API) compiles C for the musl target with musl-gcc (musl-tools).
 export CC_x86_64_unknown_linux_musl ?= musl-gcc
 # Everything in here lands in the guests' /bin.
-GUEST_BIN := $(PCIFAB_CACHE)/guest
+GUEST_BIN ?= $(PCIFAB_CACHE)/guest
 HOST_BIN := $(CARGO_TARGET_DIR)/release
 RESULTS ?= $(CURDIR)/results
 CARGO := cargo
@@ -31,7 +31,7 @@ TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
 	cargo-test qemu-test test soak demo bench help kernel-debian module-debian switchtec-debian test-debian switchtec-user pax-client \
-	check-dkms check-module-msrv test-nvme test-lane2
+	check-dkms check-module-msrv test-nvme test-lane2 scenarios
 
 modules:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) modules
@@ -53,6 +53,7 @@ help:
 	@echo "make module-debian  build the module for Debian's kernel (in the trixie build tree)"
 	@echo "make test-debian    a few scenarios on Debian's own kernel with that module"
 	@echo "make test-nvme      the NVMe drive scenarios (make test's nvme cell) alone"
+	@echo "make scenarios FILTER='a|b' [DIALECT=pax] [HOSTS=N]  some scenarios on the sanitizer kernel"
 	@echo "make check-dkms     dkms build of this checkout for Debian's kernel, loaded in a guest"
 	@echo "make check-module-msrv  the module with clippy on Linux's minimum rustc (1.85.0 for 7.3)"
 	@echo "DEMO_KERNEL=test: make demo on the fast test kernel instead of Debian's"
@@ -194,6 +195,15 @@ test-lane2: $(TEST_CHECKS)
 		--filter '$(DEBIAN_EXT_FILTER)' $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-extended
 	-$(MAKE) -s check-dkms
 
+# A few scenarios on the sanitizer kernel, for work on one part:
+#   make scenarios FILTER='compose|manager' [DIALECT=pax|extended] [HOSTS=N]
+DIALECT ?= pax
+FILTER ?= pcifab binds the MEP
+scenarios: check-module-debug tools switchtec-user
+	$(HOST_BIN)/pcifab-harness test --keep-going --dialect $(DIALECT) --filter '$(FILTER)' \
+		$(if $(HOSTS),--hosts $(HOSTS)) $(DEBUG_HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER) \
+		--results $(RESULTS)/scenarios
+
 # The nvme cell of make test alone.
 test-nvme: deps kernel-debug check-module-debug tools
 	$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
@@ -207,7 +217,7 @@ soak: deps kernel-debug check-module-debug tools
 # it; no switchtec.ko (Debian's config leaves PCI_SW_SWITCHTEC off). Documentation/kernels.rst.
 DEBIAN_KREL := 7.3.4+deb13-amd64
 DEBIAN_KDIR := $(PCIFAB_CACHE)/kbuild-debian
-DEBIAN_MO := $(PCIFAB_CACHE)/module-debian
+DEBIAN_MO ?= $(PCIFAB_CACHE)/module-debian
 # Debian's kernel has virtio_net (the management network) as a module: the harness puts it
 # and its dependencies into the guests' initramfs from the module tree.
 DEBIAN_HARNESS_ARGS = --kernel $(DEBIAN_KDIR)/vmlinuz --module $(DEBIAN_MO)/src/pcifab.ko \
