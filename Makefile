@@ -338,12 +338,13 @@ uninstall:
 	rm -f $(DESTDIR)/lib/modules/$(KRELEASE)/extra/pcifab.ko
 	$(if $(DESTDIR),,-depmod -a $(KRELEASE))
 
-# pcifab-tools_<version>_amd64.deb and pcifab-dkms_<version>_all.deb into $(PKG_OUT).
+# pcifab-tools_<v>_amd64.deb, pcifab-manager_<v>_amd64.deb and pcifab-dkms_<v>_all.deb into
+# $(PKG_OUT) (Documentation/install.rst).
 deb: install-build
 	MUSL_BIN="$(MUSL_BIN)" GEN_DIR="$(GEN_DIR)" packaging/build-deb.sh $(PKG_OUT)
 
-# Installs and purges both packages in a copy of the guests' trixie tree (never the tree
-# itself), checking the files land and go.
+# lintian on the packages, then installs and purges them in a copy of the guests' trixie tree
+# (never the tree itself), checking the files land and go.
 check-packages: deb
 	packaging/check-packages.sh $(PKG_OUT)
 

@@ -1,8 +1,9 @@
 #!/bin/sh
 # SPDX-License-Identifier: GPL-2.0-only
 # pkg-root.sh: prints the path of a copy of the guests' trixie tree ($PCIFAB_CACHE/trixie is
-# never modified) with dkms, systemd and udev installed in it, for check-packages.sh and
-# check-systemd.sh. The copy is made once and kept; later runs reuse it.
+# never modified) with dkms, systemd, udev and lintian installed in it, for check-packages.sh
+# and check-systemd.sh. The copy is made once and kept; later runs reuse it, adding what a
+# newer version of this script installs.
 set -eu
 cache=${PCIFAB_CACHE:-/var/cache/pcifab}
 base=$cache/trixie
@@ -18,5 +19,12 @@ if [ ! -f "$root/.pcifab-pkg-ready" ]; then
     chroot "$root" sh -c 'export DEBIAN_FRONTEND=noninteractive; apt-get update -q >/dev/null &&
         apt-get install -y -q --no-install-recommends dkms systemd udev >/dev/null' >&2
     touch "$root/.pcifab-pkg-ready"
+fi
+if [ ! -x "$root/usr/bin/lintian" ]; then
+    echo "pkg-root.sh: installing lintian into $root (once)" >&2
+    mount -t proc proc "$root/proc"
+    trap 'umount "$root/proc"' EXIT
+    chroot "$root" sh -c 'export DEBIAN_FRONTEND=noninteractive; apt-get update -q >/dev/null &&
+        apt-get install -y -q --no-install-recommends lintian >/dev/null' >&2
 fi
 echo "$root"
