@@ -5,7 +5,8 @@
 # (Documentation/manager-api.rst, "Redfish conformance"):
 #   1. DMTF's Redfish Protocol Validator (rf_protocol_validator): any FAIL fails this script;
 #   2. OpenStack's sushy with its default (session) authentication: reads the fabric, its
-#      endpoints and zones, composes by a zone PATCH with If-Match, and logs out.
+#      endpoints and zones, composes by a zone PATCH with If-Match, and logs out;
+#   3. DMTF's redfish library's login() with a session and with Basic, and logout().
 # The manager runs natively on a loopback port with its simulated executor, a throwaway
 # certificate and a throwaway credentials file, all in a temporary directory removed at the
 # end. The Python tools live in a virtual environment in $PCIFAB_CACHE/venv-redfish, at the
@@ -144,8 +145,11 @@ fi
 # 2. sushy, as an operator's script would use it.
 "$VENV/bin/python3" "$TOOLS/pcifab-manager/tests/redfish/sushy_client.py" \
 	"$URL" "$DIR/ca.crt" ops "$PASS" || die "the sushy client failed (above)"
+# 3. DMTF's redfish library logging in.
+"$VENV/bin/python3" "$TOOLS/pcifab-manager/tests/redfish/dmtf_login.py" \
+	"$URL" "$DIR/ca.crt" ops "$PASS" || die "the redfish library's login failed (above)"
 if grep -q "panicked" "$DIR/manager.log"; then
 	cat "$DIR/manager.log" >&2
 	die "the manager panicked"
 fi
-echo "redfish-check: 2 passed, 0 failed"
+echo "redfish-check: 3 passed, 0 failed"
