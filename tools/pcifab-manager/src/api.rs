@@ -443,19 +443,11 @@ pub fn spawn(
         .lock()
         .map_err(|_| "the daemon's lock is poisoned".to_string())?
         .notices();
-    let users = match &cfg.redfish.users {
-        Some(f) => redfish::users::Users::load(f, &principals)?,
-        None => redfish::users::Users::default(),
-    };
-    let redfish = Arc::new(redfish::serve::Ctx {
-        daemon: daemon.clone(),
-        principals: principals.clone(),
-        service: Arc::new(redfish::serve::Service::new(
-            users,
-            Duration::from_secs(cfg.redfish.session_timeout_s),
-        )),
-        max_body: cfg.max_body,
-    });
+    let redfish = Arc::new(redfish::serve::Ctx::new(
+        daemon.clone(),
+        principals.clone(),
+        cfg,
+    )?);
     let ctx = Arc::new(Ctx {
         daemon,
         notices,

@@ -55,6 +55,29 @@ pub struct Ctx {
     pub max_body: usize,
 }
 
+impl Ctx {
+    /// The Redfish side of the API of `cfg`: its users file read and checked.
+    pub fn new(
+        daemon: Arc<Mutex<Daemon>>,
+        principals: Arc<Principals>,
+        cfg: &crate::config::ApiConfig,
+    ) -> Result<Self, String> {
+        let users = match &cfg.redfish.users {
+            Some(f) => Users::load(f, &principals)?,
+            None => Users::default(),
+        };
+        Ok(Self {
+            daemon,
+            principals,
+            service: Arc::new(Service::new(
+                users,
+                Duration::from_secs(cfg.redfish.session_timeout_s),
+            )),
+            max_body: cfg.max_body,
+        })
+    }
+}
+
 /// Who asks.
 struct Who {
     principal: Principal,

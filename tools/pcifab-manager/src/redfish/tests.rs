@@ -279,3 +279,29 @@ fn sessions_end_when_deleted_or_unused_for_the_timeout() {
     assert!(s.create("ops", t0).is_none());
     assert!(s.create("ops", t0 + Duration::from_secs(61)).is_some());
 }
+
+#[test]
+fn the_api_redfish_section_is_checked() {
+    let cfg = |extra: &str| {
+        crate::config::Config::parse(&format!(
+            "[manager]\nhosts = 2\n[[pools]]\nname = \"g\"\nmode = \"whole\"\n\
+             [[pools.devices]]\npf = 0x0100\n\
+             [api]\nlisten = \"127.0.0.1:0\"\ncert = \"c\"\nkey = \"k\"\n{extra}"
+        ))
+    };
+    let c = cfg("").expect("no [api.redfish]");
+    let r = &c.api.expect("api").redfish;
+    assert_eq!((r.users.as_deref(), r.session_timeout_s), (None, 1800));
+    let c = cfg("[api.redfish]\nusers = \"/etc/u.toml\"\nsession_timeout_s = 30\n").expect("ok");
+    assert_eq!(
+        c.api.expect("api").redfish.users.as_deref(),
+        Some("/etc/u.toml")
+    );
+    for bad in [
+        "[api.redfish]\nsession_timeout_s = 29\n",
+        "[api.redfish]\nsession_timeout_s = 86401\n",
+        "[api.redfish]\npasswords = \"x\"\n",
+    ] {
+        assert!(cfg(bad).is_err(), "{bad}");
+    }
+}
