@@ -308,7 +308,7 @@ PKG_OUT ?= $(PCIFAB_CACHE)/packages
 INSTALL_FILES = packaging/install-files.sh
 
 .PHONY: install install-build install-tools install-module uninstall deb check-packages \
-	check-systemd
+	check-systemd check-redfish
 
 # The static tools and what pcifab-gen makes; no `make deps` (an installing machine needs
 # only cargo with the musl target).
@@ -351,3 +351,9 @@ check-packages: deb
 # systemd-analyze verify of the unit, in the same copy (systemd installed there, not here).
 check-systemd:
 	packaging/check-systemd.sh
+
+# DMTF's Redfish Protocol Validator and sushy against the manager's Redfish service
+# (a manager on loopback with the simulated executor; Documentation/manager-api.rst).
+check-redfish:
+	$(CARGO) build -q --release $(TOOLS) -p pcifab-manager
+	PCIFAB_MANAGER_BIN=$(HOST_BIN)/pcifab-manager tools/scripts/redfish-check.sh

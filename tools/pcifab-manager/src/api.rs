@@ -341,6 +341,7 @@ struct Ctx {
     notices: tokio::sync::watch::Receiver<u64>,
     principals: Arc<Principals>,
     max_body: usize,
+    redfish: Arc<redfish::serve::Ctx>,
 }
 
 fn reply(status: u16, ctype: &str, body: impl Into<Bytes>) -> Reply {
@@ -442,11 +443,17 @@ pub fn spawn(
         .lock()
         .map_err(|_| "the daemon's lock is poisoned".to_string())?
         .notices();
+    let redfish = Arc::new(redfish::serve::Ctx::new(
+        daemon.clone(),
+        principals.clone(),
+        cfg,
+    )?);
     let ctx = Arc::new(Ctx {
         daemon,
         notices,
         principals,
         max_body: cfg.max_body,
+        redfish,
     });
     let timeout = Duration::from_secs(cfg.client_timeout_s);
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
@@ -574,6 +581,9 @@ async fn handle(
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     let what = format!("{method} {path}");
+    if path == "/redfish" || path.starts_with("/redfish/") {
+        return redfish::serve::serve(req, ctx.redfish.clone(), cert, peer).await;
+    }
     // Who asks: a bearer token wins over the certificate (a host's certificate may carry
     // an operator's token).
     let principal = match (bearer(&req), cert) {
@@ -601,9 +611,6 @@ async fn handle(
     };
     if method == Method::GET && path == "/v1/openapi.json" {
         return reply(200, "application/json", OPENAPI);
-    }
-    if path == "/redfish" || path.starts_with("/redfish/") {
-        return serve_redfish(&ctx, principal, method.as_str(), &path, &body, peer).await;
     }
     let principal = match principal {
         Ok(p) => p,
@@ -674,79 +681,6 @@ async fn handle(
             }
         }
         return json_reply(status, &v);
-    }
-}
-
-/// A Redfish request ([`crate::redfish`]): reads are made of the pools, hosts and leases
-/// the principal may see; a zone PATCH is the `compose` operation.
-async fn serve_redfish(
-    ctx: &Arc<Ctx>,
-    principal: Result<Principal, Denied>,
-    method: &str,
-    path: &str,
-    body: &[u8],
-    peer: SocketAddr,
-) -> Reply {
-    let refuse = |status: u16, msg: &str, who: &str| {
-        eprintln!("pcifab-manager: API {peer} ({who}): refused {method} {path}: {status} {msg}");
-        json_reply(status, &redfish::error_body(status, msg))
-    };
-    let route = match redfish::route(method, path, body) {
-        Ok(redfish::Route::Public(v)) => return json_reply(200, &v),
-        Ok(r) => r,
-        Err(HttpError(status, msg)) => return refuse(status, &msg, "-"),
-    };
-    let p = match principal {
-        Ok(p) => p,
-        Err(d) => return refuse(d.status(), d.reason(), "-"),
-    };
-    let d = ctx.daemon.clone();
-    let who = p.name.clone();
-    let r = tokio::task::spawn_blocking(move || {
-        let mut d = d.lock().ok()?;
-        let (seg, status) = match route {
-            redfish::Route::Compose(req) => {
-                let host = match &req {
-                    Request::Compose { host, .. } => *host,
-                    _ => 0,
-                };
-                match d.serve(&p, req) {
-                    Ok((served, v)) if status_of(&served, &v) == 200 => {}
-                    Ok((served, v)) => {
-                        let msg = v["error"].as_str().unwrap_or("refused").to_string();
-                        return Some(Err((status_of(&served, &v), msg)));
-                    }
-                    Err(denied) => {
-                        return Some(Err((denied.status(), denied.reason().to_string())))
-                    }
-                }
-                let seg = ["Fabrics", "PCIe", "Zones"].map(String::from).to_vec();
-                ([seg, vec![host.to_string()]].concat(), 200)
-            }
-            redfish::Route::Read(seg) => (seg, 200),
-            redfish::Route::Public(_) => return None,
-        };
-        let mut get = |r: Request| d.serve(&p, r).map(|(_, v)| v);
-        let view = (|| {
-            Ok::<_, Denied>(redfish::View {
-                hosts: get(Request::Hosts)?,
-                pool: get(Request::Pool)?,
-                leases: get(Request::Leases)?,
-            })
-        })();
-        Some(match view {
-            Ok(view) => match redfish::render(&seg, &view) {
-                Some(v) => Ok((status, v)),
-                None => Err((404, format!("no such Redfish resource: {}", seg.join("/")))),
-            },
-            Err(denied) => Err((denied.status(), denied.reason().to_string())),
-        })
-    })
-    .await;
-    match r {
-        Ok(Some(Ok((status, v)))) => json_reply(status, &v),
-        Ok(Some(Err((status, msg)))) => refuse(status, &msg, &who),
-        _ => refuse(500, "the manager failed internally; restart it", &who),
     }
 }
 

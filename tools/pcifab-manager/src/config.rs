@@ -232,6 +232,35 @@ pub struct ApiConfig {
     /// Most connections served at once (more wait in the listen queue).
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// The Redfish view's logins (`[api.redfish]`).
+    #[serde(default)]
+    pub redfish: RedfishConfig,
+}
+
+/// Redfish logins (`[api.redfish]`, Documentation/manager-api.rst "Redfish logins").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedfishConfig {
+    /// The credentials file (users and their hashed passwords); none: no user may log in
+    /// with a password (tokens and certificates still work).
+    #[serde(default)]
+    pub users: Option<String>,
+    /// Seconds a session lives unused (30 to 86400, as Redfish's `SessionTimeout`).
+    #[serde(default = "default_session_timeout")]
+    pub session_timeout_s: u64,
+}
+
+impl Default for RedfishConfig {
+    fn default() -> Self {
+        Self {
+            users: None,
+            session_timeout_s: default_session_timeout(),
+        }
+    }
+}
+
+fn default_session_timeout() -> u64 {
+    crate::redfish::serve::SESSION_TIMEOUT_S
 }
 
 fn default_max_body() -> usize {
@@ -303,6 +332,9 @@ impl Config {
                     "[api] max_body, client_timeout_s and max_connections must be at least 1"
                         .into(),
                 );
+            }
+            if !(30..=86400).contains(&a.redfish.session_timeout_s) {
+                return Err("[api.redfish] session_timeout_s is 30 to 86400 seconds".into());
             }
         }
         let ports = &self.failover.host_ports;

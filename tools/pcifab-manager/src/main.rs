@@ -30,6 +30,9 @@ options:
   --device PATH     the pcifab device (default /dev/pcifab0)
   --ask JSON        do not run: send one request to the manager at --socket, print the
                     reply (exit 0 if it succeeded, 3 if refused, 1 otherwise)
+  --hash-password   do not run: read a password from standard input (its first line),
+                    print the password_pbkdf2 of a Redfish user (Documentation/manager-api.rst)
+  --iterations N    PBKDF2 iterations for --hash-password (default 600000, at least 10000)
   -h, --help        this text
 ";
 
@@ -40,6 +43,8 @@ struct Args {
     executor: String,
     device: String,
     ask: Option<String>,
+    hash_password: bool,
+    iterations: u32,
 }
 
 fn parse(args: &[String]) -> Result<Option<Args>, String> {
@@ -50,6 +55,8 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
         executor: "driver".into(),
         device: "/dev/pcifab0".into(),
         ask: None,
+        hash_password: false,
+        iterations: pcifab_manager::redfish::users::ITERATIONS,
     };
     let mut it = args.iter();
     while let Some(o) = it.next() {
@@ -65,6 +72,17 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
             "--socket" => a.socket = val()?.into(),
             "--device" => a.device = val()?,
             "--ask" => a.ask = Some(val()?),
+            "--hash-password" => a.hash_password = true,
+            "--iterations" => {
+                let v = val()?;
+                a.iterations = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= pcifab_manager::redfish::users::MIN_ITERATIONS)
+                    .ok_or_else(|| {
+                        format!("--iterations is a number of at least 10000, not '{v}'")
+                    })?;
+            }
             "--executor" => {
                 a.executor = val()?;
                 if a.executor != "driver" && a.executor != "sim" {
@@ -74,7 +92,7 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
             other => return Err(format!("unexpected argument '{other}'")),
         }
     }
-    if a.config.is_none() && a.ask.is_none() {
+    if a.config.is_none() && a.ask.is_none() && !a.hash_password {
         return Err("--config FILE is needed".into());
     }
     Ok(Some(a))
@@ -181,6 +199,31 @@ fn ask(socket: &std::path::Path, request: &str) -> ExitCode {
     }
 }
 
+/// Prints the stored form of the password on standard input's first line.
+fn hash_password(iterations: u32) -> ExitCode {
+    let mut line = String::new();
+    if let Err(e) = std::io::stdin().read_line(&mut line) {
+        eprintln!("pcifab-manager: cannot read the password from standard input: {e}");
+        return ExitCode::from(1);
+    }
+    let pw = line.strip_suffix('\n').unwrap_or(&line);
+    let pw = pw.strip_suffix('\r').unwrap_or(pw);
+    if pw.is_empty() {
+        eprintln!("pcifab-manager: the password (standard input's first line) is empty");
+        return ExitCode::from(2);
+    }
+    match pcifab_manager::redfish::users::hash_password(pw, iterations) {
+        Ok(h) => {
+            println!("{h}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pcifab-manager: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     if std::env::args()
         .nth(1)
@@ -208,6 +251,7 @@ fn main() -> ExitCode {
             eprintln!("pcifab-manager: {e}\n\n{USAGE}");
             ExitCode::from(2)
         }
+        Ok(Some(a)) if a.hash_password => hash_password(a.iterations),
         Ok(Some(a)) if a.ask.is_some() => ask(&a.socket, a.ask.as_deref().unwrap_or_default()),
         Ok(Some(a)) => match run(a) {
             Ok(()) => ExitCode::SUCCESS,

@@ -130,6 +130,7 @@ role = "reader"
         max_body: 4096,
         client_timeout_s: 2,
         max_connections: 64,
+        redfish: Default::default(),
     });
     let cfg = c.api.clone().expect("api");
     let principals =
