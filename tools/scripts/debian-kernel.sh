@@ -34,14 +34,21 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 CACHE=${PCIFAB_CACHE:-/var/cache/pcifab}
 MIRROR=${PCIFAB_MIRROR:-http://deb.debian.org/debian}
-# Debian's kernel: its ABI name (uname -r) and the compiler it was built with.
-KREL=${PCIFAB_DEBIAN_KREL:-7.3.4+deb13-amd64}
-RUST_VER=${PCIFAB_DEBIAN_RUSTC:-1.85.1+dfsg1-1+deb13u1}
+# Debian's kernel: its ABI name (uname -r) and the trixie rustc package it was built with.
+# Unset (the default), the newest 7.3.x kernel in trixie-backports and the newest trixie rustc
+# of the version its .config names (CONFIG_RUSTC_VERSION_TEXT); when the archive cannot be
+# asked, the kernel and rustc already prepared in the cache (resolve_kernel). The archive
+# drops a kernel when a newer one is uploaded: nothing here pins one.
+KREL=${PCIFAB_DEBIAN_KREL:-}
+RUST_VER=${PCIFAB_DEBIAN_RUSTC:-}
+KSERIES=${PCIFAB_DEBIAN_KSERIES:-7.3}
 ROOT=$CACHE/trixie-kbuild
 # What Debian's kernel was built with (CONFIG_*_VERSION_TEXT of its .config); from trixie,
-# the Rust packages pinned to the kernel's rustc.
-TOOLS_MAIN="rustc=$RUST_VER rust-src=$RUST_VER libstd-rust-dev=$RUST_VER rust-clippy=$RUST_VER
+# the Rust packages of the kernel's rustc (set by resolve_kernel).
+tools_main() {
+	echo "rustc=$RUST_VER rust-src=$RUST_VER libstd-rust-dev=$RUST_VER rust-clippy=$RUST_VER
   rustfmt=$RUST_VER bindgen gcc-14 make bc bison flex libssl-dev openssl cpio kmod libclang-19-dev python3 xz-utils"
+}
 # From trixie-backports: pahole 1.30 (Debian's CONFIG_PAHOLE_VERSION) and its libelf.
 TOOLS_BPO="dwarves libelf-dev"
 # The only differences olddefconfig may leave ('<' Debian's line, '>' ours): Kconfig asks the
@@ -79,7 +86,7 @@ in_root() {
 
 # 1. The private trixie tree with Debian's kernel toolchain. The harness's guest root
 #    ($CACHE/trixie) is not touched.
-root_ready() {
+root_base() {
 	if [ ! -e "$ROOT/.debootstrap-done" ]; then
 		say "debootstrap trixie into $ROOT (about 30 s)"
 		rm -rf "$ROOT" "$ROOT.new"
@@ -89,7 +96,52 @@ root_ready() {
 		mv "$ROOT.new" "$ROOT"
 		touch "$ROOT/.debootstrap-done"
 	fi
-	local key
+}
+
+# Which kernel and rustc (KREL, RUST_VER), unless given: see their definitions above.
+resolve_kernel() {
+	[ -n "$KREL" ] && [ -n "$RUST_VER" ] && return 0
+	local newest="" hdr want rust="" prepared memo=$CACHE/debian-kernel.resolved
+	# The archive is asked once a day; the answer is kept for the runs in between.
+	if [ -z "$KREL$RUST_VER" ] && [ -n "$(find "$memo" -mmin -1440 2>/dev/null)" ]; then
+		read -r KREL RUST_VER <"$memo"
+		[ -n "$KREL" ] && [ -n "$RUST_VER" ] && return 0
+	fi
+	if in_root apt-get update -qq 2>/dev/null; then
+		newest=$(in_root apt-cache search --names-only "^linux-headers-${KSERIES//./\\.}\\.[0-9]+\\+deb13-amd64\$" \
+			| cut -d' ' -f1 | sed 's/^linux-headers-//' | sort -V | tail -n1)
+	fi
+	if [ -z "$KREL" ] && [ -n "$newest" ]; then
+		KREL=$newest
+	elif [ -z "$KREL" ]; then
+		prepared=$(sed -n 's/^KERNELRELEASE=//p' "$CACHE/kbuild-debian/pcifab-kmake-args" 2>/dev/null || true)
+		[ -n "$prepared" ] || die "cannot ask the archive for Debian's newest $KSERIES kernel and none is prepared in $CACHE (set PCIFAB_DEBIAN_KREL and PCIFAB_DEBIAN_RUSTC)"
+		say "the archive cannot be asked: using the kernel prepared in the cache, $prepared"
+		KREL=$prepared
+	fi
+	if [ -z "$RUST_VER" ]; then
+		hdr=$(fetch_deb "linux-headers-$KREL")
+		want=$(dpkg-deb --fsys-tarfile "$hdr" | tar -xO "./usr/src/linux-headers-$KREL/.config" \
+			| sed -n 's/^CONFIG_RUSTC_VERSION_TEXT="rustc \([0-9.]*\) .*/\1/p')
+		[ -n "$want" ] || die "linux-headers-$KREL: no CONFIG_RUSTC_VERSION_TEXT in its .config"
+		rust=$(in_root apt-cache madison rustc | awk -F'|' '{gsub(/ /, "", $2); print $2}' \
+			| grep -E "^${want//./\\.}\\+" | sort -V | tail -n1 || true)
+		if [ -z "$rust" ]; then
+			rust=$(in_root dpkg-query -W -f='${Version}' rustc 2>/dev/null | grep -E "^${want//./\\.}\\+" || true)
+			[ -n "$rust" ] || die "Debian's $KREL was built with rustc $want, which trixie no longer has (set PCIFAB_DEBIAN_RUSTC)"
+		fi
+		RUST_VER=$rust
+	fi
+	say "Debian's kernel $KREL, built with rustc $RUST_VER"
+	[ -n "$newest" ] && echo "$KREL $RUST_VER" >"$memo"
+	return 0
+}
+
+root_ready() {
+	root_base
+	resolve_kernel
+	local key TOOLS_MAIN
+	TOOLS_MAIN=$(tools_main)
 	key=$(echo "$TOOLS_MAIN $TOOLS_BPO" | sha256sum | cut -c1-12)
 	if [ ! -e "$ROOT/.tools-$key" ]; then
 		say "installing Debian's kernel toolchain into $ROOT (rustc $RUST_VER, bindgen, gcc-14, pahole)"
@@ -415,7 +467,7 @@ case "$MODE" in
 prepare) say "ok: $CACHE/kbuild-debian -> $(readlink "$CACHE/kbuild-debian")" ;;
 module)
 	start=$(date +%s)
-	RUN=in_root build_module "$CACHE/kbuild-debian" "$CACHE/module-debian"
+	RUN=in_root build_module "$CACHE/kbuild-debian" "${DEBIAN_MO:-$CACHE/module-debian}"
 	say "module built in $(($(date +%s) - start)) s"
 	;;
 switchtec)
