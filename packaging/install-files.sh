@@ -22,6 +22,7 @@ files() {
     echo "$top/packaging/modprobe.d/pcifab.conf|$MODPROBEDIR/pcifab.conf|0644"
     echo "$top/packaging/sysusers.d/pcifab.conf|$SYSUSERSDIR/pcifab.conf|0644"
     echo "$top/packaging/systemd/pcifab-manager.service|$UNITDIR/pcifab-manager.service|0644"
+    echo "$top/packaging/systemd/socket-only.conf|$DOCDIR/examples/pcifab-manager.service.d/socket-only.conf|0644"
     for d in cli install manager uapi; do
         echo "$top/Documentation/$d.rst|$DOCDIR/$d.rst|0644"
     done
