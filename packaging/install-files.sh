@@ -36,6 +36,7 @@ cli_files() {
 manager_files() {
     echo "${MUSL_BIN:-}/pcifab-manager|$BINDIR/pcifab-manager|0755"
     echo "$top/packaging/systemd/pcifab-manager.service|$UNITDIR/pcifab-manager.service|0644"
+    echo "$top/packaging/systemd/socket-only.conf|$MANAGER_DOCDIR/examples/pcifab-manager.service.d/socket-only.conf|0644"
     echo "$top/packaging/man/pcifab-manager.8|$MANDIR/man8/pcifab-manager.8|0644"
     for d in manager manager-api; do
         echo "$top/Documentation/$d.rst|$MANAGER_DOCDIR/$d.rst|0644"

@@ -11,13 +11,18 @@
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{atomic::Ordering, Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::{body::Incoming, header, service::service_fn, Method, StatusCode};
+use hyper::{
+    body::{Body, Incoming},
+    header,
+    service::service_fn,
+    Method, StatusCode,
+};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use rustls::{
     pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer},
@@ -59,8 +64,79 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("GET", "/v1/openapi.json", "openapi"),
 ];
 
+/// The API's listen queue (capped by net.core.somaxconn).
+const LISTEN_BACKLOG: libc::c_int = 4096;
+
 /// Longest a `GET /v1/events?wait=S` waits for a notice.
 pub const MAX_EVENT_WAIT_S: u64 = 60;
+
+/// The array of a list route's reply, which `offset` and `limit` page.
+pub fn list_key(req: &Request) -> Option<&'static str> {
+    Some(match req {
+        Request::Queue => "queue",
+        Request::Leases => "leases",
+        Request::Pool => "devices",
+        Request::Hosts => "hosts",
+        Request::Events { .. } => "events",
+        _ => return None,
+    })
+}
+
+/// A page of a list: skip `offset` items, give at most `limit`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Page {
+    pub offset: usize,
+    pub limit: usize,
+}
+
+/// The page `offset` and `limit` ask for (limit 1 to [`crate::protocol::MAX_PAGE`], that
+/// by default).
+fn page_of(q: &BTreeMap<&str, &str>) -> Result<Page, HttpError> {
+    let max = crate::protocol::MAX_PAGE;
+    let limit: u64 = q
+        .get("limit")
+        .map(|v| number("limit", v))
+        .transpose()?
+        .unwrap_or(max);
+    if limit == 0 || limit > max {
+        return Err(bad(format!("limit is 1 to {max}; page on with offset")));
+    }
+    let offset: u64 = q
+        .get("offset")
+        .map(|v| number("offset", v))
+        .transpose()?
+        .unwrap_or(0);
+    Ok(Page {
+        offset: usize::try_from(offset).unwrap_or(usize::MAX),
+        limit: usize::try_from(limit).unwrap_or(usize::MAX),
+    })
+}
+
+/// The page of `query` for list route `req`; none for other routes.
+pub fn page(req: &Request, query: &str) -> Result<Option<Page>, HttpError> {
+    if list_key(req).is_none() {
+        return Ok(None);
+    }
+    page_of(&query_map(query)?).map(Some)
+}
+
+/// Cuts the list of a reply to `page`, and says how many there are (`total`) and where the
+/// next page starts (`next_offset`, when there is one).
+pub fn apply_page(req: &Request, page: Page, v: &mut Value) {
+    let Some(key) = list_key(req) else { return };
+    let Some(a) = v.get_mut(key).and_then(Value::as_array_mut) else {
+        return;
+    };
+    let total = a.len();
+    let start = page.offset.min(total);
+    let end = start.saturating_add(page.limit).min(total);
+    let kept: Vec<Value> = a.drain(start..end).collect();
+    *a = kept;
+    v["total"] = json!(total);
+    if end < total {
+        v["next_offset"] = json!(end);
+    }
+}
 
 /// What an HTTP request asks for.
 #[derive(Debug, PartialEq)]
@@ -199,7 +275,7 @@ pub fn route(method: &str, path: &str, query: &str, body: &[u8]) -> Result<Endpo
             })
         }
         ("GET", ["v1", "events"]) => {
-            allowed(&["host", "since", "wait"])?;
+            allowed(&["host", "since", "wait", "limit", "offset"])?;
             let host = q.get("host").map(|h| number("host", h)).transpose()?;
             let since = q.get("since").map(|s| number("since", s)).transpose()?;
             let wait: u64 = q
@@ -229,6 +305,12 @@ pub fn route(method: &str, path: &str, query: &str, body: &[u8]) -> Result<Endpo
                 .map(|n| number("n", n))
                 .transpose()?
                 .unwrap_or(20);
+            let max = crate::protocol::MAX_PAGE;
+            if n == 0 || n > max {
+                return Err(bad(format!(
+                    "n is 1 to {max}: the log is read {max} at most"
+                )));
+            }
             op(Request::Log { n })
         }
         ("GET", ["metrics"]) => Ok(Endpoint::Metrics),
@@ -250,7 +332,18 @@ pub fn route(method: &str, path: &str, query: &str, body: &[u8]) -> Result<Endpo
         found,
         Endpoint::Op(Request::Events { .. }, _) | Endpoint::Op(Request::Log { .. }, _)
     );
-    if !takes_query {
+    if let Endpoint::Op(r, _) = &found {
+        if list_key(r).is_some() {
+            page_of(&q)?;
+        }
+        if !takes_query {
+            allowed(if list_key(r).is_some() {
+                &["limit", "offset"]
+            } else {
+                &[]
+            })?;
+        }
+    } else {
         allowed(&[])?;
     }
     if method == "GET" {
@@ -341,6 +434,8 @@ struct Ctx {
     notices: tokio::sync::watch::Receiver<u64>,
     principals: Arc<Principals>,
     max_body: usize,
+    body_timeout: Duration,
+    http: Arc<crate::metrics::HttpStats>,
     redfish: Arc<redfish::serve::Ctx>,
 }
 
@@ -432,6 +527,18 @@ pub fn spawn(
     listener
         .set_nonblocking(true)
         .map_err(|e| format!("[api] listen {}: {e}", cfg.listen))?;
+    // A long listen queue: connections opened while the API thread is busy (a burst of
+    // handshakes) wait there instead of having their SYN dropped and retried a second
+    // later. listen(2) again on a listening socket sets its backlog; the kernel caps it at
+    // net.core.somaxconn.
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: listen(2) on the descriptor `listener` owns and keeps open.
+        if unsafe { libc::listen(listener.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(format!("[api] listen {}: {e}", cfg.listen));
+        }
+    }
     let addr = listener
         .local_addr()
         .map_err(|e| format!("[api] listen {}: {e}", cfg.listen))?;
@@ -439,24 +546,33 @@ pub fn spawn(
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the API's runtime: {e}"))?;
-    let notices = daemon
-        .lock()
-        .map_err(|_| "the daemon's lock is poisoned".to_string())?
-        .notices();
+    let (notices, http) = {
+        let d = daemon
+            .lock()
+            .map_err(|_| "the daemon's lock is poisoned".to_string())?;
+        (d.notices(), d.http.clone())
+    };
     let redfish = Arc::new(redfish::serve::Ctx::new(
         daemon.clone(),
         principals.clone(),
         cfg,
+        http.clone(),
     )?);
+    let conns = conns::Conns::new(
+        cfg.max_connections,
+        cfg.max_connections_per_peer,
+        http.clone(),
+    );
     let ctx = Arc::new(Ctx {
         daemon,
         notices,
         principals,
         max_body: cfg.max_body,
+        body_timeout: Duration::from_secs(cfg.body_timeout_s),
+        http,
         redfish,
     });
     let timeout = Duration::from_secs(cfg.client_timeout_s);
-    let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
     std::thread::Builder::new()
         .name("api".into())
         .spawn(move || {
@@ -470,9 +586,6 @@ pub fn spawn(
                 };
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls);
                 loop {
-                    let Ok(permit) = slots.clone().acquire_owned().await else {
-                        return;
-                    };
                     let (tcp, peer) = match listener.accept().await {
                         Ok(c) => c,
                         Err(e) => {
@@ -481,11 +594,27 @@ pub fn spawn(
                             continue;
                         }
                     };
+                    // Admitted at once, or waiting (bounded in number and time) for a
+                    // place without holding up the next accept (crate::api::conns).
+                    let Some(pending) = conns.pend() else {
+                        conns.refused();
+                        drop(tcp);
+                        continue;
+                    };
+                    let conns = conns.clone();
                     let acceptor = acceptor.clone();
                     let ctx = ctx.clone();
                     tokio::spawn(async move {
-                        serve_conn(acceptor, tcp, peer, ctx, timeout).await;
-                        drop(permit);
+                        let Some(slot) = conns.admit_waiting(peer.ip()).await else {
+                            return;
+                        };
+                        drop(pending);
+                        let slot = Arc::new(slot);
+                        let evicted = slot.evicted.clone();
+                        tokio::select! {
+                            () = serve_conn(acceptor, tcp, peer, ctx, timeout, slot) => {}
+                            () = evicted.notified() => {}
+                        }
                     });
                 }
             })
@@ -501,6 +630,7 @@ async fn serve_conn(
     peer: SocketAddr,
     ctx: Arc<Ctx>,
     timeout: Duration,
+    slot: Arc<conns::Slot>,
 ) {
     // A reply is written in several small pieces (the TLS 1.3 session tickets, then the
     // HTTP response): with Nagle's algorithm the last one waits for the client's delayed
@@ -515,42 +645,48 @@ async fn serve_conn(
             return;
         }
         Err(_) => {
-            eprintln!("pcifab-manager: API {peer}: no TLS handshake within {timeout:?}");
+            ctx.http.timeouts.fetch_add(1, Ordering::Relaxed);
             return;
         }
     };
     // A verified client certificate names its principal for the whole connection.
-    let cert_principal: Option<Result<Principal, Denied>> = tls
+    let cert_cn: Option<Option<String>> = tls
         .get_ref()
         .1
         .peer_certificates()
         .and_then(|c| c.first())
-        .map(|c| match common_name(c) {
-            Some(cn) => ctx.principals.by_name(&cn),
-            None => Err(Denied::Unauthenticated(
-                "the client certificate has no common name".into(),
-            )),
-        });
+        .map(|c| common_name(c));
+    let ctx2 = ctx.clone();
     let svc = service_fn(move |req| {
-        let ctx = ctx.clone();
-        let cp = cert_principal.clone();
-        async move { Ok::<_, std::convert::Infallible>(handle(req, ctx, cp, peer).await) }
+        let ctx = ctx2.clone();
+        let cn = cert_cn.clone();
+        let slot = slot.clone();
+        async move {
+            let r = handle(req, &ctx, cn, peer, &slot).await;
+            ctx.http.response(r.status().as_u16());
+            Ok::<_, std::convert::Infallible>(r)
+        }
     });
+    // The head of every request, and the wait for the next one on a kept-alive connection,
+    // must take at most `timeout`.
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(timeout)
         .serve_connection(TokioIo::new(tls), svc);
     if let Err(e) = conn.await {
-        if !e.is_incomplete_message() {
+        if e.is_timeout() {
+            ctx.http.timeouts.fetch_add(1, Ordering::Relaxed);
+        } else if !e.is_incomplete_message() {
             eprintln!("pcifab-manager: API {peer}: {e}");
         }
     }
 }
 
-/// The bearer token: `Authorization: Bearer TOKEN`, or Redfish's `X-Auth-Token: TOKEN`.
-fn bearer(req: &hyper::Request<Incoming>) -> Option<Result<String, Denied>> {
-    let Some(v) = req.headers().get(header::AUTHORIZATION) else {
-        let t = req.headers().get("x-auth-token")?;
+/// The bearer token: `Authorization: Bearer TOKEN` (the scheme in any case, RFC 7235), or
+/// Redfish's `X-Auth-Token: TOKEN`.
+fn bearer(headers: &header::HeaderMap) -> Option<Result<String, Denied>> {
+    let Some(v) = headers.get(header::AUTHORIZATION) else {
+        let t = headers.get("x-auth-token")?;
         return Some(
             t.to_str()
                 .ok()
@@ -563,65 +699,117 @@ fn bearer(req: &hyper::Request<Incoming>) -> Option<Result<String, Denied>> {
     let t = v
         .to_str()
         .ok()
-        .and_then(|s| s.strip_prefix("Bearer "))
-        .map(str::trim)
+        .map(str::trim_start)
+        .and_then(|s| s.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim())
         .filter(|t| !t.is_empty());
     Some(t.map(String::from).ok_or_else(|| {
         Denied::Unauthenticated("the Authorization header is not `Bearer TOKEN`".into())
     }))
 }
 
+/// Who asks, from the request's head alone: a bearer token wins over the certificate (a
+/// host's certificate may carry an operator's token).
+fn principal_of(
+    ctx: &Ctx,
+    headers: &header::HeaderMap,
+    cert_cn: Option<Option<String>>,
+) -> Result<Principal, Denied> {
+    match (bearer(headers), cert_cn) {
+        (Some(Ok(t)), _) => ctx.principals.by_token(&t),
+        (Some(Err(d)), _) => Err(d),
+        (None, Some(Some(cn))) => ctx.principals.by_name(&cn),
+        (None, Some(None)) => Err(Denied::Unauthenticated(
+            "the client certificate has no common name".into(),
+        )),
+        (None, None) => Err(Denied::Unauthenticated(
+            "no client certificate and no bearer token: present one (Documentation/manager-api.rst)"
+                .into(),
+        )),
+    }
+}
+
+/// A refusal sent before the body is read: the connection closes after it, so the body
+/// left unread cannot be taken for the next request.
+fn closing(mut r: Reply) -> Reply {
+    r.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    r
+}
+
 async fn handle(
     req: hyper::Request<Incoming>,
-    ctx: Arc<Ctx>,
-    cert: Option<Result<Principal, Denied>>,
+    ctx: &Arc<Ctx>,
+    cert_cn: Option<Option<String>>,
     peer: SocketAddr,
+    slot: &conns::Slot,
 ) -> Reply {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     let what = format!("{method} {path}");
-    if path == "/redfish" || path.starts_with("/redfish/") {
-        return redfish::serve::serve(req, ctx.redfish.clone(), cert, peer).await;
-    }
-    // Who asks: a bearer token wins over the certificate (a host's certificate may carry
-    // an operator's token).
-    let principal = match (bearer(&req), cert) {
-        (Some(Ok(t)), _) => ctx.principals.by_token(&t),
-        (Some(Err(d)), _) | (None, Some(Err(d))) => Err(d),
-        (None, Some(Ok(p))) => Ok(p),
-        (None, None) => Err(Denied::Unauthenticated(
-            "no client certificate and no bearer token: present one (Documentation/manager-api.rst)"
-                .into(),
-        )),
-    };
-    let limited = Limited::new(req.into_body(), ctx.max_body);
-    let body = match limited.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return error_reply(
-                413,
-                &format!(
-                    "the body is larger than {} bytes ([api] max_body)",
-                    ctx.max_body
-                ),
-            )
-        }
-        Err(e) => return error_reply(400, &format!("cannot read the body: {e}")),
-    };
     if method == Method::GET && path == "/v1/openapi.json" {
         return reply(200, "application/json", OPENAPI);
     }
+    if path == "/redfish" || path.starts_with("/redfish/") {
+        // Redfish authenticates in its own ways (sessions, Basic) before it reads a body.
+        let cert = cert_cn.map(|cn| match cn {
+            Some(cn) => ctx.principals.by_name(&cn),
+            None => Err(Denied::Unauthenticated(
+                "the client certificate has no common name".into(),
+            )),
+        });
+        let _serving = slot.serving();
+        return redfish::serve::serve(req, ctx.redfish.clone(), cert, peer).await;
+    }
+    // Everything is decided from the head before a byte of the body is read: who asks
+    // (a stranger's body is never read), and whether the announced body may be that large.
+    let principal = principal_of(ctx, req.headers(), cert_cn);
+    if let Err(d) = &principal {
+        eprintln!(
+            "pcifab-manager: API {peer}: refused {what}: {} {}",
+            d.status(),
+            d.reason()
+        );
+        return closing(error_reply(d.status(), d.reason()));
+    }
+    let too_large = || {
+        closing(error_reply(
+            413,
+            &format!(
+                "the body is larger than {} bytes ([api] max_body)",
+                ctx.max_body
+            ),
+        ))
+    };
+    let announced = req.body().size_hint().upper().unwrap_or(0);
+    if announced > ctx.max_body as u64 {
+        return too_large();
+    }
+    let limited = Limited::new(req.into_body(), ctx.max_body);
+    let body = match tokio::time::timeout(ctx.body_timeout, limited.collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+        Ok(Err(e)) => return closing(error_reply(400, &format!("cannot read the body: {e}"))),
+        Err(_) => {
+            ctx.http.timeouts.fetch_add(1, Ordering::Relaxed);
+            return closing(error_reply(
+                408,
+                &format!(
+                    "the body did not come within {:?} ([api] body_timeout_s)",
+                    ctx.body_timeout
+                ),
+            ));
+        }
+    };
+    // From here the connection serves a request: it is not evicted for a newcomer.
+    let _serving = slot.serving();
     let principal = match principal {
         Ok(p) => p,
-        Err(d) => {
-            eprintln!(
-                "pcifab-manager: API {peer}: refused {what}: {} {}",
-                d.status(),
-                d.reason()
-            );
-            return error_reply(d.status(), d.reason());
-        }
+        Err(d) => return error_reply(d.status(), d.reason()),
     };
     let (op, wait) = match route(method.as_str(), &path, &query, &body) {
         Ok(Endpoint::Op(op, wait)) => (op, wait),
@@ -644,6 +832,10 @@ async fn handle(
             );
             return error_reply(status, &msg);
         }
+    };
+    let paged = match page(&op, &query) {
+        Ok(p) => p,
+        Err(HttpError(status, msg)) => return error_reply(status, &msg),
     };
     let deadline = Instant::now() + wait;
     let mut notices = ctx.notices.clone();
@@ -680,9 +872,15 @@ async fn handle(
                 Err(_) => continue,
             }
         }
+        let mut v = v;
+        if let (200, Some(p)) = (status, paged) {
+            apply_page(&op, p, &mut v);
+        }
         return json_reply(status, &v);
     }
 }
+
+pub mod conns;
 
 #[cfg(test)]
 mod tests;

@@ -49,6 +49,10 @@ pub struct PrincipalConfig {
     /// The SHA-256 (hex) of its bearer token; none: no token.
     #[serde(default)]
     pub token_sha256: Option<String>,
+    /// When the token stops being accepted (a TOML date-time with its offset, e.g.
+    /// `2027-01-31T00:00:00Z`); none: never.
+    #[serde(default)]
+    pub token_expires: Option<toml::value::Datetime>,
     /// Local users (uids) who are this principal on the control socket.
     #[serde(default)]
     pub uids: Vec<u32>,
@@ -84,11 +88,48 @@ impl Denied {
     }
 }
 
-/// The principals of a configuration.
-#[derive(Clone, Debug, Default)]
+/// The principals of a configuration; [`Principals::replace`] swaps in those of a
+/// reloaded one (SIGHUP) while every holder of the `Arc` keeps using it.
+#[derive(Debug, Default)]
 pub struct Principals {
+    table: std::sync::RwLock<Table>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Table {
     list: Vec<PrincipalConfig>,
     tenants: Vec<String>,
+    /// Each principal's token expiry (Unix seconds), by index in `list`.
+    expires: Vec<Option<u64>>,
+}
+
+/// The Unix time of a TOML offset date-time; none for a local date or time without an
+/// offset (which names no instant).
+pub fn unix_time(d: &toml::value::Datetime) -> Option<u64> {
+    let (date, time, offset) = (d.date?, d.time?, d.offset?);
+    let (y, m, day) = (
+        i64::from(date.year),
+        i64::from(date.month),
+        i64::from(date.day),
+    );
+    // Days from the civil date (Howard Hinnant's algorithm), 1970-01-01 being day 0.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let off_min = match offset {
+        toml::value::Offset::Z => 0,
+        toml::value::Offset::Custom { minutes } => i64::from(minutes),
+    };
+    let secs = days * 86_400
+        + i64::from(time.hour) * 3600
+        + i64::from(time.minute) * 60
+        + i64::from(time.second.unwrap_or(0))
+        - off_min * 60;
+    u64::try_from(secs).ok()
 }
 
 /// The user id that is always `admin` on the local socket.
@@ -145,6 +186,17 @@ impl Principals {
                     ));
                 }
             }
+            if let Some(e) = &p.token_expires {
+                if p.token_sha256.is_none() {
+                    return Err(format!("{what}: token_expires is for a token_sha256"));
+                }
+                if unix_time(e).is_none() {
+                    return Err(format!(
+                        "{what}: token_expires is a date and time with its offset, e.g. \
+                         2027-01-31T00:00:00Z, not '{e}'"
+                    ));
+                }
+            }
             if let Some(t) = &p.token_sha256 {
                 if t.len() != 64 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
                     return Err(format!(
@@ -165,9 +217,45 @@ impl Principals {
                 }
             }
         }
-        Ok(Self { list, tenants })
+        let expires = list
+            .iter()
+            .map(|p| p.token_expires.as_ref().and_then(unix_time))
+            .collect();
+        Ok(Self {
+            table: std::sync::RwLock::new(Table {
+                list,
+                tenants,
+                expires,
+            }),
+        })
     }
 
+    /// Takes the principals of `other` (a reloaded configuration's) in place of these.
+    pub fn replace(&self, other: Principals) {
+        let new = other
+            .table
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *self
+            .table
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = new;
+    }
+
+    /// The principals' names.
+    pub fn names(&self) -> Vec<String> {
+        self.read().list.iter().map(|p| p.name.clone()).collect()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
+        // The table is replaced whole; a panic elsewhere cannot leave it half-written.
+        self.table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Table {
     fn principal(&self, c: &PrincipalConfig) -> Principal {
         let tenant = c
             .tenant
@@ -180,13 +268,16 @@ impl Principals {
             tenant,
         }
     }
+}
 
+impl Principals {
     /// The principal of a client certificate's common name.
     pub fn by_name(&self, name: &str) -> Result<Principal, Denied> {
-        self.list
+        let t = self.read();
+        t.list
             .iter()
             .find(|p| p.name == name)
-            .map(|c| self.principal(c))
+            .map(|c| t.principal(c))
             .ok_or_else(|| {
                 Denied::Unauthenticated(format!(
                     "the client certificate names '{name}', who is not a principal of this \
@@ -195,22 +286,44 @@ impl Principals {
             })
     }
 
-    /// The principal of a bearer token.
+    /// The principal of a bearer token, if it has not expired.
     pub fn by_token(&self, token: &str) -> Result<Principal, Denied> {
+        self.by_token_at(token, crate::daemon::unix_now())
+    }
+
+    /// [`Principals::by_token`] at Unix time `now`.
+    pub fn by_token_at(&self, token: &str, now: u64) -> Result<Principal, Denied> {
         let h = sha256_hex(token.as_bytes());
-        self.list
+        let t = self.read();
+        let i = t
+            .list
             .iter()
-            .find(|p| {
+            .position(|p| {
                 p.token_sha256
                     .as_deref()
                     .is_some_and(|t| t.eq_ignore_ascii_case(&h))
             })
-            .map(|c| self.principal(c))
             .ok_or_else(|| {
                 Denied::Unauthenticated(
                     "the bearer token is no principal's; ask the manager's operator for one".into(),
                 )
-            })
+            })?;
+        let c = &t.list[i];
+        if let Some(at) = t.expires.get(i).copied().flatten() {
+            if now >= at {
+                let when = c
+                    .token_expires
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                return Err(Denied::Unauthenticated(format!(
+                    "the bearer token of '{}' expired at {when}; ask the manager's operator \
+                     for a new one",
+                    c.name
+                )));
+            }
+        }
+        Ok(t.principal(c))
     }
 
     /// The principal of a local user on the control socket: root is `admin`.
@@ -223,10 +336,11 @@ impl Principals {
                 tenant: None,
             });
         }
-        self.list
+        let t = self.read();
+        t.list
             .iter()
             .find(|p| p.uids.contains(&uid))
-            .map(|c| self.principal(c))
+            .map(|c| t.principal(c))
             .ok_or_else(|| {
                 Denied::Forbidden(format!(
                     "local user {uid} is not a principal of this manager; its operator adds \

@@ -98,6 +98,11 @@ pub struct ManagerConfig {
     /// The tenants requests may name (`[[manager.tenants]]`); a request naming none belongs
     /// to `default` (weight 1 unless listed here).
     pub tenants: Vec<TenantConfig>,
+    /// The request log keeps at most this many entries (the oldest go first).
+    pub log_max_entries: u64,
+    /// The request log drops entries older than this many seconds (0: kept whatever their
+    /// age, up to `log_max_entries`).
+    pub log_max_age_s: u64,
 }
 
 /// The name of the tenant of requests that name none.
@@ -132,6 +137,8 @@ impl Default for ManagerConfig {
             max_functions_per_host: 4,
             half_life_s: 86_400,
             tenants: Vec::new(),
+            log_max_entries: 100_000,
+            log_max_age_s: 0,
         }
     }
 }
@@ -226,15 +233,42 @@ pub struct ApiConfig {
     /// Largest request body in bytes (larger: 413).
     #[serde(default = "default_max_body")]
     pub max_body: usize,
-    /// Seconds a client may take for the TLS handshake and for each request's head.
+    /// Seconds a client may take for the TLS handshake and for each request's head (and
+    /// an idle connection may wait for its next request).
     #[serde(default = "default_client_timeout")]
     pub client_timeout_s: u64,
-    /// Most connections served at once (more wait in the listen queue).
+    /// Seconds a client may take to send a request's body, once its head is in.
+    #[serde(default = "default_client_timeout")]
+    pub body_timeout_s: u64,
+    /// Most connections held at once; a new one beyond evicts a stalled one
+    /// (crate::api::conns).
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Most connections held at once from one peer address.
+    #[serde(default = "default_max_connections_per_peer")]
+    pub max_connections_per_peer: usize,
     /// The Redfish view's logins (`[api.redfish]`).
     #[serde(default)]
     pub redfish: RedfishConfig,
+}
+
+impl ApiConfig {
+    /// The settings of `[api]` with `listen`, `cert` and `key` and every other key at its
+    /// default.
+    pub fn new(listen: &str, cert: &str, key: &str) -> Self {
+        Self {
+            listen: listen.into(),
+            cert: cert.into(),
+            key: key.into(),
+            client_ca: None,
+            max_body: default_max_body(),
+            client_timeout_s: default_client_timeout(),
+            body_timeout_s: default_client_timeout(),
+            max_connections: default_max_connections(),
+            max_connections_per_peer: default_max_connections_per_peer(),
+            redfish: RedfishConfig::default(),
+        }
+    }
 }
 
 /// Redfish logins (`[api.redfish]`, Documentation/manager-api.rst "Redfish logins").
@@ -272,6 +306,9 @@ fn default_client_timeout() -> u64 {
 fn default_max_connections() -> usize {
     256
 }
+fn default_max_connections_per_peer() -> usize {
+    32
+}
 
 impl Config {
     /// Parses and checks a configuration; the error names the problem.
@@ -300,6 +337,9 @@ impl Config {
         if m.max_functions_per_host == 0 {
             return Err("[manager] max_functions_per_host must be at least 1".into());
         }
+        if m.log_max_entries == 0 {
+            return Err("[manager] log_max_entries must be at least 1".into());
+        }
         let mut tenants = std::collections::BTreeSet::new();
         for t in &m.tenants {
             if t.name.is_empty() || t.name.len() > 64 {
@@ -327,9 +367,15 @@ impl Config {
             m.tenants.iter().map(|t| t.name.clone()).collect(),
         )?;
         if let Some(a) = &self.api {
-            if a.max_body == 0 || a.client_timeout_s == 0 || a.max_connections == 0 {
+            if a.max_body == 0
+                || a.client_timeout_s == 0
+                || a.body_timeout_s == 0
+                || a.max_connections == 0
+                || a.max_connections_per_peer == 0
+            {
                 return Err(
-                    "[api] max_body, client_timeout_s and max_connections must be at least 1"
+                    "[api] max_body, client_timeout_s, body_timeout_s, max_connections \
+                            and max_connections_per_peer must be at least 1"
                         .into(),
                 );
             }

@@ -82,6 +82,10 @@ pub struct Daemon {
     pub api: Option<crate::config::ApiConfig>,
     /// Requests served, by operation and outcome, and how long they took (`/metrics`).
     pub stats: crate::metrics::Stats,
+    /// The network API's replies and connections (`/metrics`), counted by the API.
+    pub http: Arc<crate::metrics::HttpStats>,
+    /// The configuration file, read again for its principals on SIGHUP.
+    pub config_path: Option<std::path::PathBuf>,
     /// The scheduler's next notice number as of the last commit: the API's long polls of
     /// `events` wait for it to change ([`Daemon::notices`]).
     notices: tokio::sync::watch::Sender<u64>,
@@ -145,6 +149,8 @@ impl Daemon {
             principals: Arc::new(principals),
             api,
             stats: Default::default(),
+            http: Default::default(),
+            config_path: None,
             notices: tokio::sync::watch::Sender::new(0),
         };
         if !fix.is_empty() {
@@ -231,10 +237,21 @@ impl Daemon {
     /// Serves `req` for principal `p`: checked (crate::auth), answered, and filtered to
     /// what `p` may see. Returns the request as served (with its owner) and the reply.
     pub fn serve(&mut self, p: &Principal, req: Request) -> Result<(Request, Value), Denied> {
-        let req = p.authorize(req, &self.sched)?;
         let t = std::time::Instant::now();
-        let reply = self.handle(&req);
+        let (req, reply) = self.serve_uncounted(p, req)?;
         self.stats.record(&req, &reply, t.elapsed());
+        Ok((req, reply))
+    }
+
+    /// [`Daemon::serve`] without counting the request in the metrics: for the reads a
+    /// Redfish request is made of, counted once as `redfish`.
+    pub fn serve_uncounted(
+        &mut self,
+        p: &Principal,
+        req: Request,
+    ) -> Result<(Request, Value), Denied> {
+        let req = p.authorize(req, &self.sched)?;
+        let reply = self.handle(&req);
         Ok((req.clone(), p.filter(&req, reply)))
     }
 
@@ -281,6 +298,14 @@ impl Daemon {
                     .unwrap_or_default();
                 json!({"ok": true, "samples": samples, "failures": self.failures})
             }
+            Request::Log { n } if *n == 0 || *n > protocol::MAX_PAGE => protocol::error(
+                format!(
+                    "n is 1 to {}: the log is read {} entries at most",
+                    protocol::MAX_PAGE,
+                    protocol::MAX_PAGE
+                ),
+                true,
+            ),
             Request::Log { n } => match self.store.log_tail(*n) {
                 Ok(l) => json!({"ok": true, "log": l}),
                 Err(e) => protocol::error(e, false),
@@ -539,8 +564,8 @@ pub fn serve(daemon: Daemon, socket: &Path) -> Result<(), String> {
         Err(e) if crate::spool::no_unix_sockets(&e) => None,
         Err(e) => return Err(format!("cannot listen on {}: {e}", socket.display())),
     };
-    // SIGTERM and SIGINT are taken by one thread (sigwait), so every thread spawned from
-    // here on has them blocked.
+    // SIGTERM, SIGINT and SIGHUP are taken by one thread (sigwait), so every thread spawned
+    // from here on has them blocked.
     let signals = block_stop_signals()?;
     let api = daemon.api.clone();
     let principals = daemon.principals.clone();
@@ -697,7 +722,8 @@ fn peer_uid(s: &UnixStream) -> Result<u32, String> {
     Ok(cred.uid)
 }
 
-/// Blocks SIGTERM and SIGINT in this thread (and the threads it starts); returns the set.
+/// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and the threads it starts); returns
+/// the set.
 fn block_stop_signals() -> Result<libc::sigset_t, String> {
     // SAFETY: `set` is a valid sigset_t for sigemptyset/sigaddset to fill in; the mask
     // change affects only the calling thread and the threads created after it.
@@ -706,6 +732,7 @@ fn block_stop_signals() -> Result<libc::sigset_t, String> {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         if rc != 0 {
             return Err(format!(
@@ -717,16 +744,56 @@ fn block_stop_signals() -> Result<libc::sigset_t, String> {
     }
 }
 
+/// Reads the configuration file again and takes its principals (names, roles, tokens,
+/// expiries, uids) in place of the running ones, for the API and the socket alike; the
+/// rest of the file is not reloaded. On an error the running principals stay.
+pub fn reload_principals(d: &Mutex<Daemon>) -> Result<Vec<String>, String> {
+    let (path, principals, hosts, tenants) = {
+        let d = d
+            .lock()
+            .map_err(|_| "the daemon's lock is poisoned".to_string())?;
+        let m = &d.sched.config.manager;
+        (
+            d.config_path.clone(),
+            d.principals.clone(),
+            m.hosts,
+            m.tenants.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+        )
+    };
+    let path = path.ok_or("this manager was started without a configuration file")?;
+    let c = Config::load(&path.display().to_string())?;
+    let new = Principals::new(c.principals, hosts, tenants)?;
+    let names = new.names();
+    principals.replace(new);
+    Ok(names)
+}
+
 /// Waits for SIGTERM or SIGINT, then stops cleanly: takes the daemon's lock (so the request
 /// being served finishes and nothing is half-applied), commits the state, tells systemd,
-/// removes the socket and exits 0.
+/// removes the socket and exits 0. SIGHUP reloads the principals and waits on.
 fn stop_on_signal(set: libc::sigset_t, d: &Arc<Mutex<Daemon>>, socket: &Path) {
     let mut sig: libc::c_int = 0;
-    // SAFETY: `set` holds signals this thread has blocked; `sig` is valid for writing.
-    let rc = unsafe { libc::sigwait(&set, &mut sig) };
-    if rc != 0 {
-        eprintln!("pcifab-manager: sigwait failed ({rc}); SIGTERM will not stop it cleanly");
-        return;
+    loop {
+        // SAFETY: `set` holds signals this thread has blocked; `sig` is valid for writing.
+        let rc = unsafe { libc::sigwait(&set, &mut sig) };
+        if rc != 0 {
+            eprintln!("pcifab-manager: sigwait failed ({rc}); SIGTERM will not stop it cleanly");
+            return;
+        }
+        if sig != libc::SIGHUP {
+            break;
+        }
+        crate::notify::reloading();
+        match reload_principals(d) {
+            Ok(names) => eprintln!(
+                "pcifab-manager: SIGHUP: principals reloaded: {}",
+                names.join(", ")
+            ),
+            Err(e) => eprintln!(
+                "pcifab-manager: SIGHUP: principals not reloaded, the running ones stay: {e}"
+            ),
+        }
+        crate::notify::ready();
     }
     crate::notify::stopping();
     let name = if sig == libc::SIGINT {

@@ -24,7 +24,8 @@ fabric-manager host of a pcifab fabric (Documentation/manager.rst).
 
 options:
   --config FILE     the pools and rules (TOML)
-  --state DIR       where the state database lives (default /var/lib/pcifab-manager)
+  --state DIR       the directory that holds the state database manager.redb (default
+                    /var/lib/pcifab-manager)
   --socket PATH     the control socket (default /run/pcifab-manager.sock)
   --executor KIND   driver (default: bind/unbind/move through --device) or sim (no fabric)
   --device PATH     the pcifab device (default /dev/pcifab0)
@@ -95,7 +96,29 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
     if a.config.is_none() && a.ask.is_none() && !a.hash_password {
         return Err("--config FILE is needed".into());
     }
+    state_dir(&a.state)?;
     Ok(Some(a))
+}
+
+/// Checks that `--state` names a directory (existing or to be made), not the database file:
+/// the database is `manager.redb` inside it (Documentation/manager.rst).
+fn state_dir(p: &std::path::Path) -> Result<(), String> {
+    let shown = p.display();
+    if p.extension().is_some_and(|e| e == "redb") {
+        return Err(format!(
+            "--state {shown} names a database file; --state is the directory that holds \
+             manager.redb (e.g. --state {})",
+            p.parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .map_or_else(|| ".".into(), |d| d.display().to_string())
+        ));
+    }
+    match std::fs::metadata(p) {
+        Ok(m) if !m.is_dir() => Err(format!(
+            "--state {shown} is a file; --state is the directory that holds manager.redb"
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn run(a: Args) -> Result<(), String> {
@@ -173,6 +196,7 @@ fn run(a: Args) -> Result<(), String> {
         (Box::new(sim), None)
     };
     let mut d = Daemon::start(config, store, exec, daemon::steady_clock())?;
+    d.config_path = a.config.as_deref().map(PathBuf::from);
     d.telemetry = telemetry;
     d.liveness = liveness;
     d.scrubber = Some(scrubber);

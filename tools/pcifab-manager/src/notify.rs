@@ -36,6 +36,19 @@ pub fn ready() {
     notify("READY=1");
 }
 
+/// The daemon reloads its configuration (Type=notify-reload): `READY=1` follows when done.
+pub fn reloading() {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which is valid for it.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let usec = u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000
+        + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1000;
+    notify(&format!("RELOADING=1\nMONOTONIC_USEC={usec}"));
+}
+
 /// The daemon is shutting down.
 pub fn stopping() {
     notify("STOPPING=1");

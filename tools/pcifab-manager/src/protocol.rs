@@ -74,6 +74,9 @@ pub enum Request {
     },
 }
 
+/// Most items one reply lists: `log`'s `n`, and the API's `limit` on list routes.
+pub const MAX_PAGE: u64 = 1000;
+
 fn default_log() -> u64 {
     20
 }
@@ -267,6 +270,15 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
             json!({"ok": true, "events": s.notices_for(*host, *since)})
         }
         Request::Heartbeat { host } => {
+            if *host >= s.config.manager.hosts {
+                return error(
+                    format!(
+                        "host {host} is not in this fabric (hosts 0-{})",
+                        s.config.manager.hosts.saturating_sub(1)
+                    ),
+                    true,
+                );
+            }
             s.heartbeat(*host, now);
             json!({"ok": true})
         }

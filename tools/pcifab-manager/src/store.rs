@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use crate::scheduler::Scheduler;
@@ -222,9 +222,46 @@ impl Store {
                 let e = serde_json::to_vec(entry).map_err(|e| err(&self.path, "encode", e))?;
                 log.insert(next, e.as_slice())
                     .map_err(|e| err(&self.path, "write log", e))?;
+                // Retention: at most log_max_entries, none older than log_max_age_s.
+                let m = &s.config.manager;
+                let keep_from = next.saturating_sub(m.log_max_entries.max(1)) + 1;
+                let mut drop_to = keep_from.saturating_sub(1);
+                if m.log_max_age_s > 0 {
+                    let cutoff = entry.at.saturating_sub(m.log_max_age_s);
+                    for r in log
+                        .range(drop_to + 1..next)
+                        .map_err(|e| err(&self.path, "read log", e))?
+                    {
+                        let (k, v) = r.map_err(|e| err(&self.path, "read log", e))?;
+                        let at = serde_json::from_slice::<LogEntry>(v.value())
+                            .map(|l| l.at)
+                            .unwrap_or(0);
+                        if at >= cutoff {
+                            break;
+                        }
+                        drop_to = k.value();
+                    }
+                }
+                if drop_to > 0 {
+                    log.retain_in(..=drop_to, |_, _| false)
+                        .map_err(|e| err(&self.path, "trim log", e))?;
+                }
             }
         }
         tx.commit().map_err(|e| err(&self.path, "commit", e))
+    }
+
+    /// How many entries the log holds.
+    pub fn log_len(&self) -> Result<u64, String> {
+        let tx = self
+            .db
+            .begin_read()
+            .map_err(|e| err(&self.path, "read", e))?;
+        match tx.open_table(LOG) {
+            Ok(t) => t.len().map_err(|e| err(&self.path, "read log", e)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+            Err(e) => Err(err(&self.path, "open log", e)),
+        }
     }
 
     /// The last `n` log entries, oldest first.
@@ -261,6 +298,45 @@ impl Store {
 mod tests {
     use super::*;
     use crate::config::Config;
+
+    /// The log keeps at most log_max_entries entries and none older than log_max_age_s.
+    #[test]
+    fn the_log_is_kept_within_its_retention() {
+        let dir = std::env::temp_dir().join(format!("pcifab-store-log-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).expect("store");
+        let mut s = Scheduler::new(Config::default());
+        s.config.manager.log_max_entries = 5;
+        let entry = |at: u64| LogEntry {
+            at,
+            request: serde_json::json!({"op": "heartbeat", "host": at}),
+            ok: true,
+            summary: "ok".into(),
+        };
+        for at in 0..12 {
+            store.save(&s, Some(&entry(at))).expect("save");
+        }
+        assert_eq!(store.log_len().expect("len"), 5);
+        let ats: Vec<u64> = store
+            .log_tail(100)
+            .expect("tail")
+            .iter()
+            .map(|e| e.at)
+            .collect();
+        assert_eq!(ats, vec![7, 8, 9, 10, 11]);
+        // By age: entries more than 3 s older than the newest go.
+        s.config.manager.log_max_entries = 100;
+        s.config.manager.log_max_age_s = 3;
+        store.save(&s, Some(&entry(13))).expect("save");
+        let ats: Vec<u64> = store
+            .log_tail(100)
+            .expect("tail")
+            .iter()
+            .map(|e| e.at)
+            .collect();
+        assert_eq!(ats, vec![10, 11, 13]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn round_trip() {

@@ -645,3 +645,164 @@ fn socket_events_wait_ends_when_the_notice_comes() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--state` is the directory that holds manager.redb: a path naming the database file
+/// (as the shipped unit once did, making a directory `state.redb/`) is refused before
+/// anything is made.
+#[test]
+fn state_is_a_directory_not_the_database_file() {
+    let dir = tempdir("state-dir");
+    std::fs::write(dir.join("manager.toml"), TWO_GPUS.replace("MODE", "hybrid")).expect("cfg");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pcifab-manager"))
+        .args(["--executor", "sim", "--config"])
+        .arg(dir.join("manager.toml"))
+        .arg("--state")
+        .arg(dir.join("state.redb"))
+        .arg("--socket")
+        .arg(dir.join("sock"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run pcifab-manager");
+    // It must exit at once; a manager that started serving is stopped and the test fails.
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break Some(st);
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            child.kill().expect("kill");
+            child.wait().expect("reap");
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().expect("its stderr");
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--state is the directory that holds manager.redb"),
+        "{err}"
+    );
+    assert!(
+        !dir.join("state.redb").exists(),
+        "it made {:?}",
+        dir.join("state.redb")
+    );
+    // A directory: the database is manager.redb in it.
+    let mut child = start(&dir);
+    let mut s = connect(&dir.join("sock"));
+    assert_eq!(ask(&mut s, json!({"op": "queue"}))["ok"], json!(true));
+    assert!(dir.join("state/manager.redb").is_file());
+    child.kill().expect("kill");
+    child.wait().expect("reap");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGHUP reloads the principals from the configuration file without a restart: a new
+/// token works, the old one is refused, and an expired one is refused with the reason.
+#[test]
+fn sighup_reloads_tokens_without_a_restart() {
+    use pcifab_manager::{client::Remote, protocol::Request};
+    let dir = tempdir("sighup");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    p.subject_alt_names
+        .push(rcgen::SanType::IpAddress("127.0.0.1".parse().expect("ip")));
+    let cert = p.self_signed(&key).expect("certificate");
+    std::fs::write(dir.join("server.crt"), cert.pem()).expect("cert");
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).expect("key");
+    // A free port for the API (taken back from the kernel just before the start).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let sha = |t: &str| {
+        use std::fmt::Write as _;
+        let d = ring::digest::digest(&ring::digest::SHA256, t.as_bytes());
+        d.as_ref().iter().fold(String::new(), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    };
+    let config = |principals: &str| {
+        format!(
+            "{}\n[api]\nlisten = \"127.0.0.1:{port}\"\ncert = \"{}\"\nkey = \"{}\"\n{principals}",
+            TWO_GPUS.replace("MODE", "hybrid"),
+            dir.join("server.crt").display(),
+            dir.join("server.key").display(),
+        )
+    };
+    let principal = |token: &str, extra: &str| {
+        format!(
+            "[[principals]]\nname = \"ops\"\nrole = \"admin\"\ntoken_sha256 = \"{}\"\n{extra}\n",
+            sha(token)
+        )
+    };
+    std::fs::write(dir.join("manager.toml"), config(&principal("first", ""))).expect("cfg");
+    let mut child = start(&dir);
+    let _ = connect(&dir.join("sock"));
+    let status = |token: &str| {
+        let r = Remote {
+            url: format!("https://127.0.0.1:{port}"),
+            ca: Some(dir.join("server.crt")),
+            token: Some(token.into()),
+            timeout: Duration::from_secs(5),
+            ..Default::default()
+        };
+        r.ask(&Request::Queue, 0)
+            .map(|(st, v)| (st, v["error"].clone()))
+    };
+    // The socket answers before the API may; wait for the API.
+    let t = Instant::now();
+    while status("first").map(|(st, _)| st).ok() != Some(200) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the API did not answer"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let hup = || {
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGHUP) }, 0);
+    };
+    // Waits until `token` gets `want`.
+    let until = |token: &str, want: u16| {
+        let t = Instant::now();
+        loop {
+            let got = status(token).expect("an answer");
+            if got.0 == want {
+                return got.1;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{token}: still {got:?} 10 s after SIGHUP"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    std::fs::write(dir.join("manager.toml"), config(&principal("second", ""))).expect("cfg");
+    hup();
+    until("second", 200);
+    assert_eq!(status("first").expect("answer").0, 401);
+    std::fs::write(
+        dir.join("manager.toml"),
+        config(&principal("third", "token_expires = 2001-01-01T00:00:00Z")),
+    )
+    .expect("cfg");
+    hup();
+    let why = until("third", 401);
+    assert!(
+        why.as_str()
+            .is_some_and(|m| m.contains("expired at 2001-01-01T00:00:00Z")),
+        "{why}"
+    );
+    assert_eq!(status("second").expect("answer").0, 401);
+    assert_eq!(
+        child.try_wait().expect("wait"),
+        None,
+        "SIGHUP ended the daemon"
+    );
+    child.kill().expect("kill");
+    child.wait().expect("reap");
+    let _ = std::fs::remove_dir_all(&dir);
+}

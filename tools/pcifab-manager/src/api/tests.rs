@@ -145,3 +145,100 @@ fn replies_map_to_statuses() {
     assert_eq!(status_of(&r, &json!({"ok": false, "refused": true})), 409);
     assert_eq!(status_of(&r, &json!({"ok": false, "refused": false})), 500);
 }
+
+#[test]
+fn list_routes_page_with_a_bounded_limit() {
+    let get = |p: &str, q: &str| route("GET", p, q, b"");
+    for p in [
+        "/v1/queue",
+        "/v1/leases",
+        "/v1/pools",
+        "/v1/hosts",
+        "/v1/events",
+    ] {
+        assert!(get(p, "limit=5&offset=10").is_ok(), "{p}");
+        assert!(get(p, "limit=1000").is_ok(), "{p}");
+        for q in ["limit=0", "limit=1001", "limit=x", "offset=-1"] {
+            assert_eq!(get(p, q).expect_err(q).0, 400, "{p}?{q}");
+        }
+    }
+    // Routes that list nothing take no paging.
+    assert_eq!(get("/v1/state", "limit=5").expect_err("state").0, 400);
+    // The log's page is its n: 1 to 1000.
+    assert!(get("/v1/log", "n=1000").is_ok());
+    for q in [
+        "n=0",
+        "n=1001",
+        "n=18446744073709551615",
+        "n=18446744073709551616",
+    ] {
+        assert_eq!(get("/v1/log", q).expect_err(q).0, 400, "{q}");
+    }
+    let op = Request::Leases;
+    let pg = |q: &str| page(&op, q).expect("page").expect("a list");
+    assert_eq!(
+        pg(""),
+        Page {
+            offset: 0,
+            limit: 1000
+        }
+    );
+    let mut v = json!({"ok": true, "leases": [0, 1, 2, 3, 4]});
+    apply_page(&op, pg("offset=1&limit=2"), &mut v);
+    assert_eq!(
+        v,
+        json!({"ok": true, "leases": [1, 2], "total": 5, "next_offset": 3})
+    );
+    let mut v = json!({"ok": true, "leases": [0, 1, 2]});
+    apply_page(&op, pg("offset=2&limit=2"), &mut v);
+    assert_eq!(v, json!({"ok": true, "leases": [2], "total": 3}));
+    let mut v = json!({"ok": true, "leases": [0]});
+    apply_page(&op, pg("offset=9"), &mut v);
+    assert_eq!(v, json!({"ok": true, "leases": [], "total": 1}));
+    assert_eq!(page(&Request::State, "").expect("state"), None);
+}
+
+#[test]
+fn the_bearer_scheme_is_case_insensitive() {
+    let token = |v: &str| {
+        let mut h = header::HeaderMap::new();
+        h.insert(header::AUTHORIZATION, v.parse().expect("header value"));
+        bearer(&h).expect("an Authorization header")
+    };
+    for v in ["Bearer t0k", "bearer t0k", "BEARER t0k", "BeArEr   t0k "] {
+        assert_eq!(token(v), Ok("t0k".to_string()), "{v:?}");
+    }
+    for v in ["Basic dTpw", "Bearer", "Bearer  ", "Bearert0k"] {
+        assert!(token(v).is_err(), "{v:?}");
+    }
+}
+
+#[test]
+fn the_openapi_document_lists_the_paging_parameters() {
+    let doc: Value = serde_json::from_str(OPENAPI).expect("the OpenAPI document is JSON");
+    for p in [
+        "/v1/queue",
+        "/v1/leases",
+        "/v1/pools",
+        "/v1/hosts",
+        "/v1/events",
+    ] {
+        let params = doc["paths"][p]["get"]["parameters"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for name in ["limit", "offset"] {
+            assert!(
+                params.iter().any(|x| x["name"] == name),
+                "{p} does not document {name}"
+            );
+        }
+        let limit = params.iter().find(|x| x["name"] == "limit").expect("limit");
+        assert_eq!(limit["schema"]["maximum"], crate::protocol::MAX_PAGE);
+    }
+    let n = &doc["paths"]["/v1/log"]["get"]["parameters"][0];
+    assert_eq!(
+        (n["name"].as_str(), &n["schema"]["maximum"]),
+        (Some("n"), &json!(crate::protocol::MAX_PAGE))
+    );
+}

@@ -263,3 +263,56 @@ fn a_composition_is_held_to_the_same_rules() {
         .authorize(compose(1, vec![]), &s)
         .expect("admin composes");
 }
+
+#[test]
+fn offset_date_times_are_unix_times() {
+    let t = |s: &str| unix_time(&s.parse::<toml::value::Datetime>().expect("date-time"));
+    assert_eq!(t("1970-01-01T00:00:00Z"), Some(0));
+    assert_eq!(t("2000-03-01T00:00:00Z"), Some(951_868_800));
+    assert_eq!(t("2027-01-31T12:30:05Z"), Some(1_801_398_605));
+    assert_eq!(t("2027-01-31T14:30:05+02:00"), Some(1_801_398_605));
+    // No offset, no instant.
+    assert_eq!(t("2027-01-31T12:30:05"), None);
+    assert_eq!(t("2027-01-31"), None);
+}
+
+/// A token is refused from its expiry on, with the reason; a reload replaces the
+/// principals for every holder at once.
+#[test]
+fn tokens_expire_and_principals_reload() {
+    let cfg = |expires: &str, token: &str| {
+        let c = Config::parse(&format!(
+            "[[principals]]\nname = 'ops'\nrole = 'admin'\ntoken_sha256 = '{}'\n{expires}\n",
+            super::sha256_hex(token.as_bytes())
+        ))
+        .expect("config");
+        Principals::new(c.principals, 2, Vec::new()).expect("principals")
+    };
+    let p = std::sync::Arc::new(cfg("token_expires = 2027-01-31T00:00:00Z", "old"));
+    let at = 1_801_353_600; // 2027-01-31T00:00:00Z
+    assert_eq!(p.by_token_at("old", at - 1).expect("before").name, "ops");
+    match p.by_token_at("old", at) {
+        Err(Denied::Unauthenticated(m)) => {
+            assert!(m.contains("expired at 2027-01-31T00:00:00Z"), "{m}")
+        }
+        other => panic!("expected 401, got {other:?}"),
+    }
+    let holder = p.clone();
+    p.replace(cfg("", "new"));
+    assert!(holder.by_token_at("old", 0).is_err());
+    assert_eq!(
+        holder.by_token_at("new", u64::MAX).expect("new").name,
+        "ops"
+    );
+    // Checked: an expiry needs a token and an offset.
+    let bad = |t: &str| Config::parse(&format!("[[principals]]\nname='a'\nrole='admin'\n{t}\n"));
+    assert!(bad("token_expires = 2027-01-31T00:00:00Z")
+        .unwrap_err()
+        .contains("token_expires is for a token_sha256"));
+    let e = bad(&format!(
+        "token_sha256 = '{}'\ntoken_expires = 2027-01-31T00:00:00",
+        "0".repeat(64)
+    ))
+    .unwrap_err();
+    assert!(e.contains("with its offset"), "{e}");
+}

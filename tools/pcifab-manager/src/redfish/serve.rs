@@ -53,6 +53,9 @@ pub struct Ctx {
     pub principals: Arc<Principals>,
     pub service: Arc<Service>,
     pub max_body: usize,
+    /// How long a body may take to arrive (`[api] body_timeout_s`).
+    pub body_timeout: Duration,
+    pub http: Arc<crate::metrics::HttpStats>,
 }
 
 impl Ctx {
@@ -61,6 +64,7 @@ impl Ctx {
         daemon: Arc<Mutex<Daemon>>,
         principals: Arc<Principals>,
         cfg: &crate::config::ApiConfig,
+        http: Arc<crate::metrics::HttpStats>,
     ) -> Result<Self, String> {
         let users = match &cfg.redfish.users {
             Some(f) => Users::load(f, &principals)?,
@@ -74,6 +78,8 @@ impl Ctx {
                 Duration::from_secs(cfg.redfish.session_timeout_s),
             )),
             max_body: cfg.max_body,
+            body_timeout: Duration::from_secs(cfg.body_timeout_s),
+            http,
         })
     }
 }
@@ -290,24 +296,50 @@ pub async fn serve(
             format!("the query parameter {q} is not supported by this service"),
         ));
     }
-    let body = match Limited::new(req.into_body(), ctx.max_body).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return fail(err(
-                413,
-                "GeneralError",
-                format!(
-                    "the body is larger than {} bytes ([api] max_body)",
-                    ctx.max_body
-                ),
-            ))
+    // A refusal before the body is read closes the connection, so the unread body cannot be
+    // taken for the next request.
+    let closing = |mut r: Reply| {
+        set(&mut r, "connection", "close");
+        r
+    };
+    let too_large = || {
+        err(
+            413,
+            "GeneralError",
+            format!(
+                "the body is larger than {} bytes ([api] max_body)",
+                ctx.max_body
+            ),
+        )
+    };
+    if req.body().size_hint().upper().unwrap_or(0) > ctx.max_body as u64 {
+        return closing(fail(too_large()));
+    }
+    let limited = Limited::new(req.into_body(), ctx.max_body);
+    let body = match tokio::time::timeout(ctx.body_timeout, limited.collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return closing(fail(too_large()))
         }
-        Err(e) => {
-            return fail(err(
+        Ok(Err(e)) => {
+            return closing(fail(err(
                 400,
                 "MalformedJSON",
                 format!("cannot read the body: {e}"),
-            ))
+            )))
+        }
+        Err(_) => {
+            ctx.http
+                .timeouts
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return closing(fail(err(
+                408,
+                "GeneralError",
+                format!(
+                    "the body did not come within {:?} ([api] body_timeout_s)",
+                    ctx.body_timeout
+                ),
+            )));
         }
     };
     let action = match super::action(&method, &r, &body) {
@@ -476,9 +508,14 @@ pub async fn serve(
     }
 }
 
-/// The fabric's view as principal `p` sees it.
+/// The fabric's view as principal `p` sees it: three reads, not counted in the metrics on
+/// their own (a Redfish request counts once, as `redfish`, or as the `compose` it makes).
 fn view(d: &mut Daemon, p: &Principal) -> Result<View, Error> {
-    let mut get = |r: Request| d.serve(p, r).map(|(_, v)| v).map_err(|e| denied(&e));
+    let mut get = |r: Request| {
+        d.serve_uncounted(p, r)
+            .map(|(_, v)| v)
+            .map_err(|e| denied(&e))
+    };
     Ok(View {
         hosts: get(Request::Hosts)?,
         pool: get(Request::Pool)?,
@@ -505,11 +542,16 @@ fn fabric(
             ),
         )
     };
-    let v = view(d, p)?;
-    let now = super::render(&seg, &v).ok_or_else(missing)?;
+    let t = std::time::Instant::now();
+    let v = view(d, p);
     let Action::PatchZone { zone, endpoints } = action else {
-        return Ok(now);
+        let now = v.and_then(|v| super::render(&seg, &v).ok_or_else(missing));
+        let outcome = if now.is_ok() { "ok" } else { "refused" };
+        d.stats.record_op("redfish", outcome, t.elapsed());
+        return now;
     };
+    let v = v?;
+    let now = super::render(&seg, &v).ok_or_else(missing)?;
     if let Some(h) = if_match {
         let tag = super::etag(&now);
         if !super::if_match(h, &tag) {

@@ -92,6 +92,7 @@ impl Scheduler {
         functions: &[Pdfid],
         now: Secs,
     ) -> Result<Composed, Refused> {
+        super::check_duration(base)?;
         let plan = self.composition_plan(base.host, functions)?;
         if plan.release.is_empty() && plan.add.is_empty() {
             return Ok(Composed::default());

@@ -728,6 +728,7 @@ impl Scheduler {
                 m.hosts - 1
             )));
         }
+        check_duration(spec)?;
         if spec.priority > m.max_priority {
             return Err(Refused(format!(
                 "priority {} is above the highest, {}",
@@ -2199,4 +2200,14 @@ impl Scheduler {
         let promote = u64::from(m.max_priority + 1 - lowest.min(m.max_priority)) * m.aging_s;
         Some(promote + (queued_before as u64 + 1) * (2 * m.max_lease_s + 1))
     }
+}
+
+/// A lease of no time is no lease: `duration_s` is left out (the default) or at least 1.
+pub fn check_duration(spec: &RequestSpec) -> Result<(), Refused> {
+    if spec.duration_s == Some(0) {
+        return Err(Refused(
+            "duration_s must be at least 1 (leave it out for the default lease length)".into(),
+        ));
+    }
+    Ok(())
 }

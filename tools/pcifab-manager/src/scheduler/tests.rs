@@ -58,6 +58,7 @@ fn random_config(rng: &mut Rng) -> Config {
             max_functions_per_host: 1 + rng.below(5) as usize,
             half_life_s: [0, 20, 300][rng.below(3) as usize],
             tenants,
+            ..ManagerConfig::default()
         },
         pools,
         ..Config::default()
