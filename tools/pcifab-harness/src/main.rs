@@ -424,9 +424,18 @@ impl Run {
             let mut errors = Vec::new();
             for h in &mut hosts {
                 match checks::guest::online_cpus(h) {
-                    Ok(n) if n == o.smp => {
-                        say(&format!("{}: {n} CPUs online (multi-threaded TCG)", h.name))
-                    }
+                    Ok(n) if n == o.smp => match vcpu_threads(h) {
+                        Ok(t) if t == n as usize => say(&format!(
+                            "{}: {n} CPUs online, each in its own QEMU thread (multi-threaded TCG)",
+                            h.name
+                        )),
+                        Ok(t) => errors.push(format!(
+                            "{}: --smp {n}: QEMU runs the {n} CPUs in {t} thread(s), not \
+                             multi-threaded TCG",
+                            h.name
+                        )),
+                        Err(e) => errors.push(e),
+                    },
                     Ok(n) => errors.push(format!(
                         "{}: --smp {}: the guest has {n} CPU(s) online",
                         h.name, o.smp
@@ -1005,6 +1014,25 @@ fn demo_drive(fabric: &mut Fabric, pdfid: u16) -> Result<(), String> {
         show(&h.name, &out);
     }
     Ok(())
+}
+
+/// How many distinct host threads run `h`'s virtual CPUs (QMP `query-cpus-fast`): one per
+/// CPU under multi-threaded TCG, one for all of them otherwise.
+fn vcpu_threads(h: &fabric::Host) -> Result<usize, String> {
+    let cpus = h.qmp()?.execute("query-cpus-fast", None)?;
+    let mut ids: Vec<u64> = cpus
+        .as_array()
+        .ok_or_else(|| format!("{}: query-cpus-fast: expected a list, got {cpus}", h.name))?
+        .iter()
+        .map(|c| {
+            c.get("thread-id")
+                .and_then(serde_json::Value::as_u64)
+                .ok_or_else(|| format!("{}: query-cpus-fast: a CPU without thread-id: {c}", h.name))
+        })
+        .collect::<Result<_, _>>()?;
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids.len())
 }
 
 /// Prints a command's output, each line prefixed by the host's name.
