@@ -19,8 +19,9 @@ use crate::procs::{self, Children};
 use crate::qmp::Qmp;
 use crate::Opts;
 
-/// From QEMU spawn to the agent's READY line.
-pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// From QEMU spawn to the agent's READY line. The sanitizer kernel with two CPUs under TCG
+/// took more than 120 s to boot while other runs shared the machine's two cores.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 /// From emulator spawn to `pcifab-emu: ready`.
 pub const EMU_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Extra time the agent gets, beyond a command's own timeout, to answer.
