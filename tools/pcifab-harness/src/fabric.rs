@@ -527,10 +527,10 @@ impl EmuControl {
     }
 
     /// How many MRPC replies the emulator falsified for host `name` since its hostile mode
-    /// was armed (`state`: `hosts[].hostile.mrpc_replies`); an error if it never was.
+    /// was armed (`state`: `host_state[].hostile.mrpc_replies`); an error if it never was.
     pub fn hostile_replies(&self, name: &str) -> Result<u64, String> {
         let v = self.request("state")?;
-        v.get("hosts")
+        v.get("host_state")
             .and_then(|h| h.as_array())
             .and_then(|a| {
                 a.iter()

@@ -484,12 +484,15 @@ pub fn p2p_grants(f: &mut Fabric) -> Result<(), String> {
 /// Seeds of the hostile-firmware run, one per host (printed, so a failure can be replayed).
 const HOSTILE_SEEDS: [u64; 2] = [0x0bad_f00d, 0x0dec_a1f0];
 /// Firmware replies the emulator falsifies at least (its count of replies it lied in, both
-/// hosts together): 5,000 with `--soak` (`make soak`), 2,000 in `make test`.
+/// hosts together): 5,000 with `--soak` (`make soak`), 500 in `make test`. About one
+/// command in six of the workload gets a falsified reply (the others are not among the
+/// commands the emulator lies in), so the 5 rounds per host that made the 2,000 commands
+/// counted before make about 600 lies: 500 keeps the scenario's cost.
 fn hostile_commands() -> u64 {
     if crate::soak() {
         5_000
     } else {
-        2_000
+        500
     }
 }
 
