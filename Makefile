@@ -31,7 +31,7 @@ TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
 	cargo-test qemu-test test soak demo bench help kernel-debian module-debian switchtec-debian test-debian switchtec-user pax-client \
-	check-dkms check-module-msrv test-nvme test-lane2 scenarios
+	check-dkms check-module-msrv test-nvme test-lane1 test-lane2 scenarios
 
 modules:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) modules
@@ -128,13 +128,17 @@ NVME_GUEST_ARGS = --guest-bin $(GUEST_BIN) \
 	--emu $(HOST_BIN)/pcifab-emu --emu-config $(CURDIR)/tools/pcifab-harness/fabric-nvme.toml \
 	--qemu-root $(PCIFAB_CACHE)/trixie
 NVME_HARNESS_ARGS = $(DEBUG_KERNEL_ARGS) $(NVME_GUEST_ARGS)
-NVME_FILTER := agent answers|pcifab binds the MEP|nvme:|rmmod pcifab in every host
+NVME_FILTER := agent answers|pcifab binds the MEP|nvme:|rmmod pcifab in every host|kmemleak
+# The sanitizer cells' guests have two CPUs (multi-threaded TCG), so that what races in
+# the driver can race in the kernel too.
+DEBUG_SMP := --smp 2
 
 switchtec-user: deps
 	@tools/scripts/switchtec-user.sh
 
 qemu-test: check-module-debug tools
-	$(HOST_BIN)/pcifab-harness test --keep-going $(DEBUG_HARNESS_ARGS) --results $(RESULTS)
+	$(HOST_BIN)/pcifab-harness test --keep-going $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
+		--results $(RESULTS)
 
 # The public PAX client over switchtec.ko, in both dialects, on the test kernel
 # (Documentation/testing.rst, "The PAX client"); make test runs the same scenarios in its
@@ -147,53 +151,71 @@ pax-client: kernel check-module tools switchtec-user
 		--results $(RESULTS)/pax-client-extended
 	$(HOST_BIN)/pcifab-harness summary $(RESULTS)/pax-client-pax $(RESULTS)/pax-client-extended
 
-# The QEMU matrix of make test (Documentation/testing.rst, "The matrix"): every cell that can
-# fail differently, without running every scenario everywhere.
-#   debug kernel  x extended  every scenario, on the sanitizer kernel
-#   Debian kernel x pax       identity, management, composition, manager, the PAX-specific
-#                             scenarios and the P2P scenarios' clean refusals
-#   Debian kernel x extended  the P2P copies (Debian's IOMMU and P2PDMA configuration)
-#   debug kernel  x pax       the NVMe drive (fabric-nvme.toml): Linux's nvme driver on a
-#                             composed drive, data across moves, removal with I/O in flight
-#   Debian kernel, DKMS build the identity scenarios
-# Each run writes RESULTS/<cell>/summary.json; a failed cell does not stop the others, and
-# `pcifab-harness summary` prints the per-dialect lines and the final `N passed, N failed`.
-DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|mgmt net|identity|MRPC echo|ioctl bad-input|unprivileged caller|mrpc classes|fault|compose|manager|features|extensions|multi-function|DMA MRPC|p2p|pax client|sysfs: per-function|rmmod pcifab in every host
+# The QEMU matrix of make test (Documentation/testing.rst, "The matrix"): every scenario
+# family on the sanitizer kernel under the PAX dialect real switches speak, what needs
+# pcifab's firmware extensions on the sanitizer kernel under the extended dialect, and on
+# Debian's kernel what can differ there:
+#   debug  x pax       every scenario but those that need the extensions (EXT_ONLY) and the
+#                      drive's (lane 1)
+#   debug  x pax       the NVMe drive (fabric-nvme.toml), cell `nvme`
+#   debug  x extended  the extensions (P2P copies and grants, telemetry, features) and the
+#                      composition paths the firmware's unbind requests change
+#   debian x pax       module, interrupts, pciehp, IOMMU and DMA, the network as modules,
+#                      the manager over it, Debian's switchtec.ko under the PAX client
+#   debian x extended  the P2P copies (Debian's IOMMU and P2PDMA configuration)
+#   debian, DKMS build the identity scenarios
+# Every sanitizer cell ends with the kmemleak scan. Each run writes
+# RESULTS/<cell>/summary.json; a failed cell does not stop the others, and `pcifab-harness
+# summary` prints one line per cell and the final `N passed, N failed`.
+EXT_ONLY := p2p:|p2p grants
+DEBUG_EXT_FILTER := agent answers|pcifab binds the MEP|p2p|sysfs: per-function|features|extensions|compose: move GPU0|bind and unbind reach h0|two hosts unbind|rmmod pcifab in every host|kmemleak
+DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|mgmt net|identity|MRPC echo|ioctl bad-input|unprivileged caller|mrpc classes|fault|compose|manager: four requests|manager: h1 requests over the network|features|extensions|multi-function|DMA MRPC|p2p|pax client|sysfs: per-function|rmmod pcifab in every host
 DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host
-MATRIX := debug nvme debian-pax debian-extended dkms
+MATRIX := debug-pax nvme debug-extended debian-pax debian-extended dkms
 
-# make test: first what the sanitizer x extended cell needs (the kernels, the module, the
-# tools); then two lanes, since the machine has two cores and the cells spend much of their
-# time waiting on guests and timers: that cell on the terminal, and beside it the checks that
-# boot no guest (TEST_CHECKS) followed by the other cells, whose output goes to
-# RESULTS/lane2.log and is printed when they end. A failed check stops its lane (its cells
-# count as failed runs) and fails make test; a failed cell does not stop the others. The
-# summary prints the final line.
+# make test: first what the cells need (the kernels, the modules, the tools); then two
+# lanes, since the machine has two cores and the cells spend much of their time waiting on
+# guests and timers. Lane 1 (test-lane1, on the terminal): the debug-pax cell, the longest,
+# then the debian-extended and dkms cells. Lane 2 (test-lane2): the checks that boot no
+# guest (TEST_CHECKS), then the nvme, debug-extended and debian-pax cells; its output goes
+# to RESULTS/lane2.log and is printed when both lanes end. A failed check stops its lane
+# (its cells count as failed runs) and fails make test; a failed cell does not stop the
+# others. The summary prints one line per cell and the final line.
 TEST_CHECKS := lint check-module-msrv cargo-test check-packages check-systemd
-test: deps kernel-debug kernel-debian check-module-debug tools switchtec-user switchtec-debian
+test: deps kernel-debug kernel-debian check-module-debug module-debian tools switchtec-user \
+		switchtec-debian
 	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX)) $(RESULTS)/lane2.log
 	@mkdir -p $(RESULTS)
-	@echo "# beside the debug cell: $(TEST_CHECKS), then the nvme, debian-pax," \
-		"debian-extended and dkms cells; their output: $(RESULTS)/lane2.log (printed when they end)"
+	@echo "# lane 2, beside the debug-pax, debian-extended and dkms cells: $(TEST_CHECKS)," \
+		"then the nvme, debug-extended and debian-pax cells; their output:" \
+		"$(RESULTS)/lane2.log (printed when they end)"
 	@$(MAKE) -s test-lane2 >$(RESULTS)/lane2.log 2>&1 & lane2=$$!; \
-	$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended $(DEBUG_HARNESS_ARGS) \
-		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug; \
+	$(MAKE) -s test-lane1; \
 	wait $$lane2; st=$$?; echo "# ---- $(RESULTS)/lane2.log"; cat $(RESULTS)/lane2.log; \
-	[ $$st -eq 0 ] || echo "# the checks beside the debug cell failed (above): make test fails"; \
+	[ $$st -eq 0 ] || echo "# the checks of lane 2 failed (above): make test fails"; \
 	$(HOST_BIN)/pcifab-harness summary $(addprefix $(RESULTS)/,$(MATRIX)) && [ $$st -eq 0 ]
 
-# The second lane of make test: the checks, then the cells after the sanitizer x extended
-# one, in a row.
-test-lane2: $(TEST_CHECKS)
-	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
-		$(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
-	-$(MAKE) -s module-debian
-	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(DEBIAN_PAX_FILTER)' \
-		$(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) --switchtec-user $(SWITCHTEC_USER) \
-		--results $(RESULTS)/debian-pax
-	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended \
+# The first lane of make test: the sanitizer x pax cell, then Debian's extended and DKMS
+# cells (the module for Debian's kernel is built before the lanes).
+test-lane1:
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --exclude '$(EXT_ONLY)' \
+		$(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER) \
+		--results $(RESULTS)/debug-pax
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended --cell debian \
 		--filter '$(DEBIAN_EXT_FILTER)' $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-extended
 	-$(MAKE) -s check-dkms
+
+# The second lane of make test: the checks, then the sanitizer kernel's nvme and extended
+# cells and Debian's pax cell, in a row.
+test-lane2: $(TEST_CHECKS)
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
+		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended \
+		--filter '$(DEBUG_EXT_FILTER)' $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
+		--results $(RESULTS)/debug-extended
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(DEBIAN_PAX_FILTER)' \
+		--cell debian $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
+		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debian-pax
 
 # A few scenarios on the sanitizer kernel, for work on one part:
 #   make scenarios FILTER='compose|manager' [DIALECT=pax|extended] [HOSTS=N]
@@ -201,17 +223,18 @@ DIALECT ?= pax
 FILTER ?= pcifab binds the MEP
 scenarios: check-module-debug tools switchtec-user
 	$(HOST_BIN)/pcifab-harness test --keep-going --dialect $(DIALECT) --filter '$(FILTER)' \
-		$(if $(HOSTS),--hosts $(HOSTS)) $(DEBUG_HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER) \
-		--results $(RESULTS)/scenarios
+		$(if $(HOSTS),--hosts $(HOSTS)) $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
+		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/scenarios
 
 # The nvme cell of make test alone.
 test-nvme: deps kernel-debug check-module-debug tools
 	$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
-		$(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
+		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
 
 # The same scenarios with the trust scenarios at full size; hours on 2 cores under TCG.
 soak: deps kernel-debug check-module-debug tools
-	$(HOST_BIN)/pcifab-harness test --keep-going --soak $(DEBUG_HARNESS_ARGS) --results $(RESULTS)
+	$(HOST_BIN)/pcifab-harness test --keep-going --soak $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
+		--results $(RESULTS)
 
 # Debian's own kernel (trixie-backports linux-image-$(DEBIAN_KREL)) and the module built for
 # it; no switchtec.ko (Debian's config leaves PCI_SW_SWITCHTEC off). Documentation/kernels.rst.
@@ -242,7 +265,7 @@ switchtec-debian: kernel-debian
 	@tools/scripts/debian-kernel.sh switchtec
 
 test-debian: module-debian tools
-	$(HOST_BIN)/pcifab-harness test --keep-going --filter '$(DEBIAN_FILTER)' \
+	$(HOST_BIN)/pcifab-harness test --keep-going --filter '$(DEBIAN_FILTER)' --cell debian \
 		$(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian
 
 # `dkms build` of this checkout inside the trixie build tree, then the module DKMS built
@@ -250,7 +273,7 @@ test-debian: module-debian tools
 check-dkms: kernel-debian tools
 	@tools/scripts/debian-kernel.sh check-dkms
 	$(HOST_BIN)/pcifab-harness test --keep-going --hosts 1 --filter 'pcifab binds the MEP|identity' \
-		--kernel $(DEBIAN_KDIR)/vmlinuz --module $(PCIFAB_CACHE)/module-dkms/pcifab.ko \
+		--cell debian-dkms --kernel $(DEBIAN_KDIR)/vmlinuz --module $(PCIFAB_CACHE)/module-dkms/pcifab.ko \
 		$(GUEST_ARGS) --results $(RESULTS)/dkms
 
 # The module with clippy on the oldest rustc Linux accepts, against a tree whose Rust

@@ -81,6 +81,15 @@ struct Mailbox {
     dma: Option<Coherent<DmaOut>>,
 }
 
+/// A caller counted in [`Mrpc::callers`] while it lives.
+struct Caller<'a>(&'a Atomic<u32>);
+
+impl Drop for Caller<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
 /// Counters of the engine, for sysfs and the events ioctl.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Stats {
@@ -105,6 +114,10 @@ pub(crate) struct Mrpc {
     timeouts: Atomic<u64>,
     firmware_dead: Atomic<u64>,
     dma_commands: Atomic<u64>,
+    /// Callers inside [`Mrpc::run`] now (the one in the mailbox and those queued for it),
+    /// and the most there were at once since the last reset (sysfs `mrpc_callers_max`).
+    callers: Atomic<u32>,
+    callers_max: Atomic<u32>,
     /// The last command went through DMA MRPC (set when DMA MRPC is armed at probe).
     dma_active: Atomic<bool>,
     /// Events are on: the MRPC-completion event interrupts while commands complete in the
@@ -130,6 +143,8 @@ impl Mrpc {
             timeouts: Atomic::new(0),
             firmware_dead: Atomic::new(0),
             dma_commands: Atomic::new(0),
+            callers: Atomic::new(0),
+            callers_max: Atomic::new(0),
             dma_active: Atomic::new(false),
             events_on: Atomic::new(false),
             completions <- new_spinlock_irq!(0),
@@ -170,6 +185,30 @@ impl Mrpc {
             firmware_dead: self.firmware_dead.load(Relaxed),
             dma_commands: self.dma_commands.load(Relaxed),
         }
+    }
+
+    /// The most callers that were inside [`Mrpc::run`] at once since the last
+    /// [`Mrpc::reset_callers_max`].
+    pub(crate) fn callers_max(&self) -> u32 {
+        self.callers_max.load(Relaxed)
+    }
+
+    /// Starts [`Mrpc::callers_max`] again from the callers inside now.
+    pub(crate) fn reset_callers_max(&self) {
+        self.callers_max.store(self.callers.load(Relaxed), Relaxed);
+    }
+
+    /// Counts a caller in until the returned guard drops, raising the high-water mark.
+    fn enter(&self) -> Caller<'_> {
+        let now = self.callers.fetch_add(1, Relaxed).saturating_add(1);
+        let mut max = self.callers_max.load(Relaxed);
+        while now > max {
+            match self.callers_max.cmpxchg(max, now, Relaxed) {
+                Ok(_) => break,
+                Err(seen) => max = seen,
+            }
+        }
+        Caller(&self.callers)
     }
 
     /// Whether the last command went through DMA MRPC.
@@ -294,6 +333,7 @@ impl Mrpc {
             timeout_ms
         };
 
+        let _caller = self.enter();
         let mut mb = self.mailbox.lock();
         if self.dead.load(Relaxed) {
             return Err(ENODEV);

@@ -95,6 +95,16 @@ fn store_max_age(m: &Arc<Mep>, input: &[u8]) -> Result {
     m.fabric.set_max_age_ms(v[0])
 }
 
+/// `mrpc_callers_max`: only `0`, which starts the high-water mark again.
+fn store_callers_max(m: &Arc<Mep>, input: &[u8]) -> Result {
+    let (v, n) = numbers::<1>(input)?;
+    if n != 1 || v[0] != 0 {
+        return Err(EINVAL);
+    }
+    m.mrpc.reset_callers_max();
+    Ok(())
+}
+
 /// A read-write attribute of `/dev/pcifabN`: anyone reads, root writes.
 const fn rw(
     name: &'static CStr,
@@ -168,6 +178,13 @@ attribute_groups! {
         ro(c"event_irqs", |m, o| o.emit(format_args!("{}\n", m.events.counts().irqs))),
         ro(c"mrpc_commands", |m, o| o.emit(format_args!("{}\n", m.mrpc.stats().commands))),
         ro(c"mrpc_timeouts", |m, o| o.emit(format_args!("{}\n", m.mrpc.stats().timeouts))),
+        // The most callers inside the MRPC engine at once (in the mailbox or queued for it);
+        // writing 0 starts it again.
+        rw(
+            c"mrpc_callers_max",
+            |m, o| o.emit(format_args!("{}\n", m.mrpc.callers_max())),
+            store_callers_max
+        ),
         // 1 while commands complete through DMA MRPC, 0 through the mailbox registers.
         ro(c"mrpc_dma", |m, o| o.emit(format_args!("{}\n", u8::from(m.mrpc.dma_active())))),
         ro(c"mrpc_dma_commands", |m, o| o.emit(format_args!("{}\n", m.mrpc.stats().dma_commands))),

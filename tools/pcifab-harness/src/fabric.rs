@@ -19,8 +19,9 @@ use crate::procs::{self, Children};
 use crate::qmp::Qmp;
 use crate::Opts;
 
-/// From QEMU spawn to the agent's READY line.
-pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// From QEMU spawn to the agent's READY line. The sanitizer kernel with two CPUs under TCG
+/// took more than 120 s to boot while other runs shared the machine's two cores.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 /// From emulator spawn to `pcifab-emu: ready`.
 pub const EMU_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Extra time the agent gets, beyond a command's own timeout, to answer.
@@ -498,6 +499,10 @@ pub struct Fabric {
     pub(crate) tls: Option<crate::tls::Authority>,
     /// The emulator's pid, when the harness started it.
     pub emu_pid: Option<u32>,
+    /// Per host, the DMA-API error count at the previous log check (debug kernel).
+    dma_errors_seen: Vec<u64>,
+    /// Set by a scenario that could only check a refusal ([`Fabric::refusal_only`]).
+    refusal_only: Option<String>,
 }
 
 /// The emulator's control socket, for scenarios.
@@ -519,6 +524,24 @@ impl EmuControl {
             ));
         }
         Ok(v)
+    }
+
+    /// How many MRPC replies the emulator falsified for host `name` since its hostile mode
+    /// was armed (`state`: `host_state[].hostile.mrpc_replies`); an error if it never was.
+    pub fn hostile_replies(&self, name: &str) -> Result<u64, String> {
+        let v = self.request("state")?;
+        v.get("host_state")
+            .and_then(|h| h.as_array())
+            .and_then(|a| {
+                a.iter()
+                    .find(|h| h.get("name").and_then(|n| n.as_str()) == Some(name))
+            })
+            .and_then(|h| h.get("hostile"))
+            .and_then(|h| h.get("mrpc_replies"))
+            .and_then(|c| c.as_u64())
+            .ok_or_else(|| {
+                format!("emulator state has no hostile.mrpc_replies for host {name}: {v}")
+            })
     }
 
     /// The emulator's count of MRPC commands host `name` started.
@@ -559,7 +582,22 @@ impl Fabric {
             checks: 0,
             tls: None,
             emu_pid: None,
+            dma_errors_seen: Vec::new(),
+            refusal_only: None,
         }
+    }
+
+    /// Marks the current scenario as one that, in this run, could only check that what it
+    /// is named for is refused (e.g. P2P without the firmware's extensions): it is reported
+    /// under its name followed by ` -- refusal only: WHAT`, so that a pass does not read as
+    /// the thing itself working.
+    pub fn refusal_only(&mut self, what: &str) {
+        self.refusal_only = Some(what.to_string());
+    }
+
+    /// The refusal-only note the scenario set, if any.
+    pub fn take_refusal_only(&mut self) -> Option<String> {
+        self.refusal_only.take()
     }
 
     /// Declares that the current scenario provokes emulator error lines containing
@@ -577,10 +615,11 @@ impl Fabric {
         self.skip = Some(reason.to_string());
     }
 
-    /// Called before each scenario: no expected emulator errors, no skip.
+    /// Called before each scenario: no expected emulator errors, no skip, no refusal note.
     pub fn begin_scenario(&mut self) {
         self.expected_emu_errors.clear();
         self.skip = None;
+        self.refusal_only = None;
     }
 
     /// The skip reason the scenario set, if any.
@@ -603,10 +642,15 @@ impl Fabric {
         }
         let mut problems: Vec<String> = Vec::new();
         let mut saved = String::new();
-        for h in &mut self.hosts {
+        let debug = self.debug_kernel;
+        self.dma_errors_seen.resize(self.hosts.len(), 0);
+        for (h, dma_seen) in self.hosts.iter_mut().zip(self.dma_errors_seen.iter_mut()) {
             if !h.is_dead() {
                 if let Err(e) = h.console_mark(&mark) {
                     problems.push(e);
+                }
+                if debug {
+                    problems.extend(check_checkers(h, dma_seen));
                 }
             }
             let (text, used) = match read_from(&h.console, h.console_seen, at_end) {
@@ -724,6 +768,42 @@ impl Fabric {
             h.deadline = d;
         }
     }
+}
+
+/// After a scenario on the debug kernel: lockdep must still be on (after its first report,
+/// or when it runs out of room, it turns itself off and the rest of the boot is unchecked)
+/// and the DMA-API checker must have counted no error since the previous check (`seen`; a
+/// count below it is a rebooted guest's new start). Returns the problems.
+fn check_checkers(h: &mut Host, seen: &mut u64) -> Vec<String> {
+    let st = match crate::checks::guest::checker_state(h) {
+        Ok(st) => st,
+        Err(e) => return vec![e],
+    };
+    let mut problems = Vec::new();
+    if !st.lockdep_on {
+        problems.push(format!(
+            "lockdep is off in {} (debug_locks 0 in /proc/lockdep_stats): it turned itself \
+             off after a report or for lack of room, so this scenario's locking went \
+             unchecked; see {}",
+            h.name,
+            h.console.display()
+        ));
+    }
+    if st.dma_errors < *seen {
+        *seen = 0;
+    }
+    if st.dma_errors > *seen {
+        problems.push(format!(
+            "DMA-API debugging counted {} new error(s) in {} ({} since boot, debugfs \
+             dma-api/error_count); see {}",
+            st.dma_errors - *seen,
+            h.name,
+            st.dma_errors,
+            h.console.display()
+        ));
+        *seen = st.dma_errors;
+    }
+    problems
 }
 
 /// A fresh temporary directory, removed on drop.
@@ -945,6 +1025,18 @@ pub fn guest_mem_mib(debug_kernel: bool) -> u32 {
     }
 }
 
+/// The `-accel` value for `smp` virtual CPUs: with more than one, multi-threaded TCG (one
+/// host thread per virtual CPU), asked for explicitly so that QEMU refuses to start rather
+/// than run the CPUs one after another in a single thread, where a race in the guest's
+/// kernel would rarely happen.
+pub fn tcg_accel(smp: u32) -> &'static str {
+    if smp > 1 {
+        "tcg,thread=multi"
+    } else {
+        "tcg"
+    }
+}
+
 /// Kernel parameters of host `name`.
 pub fn kernel_cmdline(name: &str, iommu: bool, debug_kernel: bool) -> String {
     let mut c = format!(
@@ -957,9 +1049,13 @@ pub fn kernel_cmdline(name: &str, iommu: bool, debug_kernel: bool) -> String {
     );
     if debug_kernel {
         // Every check reports and the guest lives on, so the harness collects every splat
-        // of the run (a panic would end the guest at the first one).
+        // of the run (a panic would end the guest at the first one). `kasan_multi_shot`:
+        // KASAN reports every bad access, not only the first of the boot (it would leave the
+        // rest of the run unchecked). The DMA-API checker prints every error once the init
+        // turns `all_errors` on (initramfs.rs; it has no kernel parameter for it).
         c.push_str(
-            " kmemleak=on hung_task_panic=0 softlockup_panic=0 panic_on_warn=0 kasan.fault=report",
+            " kmemleak=on hung_task_panic=0 softlockup_panic=0 panic_on_warn=0 kasan.fault=report \
+             kasan_multi_shot",
         );
     }
     c
@@ -1045,9 +1141,9 @@ pub fn qemu_args(
         "-global".into(),
         "ICH9-LPC.acpi-pci-hotplug-with-bridge-support=off".into(),
         "-accel".into(),
-        "tcg".into(),
+        tcg_accel(opts.smp).into(),
         "-smp".into(),
-        "1".into(),
+        opts.smp.to_string(),
         "-m".into(),
         format!("{mem}M"),
         "-object".into(),

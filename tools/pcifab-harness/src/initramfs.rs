@@ -105,6 +105,11 @@ mount -t tmpfs tmpfs /tmp
 if [ -d /sys/kernel/debug ] && grep -qw debugfs /proc/filesystems; then
     mount -t debugfs debugfs /sys/kernel/debug || echo "pcifab-init: debugfs mount failed"
 fi
+# The DMA-API checker prints only its first error unless told to print all of them (there
+# is no kernel parameter for it); the harness checks the setting on the debug kernel.
+if [ -e /sys/kernel/debug/dma-api/all_errors ]; then
+    echo 1 > /sys/kernel/debug/dma-api/all_errors || echo "pcifab-init: dma-api all_errors not set"
+fi
 # Modules the fabric's devices need from a kernel that has them as modules (Debian's
 # virtio_net, and nvme with a drive), in dependency order (--kernel-modules).
 for m in /lib/modules/extra/*.ko; do

@@ -57,7 +57,7 @@ usage: pcifab-harness <test|demo|bench|bench-scale|list|selftest>
          --qemu-root TRIXIE_DIR --results DIR
          [--hosts N] [--filter SUBSTR] [--keep-going] [--debug-kernel] [--busybox PATH]
          [--no-emu] [--dialect pax|extended] [--switchtec-user PATH]
-         [--kernel-modules DIR]
+         [--kernel-modules DIR] [--smp N] [--cell NAME] [--exclude SUBSTR]
        pcifab-harness summary DIR...
 
   test        boot the fabric, run the scenarios, print `N passed, N failed`
@@ -69,8 +69,9 @@ usage: pcifab-harness <test|demo|bench|bench-scale|list|selftest>
               read, one bind event's MRPC cost, the view's memory, `pcifab list`
   list        print the scenario names and exit
   selftest    boot the fabric and check the harness and agent themselves
-  summary     read DIR/summary.json of several runs, print `<dialect>: N passed, N failed`
-              per dialect and the overall `N passed, N failed`; exit 1 if any failed
+  summary     read DIR/summary.json of several runs, print `<cell>: N passed, N failed`
+              per run (the cell is `KERNEL x DIALECT`, with the folder's name when two
+              runs share it) and the overall `N passed, N failed`; exit 1 if any failed
   --dialect   the emulator's firmware dialect for the whole run (default: the config's
               `dialect` key, else extended); written to RESULTS/summary.json
   --switchtec-user  static switchtec-user CLI (tools/scripts/switchtec-user.sh builds
@@ -84,12 +85,19 @@ usage: pcifab-harness <test|demo|bench|bench-scale|list|selftest>
   --filter S  run only scenarios whose name contains S (case-insensitive); S may list
               alternatives separated by '|'. With bench: only the parts it names
               (mrpc, compose, p2p, manager)
+  --exclude S leave out the scenarios whose name contains S (as --filter; both may be
+              given: the scenarios --filter picks, less those --exclude names)
   --keep-going  run every scenario even after a failure (default: stop)
   --debug-kernel  the kernel is the sanitizer (debug) kernel: require its checks
               (KASAN, lockdep, kmemleak, ...) in every guest, give the guests 1 GiB
               and the kernel parameters those checks need
   --busybox   static busybox for the guest (default /bin/busybox)
   --no-emu    development aid: no emulator, a pci-testdev stands in for the MEP
+  --smp N     virtual CPUs per guest (default 1); with N > 1 QEMU runs multi-threaded
+              TCG (`-accel tcg,thread=multi`), so guest CPUs really run at once, and
+              set-up checks that every guest sees N CPUs online
+  --cell NAME the kernel's name in this run's cell, written to RESULTS/summary.json
+              (default: `debug` with --debug-kernel, else the kernel file's name)
   --kernel-modules DIR  the kernel's module tree (/lib/modules/RELEASE): virtio_net.ko
               (the management network) and, when the fabric has an nvme drive, nvme.ko,
               with their dependencies, are loaded from there at boot (Debian's kernel has
@@ -120,6 +128,8 @@ pub struct Opts {
     pub busybox: PathBuf,
     pub hosts: Option<usize>,
     pub filter: Option<String>,
+    /// `--exclude`: scenarios whose name matches are left out.
+    pub exclude: Option<String>,
     pub keep_going: bool,
     pub no_emu: bool,
     pub debug_kernel: bool,
@@ -133,6 +143,10 @@ pub struct Opts {
     pub kernel_modules: Option<PathBuf>,
     /// `--sizes N,N,...`: the function counts of `bench-scale`.
     pub sizes: Option<String>,
+    /// `--smp N`: virtual CPUs per guest (multi-threaded TCG when more than one).
+    pub smp: u32,
+    /// `--cell NAME`: the kernel's name in the cell line of `summary`.
+    pub cell: Option<String>,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -164,7 +178,8 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             "-h" | "--help" => return Err(String::new()),
             "--kernel" | "--module" | "--switchtec" | "--guest-bin" | "--emu" | "--emu-config"
             | "--qemu-root" | "--results" | "--hosts" | "--filter" | "--busybox" | "--dialect"
-            | "--kernel-modules" | "--switchtec-user" | "--sizes" => {
+            | "--kernel-modules" | "--switchtec-user" | "--sizes" | "--smp" | "--cell"
+            | "--exclude" => {
                 let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
                 get.insert(a.trim_start_matches('-').to_string(), v.clone());
             }
@@ -210,6 +225,14 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 .ok_or_else(|| format!("--hosts {v:?}: expected a number >= 1"))?,
         ),
     };
+    let smp = match get.remove("smp") {
+        None => 1,
+        Some(v) => v
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=8).contains(n))
+            .ok_or_else(|| format!("--smp {v:?}: expected a number from 1 to 8"))?,
+    };
     Ok(Opts {
         mode,
         kernel,
@@ -223,6 +246,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         busybox,
         hosts,
         filter: get.remove("filter"),
+        exclude: get.remove("exclude"),
         keep_going,
         no_emu,
         debug_kernel,
@@ -230,6 +254,8 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         switchtec_user,
         kernel_modules,
         sizes: get.remove("sizes"),
+        smp,
+        cell: get.remove("cell"),
     })
 }
 
@@ -394,6 +420,33 @@ impl Run {
         if o.switchtec.is_none() {
             say("# no --switchtec: the scenarios that load switchtec.ko fail");
         }
+        if o.smp > 1 {
+            let mut errors = Vec::new();
+            for h in &mut hosts {
+                match checks::guest::online_cpus(h) {
+                    Ok(n) if n == o.smp => match vcpu_threads(h) {
+                        Ok(t) if t == n as usize => say(&format!(
+                            "{}: {n} CPUs online, each in its own QEMU thread (multi-threaded TCG)",
+                            h.name
+                        )),
+                        Ok(t) => errors.push(format!(
+                            "{}: --smp {n}: QEMU runs the {n} CPUs in {t} thread(s), not \
+                             multi-threaded TCG",
+                            h.name
+                        )),
+                        Err(e) => errors.push(e),
+                    },
+                    Ok(n) => errors.push(format!(
+                        "{}: --smp {}: the guest has {n} CPU(s) online",
+                        h.name, o.smp
+                    )),
+                    Err(e) => errors.push(e),
+                }
+            }
+            if !errors.is_empty() {
+                return Err(errors.join("\n"));
+            }
+        }
         if o.debug_kernel {
             let mut errors = Vec::new();
             for h in &mut hosts {
@@ -442,9 +495,15 @@ impl Run {
                 absent.len()
             ));
         }
+        let exclude = self.opts.exclude.as_deref().map(str::to_lowercase);
         let list: Vec<_> = all
             .into_iter()
             .filter(|s| filter.as_deref().is_none_or(|f| filter_matches(f, s.name)))
+            .filter(|s| {
+                exclude
+                    .as_deref()
+                    .is_none_or(|x| !filter_matches(x, s.name))
+            })
             .collect();
         // The plan counts the log check at the end of the run as one more test.
         say(&format!("1..{}", list.len() + 1));
@@ -486,10 +545,15 @@ impl Run {
             }
             let skip = fabric.take_skip();
             let secs = t.elapsed().as_secs_f64();
+            // A scenario that could only see a refusal says so in its name.
+            let shown = match fabric.take_refusal_only() {
+                Some(what) => format!("{} -- refusal only: {what}", s.name),
+                None => s.name.to_string(),
+            };
             if skip.is_none() || r.is_err() {
-                self.outcomes.push((s.name.to_string(), r.is_ok()));
+                self.outcomes.push((shown.clone(), r.is_ok()));
             }
-            if !self.report(n, s.name, r, skip.as_deref()) && !self.opts.keep_going {
+            if !self.report(n, &shown, r, skip.as_deref()) && !self.opts.keep_going {
                 stop = Some("an earlier scenario failed (use --keep-going)");
             }
             say(&format!("# {}: {secs:.1} s", s.name));
@@ -508,11 +572,25 @@ impl Run {
         }
     }
 
+    /// The kernel's name in this run's cell: `--cell`, else `debug` for the sanitizer
+    /// kernel, else the kernel file's name.
+    fn cell_kernel(&self) -> String {
+        if let Some(c) = &self.opts.cell {
+            return c.clone();
+        }
+        if self.opts.debug_kernel {
+            return "debug".into();
+        }
+        folder_name(&self.opts.kernel)
+    }
+
     /// RESULTS/summary.json: the dialect, the kernel, the counts and every scenario.
     fn write_summary(&self) -> Result<(), String> {
         let dialect = self.expected.dialect.name();
         let v = serde_json::json!({
             "dialect": dialect,
+            "cell": self.cell_kernel(),
+            "smp": self.opts.smp,
             "kernel": self.opts.kernel.display().to_string(),
             "passed": self.passed,
             "failed": self.failed,
@@ -938,6 +1016,25 @@ fn demo_drive(fabric: &mut Fabric, pdfid: u16) -> Result<(), String> {
     Ok(())
 }
 
+/// How many distinct host threads run `h`'s virtual CPUs (QMP `query-cpus-fast`): one per
+/// CPU under multi-threaded TCG, one for all of them otherwise.
+fn vcpu_threads(h: &fabric::Host) -> Result<usize, String> {
+    let cpus = h.qmp()?.execute("query-cpus-fast", None)?;
+    let mut ids: Vec<u64> = cpus
+        .as_array()
+        .ok_or_else(|| format!("{}: query-cpus-fast: expected a list, got {cpus}", h.name))?
+        .iter()
+        .map(|c| {
+            c.get("thread-id")
+                .and_then(serde_json::Value::as_u64)
+                .ok_or_else(|| format!("{}: query-cpus-fast: a CPU without thread-id: {c}", h.name))
+        })
+        .collect::<Result<_, _>>()?;
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids.len())
+}
+
 /// Prints a command's output, each line prefixed by the host's name.
 fn show(host: &str, out: &str) {
     for l in out.trim_end().lines() {
@@ -948,9 +1045,23 @@ fn show(host: &str, out: &str) {
 /// One run's summary.json, as `summary` reads it.
 #[derive(Debug, PartialEq)]
 struct RunSummary {
+    /// The run's results folder's name (tells apart two runs of one cell).
+    folder: String,
+    /// The kernel's name in the cell (`cell` in summary.json; older files have none).
+    kernel: Option<String>,
     dialect: String,
     passed: u64,
     failed: u64,
+}
+
+impl RunSummary {
+    /// `KERNEL x DIALECT`, or the dialect alone for a run that named no kernel.
+    fn cell(&self) -> String {
+        match &self.kernel {
+            Some(k) => format!("{k} x {}", self.dialect),
+            None => self.dialect.clone(),
+        }
+    }
 }
 
 fn read_summary(dir: &Path) -> Result<RunSummary, String> {
@@ -974,24 +1085,39 @@ fn read_summary(dir: &Path) -> Result<RunSummary, String> {
         .and_then(serde_json::Value::as_str)
         .ok_or_else(|| format!("{}: no string `dialect`", path.display()))?;
     Ok(RunSummary {
+        folder: folder_name(dir),
+        kernel: v
+            .get("cell")
+            .and_then(serde_json::Value::as_str)
+            .map(String::from),
         dialect: dialect.to_string(),
         passed: field("passed")?,
         failed: field("failed")?,
     })
 }
 
-/// The lines `summary` prints: one per dialect (pax first), then the total.
+/// The last component of a results folder, for the summary's lines.
+fn folder_name(dir: &Path) -> String {
+    dir.file_name().map_or_else(
+        || dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// The lines `summary` prints: one per run, `KERNEL x DIALECT: N passed, N failed` in the
+/// order given (with the folder's name after the cell when two runs share a cell), then
+/// the total.
 fn summary_lines(runs: &[RunSummary]) -> Vec<String> {
-    let mut dialects: Vec<&str> = runs.iter().map(|r| r.dialect.as_str()).collect();
-    dialects.sort_by_key(|d| (*d != "pax", *d != "extended", d.to_string()));
-    dialects.dedup();
     let mut lines = Vec::new();
-    for d in dialects {
-        let (p, f) = runs
-            .iter()
-            .filter(|r| r.dialect == d)
-            .fold((0, 0), |(p, f), r| (p + r.passed, f + r.failed));
-        lines.push(format!("{d}: {p} passed, {f} failed"));
+    for r in runs {
+        let cell = r.cell();
+        let shared = runs.iter().filter(|o| o.cell() == cell).count() > 1;
+        let label = if shared {
+            format!("{cell} ({})", r.folder)
+        } else {
+            cell
+        };
+        lines.push(format!("{label}: {} passed, {} failed", r.passed, r.failed));
     }
     let (p, f) = runs
         .iter()
@@ -1016,7 +1142,9 @@ fn summary(dirs: &[String]) -> ExitCode {
                 // failure of its own, so the total still says something went wrong.
                 println!("not ok - {d}: no results: {e}");
                 runs.push(RunSummary {
-                    dialect: "no results".into(),
+                    folder: folder_name(Path::new(d)),
+                    kernel: None,
+                    dialect: format!("{} (no results)", folder_name(Path::new(d))),
                     passed: 0,
                     failed: 1,
                 });
@@ -1305,6 +1433,41 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(o.switchtec, None);
+        assert_eq!(
+            (o.smp, o.cell.as_deref(), o.exclude.as_deref()),
+            (1, None, None)
+        );
+        let base = [
+            "test",
+            "--kernel",
+            "k",
+            "--module",
+            "m",
+            "--guest-bin",
+            "g",
+            "--emu",
+            "e",
+            "--emu-config",
+            "c",
+            "--qemu-root",
+            "q",
+            "--results",
+            "r",
+        ];
+        let mut a = base.to_vec();
+        a.extend(["--smp", "2", "--cell", "debian", "--exclude", "p2p:|nvme:"]);
+        let o = parse_args(&v(&a)).unwrap();
+        assert_eq!(
+            (o.smp, o.cell.as_deref(), o.exclude.as_deref()),
+            (2, Some("debian"), Some("p2p:|nvme:"))
+        );
+        for bad in ["0", "9", "x"] {
+            let mut a = base.to_vec();
+            a.extend(["--smp", bad]);
+            assert!(parse_args(&v(&a)).unwrap_err().contains("--smp"));
+        }
+        assert_eq!(fabric::tcg_accel(1), "tcg");
+        assert_eq!(fabric::tcg_accel(2), "tcg,thread=multi");
         assert!(parse_args(&v(&["test", "--kernel"])).is_err());
         assert!(parse_args(&v(&["test", "--kernel", "k"])).is_err());
         assert!(parse_args(&v(&["bogus"])).is_err());
@@ -1354,19 +1517,32 @@ mod tests {
         };
         let a = run(
             "a",
-            r#"{"dialect":"extended","kernel":"k","passed":40,"failed":1,"scenarios":[]}"#,
+            r#"{"dialect":"extended","cell":"debug","kernel":"k","passed":40,"failed":1,"scenarios":[]}"#,
         );
         let b = run(
             "b",
-            r#"{"dialect":"pax","kernel":"k","passed":38,"failed":0,"scenarios":[]}"#,
+            r#"{"dialect":"pax","cell":"debug","kernel":"k","passed":38,"failed":0,"scenarios":[]}"#,
         );
-        let runs = vec![read_summary(&a).unwrap(), read_summary(&b).unwrap()];
+        let b2 = run(
+            "b2",
+            r#"{"dialect":"pax","cell":"debug","kernel":"k","passed":10,"failed":0,"scenarios":[]}"#,
+        );
+        let old = run(
+            "old",
+            r#"{"dialect":"pax","kernel":"k","passed":3,"failed":0,"scenarios":[]}"#,
+        );
+        let runs: Vec<_> = [&a, &b, &b2, &old]
+            .iter()
+            .map(|d| read_summary(d).unwrap())
+            .collect();
         assert_eq!(
             summary_lines(&runs),
             [
-                "pax: 38 passed, 0 failed",
-                "extended: 40 passed, 1 failed",
-                "78 passed, 1 failed"
+                "debug x extended: 40 passed, 1 failed",
+                "debug x pax (b): 38 passed, 0 failed",
+                "debug x pax (b2): 10 passed, 0 failed",
+                "pax: 3 passed, 0 failed",
+                "91 passed, 1 failed"
             ]
         );
         let bad = run("c", r#"{"dialect":"pax","passed":"x"}"#);

@@ -303,7 +303,7 @@ pub fn all() -> Vec<Scenario> {
             if soak {
                 "hostile firmware: 5,000 lying replies, no splat or hang, then sane again"
             } else {
-                "hostile firmware: 2,000 lying replies, no splat or hang, then sane again"
+                "hostile firmware: 500 lying replies, no splat or hang, then sane again"
             },
             900,
             driver_trust::hostile_firmware,

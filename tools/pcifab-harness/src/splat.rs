@@ -68,6 +68,7 @@ pub fn splat_kind(line: &str) -> Option<&'static str> {
         return Some("soft lockup");
     }
     const LOCKDEP: &[&str] = &[
+        "trying to register non-static key",
         "possible circular locking dependency",
         "possible recursive locking",
         "inconsistent lock state",
@@ -123,7 +124,10 @@ pub fn splat_kind(line: &str) -> Option<&'static str> {
     if has("Kernel panic") {
         return Some("kernel panic");
     }
-    if has("detected stalls on CPUs") || has("self-detected stall on CPU") {
+    if has("detected stalls on CPUs")
+        || has("self-detected stall on CPU")
+        || has("detected expedited stalls")
+    {
         return Some("RCU stall");
     }
     None
@@ -263,6 +267,8 @@ mod tests {
 [   31.000000] Kernel panic - not syncing: hung_task: blocked tasks
 [   32.000000] BUG: soft lockup - CPU#0 stuck for 26s! [pcifab-selftes:300]
 [   33.000000] rcu: INFO: rcu_preempt self-detected stall on CPU
+[   33.500000] rcu: INFO: rcu_preempt detected expedited stalls on CPUs/tasks: { 1-... } 21003 jiffies s: 389 root: 0x2/.
+[   33.600000] INFO: trying to register non-static key.
 [   34.000000] pcifab-harness: console mark 2
 "#;
 
@@ -299,6 +305,8 @@ mod tests {
             ("hung task", "Kernel panic - not syncing: hung_task: blocked tasks"),
             ("soft lockup", "BUG: soft lockup - CPU#0 stuck for 26s! [pcifab-selftes:300]"),
             ("RCU stall", "rcu: INFO: rcu_preempt self-detected stall on CPU"),
+            ("RCU stall", "rcu: INFO: rcu_preempt detected expedited stalls on CPUs/tasks: { 1-... } 21003 jiffies s: 389 root: 0x2/."),
+            ("lockdep", "INFO: trying to register non-static key."),
         ];
         assert_eq!(got, want);
     }

@@ -236,6 +236,7 @@ pub const DEBUG_CONFIG: &[&str] = &[
     "RUST_OVERFLOW_CHECKS",
     "DEBUG_FS",
     "FAULT_INJECTION",
+    "UBSAN",
 ];
 
 /// Files the debug kernel's checks provide, checked when it has no /proc/config.gz.
@@ -247,6 +248,101 @@ const DEBUG_FILES: &[&str] = &[
 ];
 
 pub const KMEMLEAK: &str = "/sys/kernel/debug/kmemleak";
+/// 1: the DMA-API checker prints every error, not only its first (the init sets it).
+const DMA_ALL_ERRORS: &str = "/sys/kernel/debug/dma-api/all_errors";
+/// How many errors the DMA-API checker found since boot.
+const DMA_ERROR_COUNT: &str = "/sys/kernel/debug/dma-api/error_count";
+
+/// What the debug kernel's checkers say about themselves after a scenario: whether lockdep
+/// is still on (it turns itself off for good after its first report, or when it runs out
+/// of room) and how many DMA-API errors it counted since boot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckerState {
+    pub lockdep_on: bool,
+    pub dma_errors: u64,
+}
+
+/// Reads [`CheckerState`] in a guest of the debug kernel (`/proc/lockdep_stats`,
+/// debugfs `dma-api/error_count`); a file that is missing is an error, not a pass.
+pub fn checker_state(h: &mut Host) -> Result<CheckerState, String> {
+    let out = h.run_ok(&format!(
+        "echo locks $(sed -n 's/^ *debug_locks: *//p' /proc/lockdep_stats); \
+         echo dma $(cat {DMA_ERROR_COUNT})"
+    ))?;
+    parse_checker_state(&out).map_err(|e| format!("{}: {e}", h.name))
+}
+
+/// A race scenario's proof that its callers overlapped in the driver: the high-water mark
+/// `file` of `/sys/class/misc/pcifab0` (reset by the scenario before the race) must be at
+/// least 2; otherwise the requests only took turns and the race was not tested.
+pub fn callers_met(h: &mut Host, file: &str) -> Result<u64, String> {
+    let out = h.run_ok(&format!("cat /sys/class/misc/pcifab0/{file}"))?;
+    let n: u64 = out.trim().parse().map_err(|e| {
+        format!(
+            "{}: sysfs {file}: expected a number, got {:?} ({e})",
+            h.name,
+            out.trim()
+        )
+    })?;
+    h.log_note(&format!("{file}: {n}"));
+    if n < 2 {
+        return Err(format!(
+            "{}: sysfs {file} is {n}: the concurrent requests never were inside the driver \
+             at the same time, so the race did not happen",
+            h.name
+        ));
+    }
+    Ok(n)
+}
+
+/// The number of CPUs online in the guest (`/sys/devices/system/cpu/online`).
+pub fn online_cpus(h: &mut Host) -> Result<u32, String> {
+    let out = h.run_ok("cat /sys/devices/system/cpu/online")?;
+    parse_cpu_list(out.trim()).ok_or_else(|| {
+        format!(
+            "{}: /sys/devices/system/cpu/online: expected a CPU list such as 0-1, got {:?}",
+            h.name,
+            out.trim()
+        )
+    })
+}
+
+/// The number of CPUs in a kernel CPU list (`0`, `0-1`, `0,2-3`).
+pub fn parse_cpu_list(list: &str) -> Option<u32> {
+    let mut n = 0u32;
+    for part in list.split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<u32>().ok()?, b.parse::<u32>().ok()?),
+            None => {
+                let a = part.parse::<u32>().ok()?;
+                (a, a)
+            }
+        };
+        n = n.checked_add(b.checked_sub(a)?.checked_add(1)?)?;
+    }
+    Some(n)
+}
+
+/// [`checker_state`]'s parser: the lines `locks N` and `dma N`.
+pub fn parse_checker_state(out: &str) -> Result<CheckerState, String> {
+    let field = |k: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                format!(
+                    "cannot read the checkers' state (`{}` in /proc/lockdep_stats or \
+                     {DMA_ERROR_COUNT}): got {:?}",
+                    k.trim(),
+                    out.trim()
+                )
+            })
+    };
+    Ok(CheckerState {
+        lockdep_on: field("locks ")? == 1,
+        dma_errors: field("dma ")?,
+    })
+}
 
 /// `--debug-kernel`: the guest's kernel must have the sanitizers (by /proc/config.gz if it
 /// has one, else by the files they provide) and kmemleak must be reachable in debugfs.
@@ -265,6 +361,10 @@ pub fn debug_kernel_checks(h: &mut Host) -> Result<String, String> {
            for f in {files}; do [ -e $f ] || echo \"MISSING $f\"; done\n\
          fi\n\
          [ -e {KMEMLEAK} ] || echo 'MISSING {KMEMLEAK} (debugfs not mounted, or no kmemleak)'\n\
+         [ \"$(cat {DMA_ALL_ERRORS} 2>/dev/null)\" = 1 ] || \
+           echo 'MISSING {DMA_ALL_ERRORS} = 1 (the init sets it: every DMA-API error printed)'\n\
+         grep -q 'debug_locks: *1$' /proc/lockdep_stats 2>/dev/null || \
+           echo 'MISSING debug_locks 1 in /proc/lockdep_stats (lockdep off at boot)'\n\
          true"
     ))?;
     let missing: Vec<&str> = out
@@ -284,5 +384,40 @@ pub fn debug_kernel_checks(h: &mut Host) -> Result<String, String> {
             h.name,
             missing.join(", ")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0"), Some(1));
+        assert_eq!(parse_cpu_list("0-1"), Some(2));
+        assert_eq!(parse_cpu_list("0,2-3"), Some(3));
+        assert_eq!(parse_cpu_list(""), None);
+        assert_eq!(parse_cpu_list("3-1"), None);
+    }
+
+    #[test]
+    fn checker_state_lines() {
+        assert_eq!(
+            parse_checker_state("locks 1\ndma 0\n"),
+            Ok(CheckerState {
+                lockdep_on: true,
+                dma_errors: 0
+            })
+        );
+        assert_eq!(
+            parse_checker_state("locks 0\ndma 3\n"),
+            Ok(CheckerState {
+                lockdep_on: false,
+                dma_errors: 3
+            })
+        );
+        // A missing file leaves an empty value: an error, never a pass.
+        assert!(parse_checker_state("locks\ndma 0\n").is_err());
+        assert!(parse_checker_state("locks 1\ndma\n").is_err());
     }
 }

@@ -488,8 +488,9 @@ pub fn refused_by_firmware(c: &mut Checks, call: &str, code: i64, v: &Value, out
 
 /// Under the PAX dialect, a scenario built on pcifab's firmware extensions checks instead
 /// that every call it would make is refused cleanly: `EOPNOTSUPP`, a message that names the
-/// missing firmware feature, no route in the emulator, and a clean kernel log. `Ok(false)`
-/// under the extended dialect: the scenario goes on with its own checks.
+/// missing firmware feature, no route in the emulator, and a clean kernel log; the
+/// scenario is then reported as refusal only ([`Fabric::refusal_only`]). `Ok(false)` under
+/// the extended dialect: the scenario goes on with its own checks.
 pub fn refused_without_extensions(f: &mut Fabric, calls: &[&str]) -> Result<bool, String> {
     if f.dialect() != Dialect::Pax {
         return Ok(false);
@@ -512,6 +513,7 @@ pub fn refused_without_extensions(f: &mut Fabric, calls: &[&str]) -> Result<bool
     }
     c.finish()?;
     dmesg_clean(h)?;
+    f.refusal_only("PAX firmware, no extensions: each call refused with EOPNOTSUPP");
     Ok(true)
 }
 

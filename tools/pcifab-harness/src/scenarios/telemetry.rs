@@ -54,6 +54,7 @@ pub fn sysfs_telemetry(f: &mut Fabric) -> Result<(), String> {
         expect_eq(&format!("{}: function directories", h.name), w, got)?;
     }
     if f.dialect() == crate::config::Dialect::Pax {
+        f.refusal_only("PAX firmware: per-function telemetry refused (EOPNOTSUPP), DIETEMP read");
         return pax_telemetry(f);
     }
     // What the configuration says gpu0 reports, in sysfs units (m°C, µW, %, health bits:
