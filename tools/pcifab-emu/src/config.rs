@@ -37,6 +37,10 @@ pub struct Config {
     /// after the guest's hot-plug driver removed it) before it answers UNBIND_TIMEOUT, ms.
     #[serde(default = "default_unbind_timeout")]
     pub unbind_timeout_ms: u64,
+    /// Channels of each host's DMA endpoint (Documentation/emulator.rst, "The DMA
+    /// endpoint"); 0: the switch shows no DMA endpoint.
+    #[serde(default)]
+    pub dma_endpoint_channels: u8,
 }
 
 /// Default and range of `unbind_timeout_ms`.
@@ -361,6 +365,13 @@ impl Config {
             return Err(format!(
                 "unbind_timeout_ms = {} is out of range; use 100 to {MAX_UNBIND_TIMEOUT_MS} (milliseconds)",
                 self.unbind_timeout_ms
+            ));
+        }
+        if self.dma_endpoint_channels > crate::dmaep::MAX_CHANNELS {
+            return Err(format!(
+                "dma_endpoint_channels = {} is too many; use 0 (no DMA endpoint) to {}",
+                self.dma_endpoint_channels,
+                crate::dmaep::MAX_CHANNELS
             ));
         }
         if self.mrpc_completion_us > MAX_COMPLETION_US {
@@ -703,6 +714,12 @@ mod tests {
         assert_eq!(c.unbind_timeout_ms, 25_000);
         let e = Config::parse("unbind_timeout_ms = 50\n[[hosts]]\nname = \"a\"\n").unwrap_err();
         assert!(e.contains("unbind_timeout_ms"), "{e}");
+        let c = Config::parse("[[hosts]]\nname = \"a\"\n").unwrap();
+        assert_eq!(c.dma_endpoint_channels, 0, "no DMA endpoint unless asked");
+        let c = Config::parse("dma_endpoint_channels = 4\n[[hosts]]\nname = \"a\"\n").unwrap();
+        assert_eq!(c.dma_endpoint_channels, 4);
+        let e = Config::parse("dma_endpoint_channels = 33\n[[hosts]]\nname = \"a\"\n").unwrap_err();
+        assert!(e.contains("dma_endpoint_channels"), "{e}");
         let c = Config::parse("mrpc_completion_us = 20\n[[hosts]]\nname = \"a\"\n").unwrap();
         assert_eq!(c.mrpc_completion_us, 20);
         let e =

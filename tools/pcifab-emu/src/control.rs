@@ -56,6 +56,10 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
             let args: Vec<&str> = arg.into_iter().chain(words).collect();
             fault(&args, fabric).unwrap_or_else(|e| error(&e))
         }
+        (Some("dmaep"), arg) => {
+            let args: Vec<&str> = arg.into_iter().chain(words).collect();
+            dmaep(&args, fabric).unwrap_or_else(|e| error(&e))
+        }
         (Some("link"), arg) => {
             let args: Vec<&str> = arg.into_iter().chain(words).collect();
             link(&args, fabric).unwrap_or_else(|e| error(&e))
@@ -503,6 +507,75 @@ fn memcpy_bench(args: &[&str], fabric: &Fabric) -> Result<String, String> {
     ))
 }
 
+const DMAEP_USAGE: &str = "usage: dmaep <host> stats, or dmaep <host|all> <bad-status CODE|wrong-phase|drop-irq|short|stall|hostile SEED|clear>";
+
+/// `dmaep`: the DMA endpoints' counters and injected faults.
+fn dmaep(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    use crate::dmaep::DmaFaults;
+    if fabric.dmaeps.is_empty() {
+        return Err("the fabric has no DMA endpoint; set dma_endpoint_channels".into());
+    }
+    let select = |who: &str| -> Result<Vec<usize>, String> {
+        if who == "all" {
+            return Ok((0..fabric.dmaeps.len()).collect());
+        }
+        fabric
+            .meps
+            .iter()
+            .position(|m| m.name == who)
+            .map(|i| vec![i])
+            .ok_or_else(|| format!("no host '{who}'; use a host name or all"))
+    };
+    type Apply = Box<dyn Fn(&mut DmaFaults)>;
+    let (who, apply): (&str, Apply) = match args {
+        [who, "stats"] => {
+            let [i] = select(who)?[..] else {
+                return Err("dmaep stats takes one host".into());
+            };
+            let d = &fabric.dmaeps[i];
+            let chans: Vec<String> = d
+                .stats()
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{{\"fetched\":{},\"bytes\":{},\"completions\":{},\"irqs\":{},\"enabled\":{},\"status\":{}}}",
+                        c.fetched, c.bytes, c.completions, c.irqs, c.enabled, c.status
+                    )
+                })
+                .collect();
+            let faults: Vec<String> = d.faults().names().iter().map(|n| json_str(n)).collect();
+            return Ok(format!(
+                "{{\"ok\":true,\"name\":{},\"connected\":{},\"faults\":[{}],\"channels\":[{}]}}",
+                json_str(&d.name),
+                d.connected.load(Ordering::Relaxed),
+                faults.join(","),
+                chans.join(",")
+            ));
+        }
+        [who, "clear"] => (who, Box::new(|f| *f = DmaFaults::default())),
+        [who, "bad-status", code] => {
+            let code: u32 = parse_num(code, "status code")?;
+            if code == 0 {
+                return Err("bad-status 0 is a good status; give a non-zero code".into());
+            }
+            (who, Box::new(move |f| f.bad_status = Some(code)))
+        }
+        [who, "wrong-phase"] => (who, Box::new(|f| f.wrong_phase = true)),
+        [who, "drop-irq"] => (who, Box::new(|f| f.drop_irq = true)),
+        [who, "short"] => (who, Box::new(|f| f.short = true)),
+        [who, "stall"] => (who, Box::new(|f| f.stall = true)),
+        [who, "hostile", seed] => {
+            let seed: u64 = parse_num(seed, "seed")?;
+            (who, Box::new(move |f| f.hostile = Some(seed)))
+        }
+        _ => return Err(DMAEP_USAGE.into()),
+    };
+    for i in select(who)? {
+        fabric.dmaeps[i].set_faults(&apply);
+    }
+    Ok("{\"ok\":true}".into())
+}
+
 fn error(msg: &str) -> String {
     format!("{{\"ok\":false,\"error\":{}}}", json_str(msg))
 }
@@ -670,6 +743,31 @@ mod tests {
         let cfg =
             Config::parse("[[hosts]]\nname = \"h0\"\n[[hosts]]\nname = \"h1\"\n").expect("config");
         Fabric::new(cfg)
+    }
+
+    #[test]
+    fn dmaep_requests() {
+        let f = fabric();
+        assert!(handle("dmaep h0 stats", &f).contains("no DMA endpoint"));
+        let cfg = Config::parse(
+            "dma_endpoint_channels = 2\n[[hosts]]\nname = \"h0\"\n[[hosts]]\nname = \"h1\"\n",
+        )
+        .expect("config");
+        let f = Fabric::new(cfg);
+        assert_eq!(f.dmaeps.len(), 2);
+        assert_eq!(handle("dmaep all bad-status 0x2", &f), "{\"ok\":true}");
+        assert_eq!(handle("dmaep h1 stall", &f), "{\"ok\":true}");
+        assert_eq!(
+            handle("dmaep h1 stats", &f),
+            "{\"ok\":true,\"name\":\"dmaep-h1\",\"connected\":false,\"faults\":[\"bad-status 0x2\",\"stall\"],\"channels\":[{\"fetched\":0,\"bytes\":0,\"completions\":0,\"irqs\":0,\"enabled\":false,\"status\":0},{\"fetched\":0,\"bytes\":0,\"completions\":0,\"irqs\":0,\"enabled\":false,\"status\":0}]}"
+        );
+        assert_eq!(handle("dmaep h1 clear", &f), "{\"ok\":true}");
+        assert!(handle("dmaep h1 stats", &f).contains("\"faults\":[]"));
+        assert!(handle("dmaep h0 stats", &f).contains("bad-status 0x2"));
+        assert!(handle("dmaep h2 stall", &f).contains("no host 'h2'"));
+        assert!(handle("dmaep h0 bad-status 0", &f).contains("non-zero"));
+        assert!(handle("dmaep h0 bogus", &f).contains("usage: dmaep"));
+        assert!(handle("dmaep all stats", &f).contains("one host"));
     }
 
     #[test]

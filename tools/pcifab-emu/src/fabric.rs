@@ -5,6 +5,7 @@
 //! into the hosts' QEMUs over QMP.
 
 use crate::config::Config;
+use crate::dmaep::DmaEp;
 use crate::ep;
 use crate::function::{FnDevice, Memory};
 use crate::hostile::{self, Stream};
@@ -66,6 +67,8 @@ const BLOCKDEV_DEL_WAIT: Duration = Duration::from_secs(5);
 pub struct Fabric {
     pub config: Config,
     pub meps: Vec<Arc<Mep>>,
+    /// Each host's DMA endpoint, in host order; empty when `dma_endpoint_channels` is 0.
+    pub dmaeps: Vec<Arc<DmaEp>>,
     model: Arc<Mutex<Model>>,
     /// Every endpoint function, in pdfid order.
     pub functions: Vec<Arc<FnDevice>>,
@@ -153,6 +156,23 @@ impl Fabric {
             let m: &Arc<Mep> = m;
             m.set_faults(|f| f.completion_us = config.mrpc_completion_us);
         }
+        let dmaeps = if config.dma_endpoint_channels == 0 {
+            Vec::new()
+        } else {
+            config
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    Arc::new(DmaEp::new(
+                        &format!("dmaep-{}", h.name),
+                        i as u32,
+                        &config.firmware,
+                        config.dma_endpoint_channels,
+                    ))
+                })
+                .collect()
+        };
         let mut qmps = vec![None; config.hosts.len()];
         for (host, path) in qmp {
             let i = config
@@ -167,6 +187,7 @@ impl Fabric {
         Ok(Fabric {
             config,
             meps,
+            dmaeps,
             model,
             functions,
             qmp: qmps,

@@ -28,9 +28,15 @@ pub struct Irqs {
 
 impl Irqs {
     pub fn new() -> Self {
+        Self::with_msix(COUNTS[MSIX])
+    }
+
+    /// Room for `msix` MSI-X vectors (a device whose table is not the MEP's size).
+    pub fn with_msix(msix: u32) -> Self {
         let mut irqs = Irqs::default();
         for (i, v) in irqs.fds.iter_mut().enumerate() {
-            v.resize_with(COUNTS[i] as usize, || None);
+            let n = if i == MSIX { msix } else { COUNTS[i] };
+            v.resize_with(n as usize, || None);
         }
         irqs
     }

@@ -9,6 +9,7 @@ mod log;
 mod config;
 mod control;
 mod dma;
+mod dmaep;
 mod ep;
 mod fabric;
 #[cfg(test)]
@@ -39,7 +40,9 @@ usage: pcifab-emu --config FILE --run-dir DIR [--qmp HOST=PATH]... [--dialect D]
 
 Emulates the management endpoint of a Switchtec PAX switch for each host in
 FILE, each on a vfio-user socket DIR/mep-<host>.sock for QEMU's
-vfio-user-pci device, and answers test requests on DIR/control.sock.
+vfio-user-pci device (and, with dma_endpoint_channels set, the switch's DMA
+endpoint on DIR/dmaep-<host>.sock), and answers test requests on
+DIR/control.sock.
 
   --config FILE   fabric description (TOML; see fabric.toml)
   --run-dir DIR   directory for the sockets (created if missing)
@@ -214,7 +217,9 @@ fn run(args: Args) -> Result<(), String> {
     let fabric = Arc::new(Fabric::with(config, args.run_dir.clone(), &args.qmp)?);
     // A listening socket per MEP and per function, a connection on each that is in use,
     // the device memory and the DMA maps QEMU passes: room for all of them.
-    raise_fd_limit(2 * (fabric.meps.len() + fabric.functions.len()) as u64 + 256)?;
+    raise_fd_limit(
+        2 * (fabric.meps.len() + fabric.dmaeps.len() + fabric.functions.len()) as u64 + 256,
+    )?;
     fabric.start()?;
     for (i, q) in fabric.qmp.iter().enumerate() {
         if q.is_none() {
@@ -229,6 +234,12 @@ fn run(args: Args) -> Result<(), String> {
     for m in &fabric.meps {
         let path = args.run_dir.join(format!("mep-{}.sock", m.name));
         listeners.push((listen(&path)?, Arc::clone(m)));
+        sockets.push(path);
+    }
+    let mut dma_listeners = Vec::new();
+    for d in &fabric.dmaeps {
+        let path = args.run_dir.join(format!("{}.sock", d.name));
+        dma_listeners.push((listen(&path)?, Arc::clone(d)));
         sockets.push(path);
     }
     let mut fn_listeners = Vec::new();
@@ -249,6 +260,12 @@ fn run(args: Args) -> Result<(), String> {
         std::thread::Builder::new()
             .name(format!("mep-{}", m.name))
             .spawn(move || vfio_user::serve(listener, m))
+            .map_err(|e| format!("cannot start thread: {e}"))?;
+    }
+    for (listener, d) in dma_listeners {
+        std::thread::Builder::new()
+            .name(d.name.clone())
+            .spawn(move || vfio_user::serve(listener, d))
             .map_err(|e| format!("cannot start thread: {e}"))?;
     }
     for (listener, f) in fn_listeners {

@@ -9,6 +9,8 @@ pub const CONFIG_SIZE: usize = 4096;
 pub const VENDOR_MICROSEMI: u16 = 0x11f8;
 /// Class 05 (memory controller), subclass 80 (other), prog-if 00.
 pub const CLASS_MEMORY_OTHER: u32 = 0x05_8000;
+/// Class 08 (system peripheral), subclass 80 (other): the switch's DMA endpoint.
+pub const CLASS_SYSTEM_OTHER: u32 = 0x08_8000;
 
 pub const BAR0_SIZE: u64 = GAS_SIZE;
 pub const BAR4_SIZE: u64 = 0x4000;
@@ -121,6 +123,59 @@ impl ConfigSpace {
         c.wmask16(CAP_EXP + 0x10, 0x01c3); // linkctl: ASPM, RCB, CCC, ES
         c.wmask16(CAP_EXP + 0x28, 0x0010); // devctl2: completion timeout disable
         c.wmask16(CAP_EXP + 0x30, 0x000f); // linkctl2: target speed
+        c
+    }
+
+    /// Config space of the switch's DMA endpoint (class 0x088000, "system other"): BAR0
+    /// `bar0` bytes of registers, BAR4 its MSI-X table of `vectors` entries and PBA.
+    pub fn dma_endpoint(device_id: u16, revision: u8, bar0: u64, vectors: u16) -> Self {
+        let mut c = ConfigSpace {
+            data: [0; CONFIG_SIZE],
+            writable: [0; CONFIG_SIZE],
+        };
+        c.set16(0x00, VENDOR_MICROSEMI);
+        c.set16(0x02, device_id);
+        c.set16(0x06, 0x0010);
+        c.data[0x08] = revision;
+        c.set_bytes(0x09, &CLASS_SYSTEM_OTHER.to_le_bytes()[..3]);
+        c.set32(0x10, BAR_MEM_64);
+        c.set32(0x20, BAR_MEM_64);
+        c.set16(0x2c, VENDOR_MICROSEMI);
+        c.set16(0x2e, device_id);
+        c.data[0x34] = CAP_PM as u8;
+        c.data[0x3d] = 1;
+        c.data[CAP_PM] = 0x01;
+        c.data[CAP_PM + 1] = CAP_MSIX as u8;
+        c.set16(CAP_PM + 2, 0x0003);
+        c.set16(CAP_PM + 4, 0x0008);
+        c.data[CAP_MSIX] = 0x11;
+        c.data[CAP_MSIX + 1] = CAP_EXP as u8;
+        c.set16(CAP_MSIX + 2, vectors.saturating_sub(1));
+        c.set32(CAP_MSIX + 4, MSIX_TABLE_OFFSET | MSIX_BAR);
+        c.set32(CAP_MSIX + 8, MSIX_PBA_OFFSET | MSIX_BAR);
+        c.data[CAP_EXP] = 0x10;
+        c.set16(CAP_EXP + 0x02, 0x0002);
+        c.set32(CAP_EXP + 0x04, 0x0000_8001);
+        c.set16(CAP_EXP + 0x08, 0x2810);
+        c.set32(CAP_EXP + 0x0c, 0x0000_0104);
+        c.set16(CAP_EXP + 0x12, 0x0104);
+        c.set32(CAP_EXP + 0x24, 0x0000_0010);
+        c.set32(CAP_EXP + 0x2c, 0x0000_001e);
+        c.set16(CAP_EXP + 0x30, 0x0004);
+        c.wmask16(0x04, 0x0547);
+        c.wmask8(0x0c, 0xff);
+        c.wmask8(0x0d, 0xff);
+        c.wmask32(0x10, !(bar0.clamp(16, 1 << 31) as u32 - 1) & !0xf);
+        c.wmask32(0x14, 0xffff_ffff);
+        c.wmask32(0x20, !(BAR4_SIZE as u32 - 1) & !0xf);
+        c.wmask32(0x24, 0xffff_ffff);
+        c.wmask8(0x3c, 0xff);
+        c.wmask16(CAP_PM + 4, 0x0103);
+        c.wmask16(CAP_MSIX + 2, 0xc000);
+        c.wmask16(CAP_EXP + 0x08, 0x7fff);
+        c.wmask16(CAP_EXP + 0x10, 0x01c3);
+        c.wmask16(CAP_EXP + 0x28, 0x0010);
+        c.wmask16(CAP_EXP + 0x30, 0x000f);
         c
     }
 

@@ -33,6 +33,10 @@ pub trait Device: Send + Sync {
     fn reset(&self);
     fn irqs(&self, f: &mut dyn FnMut(&mut Irqs));
     fn dma(&self, f: &mut dyn FnMut(&mut DmaTable));
+    /// Vectors of IRQ index `index` (the MEP's counts unless the device says otherwise).
+    fn irq_count(&self, index: usize) -> u32 {
+        irq::COUNTS.get(index).copied().unwrap_or(0)
+    }
     fn set_connected(&self, on: bool);
     /// The client went away: drop its eventfds and DMA mappings.
     fn disconnect(&self);
@@ -498,7 +502,7 @@ impl<D: Device + ?Sized> Connection<'_, D> {
             irq::MSIX | irq::ERR | irq::REQ => IRQ_INFO_EVENTFD,
             _ => return Err(einval(format!("no IRQ index {index}"))),
         };
-        Ok(words(&[16, flags, index as u32, irq::COUNTS[index]]))
+        Ok(words(&[16, flags, index as u32, self.dev.irq_count(index)]))
     }
 
     fn set_irqs(&self, body: &[u8], fds: Vec<OwnedFd>) -> Reply {
@@ -512,9 +516,10 @@ impl<D: Device + ?Sized> Connection<'_, D> {
                 "SET_IRQS flags {flags:#x} need exactly one DATA_ and one ACTION_ flag"
             )));
         }
-        let Some(&max) = irq::COUNTS.get(index) else {
+        if index >= irq::NUM_IRQS {
             return Err(einval(format!("no IRQ index {index}")));
-        };
+        }
+        let max = self.dev.irq_count(index);
         let end = start.checked_add(count).filter(|&e| e <= max);
         if end.is_none() || (count > 0 && max == 0) {
             return Err(einval(format!(
