@@ -181,9 +181,10 @@ MATRIX := debug-pax nvme debug-extended debian-pax debian-extended dkms
 # to RESULTS/lane2.log and is printed when both lanes end. A failed check stops its lane
 # (its cells count as failed runs) and fails make test; a failed cell does not stop the
 # others. The summary prints one line per cell and the final line.
-TEST_CHECKS := lint check-module-msrv cargo-test check-packages check-systemd
+TEST_CHECKS := lint check-module-msrv cargo-test check-packages check-systemd check-redfish
 test: deps kernel-debug kernel-debian check-module-debug module-debian tools switchtec-user \
 		switchtec-debian
+	@tools/scripts/versions.sh $(DEBUG_KDIR) $(DEBIAN_KDIR)
 	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX)) $(RESULTS)/lane2.log
 	@mkdir -p $(RESULTS)
 	@echo "# lane 2, beside the debug-pax, debian-extended and dkms cells: $(TEST_CHECKS)," \
@@ -299,12 +300,14 @@ endif
 # records the numbers.
 ifeq ($(BENCH_KERNEL),debian)
 bench: module-debian switchtec-debian tools
+	@tools/scripts/versions.sh $(DEBIAN_KDIR)
 	$(HOST_BIN)/pcifab-harness bench $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
 		--results $(RESULTS)
 	$(HOST_BIN)/pcifab-harness bench-scale $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/scale
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
 else
 bench: kernel check-module tools
+	@tools/scripts/versions.sh $(KDIR)
 	$(HOST_BIN)/pcifab-harness bench $(HARNESS_ARGS)
 	$(HOST_BIN)/pcifab-harness bench-scale $(TEST_KERNEL_ARGS) --results $(RESULTS)/scale
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
