@@ -680,17 +680,13 @@ pub fn stale_dma(f: &mut Fabric) -> Result<(), String> {
             Some(false),
             v["stale_armed"].as_bool(),
         );
-        if armed["engine"].as_bool() == Some(true) {
-            if v["ring"].as_u64() == armed["addr"].as_u64() {
-                c.fail(format!(
-                    "the DMA engine's ring is still at the stale address: {v}"
-                ));
-            }
+        if armed["engine"].as_bool() == Some(true) && v["ring"].as_u64() == armed["addr"].as_u64() {
+            c.fail(format!(
+                "the DMA engine's ring is still at the stale address: {v}"
+            ));
         }
-        if armed["mrpc_dma"].as_bool() == Some(true) {
-            if logged <= logged_before {
-                c.fail("the driver did not log that it found DMA MRPC armed".into());
-            }
+        if armed["mrpc_dma"].as_bool() == Some(true) && logged <= logged_before {
+            c.fail("the driver did not log that it found DMA MRPC armed".into());
         }
         c.finish()?;
         check_bound_pcifab(h)?;
