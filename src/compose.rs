@@ -442,11 +442,13 @@ impl Mep {
                     .find(|&p| h.ports.get(usize::from(p)).is_some_and(Option::is_none))
                     .ok_or(ENOSPC)?,
             };
-            match bind_unbind(
+            match fw::call_timeout(
                 self,
                 &bind_cmd(self, h.usp_port, p, &list[..count])?,
                 left(start, timeout_ms),
-            ) {
+            )
+            .and_then(|reply| reply.accepted(self, pdfid))
+            {
                 Err(Failure {
                     fw_ret: ERR_LOGC_PORT_ARDY_BIND,
                     ..
@@ -675,8 +677,15 @@ impl Mep {
                 };
                 mine = Some(h);
             }
-            if let Some(m) = mine.as_ref().filter(|m| m.usp_port == usp) {
-                self.unbind_requested(m, port, pdfid);
+            match mine.as_ref().filter(|m| m.usp_port == usp) {
+                Some(m) => self.unbind_requested(m, port, pdfid),
+                None => fw::lie(
+                    self,
+                    format_args!(
+                        "unbind request for {:#06x} at upstream port {}, not this host's; ignored",
+                        pdfid, usp
+                    ),
+                ),
             }
         }
     }
@@ -697,8 +706,20 @@ impl Mep {
                 *own = None;
                 return;
             }
-            if mine.ports.get(usize::from(port)).copied().flatten() != Some(pdfid) {
-                // Stale: the function is not at that port any more.
+            let there = mine.ports.get(usize::from(port)).copied().flatten();
+            if there != Some(pdfid) {
+                // The function is not at that port: the firmware asks this host to let go of
+                // something it does not hold.
+                drop(st);
+                fw::lie(
+                    self,
+                    format_args!(
+                        "unbind request for {:#06x} on port {}, which holds {}; ignored",
+                        pdfid,
+                        port,
+                        there.map_or(-1, i32::from)
+                    ),
+                );
                 return;
             }
             if st.port_busy(port) {

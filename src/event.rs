@@ -14,7 +14,11 @@ use kernel::{
     irq::{self, IrqReturn},
     new_poll_condvar, new_spinlock_irq,
     prelude::*,
-    sync::{poll::PollCondVar, Arc, CondVarTimeoutResult, SpinLockIrq},
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        poll::PollCondVar,
+        Arc, CondVarTimeoutResult, SpinLockIrq,
+    },
     time::{msecs_to_jiffies, Instant, Monotonic},
     workqueue::{impl_has_work, WorkItem},
 };
@@ -49,6 +53,8 @@ pub(crate) struct Events {
     /// Woken on every event and when the endpoint goes away; `poll()` waits on it too.
     #[pin]
     changed: PollCondVar,
+    /// The interrupt handler found the registers reading all ones (logged once).
+    gone_seen: Atomic<bool>,
 }
 
 impl Events {
@@ -59,6 +65,7 @@ impl Events {
                 gone: false,
             }),
             changed <- new_poll_condvar!(),
+            gone_seen: Atomic::new(false),
         })
     }
 
@@ -144,6 +151,11 @@ fn scan(
 
     let mrpc_loc = || regs::PART_MRPC_COMP_HDR::try_at(partition).ok_or(EINVAL);
     let hdr = bar.read(mrpc_loc()?);
+    // A device that left the bus (surprise removal) reads all ones: every "occurred" bit set.
+    // Nothing is written back, counted or woken for it.
+    if hdr.into_raw() == u32::MAX {
+        return Err(ENODEV);
+    }
     if hdr.occurred() {
         bar.write(mrpc_loc()?, hdr);
         found.mrpc = true;
@@ -152,6 +164,9 @@ fn scan(
     // The P2P block exists only where the firmware said so (`P2P_CAPS`, read at probe).
     if p2p {
         let ev = bar.read(regs::P2P_EVENT_STATUS);
+        if ev.into_raw() == u32::MAX {
+            return Err(ENODEV);
+        }
         if ev.any() {
             bar.write_reg(ev);
             found.p2p = Some(ev);
@@ -159,6 +174,9 @@ fn scan(
     }
 
     let hdr = bar.read(regs::SW_GFMS_EVENT_HDR);
+    if hdr.into_raw() == u32::MAX {
+        return Err(ENODEV);
+    }
     if hdr.occurred() {
         fabric.events_signalled();
         bar.write_reg(hdr);
@@ -171,6 +189,9 @@ fn scan(
             continue;
         };
         let hdr = bar.read(at);
+        if hdr.into_raw() == u32::MAX {
+            return Err(ENODEV);
+        }
         if hdr.occurred() {
             fabric.invalidate();
             if let Some(at) = loc() {
@@ -227,6 +248,16 @@ impl irq::Handler for Handler {
         let found = match mep.with_bar(|bar| scan(bar, mep.partition, mep.pffs(), p2p, &mep.fabric))
         {
             Ok(Ok(found)) => found,
+            Ok(Err(e)) if e == ENODEV => {
+                // Said once: a shared line may bring the handler here again and again.
+                if !mep.events.gone_seen.xchg(true, Relaxed) {
+                    dev_warn!(
+                        mep.pdev,
+                        "event registers read all ones: the device is gone; interrupt not handled\n"
+                    );
+                }
+                return IrqReturn::None;
+            }
             _ => return IrqReturn::None,
         };
         let other = found.link.saturating_add(found.gfms);

@@ -20,7 +20,13 @@
 //! - [`raw`] - what a command sent through the raw pass-through does.
 
 use kernel::{
+    new_spinlock,
     prelude::*,
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        SpinLock,
+    },
+    time::{Instant, Monotonic},
     transmute::{AsBytes, FromBytes},
 };
 
@@ -147,4 +153,62 @@ pub(crate) fn refused(mep: &Mep, opcode: u32, f: Failure) -> Error {
 pub(crate) fn read_at<T: FromBytes>(bytes: &[u8], at: usize) -> Result<T> {
     let tail = bytes.get(at..).ok_or(EIO)?;
     T::from_bytes_copy_prefix(tail).map(|(t, _)| t).ok_or(EIO)
+}
+
+/// Messages [`Lies`] logs per [`LIE_INTERVAL_MS`] at most, as `dev_warn_ratelimited` does
+/// (the kernel's default burst and interval).
+const LIE_BURST: u32 = 10;
+const LIE_INTERVAL_MS: i64 = 5_000;
+
+/// The firmware's lies this driver caught: answers that cannot be true (an unknown status, a
+/// function that was not asked for, an impossible count, more bytes done than asked). Each is
+/// counted and logged as `firmware lie #N: ...`, N the count since probe, at most
+/// [`LIE_BURST`] lines per [`LIE_INTERVAL_MS`]; how many went unlogged is said when logging
+/// resumes. A reader of the log learns the count from the last N.
+#[pin_data]
+pub(crate) struct Lies {
+    count: Atomic<u64>,
+    /// The current interval's start, the lines logged in it, and the lies not logged.
+    #[pin]
+    window: SpinLock<(Option<Instant<Monotonic>>, u32, u64)>,
+}
+
+impl Lies {
+    pub(crate) fn new() -> impl PinInit<Self> {
+        pin_init!(Self {
+            count: Atomic::new(0),
+            window <- new_spinlock!((None, 0, 0)),
+        })
+    }
+
+    /// Counts one lie; returns its number and, if it is to be logged, how many before it were
+    /// not.
+    fn note(&self) -> (u64, Option<u64>) {
+        let n = self.count.fetch_add(1, Relaxed).wrapping_add(1);
+        let mut w = self.window.lock();
+        let fresh =
+            w.0.is_none_or(|start| start.elapsed().as_millis() >= LIE_INTERVAL_MS);
+        if fresh {
+            w.0 = Some(Instant::<Monotonic>::now());
+            w.1 = 0;
+        }
+        if w.1 >= LIE_BURST {
+            w.2 = w.2.wrapping_add(1);
+            return (n, None);
+        }
+        w.1 += 1;
+        let skipped = core::mem::take(&mut w.2);
+        (n, Some(skipped))
+    }
+}
+
+/// Counts a firmware lie and logs it, rate-limited ([`Lies`]): `lie(mep, format_args!(...))`.
+pub(crate) fn lie(mep: &Mep, what: core::fmt::Arguments<'_>) {
+    let (n, log) = mep.lies.note();
+    if let Some(skipped) = log {
+        if skipped != 0 {
+            dev_warn!(mep.pdev, "{} firmware lies not logged\n", skipped);
+        }
+        dev_warn!(mep.pdev, "firmware lie #{}: {}\n", n, what);
+    }
 }

@@ -33,6 +33,7 @@ use kernel::{
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
+        barrier::{dma_mb, Read},
         CondVar, CondVarTimeoutResult, Mutex, SpinLockIrq,
     },
     time::{msecs_to_jiffies, Instant, Monotonic},
@@ -251,6 +252,23 @@ impl Mrpc {
         Ok(Some(usize::from(vector)))
     }
 
+    /// Turns off a DMA MRPC this driver did not arm: one a previous kernel (kexec) or a probe
+    /// that failed left pointing at memory that is no longer its. Called at probe before the
+    /// first command, so no completion is written there. The write is harmless on firmware
+    /// without DMA MRPC (`dma_en` is then read-only).
+    pub(crate) fn disarm_stale(&self, mep: &Mep) -> Result {
+        let _mb = self.mailbox.lock();
+        let was_on = mep.with_bar(|bar| {
+            let on = bar.read(regs::MRPC_DMA_EN).enabled();
+            disarm(bar);
+            on
+        })?;
+        if was_on {
+            dev_notice!(mep.pdev, "DMA MRPC found armed at probe: turned off\n");
+        }
+        Ok(())
+    }
+
     /// Stops DMA MRPC and frees its buffer. Called on unbind.
     ///
     /// The buffer is freed here, not with the endpoint: open files may keep the endpoint
@@ -259,14 +277,7 @@ impl Mrpc {
     pub(crate) fn dma_shut_down(&self, mep: &Mep) {
         let mut mb = self.mailbox.lock();
         if let Some(buf) = mb.dma.take() {
-            let _ = mep.with_bar(|bar| {
-                bar.write_reg(regs::MRPC_DMA_EN::zeroed());
-                bar.write_reg(regs::MRPC_DMA_ADDR_LO::zeroed());
-                bar.write_reg(regs::MRPC_DMA_ADDR_HI::zeroed());
-                // Memory writes are posted: the read returns after the firmware took them,
-                // so a command it finishes from now on cannot write into the freed buffer.
-                let _ = bar.read(regs::MRPC_DMA_EN);
-            });
+            let _ = mep.with_bar(disarm);
             drop(buf);
         }
         self.dma_active.store(false, Relaxed);
@@ -400,6 +411,8 @@ impl Mrpc {
         // while the command ran completed it in the mailbox only, and the buffer still holds
         // an earlier command's output.
         if let Some(buf) = dma.filter(|_| via_dma) {
+            // The firmware writes the status last: nothing it guards may be read before it.
+            dma_mb(Read);
             for (i, chunk) in output.chunks_mut(4).enumerate() {
                 let word: u32 = io_read!(buf, .data[try: i]);
                 chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
@@ -507,6 +520,16 @@ fn completion_hdr(mep: &Mep, irq: bool) -> Result {
         );
         Ok(())
     })?
+}
+
+/// Turns DMA MRPC off and clears its address.
+fn disarm(bar: &crate::Bar0<'_>) {
+    bar.write_reg(regs::MRPC_DMA_EN::zeroed());
+    bar.write_reg(regs::MRPC_DMA_ADDR_LO::zeroed());
+    bar.write_reg(regs::MRPC_DMA_ADDR_HI::zeroed());
+    // Memory writes are posted: the read returns after the firmware took them, so a command
+    // it finishes from now on cannot write into a buffer freed after this.
+    let _ = bar.read(regs::MRPC_DMA_EN);
 }
 
 /// Points the firmware at `buf` and turns DMA MRPC on.

@@ -24,6 +24,7 @@ use kernel::{
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
+        barrier::{dma_mb, Read},
         Arc, Mutex, MutexGuard,
     },
     time::{Delta, Instant, Monotonic},
@@ -207,6 +208,13 @@ pub(crate) fn init(mep: &Mep, dev: &Device<Bound>, vector: usize) -> Result {
     let ring = Coherent::<Desc>::zeroed_slice(dev, RING_ENTRIES, GFP_KERNEL)?;
     let addr = ring.dma_address();
     let vector = u16::try_from(vector).map_err(|_| EINVAL)?;
+    let binding = Binding::new(dev)?;
+    // The ring is the engine's before the engine is pointed at it: from here on
+    // [`shut_down`] (at unbind, or when probe fails later) stops the engine before freeing it.
+    let mut e = mep.p2p.engine.lock();
+    e.ring = Some(ring);
+    e.binding = Some(binding);
+    e.tail = 0;
     mep.with_bar(|bar| {
         bar.write_reg(regs::DMA_CTRL::zeroed().with_reset(true));
         bar.write_reg(regs::DMA_RING_LO::zeroed().with_value(addr as u32));
@@ -220,12 +228,48 @@ pub(crate) fn init(mep: &Mep, dev: &Device<Bound>, vector: usize) -> Result {
         bar.write_reg(regs::P2P_EVENT_STATUS::all());
         bar.write_reg(regs::DMA_CTRL::zeroed().with_enable(true));
     })?;
-    let binding = Binding::new(dev)?;
-    let mut e = mep.p2p.engine.lock();
-    e.ring = Some(ring);
-    e.binding = Some(binding);
-    e.tail = 0;
     Ok(())
+}
+
+/// Stops a DMA engine this driver did not start: one a previous kernel (kexec) or a probe
+/// that failed left pointing at a ring that is no longer its. Called at probe once the
+/// firmware said it has the engine, before [`init`].
+pub(crate) fn disarm_stale(mep: &Mep) {
+    if !mep.features().has(ext::DMA_ENGINE) {
+        return;
+    }
+    let engine = mep
+        .with_bar(|bar| {
+            let caps = bar.read(regs::P2P_CAPS);
+            caps.engine() && u8::from(caps.version()) == 1
+        })
+        .unwrap_or(false);
+    if !engine {
+        return;
+    }
+    let mut e = mep.p2p.engine.lock();
+    // Nothing of this driver is in flight: no ring yet.
+    let dead = core::mem::replace(&mut e.dead, true);
+    reset(mep, &mut e);
+    if e.stuck {
+        // Still busy after the reset: its ring address stays, and no copy ever runs.
+        return;
+    }
+    e.dead = dead;
+    forget_ring(mep);
+}
+
+/// Clears the engine's ring address, size and interrupt: nothing is left for it to reach.
+/// The engine must be stopped ([`reset`] without restart).
+fn forget_ring(mep: &Mep) {
+    let _ = mep.with_bar(|bar| {
+        bar.write_reg(regs::DMA_IRQ::zeroed());
+        bar.write_reg(regs::DMA_RING_SIZE::zeroed());
+        bar.write_reg(regs::DMA_RING_LO::zeroed());
+        bar.write_reg(regs::DMA_RING_HI::zeroed());
+        // Posted writes: read back so the engine has them before the ring is freed.
+        let _ = bar.read(regs::DMA_STATUS);
+    });
 }
 
 /// Stops copies for unbind: the running one aborts (and has released its pages when this
@@ -239,6 +283,9 @@ pub(crate) fn shut_down(mep: &Mep) {
     // an engine that was set up (the firmware has the extension) is touched at all.
     if e.ring.is_some() {
         reset(mep, &mut e);
+        if !e.stuck {
+            forget_ring(mep);
+        }
     }
     // The ring's DMA mapping must not outlive the binding (the IOMMU domain and the DMA ops
     // of the device go with it), while open files may keep the `Mep` for longer.
@@ -663,17 +710,22 @@ fn run_batch(
     if let Some(err) = failed {
         reset(mep, e);
         // What completed before the reset still counts.
-        let (bytes, status, _) = collect(e, first, batch)?;
+        let (bytes, status, _) = collect(mep, e, first, batch)?;
         return Ok((bytes, status, Some(err)));
     }
-    collect(e, first, batch)
+    collect(mep, e, first, batch)
 }
 
 /// Reads back the statuses of the descriptors of `batch`, written from `first`.
 ///
 /// The engine's write-back is device input: a descriptor's bytes-done counts at most the
 /// length it was given, and a short one ends the batch.
-fn collect(e: &Engine, first: u32, batch: &[(End, End, u64)]) -> Result<(u64, u32, Option<Error>)> {
+fn collect(
+    mep: &Mep,
+    e: &Engine,
+    first: u32,
+    batch: &[(End, End, u64)],
+) -> Result<(u64, u32, Option<Error>)> {
     let ring = e.ring.as_ref().ok_or(EOPNOTSUPP)?;
     let (mut bytes, mut last) = (0u64, 0u32);
     for (i, &(_, _, len)) in batch.iter().enumerate() {
@@ -682,9 +734,22 @@ fn collect(e: &Engine, first: u32, batch: &[(End, End, u64)]) -> Result<(u64, u3
         if status == 0 {
             break;
         }
+        // The engine writes the status last: the bytes-done it guards is read after it.
+        dma_mb(Read);
         let done: u64 = io_read!(ring, [try: slot].done);
+        if done > len {
+            // More than it was given: the copy is not believed from here on.
+            crate::fw::lie(
+                mep,
+                format_args!(
+                    "DMA descriptor {} written back with {} bytes done of {}",
+                    slot, done, len
+                ),
+            );
+            return Ok((bytes, status, Some(EIO)));
+        }
         // Both are at most `P2P_MAX_LEN`, so the sum cannot overflow.
-        bytes = bytes.saturating_add(done.min(len));
+        bytes = bytes.saturating_add(done);
         last = status;
         if status == DMA_OK && done < len {
             return Ok((bytes, status, Some(EIO)));

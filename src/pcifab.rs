@@ -86,6 +86,9 @@ pub(crate) struct Mep {
     pub(crate) compose: compose::Compose,
     #[pin]
     pub(crate) p2p: p2p::P2p,
+    /// The firmware's lies caught so far ([`fw::Lies`]).
+    #[pin]
+    pub(crate) lies: fw::Lies,
     /// Telemetry answers, cached so that sysfs readers cannot monopolise the mailbox.
     #[pin]
     pub(crate) telemetry: telemetry::Cache,
@@ -289,7 +292,9 @@ impl pci::Driver for PcifabDriver {
             let pffs = bar
                 .try_access_with(|bar| headers::local_pffs(bar, partition))
                 .ok_or(ENODEV)??;
-            let mep = Arc::pin_init(
+            // Guarded from here on: a failure at any later step leaves the device quiet (DMA
+            // MRPC and the DMA engine disarmed) before the buffers they point at are freed.
+            let mep = MepGuard(Arc::pin_init(
                 try_pin_init!(Mep {
                     pdev: pdev.into(),
                     bar,
@@ -305,12 +310,16 @@ impl pci::Driver for PcifabDriver {
                     compose <- compose::Compose::new(),
                     p2p <- p2p::P2p::new(),
                     telemetry <- telemetry::Cache::new(),
+                    lies <- fw::Lies::new(),
                     gfms_work <- new_work!("pcifab::gfms_work"),
                     fn_dirs <- new_mutex!(None, "pcifab::fn_dirs"),
                     fn_dirs_work <- new_work!("pcifab::fn_dirs_work"),
                 }),
                 GFP_KERNEL,
-            )?;
+            )?);
+            // Before any command: a previous kernel (kexec) or a failed probe may have left
+            // DMA MRPC pointing at memory that is no longer its.
+            mep.mrpc.disarm_stale(&mep)?;
             probe_step(pdev, 3)?;
 
             let id = mep.identity()?;
@@ -363,6 +372,8 @@ impl pci::Driver for PcifabDriver {
             probe_step(pdev, 7)?;
             let features = fw::ext::Features::discover(&mep)?;
             mep.features.store(features.bits(), Relaxed);
+            // Likewise the DMA engine, once the firmware said it has one.
+            p2p::disarm_stale(&mep);
             probe_step(pdev, 8)?;
             dev_info!(
                 pdev,
@@ -385,12 +396,12 @@ impl pci::Driver for PcifabDriver {
             probe_step(pdev, 10)?;
             let acs = hotplug::AcsRestore::apply(pdev);
             probe_step(pdev, 11)?;
-            let handler = event::Handler { mep: mep.clone() };
-            let chardev_mep = mep.clone();
+            let handler = event::Handler { mep: mep.0.clone() };
+            let chardev_mep = mep.0.clone();
             Ok(try_pin_init!(&this in PcifabData {
                 vectors,
                 acs,
-                mep: MepGuard(mep),
+                mep,
                 enabled,
                 // The two `unsafe` of the driver outside `kext`, and why no safe way exists:
                 // an IRQ vector borrows the `IrqVectorRegistration` for `'bound`, and the

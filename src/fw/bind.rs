@@ -6,7 +6,8 @@
 
 use kernel::prelude::*;
 
-use super::{payload, Command, ERR_MRPC_DENIED, ERR_PARAM_INVALID};
+use super::{lie, payload, Command, Failure, ERR_MRPC_DENIED, ERR_PARAM_INVALID};
+use crate::Mep;
 
 pub(super) const OPCODE: u32 = 0x84;
 const SUB_BIND: u8 = 1;
@@ -122,6 +123,26 @@ impl Bind {
             host_log_port_id: log_port,
             function,
         })
+    }
+}
+
+impl BindReply {
+    /// Whether a bind the firmware finished (DONE) bound: its status byte must be 0, the only
+    /// value the record gives for DONE. Anything else is a firmware lie: refused with `EIO`
+    /// (what the firmware did is unknown; the caller reads the fabric again).
+    pub(crate) fn accepted(&self, mep: &Mep, pdfid: u16) -> Result<(), Failure> {
+        if self.status == 0 {
+            return Ok(());
+        }
+        lie(
+            mep,
+            format_args!(
+                "bind of {:#06x} answered DONE with unknown status {:#04x}; refused",
+                pdfid, self.status
+            ),
+        );
+        mep.fabric.invalidate();
+        Err(EIO.into())
     }
 }
 

@@ -5,7 +5,7 @@
 
 use kernel::prelude::*;
 
-use super::{payload, query, read_at, Command};
+use super::{ext, lie, payload, query, read_at, Command};
 use crate::Mep;
 
 pub(super) const OPCODE: u32 = 0x89;
@@ -24,6 +24,8 @@ pub(crate) const UNBIND: u8 = 7;
 /// pcifab's extension ([`super::ext::UNBIND_REQUEST_EVENT`]): the firmware is about to take a
 /// function away from a host and waits for the host to let it go.
 pub(crate) const UNBIND_REQUEST: u8 = 0x80;
+/// The highest PAX event code (`enum switchtec_gfms_event_type`).
+const LAST_PAX_CODE: u8 = 13;
 
 payload! {
     struct Get[4] {
@@ -87,15 +89,42 @@ pub(crate) fn read(mep: &Mep) -> Result<Batch> {
             req_num: REQ_NUM,
         },
     )?;
-    let mut events = KVec::new();
+    // More events than asked for cannot be true: nothing of the reply is believed (the
+    // caller reads the whole fabric again).
+    if r.num > REQ_NUM {
+        lie(
+            mep,
+            format_args!(
+                "fabric event reply with {} events, {} asked for",
+                r.num, REQ_NUM
+            ),
+        );
+        return Err(EIO);
+    }
+    let unbind_requests = mep.features().has(ext::UNBIND_REQUEST_EVENT);
+    let mut events = KVec::with_capacity(usize::from(r.num), GFP_KERNEL)?;
     let mut at = 0usize;
-    for _ in 0..r.num.min(REQ_NUM) {
+    for _ in 0..r.num {
         let hdr: EntryHdr = read_at(&r.data, at)?;
         let len = usize::from(hdr.entry_len);
         let end = at.checked_add(len).ok_or(EIO)?;
         if len < core::mem::size_of::<EntryHdr>() || end > DATA {
-            dev_warn!(mep.pdev, "malformed fabric event list from the firmware\n");
+            lie(
+                mep,
+                format_args!(
+                    "fabric event list of {} events with an entry of {} bytes at {}",
+                    r.num, len, at
+                ),
+            );
             return Err(EIO);
+        }
+        if hdr.event_code > LAST_PAX_CODE && !(hdr.event_code == UNBIND_REQUEST && unbind_requests)
+        {
+            // Kept (it makes the view stale as any event does), but said.
+            lie(
+                mep,
+                format_args!("fabric event with unknown code {:#04x}", hdr.event_code),
+            );
         }
         let binding = match hdr.event_code {
             BIND | UNBIND | UNBIND_REQUEST => {

@@ -321,8 +321,15 @@ fn parse_hvds(mut body: &[u8], hvds: &mut KVec<Hvd>) -> Result {
         let n = usize::from(hdr.logical_port_count)
             .checked_mul(FUNCS_PER_LOG_PORT)
             .ok_or(EIO)?;
-        let mut slots = KVec::with_capacity(n, GFP_KERNEL)?;
         let base = core::mem::size_of::<HvdHdr>();
+        // The record must hold the slots its header counts before anything is sized by it.
+        if n.checked_mul(4)
+            .and_then(|b| b.checked_add(base))
+            .is_none_or(|end| end > body.len())
+        {
+            return Err(EIO);
+        }
+        let mut slots = KVec::with_capacity(n, GFP_KERNEL)?;
         for i in 0..n {
             slots.push(read_at::<PortBound>(body, base + 4 * i)?, GFP_KERNEL)?;
         }

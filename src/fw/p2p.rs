@@ -161,7 +161,12 @@ fn list<T: kernel::transmute::FromBytes>(
     let hdr: ReplyHdr = read_at(out, 0)?;
     let count = usize::from(hdr.count);
     let entry = usize::from(hdr.entry);
-    if count > max || entry < core::mem::size_of::<T>() {
+    // The reply must hold the entries its header counts before anything is sized by it.
+    let fits = count
+        .checked_mul(entry)
+        .and_then(|b| b.checked_add(core::mem::size_of::<ReplyHdr>()))
+        .is_some_and(|end| end <= out.len());
+    if count > max || entry < core::mem::size_of::<T>() || !fits {
         return Err(EIO);
     }
     let mut v = KVec::with_capacity(count, GFP_KERNEL)?;

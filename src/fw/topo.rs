@@ -155,6 +155,14 @@ fn read(mep: &Mep) -> Result<KVec<PortInfo>> {
     }
     let bitmap: u64 = read_at(&dump, PORT_BITMAP_AT)?;
     let count = bitmap.count_ones() as usize;
+    // The dump must hold the records its bitmap counts before anything is sized by it.
+    if core::mem::size_of::<PortInfo>()
+        .checked_mul(count)
+        .and_then(|b| b.checked_add(HEADER))
+        .is_none_or(|end| end > dump.len())
+    {
+        return Err(EIO);
+    }
     let mut ports = KVec::with_capacity(count, GFP_KERNEL)?;
     for i in 0..count {
         let at = core::mem::size_of::<PortInfo>()

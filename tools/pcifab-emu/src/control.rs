@@ -88,7 +88,7 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
         (
             Some(
                 verb @ ("routes" | "grants" | "dma-maps" | "p2p" | "mem-fill" | "mem-hash"
-                | "memcpy-bench"),
+                | "memcpy-bench" | "dma-state" | "dma-arm" | "lies"),
             ),
             arg,
         ) => {
@@ -98,6 +98,9 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
                 "grants" => grants(&args, fabric),
                 "dma-maps" => dma_maps(&args, fabric),
                 "p2p" => p2p_state(&args, fabric),
+                "dma-state" => dma_state(&args, fabric),
+                "dma-arm" => dma_arm(&args, fabric),
+                "lies" => lies(&args, fabric),
                 "mem-fill" => mem_fill(&args, fabric),
                 "memcpy-bench" => memcpy_bench(&args, fabric),
                 _ => mem_hash(&args, fabric),
@@ -120,7 +123,7 @@ fn parse_num<T: TryFrom<u64>>(s: &str, what: &str) -> Result<T, String> {
     T::try_from(v).map_err(|_| format!("{what} {s} is out of range"))
 }
 
-const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|dma-delay MS|completion-delay US|hostile SEED|dma-mrpc off|on>, or fault clear [host|all]";
+const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|dma-delay MS|completion-delay US|hostile SEED|lie bind-status|event-code|event-count|unbind-request|dma-done|gone|dma-mrpc off|on>, or fault clear [host|all]";
 
 /// The outcome of a control bind/unbind as JSON.
 fn bind_result(what: &str, ret: u32, ms: u128) -> Result<String, String> {
@@ -237,6 +240,7 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
     }
     type Apply = Box<dyn Fn(&mut Faults)>;
     let mut arm = None;
+    let mut gone = false;
     let (targets, apply): (Vec<usize>, Apply) = match args {
         ["clear"] => (select("all")?, Box::new(clear_faults)),
         ["clear", who] | [who, "clear"] => (select(who)?, Box::new(clear_faults)),
@@ -273,6 +277,23 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
             }
             (select(who)?, Box::new(move |f| f.completion_us = us))
         }
+        [who, "lie", kind] => {
+            let lie = crate::hostile::Lie::parse(kind).ok_or_else(|| {
+                format!(
+                    "unknown lie '{kind}'; use one of {}",
+                    crate::hostile::Lie::ALL
+                        .iter()
+                        .map(|l| l.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
+            (select(who)?, Box::new(move |f| f.lie = Some(lie)))
+        }
+        [who, "gone"] => {
+            gone = true;
+            (select(who)?, Box::new(|f| f.gone = true))
+        }
         [who, "hostile", seed] => {
             let seed: u64 = parse_num(seed, "seed")?;
             arm = Some(seed);
@@ -285,6 +306,9 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
             fabric.meps[i].arm_hostile(seed);
         }
         fabric.meps[i].set_faults(|f| apply(f));
+        if gone {
+            fabric.meps[i].raise_gone();
+        }
         info!(
             "{}: faults now [{}]",
             fabric.meps[i].name,
@@ -445,6 +469,74 @@ fn p2p_state(args: &[&str], fabric: &Fabric) -> Result<String, String> {
         g.p2p(DMA_TAIL),
         g.p2p(DMA_STATUS),
         g.p2p(P2P_EVENT_STATUS)
+    ))
+}
+
+/// `dma-state <host>`: what of that host's MEP can write to host memory: DMA MRPC and the
+/// DMA engine, and the commands run while DMA MRPC pointed where `dma-arm` left it.
+fn dma_state(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    use crate::gas::*;
+    let [host] = args else {
+        return Err("usage: dma-state <host>".into());
+    };
+    let h = host_index(fabric, host)?;
+    let inner = fabric.meps[h].lock();
+    let g = &inner.gas;
+    let mut mrpc_addr = [0u8; 8];
+    g.read(MRPC_DMA_ADDR, &mut mrpc_addr)?;
+    let mut en = [0u8; 4];
+    g.read(MRPC_DMA_EN, &mut en)?;
+    let ring = u64::from(g.p2p(DMA_RING_LO)) | u64::from(g.p2p(DMA_RING_HI)) << 32;
+    Ok(format!(
+        "{{\"ok\":true,\"mrpc_dma_on\":{},\"mrpc_dma_addr\":{},\"engine_on\":{},\
+         \"engine_busy\":{},\"ring\":{ring},\"ring_size\":{},\"irq\":{},\
+         \"stale_armed\":{},\"stale_commands\":{}}}",
+        u32::from_le_bytes(en) & DMA_MRPC_EN != 0,
+        u64::from_le_bytes(mrpc_addr),
+        g.p2p(DMA_CTRL) & DMA_CTRL_ENABLE != 0,
+        g.p2p(DMA_STATUS) & DMA_STATUS_BUSY != 0,
+        g.p2p(DMA_RING_SIZE),
+        g.p2p(DMA_IRQ),
+        g.stale_dma.is_some() && g.dma_mrpc_target() == g.stale_dma,
+        g.stale_dma_commands
+    ))
+}
+
+/// `lies <host>`: the one-shot lies (`fault <host> lie <kind>`) that host's MEP told since
+/// the emulator started, per kind, and the BAR0 writes it dropped while gone.
+fn lies(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [host] = args else {
+        return Err("usage: lies <host>".into());
+    };
+    let mep = &fabric.meps[host_index(fabric, host)?];
+    let told: Vec<String> = crate::hostile::Lie::ALL
+        .iter()
+        .zip(mep.lies_told())
+        .map(|(l, n)| format!("\"{}\":{n}", l.name()))
+        .collect();
+    Ok(format!(
+        "{{\"ok\":true,\"told\":{{{}}},\"gone_writes\":{}}}",
+        told.join(","),
+        mep.gone_writes.load(Ordering::Relaxed)
+    ))
+}
+
+/// Where `dma-arm` points DMA MRPC and the DMA engine: far above any guest's memory, so
+/// nothing is mapped there and what the firmware writes is refused, not spread over RAM.
+pub const STALE_DMA_ADDR: u64 = 0x4000_0000_0000;
+
+/// `dma-arm <host>`: leaves DMA MRPC and the DMA engine of that host's MEP armed at
+/// [`STALE_DMA_ADDR`], as a kernel that did not shut them down would (kexec).
+fn dma_arm(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [host] = args else {
+        return Err("usage: dma-arm <host>".into());
+    };
+    let h = host_index(fabric, host)?;
+    let mut inner = fabric.meps[h].lock();
+    let (mrpc, engine) = inner.gas.arm_stale(STALE_DMA_ADDR);
+    inner.gas.stale_dma_commands = 0;
+    Ok(format!(
+        "{{\"ok\":true,\"addr\":{STALE_DMA_ADDR},\"mrpc_dma\":{mrpc},\"engine\":{engine}}}"
     ))
 }
 
@@ -768,6 +860,40 @@ mod tests {
         assert!(handle("dmaep h0 bad-status 0", &f).contains("non-zero"));
         assert!(handle("dmaep h0 bogus", &f).contains("usage: dmaep"));
         assert!(handle("dmaep all stats", &f).contains("one host"));
+    }
+
+    #[test]
+    fn dma_arm_state_and_lies() {
+        let f = fabric();
+        let v = handle("dma-state h0", &f);
+        assert!(
+            v.contains("\"mrpc_dma_on\":false,\"mrpc_dma_addr\":0,\"engine_on\":false"),
+            "{v}"
+        );
+        let v = handle("dma-arm h0", &f);
+        assert!(v.contains("\"mrpc_dma\":true,\"engine\":true"), "{v}");
+        let v = handle("dma-state h0", &f);
+        assert!(
+            v.contains(&format!(
+                "\"mrpc_dma_on\":true,\"mrpc_dma_addr\":{STALE_DMA_ADDR},\"engine_on\":true"
+            )),
+            "{v}"
+        );
+        assert!(
+            v.contains("\"stale_armed\":true,\"stale_commands\":0"),
+            "{v}"
+        );
+        assert!(handle("dma-state", &f).contains("usage"));
+        assert!(handle("dma-arm h9", &f).contains("\"ok\":false"));
+        let v = handle("lies h0", &f);
+        assert!(v.contains("\"bind-status\":0"), "{v}");
+        assert!(v.contains("\"gone_writes\":0"), "{v}");
+        assert_eq!(handle("fault h0 lie event-code", &f), "{\"ok\":true}");
+        assert!(handle("state", &f).contains("\"lie event-code\""));
+        assert!(handle("fault h0 lie nonsense", &f).contains("unknown lie"));
+        assert_eq!(handle("fault h0 gone", &f), "{\"ok\":true}");
+        assert!(handle("state", &f).contains("\"gone\""));
+        assert_eq!(handle("fault clear h0", &f), "{\"ok\":true}");
     }
 
     #[test]

@@ -673,6 +673,17 @@ impl Fabric {
                     }
                 }
             }
+            if f.lie.is_some() {
+                if let Some(lie) = mep.take_lie(|l| l.fits(job.cmd, &job.input)) {
+                    let usp = self.model().hosts[idx].port;
+                    if hostile::tell(lie, &job.input, &mut outcome, usp) {
+                        mep.lie_told(lie);
+                    } else {
+                        // Not told (the reply failed or had no room): keep it for the next.
+                        mep.set_faults(|f| f.lie = Some(lie));
+                    }
+                }
+            }
             if f.completion_us > 0 {
                 let at = job.written + Duration::from_micros(f.completion_us);
                 let left = at.saturating_duration_since(Instant::now());

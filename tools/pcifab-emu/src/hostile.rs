@@ -647,6 +647,139 @@ pub fn corrupt_writeback(rng: &mut Rng, len: u64, done: u64, status: u32) -> (u6
     (d, s)
 }
 
+/// One deterministic lie (control request `fault <host> lie <kind>`): told once, in the
+/// next reply (or DMA write-back) it fits, then the firmware is truthful again. Unlike the
+/// seeded mode each is a lie the driver must name, so a test can count them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lie {
+    /// A bind finishes DONE with an unknown status byte in its reply.
+    BindStatus,
+    /// A GFMS_EVENT reply carries an extra entry with an unknown event code.
+    EventCode,
+    /// A GFMS_EVENT reply counts more events than were asked for.
+    EventCount,
+    /// A GFMS_EVENT reply carries an UNBIND_REQUEST for a function not bound to the host.
+    UnbindRequest,
+    /// A DMA descriptor's write-back claims more bytes done than it was given.
+    DmaDone,
+}
+
+/// The unknown event code an [`Lie::EventCode`] entry carries.
+pub const LIE_EVENT_CODE: u8 = 0x42;
+/// The status byte a [`Lie::BindStatus`] reply carries.
+pub const LIE_BIND_STATUS: u8 = 0x5a;
+/// The PDFID (no such function) and logical port of a [`Lie::UnbindRequest`].
+pub const LIE_UNBIND_PDFID: u16 = 0x0fff;
+pub const LIE_UNBIND_PORT: u8 = 3;
+
+impl Lie {
+    pub const ALL: [Lie; 5] = [
+        Lie::BindStatus,
+        Lie::EventCode,
+        Lie::EventCount,
+        Lie::UnbindRequest,
+        Lie::DmaDone,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Lie::BindStatus => "bind-status",
+            Lie::EventCode => "event-code",
+            Lie::EventCount => "event-count",
+            Lie::UnbindRequest => "unbind-request",
+            Lie::DmaDone => "dma-done",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Lie> {
+        Lie::ALL.into_iter().find(|l| l.name() == s)
+    }
+
+    /// Whether the reply to MRPC `cmd` with `input` is where this lie is told.
+    pub fn fits(self, cmd: u32, input: &[u8]) -> bool {
+        match self {
+            Lie::BindStatus => {
+                cmd == mrpc::MRPC_GFMS_BIND_UNBIND && input.first() == Some(&mrpc::GFMS_BIND)
+            }
+            Lie::EventCode | Lie::EventCount | Lie::UnbindRequest => {
+                cmd == mrpc::MRPC_GFMS_EVENT && input.first() == Some(&1)
+            }
+            Lie::DmaDone => false,
+        }
+    }
+}
+
+/// Tells `lie` in the reply `o` to a command with `input`; `usp` is the host's upstream
+/// port. Returns whether it was told (a reply that failed, or has no room, stays true).
+pub fn tell(lie: Lie, input: &[u8], o: &mut MrpcOutcome, usp: u8) -> bool {
+    if o.status != MRPC_STATUS_DONE {
+        return false;
+    }
+    let entry = |code: u8, data: &[u8]| {
+        let mut e = Vec::with_capacity(4 + data.len());
+        e.extend_from_slice(&((4 + data.len()) as u16).to_le_bytes());
+        e.push(code);
+        e.push(0);
+        e.extend_from_slice(data);
+        e
+    };
+    let add = |o: &mut MrpcOutcome, e: Vec<u8>| {
+        if o.output.len() < 4 || o.output.len() + e.len() > PAYLOAD {
+            return false;
+        }
+        let num = u16::from_le_bytes([o.output[0], o.output[1]]);
+        let req = input
+            .get(2..4)
+            .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
+        if num >= req {
+            return false;
+        }
+        o.output[..2].copy_from_slice(&(num + 1).to_le_bytes());
+        o.output.extend_from_slice(&e);
+        true
+    };
+    match lie {
+        Lie::BindStatus => match o.output.first_mut() {
+            Some(b) => {
+                *b = LIE_BIND_STATUS;
+                true
+            }
+            None => {
+                o.output = vec![LIE_BIND_STATUS, 0, 0, 0];
+                true
+            }
+        },
+        Lie::EventCode => add(o, entry(LIE_EVENT_CODE, &[0; 4])),
+        Lie::UnbindRequest => {
+            let [lo, hi] = LIE_UNBIND_PDFID.to_le_bytes();
+            add(
+                o,
+                entry(
+                    crate::model::GFMS_UNBIND_REQUEST,
+                    &[0, usp, LIE_UNBIND_PORT, 0, lo, hi],
+                ),
+            )
+        }
+        Lie::EventCount => {
+            if o.output.len() < 4 {
+                return false;
+            }
+            let req = input
+                .get(2..4)
+                .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
+            o.output[..2].copy_from_slice(&req.saturating_add(7).to_le_bytes());
+            true
+        }
+        Lie::DmaDone => false,
+    }
+}
+
+/// The write-back of a [`Lie::DmaDone`]: the descriptor succeeded with more bytes done than
+/// its length.
+pub fn overdone(len: u64) -> (u64, u32) {
+    (len.saturating_add(4096), crate::p2p::ST_OK)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -724,5 +857,39 @@ mod tests {
         assert_eq!(target(pff + PFF_VENDOR_ID, 2), None);
         assert_eq!(target(P2P + P2P_EVENT_STATUS, 2), Some(Target::Summary));
         assert_eq!(target(SYS_INFO + SI_DEVICE_ID, 2), None);
+    }
+
+    #[test]
+    fn one_shot_lies() {
+        let get = [1u8, 0, 32, 0];
+        let events = |num: u16| {
+            let mut out = num.to_le_bytes().to_vec();
+            out.extend_from_slice(&[0, 0]);
+            MrpcOutcome::done(out)
+        };
+        let mut o = events(0);
+        assert!(tell(Lie::EventCode, &get, &mut o, 16));
+        assert_eq!(&o.output[..2], &[1, 0]);
+        assert_eq!(&o.output[4..8], &[8, 0, LIE_EVENT_CODE, 0]);
+        let mut o = events(3);
+        assert!(tell(Lie::EventCount, &get, &mut o, 16));
+        assert_eq!(u16::from_le_bytes([o.output[0], o.output[1]]), 39);
+        let mut o = events(0);
+        assert!(tell(Lie::UnbindRequest, &get, &mut o, 16));
+        assert_eq!(&o.output[4..14], &[10, 0, 0x80, 0, 0, 16, 3, 0, 0xff, 0x0f]);
+        // A full reply has no room for one more entry: not told.
+        let mut o = events(32);
+        assert!(!tell(Lie::EventCode, &get, &mut o, 16));
+        let mut o = MrpcOutcome::done(vec![0; 4]);
+        assert!(Lie::BindStatus.fits(mrpc::MRPC_GFMS_BIND_UNBIND, &[1, 0, 0, 0]));
+        assert!(!Lie::BindStatus.fits(mrpc::MRPC_GFMS_BIND_UNBIND, &[2, 0, 0, 0]));
+        assert!(tell(Lie::BindStatus, &[1], &mut o, 16));
+        assert_eq!(o.output[0], LIE_BIND_STATUS);
+        let mut o = MrpcOutcome::error(5);
+        assert!(!tell(Lie::BindStatus, &[1], &mut o, 16));
+        assert_eq!(overdone(4096), (8192, crate::p2p::ST_OK));
+        for l in Lie::ALL {
+            assert_eq!(Lie::parse(l.name()), Some(l));
+        }
     }
 }

@@ -87,6 +87,11 @@ pub struct Faults {
     /// Commands complete this many microseconds after the write of the
     /// command register (config `mrpc_completion_us`; kept by `fault clear`).
     pub completion_us: u64,
+    /// The next reply (or DMA write-back) this fits lies this way, once.
+    pub lie: Option<hostile::Lie>,
+    /// The MEP is gone from the bus (surprise removal): BAR0 reads all ones and drops
+    /// writes.
+    pub gone: bool,
 }
 
 impl Faults {
@@ -122,6 +127,12 @@ impl Faults {
         }
         if self.completion_us > 0 {
             v.push(format!("completion-delay {}", self.completion_us));
+        }
+        if let Some(l) = self.lie {
+            v.push(format!("lie {}", l.name()));
+        }
+        if self.gone {
+            v.push("gone".to_owned());
         }
         v
     }
@@ -163,6 +174,10 @@ pub struct Mep {
     hung: Mutex<Option<Job>>,
     /// The hostile mode's streams and counts.
     hostile: Mutex<hostile::State>,
+    /// Lies told (`fault <host> lie <kind>`), per kind in [`hostile::Lie::ALL`]'s order.
+    lies_told: Mutex<[u64; 5]>,
+    /// BAR0 writes dropped while the MEP was gone (`fault <host> gone`).
+    pub gone_writes: AtomicU64,
     jobs: Mutex<Option<Sender<Job>>>,
     next_seq: AtomicU64,
     done: Mutex<u64>,
@@ -211,6 +226,8 @@ impl Mep {
             faults: Mutex::new(Faults::default()),
             hung: Mutex::new(None),
             hostile: Mutex::new(hostile::State::default()),
+            lies_told: Mutex::new([0; 5]),
+            gone_writes: AtomicU64::new(0),
             jobs: Mutex::new(None),
             next_seq: AtomicU64::new(0),
             done: Mutex::new(0),
@@ -296,6 +313,37 @@ impl Mep {
     }
 
     /// The hostile mode's seed (None: never set) and counts.
+    /// Takes the armed one-shot lie if `fits` says this is where it is told.
+    pub fn take_lie(&self, fits: impl FnOnce(hostile::Lie) -> bool) -> Option<hostile::Lie> {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        let lie = f.lie.filter(|&l| fits(l))?;
+        f.lie = None;
+        Some(lie)
+    }
+
+    /// Counts a lie told.
+    pub fn lie_told(&self, lie: hostile::Lie) {
+        let i = hostile::Lie::ALL
+            .iter()
+            .position(|&l| l == lie)
+            .unwrap_or(0);
+        self.lies_told.lock().unwrap_or_else(|e| e.into_inner())[i] += 1;
+        info!("{}: lied once: {}", self.name, lie.name());
+    }
+
+    /// Lies told since start, per kind in [`hostile::Lie::ALL`]'s order.
+    pub fn lies_told(&self) -> [u64; 5] {
+        *self.lies_told.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `fault <host> gone`: raise the partition's event vector as a device that is gone
+    /// would leave a pending interrupt; the handler finds BAR0 reading all ones.
+    pub fn raise_gone(&self) {
+        let inner = self.lock();
+        let v = inner.gas.vep_vector();
+        self.raise(&inner, v, "nothing (the MEP is gone)", false);
+    }
+
     pub fn hostile_report(&self) -> hostile::State {
         self.hostile_state().clone()
     }
@@ -324,6 +372,11 @@ impl Mep {
         let inner = self.lock();
         match region {
             REGION_BAR0 => {
+                if self.faults().gone {
+                    // Nothing answers: the root port completes the read with all ones.
+                    buf.fill(0xff);
+                    return Ok(());
+                }
                 inner.gas.read(off, buf)?;
                 if let Some(mut rng) = self.hostile_rng(Stream::Register) {
                     if hostile::corrupt_read(&mut rng, self.partitions, off, buf) {
@@ -363,6 +416,15 @@ impl Mep {
         self.note_ext_block(region, off);
         if region == REGION_BAR2 {
             return p2p::window_write(self, off, data);
+        }
+        if region == REGION_BAR0 && self.faults().gone {
+            self.gone_writes.fetch_add(1, Ordering::Relaxed);
+            note!(
+                "{}: BAR0 write of {} bytes at {off:#x} while gone: dropped",
+                self.name,
+                data.len()
+            );
+            return Ok(());
         }
         if region == REGION_BAR0 {
             let job = {
@@ -705,6 +767,10 @@ impl p2p::MepPort for Mep {
         self.faults().dma_delay_ms
     }
     fn dma_writeback(&self, len: u64, done: u64, status: u32) -> (u64, u32) {
+        if let Some(lie) = self.take_lie(|l| l == hostile::Lie::DmaDone) {
+            self.lie_told(lie);
+            return hostile::overdone(len);
+        }
         // A hostile firmware lies in the write-back only; the engine's own
         // registers stay true.
         match self.hostile_rng(Stream::Dma) {

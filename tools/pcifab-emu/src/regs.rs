@@ -79,6 +79,11 @@ pub struct Gas {
     input_end: usize,
     /// The DMA engine is carrying a descriptor out (BUSY stays set).
     pub dma_in_flight: bool,
+    /// The DMA MRPC address `dma-arm` left programmed, as a previous kernel would have.
+    pub stale_dma: Option<u64>,
+    /// Commands started while DMA MRPC was still on at [`Gas::stale_dma`]: their output
+    /// went to memory the running kernel does not own.
+    pub stale_dma_commands: u64,
 }
 
 impl Gas {
@@ -96,6 +101,8 @@ impl Gas {
             partitions,
             input_end: 0,
             dma_in_flight: false,
+            stale_dma: None,
+            stale_dma_commands: 0,
         };
         // MRPC: idle; DMA MRPC offered (dma_ver, dma_vector) or not.
         if features.dma_mrpc {
@@ -480,6 +487,9 @@ impl Gas {
         let input = self.mem[MRPC_INPUT_DATA as usize..self.input_end].to_vec();
         self.input_end = 0;
         self.put32(MRPC_STATUS, MRPC_STATUS_INPROGRESS);
+        if self.stale_dma.is_some() && self.dma_mrpc_target() == self.stale_dma {
+            self.stale_dma_commands += 1;
+        }
         (cmd, input)
     }
 
@@ -489,6 +499,27 @@ impl Gas {
         en.then(|| {
             u64::from(self.get32(MRPC_DMA_ADDR)) | u64::from(self.get32(MRPC_DMA_ADDR + 4)) << 32
         })
+    }
+
+    /// `dma-arm`: DMA MRPC on (where offered) and the DMA engine enabled (where the firmware
+    /// has it), both pointed at `addr`, as a kernel that did not shut them down (kexec, a
+    /// crash) leaves them. Says what was armed: (DMA MRPC, DMA engine).
+    pub fn arm_stale(&mut self, addr: u64) -> (bool, bool) {
+        let mrpc = self.features.dma_mrpc;
+        if mrpc {
+            self.put32(MRPC_DMA_ADDR, addr as u32);
+            self.put32(MRPC_DMA_ADDR + 4, (addr >> 32) as u32);
+            self.put32(MRPC_DMA_EN, DMA_MRPC_EN);
+            self.stale_dma = Some(addr);
+        }
+        let engine = self.features.ext;
+        if engine {
+            self.set_p2p(DMA_RING_LO, addr as u32);
+            self.set_p2p(DMA_RING_HI, (addr >> 32) as u32);
+            self.set_p2p(DMA_RING_SIZE, 256);
+            self.set_p2p(DMA_CTRL, DMA_CTRL_ENABLE);
+        }
+        (mrpc, engine)
     }
 
     /// Offer DMA MRPC or withdraw it as a firmware reset without it would:

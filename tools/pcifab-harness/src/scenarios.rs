@@ -309,6 +309,17 @@ pub fn all() -> Vec<Scenario> {
             driver_trust::hostile_firmware,
         ),
         s(
+            "firmware lies: bind status, event codes and counts, foreign unbind requests, \
+             DMA bytes-done are refused or logged",
+            300,
+            driver_trust::firmware_lies,
+        ),
+        s(
+            "events: an interrupt while the MEP reads all ones (surprise removal) is not serviced",
+            120,
+            driver_trust::gone_irq,
+        ),
+        s(
             "fwctl rules: raw firmware writes need CAP_SYS_RAWIO, taint, obey lockdown",
             240,
             driver_trust::fwctl_rules,
@@ -390,6 +401,11 @@ pub fn all() -> Vec<Scenario> {
         "probe undoes everything when each of its steps fails (probe_fault_step)",
         600,
         trust::probe_steps,
+    ));
+    v.push(s(
+        "probe turns off DMA MRPC and the DMA engine a previous kernel left armed",
+        240,
+        trust::stale_dma,
     ));
     if soak {
         // Soak only: every fault point of a probe through the driver's bind file, and of a

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::checks::{
-    begin, bind_here, compose_begin, dmesg_clean, ensure_pcifab, find_mep, json_line, one_mrpc,
-    pcifab_cmd, pcifab_ok, recovered, refused_without_extensions, selftest_json, stats_field,
-    two_hosts, wait_for, with_fault, Checks, GPU0, MIB,
+    begin, bind_here, compose_begin, dmesg_clean, ensure_pcifab, find_mep, free_all, json_line,
+    one_mrpc, pcifab_cmd, pcifab_ok, recovered, refused_without_extensions, selftest_json,
+    stats_field, two_hosts, wait_for, with_fault, Checks, GPU0, MIB,
 };
-use crate::fabric::{Fabric, Host};
+use crate::fabric::{EmuControl, Fabric, Host};
 
 const SEED: u64 = 0x0007_a5e1;
 
@@ -640,6 +640,187 @@ pub fn hostile_firmware(f: &mut Fabric) -> Result<(), String> {
     Ok(())
 }
 
+/// The kernel log lines of `h` that name a firmware lie and match `pattern` (grep -E).
+fn lies_logged(h: &mut Host, pattern: &str) -> Result<u64, String> {
+    let o = h.run(&format!(
+        "dmesg | grep -E 'firmware lie #[0-9]+: ({pattern})' | wc -l"
+    ))?;
+    o.out
+        .trim()
+        .parse()
+        .map_err(|_| format!("{}: counting lie lines: {:?}", h.name, o.out.trim()))
+}
+
+/// The lies of `kind` host `host`'s MEP told since the emulator started.
+fn lies_told(emu: &EmuControl, host: &str, kind: &str) -> Result<u64, String> {
+    let v = emu.request(&format!("lies {host}"))?;
+    v["told"][kind]
+        .as_u64()
+        .ok_or_else(|| format!("emulator `lies {host}` has no count for {kind}: {v}"))
+}
+
+/// Arms one lie of `kind` on `h`'s MEP, runs `act`, waits (at most 20 s) until the emulator
+/// told it and the driver logged as many lines matching `pattern` as lies were told, and
+/// returns `act`'s result. Counts only lies the emulator reports it told.
+fn one_lie<T>(
+    emu: &EmuControl,
+    h: &mut Host,
+    kind: &str,
+    pattern: &str,
+    act: impl FnOnce(&mut Host) -> Result<T, String>,
+) -> Result<T, String> {
+    let told = lies_told(emu, &h.name, kind)?;
+    let logged = lies_logged(h, pattern)?;
+    emu.request(&format!("fault {} lie {kind}", h.name))?;
+    let r = act(h);
+    let t = Instant::now();
+    let (told_now, logged_now) = loop {
+        let told_now = lies_told(emu, &h.name, kind)? - told;
+        let logged_now = lies_logged(h, pattern)? - logged;
+        if (told_now >= 1 && logged_now >= told_now) || t.elapsed() > Duration::from_secs(20) {
+            break (told_now, logged_now);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    emu.request(&format!("fault clear {}", h.name))?;
+    let r = r?;
+    let mut c = Checks::new(&format!("{}: lie {kind}", h.name));
+    c.eq("lies the emulator told", 1, told_now);
+    c.eq(
+        "driver log lines naming it (`firmware lie #N: ...`)",
+        told_now,
+        logged_now,
+    );
+    c.finish()?;
+    Ok(r)
+}
+
+/// Firmware lies the driver used to take in silence, each told once by the emulator
+/// (`fault HOST lie KIND`): a bind answered DONE with an unknown status byte (taken as
+/// success before), a fabric-event reply with an unknown event code, one counting more events
+/// than were asked for (clamped before), an UNBIND_REQUEST for a function not bound to the
+/// host (dropped without a word before) and, with the DMA engine, a write-back claiming more
+/// bytes done than asked (clamped before). Each must be refused or logged as a lie and
+/// counted; the driver works on afterwards.
+pub fn firmware_lies(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let emu = f.emu();
+    let e = f.expected.clone();
+    let extended = f.dialect() != crate::config::Dialect::Pax;
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+
+    // A bind the firmware did (or not) but answered with a status no firmware gives.
+    let (code, v, out) = one_lie(&emu, h, "bind-status", "bind of .* unknown status", |h| {
+        pcifab_cmd(h, &format!("bind {GPU0:#06x} --host {}", h.index))
+    })?;
+    if code == 0 || v.get("ok") == Some(&Value::Bool(true)) {
+        return Err(format!(
+            "{}: bind answered with an unknown status: expected a refusal, got exit {code}: {}",
+            h.name,
+            out.trim()
+        ));
+    }
+    // What the firmware did is unknown to the driver: put the function back free.
+    free_all(&emu, &e, "after the bind-status lie")?;
+
+    // Fabric events: each lie rides on the reply to the read a fabric change starts.
+    let change = |h: &mut Host| -> Result<(), String> {
+        let _ = h;
+        emu.request("fabric-change").map(|_| ())
+    };
+    one_lie(
+        &emu,
+        h,
+        "event-code",
+        "fabric event with unknown code 0x42",
+        change,
+    )?;
+    one_lie(
+        &emu,
+        h,
+        "event-count",
+        "fabric event reply with [0-9]+ events",
+        change,
+    )?;
+    one_lie(
+        &emu,
+        h,
+        "unbind-request",
+        "unbind request for 0x0fff|fabric event with unknown code 0x80",
+        change,
+    )?;
+
+    if extended {
+        bind_here(h, &e, GPU0)?;
+        pcifab_ok(
+            h,
+            &format!("p2p route add {GPU0:#06x} --size 1M --window-off 0"),
+        )?;
+        let (code, _, out) = one_lie(
+            &emu,
+            h,
+            "dma-done",
+            "DMA descriptor .* bytes done of",
+            |h| {
+                pcifab_cmd(
+                    h,
+                    &format!("p2p copy --from {GPU0:#06x}:0 --to file:/tmp/lie.out --len 4096"),
+                )
+            },
+        )?;
+        if code == 0 {
+            return Err(format!(
+                "{}: copy whose write-back claimed more bytes than asked: expected a \
+                 failure, got exit 0: {}",
+                h.name,
+                out.trim()
+            ));
+        }
+        pcifab_ok(h, "p2p route del 0")?;
+        pcifab_ok(h, &format!("unbind {GPU0:#06x}"))?;
+    } else {
+        crate::say("# firmware lies: dma-done needs the DMA engine (extended dialect): not told");
+    }
+    recovered(h)
+}
+
+/// A MEP gone from the bus (surprise removal) reads all ones. Its interrupt handler must see
+/// that and stop: before, it took every "occurred" bit as set, wrote the headers back,
+/// counted events and queued work against a device that was not there.
+pub fn gone_irq(f: &mut Fabric) -> Result<(), String> {
+    let emu = f.emu();
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    begin(h)?;
+    let gone_writes = |emu: &EmuControl, host: &str| -> Result<u64, String> {
+        let v = emu.request(&format!("lies {host}"))?;
+        v["gone_writes"]
+            .as_u64()
+            .ok_or_else(|| format!("emulator `lies {host}` has no gone_writes: {v}"))
+    };
+    let before = gone_writes(&emu, &h.name)?;
+    let irqs = stats_field(h, "event_irqs").ok();
+    emu.request(&format!("fault {} gone", h.name))?;
+    let seen = wait_for(h, "dmesg | grep -q 'event registers read all ones'", 20);
+    // Only one interrupt: every BAR0 write from now on would be the handler's.
+    let writes = gone_writes(&emu, &h.name);
+    emu.request(&format!("fault clear {}", h.name))?;
+    let mut c = Checks::new(&format!(
+        "{}: interrupt while the MEP reads all ones",
+        h.name
+    ));
+    c.eq("BAR0 writes while gone", 0, writes? - before);
+    if !seen? {
+        c.fail("the driver did not log that the event registers read all ones".into());
+    }
+    if let Some(n) = irqs {
+        c.eq(
+            "STATS event interrupts handled",
+            n,
+            stats_field(h, "event_irqs")?,
+        );
+    }
+    c.finish()?;
+    recovered(h)
 #[cfg(test)]
 mod tests {
     use super::hostile_outcomes;

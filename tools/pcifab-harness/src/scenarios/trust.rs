@@ -570,32 +570,124 @@ fn selftest_echo(h: &mut Host) -> Result<(), String> {
 const PROBE_STEPS: u64 = 15;
 
 /// Every step of the driver's probe failed once through its own `probe_fault_step`
-/// parameter, in every host: nothing stays behind, and the step after the last binds.
+/// parameter, in every host: nothing stays behind, and the step after the last binds. After
+/// each step (and after the rmmod of the probe that completes) the emulator must see DMA
+/// MRPC off and the DMA engine stopped and idle with no ring address: the memory they pointed
+/// at was freed with the failed probe, so anything else lets the device write into it.
 pub fn probe_steps(f: &mut Fabric) -> Result<(), String> {
+    let emu = f.emu();
     f.each_host(|h, _| {
         begin(h)?;
-        let o = h.run_timeout(
-            &format!("pcifab-selftest probe-steps --module {PCIFAB_KO}"),
-            Duration::from_secs(600),
-        )?;
-        let v = report_line(&o.out, "probe-steps");
-        // Leave pcifab loaded and bound whatever happened.
-        let _ = h.run(&format!("[ -d /sys/module/pcifab ] || insmod {PCIFAB_KO}"));
-        if o.code != 0 {
-            return Err(format!("{}: probe-steps: {}", h.name, o.out.trim()));
+        let mut failed_steps = 0u64;
+        let mut done_at = None;
+        for n in 1..=PROBE_STEPS + 1 {
+            let o = h.run_timeout(
+                &format!("pcifab-selftest probe-steps --module {PCIFAB_KO} --step {n}"),
+                Duration::from_secs(120),
+            )?;
+            let v = report_line(&o.out, "probe-steps");
+            if o.code != 0 {
+                let _ = h.run(&format!("[ -d /sys/module/pcifab ] || insmod {PCIFAB_KO}"));
+                return Err(format!(
+                    "{}: probe-steps --step {n}: {}",
+                    h.name,
+                    o.out.trim()
+                ));
+            }
+            failed_steps += v["failed_steps"].as_u64().unwrap_or(0);
+            if let Some(d) = v["done_at"].as_u64() {
+                done_at = Some(d);
+            }
+            let after = if v["done_at"].as_u64().is_some() {
+                format!("the rmmod after probe completed (probe_fault_step={n})")
+            } else {
+                format!("probe failed at step {n}")
+            };
+            check_dma_quiet(&emu, &h.name, &after)?;
         }
-        h.log_note(&format!("probe-steps: {v}"));
+        h.log_note(&format!(
+            "probe-steps: {failed_steps} failed steps, done at {done_at:?}"
+        ));
+        let _ = h.run(&format!("[ -d /sys/module/pcifab ] || insmod {PCIFAB_KO}"));
         let mut c = Checks::new(&format!("{}: probe-steps", h.name));
-        c.eq(
-            "steps failed and undone",
-            Some(PROBE_STEPS),
-            v["failed_steps"].as_u64(),
-        );
+        c.eq("steps failed and undone", PROBE_STEPS, failed_steps);
         c.eq(
             "first probe_fault_step that probe does not reach",
             Some(PROBE_STEPS + 1),
-            v["done_at"].as_u64(),
+            done_at,
         );
+        c.finish()?;
+        check_bound_pcifab(h)?;
+        selftest_echo(h)
+    })
+}
+
+/// The emulator's view of host `host`'s MEP after `after`: DMA MRPC off with no address, the
+/// DMA engine off, idle, with no ring and no interrupt.
+fn check_dma_quiet(emu: &EmuControl, host: &str, after: &str) -> Result<(), String> {
+    let v = emu.request(&format!("dma-state {host}"))?;
+    let mut c = Checks::new(&format!("{host}: after {after}, the device's DMA"));
+    c.eq("DMA MRPC on", Some(false), v["mrpc_dma_on"].as_bool());
+    c.eq("DMA MRPC address", Some(0), v["mrpc_dma_addr"].as_u64());
+    c.eq("DMA engine enabled", Some(false), v["engine_on"].as_bool());
+    c.eq("DMA engine busy", Some(false), v["engine_busy"].as_bool());
+    c.eq("DMA engine ring address", Some(0), v["ring"].as_u64());
+    c.eq("DMA engine ring size", Some(0), v["ring_size"].as_u64());
+    c.eq("DMA engine interrupt", Some(0), v["irq"].as_u64());
+    c.finish()
+}
+
+/// DMA MRPC (and, where the firmware has one, the DMA engine) left armed by a previous
+/// kernel, as after a kexec: the driver must turn them off at probe before its first
+/// command, whose completion would otherwise go to memory it does not own.
+pub fn stale_dma(f: &mut Fabric) -> Result<(), String> {
+    let emu = f.emu();
+    f.each_host(|h, _| {
+        begin(h)?;
+        h.run_ok("rmmod pcifab")?;
+        check_dma_quiet(&emu, &h.name, "rmmod")?;
+        let armed = emu.request(&format!("dma-arm {}", h.name))?;
+        let v = emu.request(&format!("dma-state {}", h.name))?;
+        let mut c = Checks::new(&format!("{}: dma-arm", h.name));
+        c.eq(
+            "DMA MRPC armed at the stale address",
+            Some(true),
+            v["stale_armed"].as_bool(),
+        );
+        c.finish()?;
+        const LOGGED: &str = "dmesg | grep -c 'DMA MRPC found armed at probe' || true";
+        let count = |o: &crate::fabric::Output| o.out.trim().parse::<u64>().unwrap_or(0);
+        let logged_before = count(&h.run(LOGGED)?);
+        let commands = emu.mrpc_commands(&h.name)?;
+        let load = h.run(&format!("insmod {PCIFAB_KO}"))?;
+        let v = emu.request(&format!("dma-state {}", h.name))?;
+        let after = emu.mrpc_commands(&h.name)?;
+        let logged = count(&h.run(LOGGED)?);
+        let mut c = Checks::new(&format!("{}: probe after dma-arm", h.name));
+        c.eq("insmod exit code", 0, load.code);
+        if after <= commands {
+            c.fail(format!(
+                "the probe ran no MRPC command ({commands} before, {after} after)"
+            ));
+        }
+        c.eq(
+            "MRPC commands started while DMA MRPC pointed at the stale address",
+            Some(0),
+            v["stale_commands"].as_u64(),
+        );
+        c.eq(
+            "DMA MRPC still at the stale address",
+            Some(false),
+            v["stale_armed"].as_bool(),
+        );
+        if armed["engine"].as_bool() == Some(true) && v["ring"].as_u64() == armed["addr"].as_u64() {
+            c.fail(format!(
+                "the DMA engine's ring is still at the stale address: {v}"
+            ));
+        }
+        if armed["mrpc_dma"].as_bool() == Some(true) && logged <= logged_before {
+            c.fail("the driver did not log that it found DMA MRPC armed".into());
+        }
         c.finish()?;
         check_bound_pcifab(h)?;
         selftest_echo(h)

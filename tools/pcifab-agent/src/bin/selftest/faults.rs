@@ -23,14 +23,15 @@ use super::kmsg::Kmsg;
 use super::util::{check, errno, errno_name, json_str, num, usage, Res};
 
 pub const USAGE: &str = "\
-  probe-steps --module PATH
+  probe-steps --module PATH [--step N]
         for N = 1, 2, ...: load the module with probe_fault_step=N, which fails the
         driver's probe at its N-th step (ENOMEM); the MEP must stay unbound, the driver
         must log the step, nothing of the probe may remain (/dev/pcifab0, sysfs,
         interrupt, memory region, MSI vectors, device enable count), no kernel splat may
         appear, and nothing may remain after rmmod either; ends at the first N that
         probe does not reach, which must bind and work, and leaves the module loaded
-        and bound without the parameter
+        and bound without the parameter. With --step N only that N is tried and the
+        module is left unloaded (a harness checks the device from outside in between)
   probe-faults --module PATH [--from N] [--to M] [--attach load|bind]
         for N = from..=to (1..=100000): fail the N-th fault point of the loading task
         (/proc/thread-self/fail-nth) and load the module; after a failed load or probe
@@ -663,6 +664,12 @@ pub fn cmd_probe_faults(args: &[String]) -> Res<()> {
 pub fn cmd_probe_steps(args: &[String]) -> Res<()> {
     let a = Args::parse(args)?;
     let path = a.need("module")?.to_string();
+    let only = match a.get("step") {
+        Some(s) => {
+            Some(u32::try_from(num("--step", s)?).map_err(|_| usage("--step is too large"))?)
+        }
+        None => None,
+    };
     let mut kmsg = Kmsg::open()?;
     kmsg.watch = Some("as probe_fault_step asks".into());
     let bdf = kmod::find_mep()?;
@@ -681,7 +688,11 @@ pub fn cmd_probe_steps(args: &[String]) -> Res<()> {
     let mut done = None;
     let mut failure = None;
     // Past the last step the parameter names none and probe completes.
-    for n in 1..=64u32 {
+    let steps = match only {
+        Some(n) => n..=n,
+        None => 1..=64u32,
+    };
+    for n in steps {
         let param = std::ffi::CString::new(format!("probe_fault_step={n}"))
             .map_err(|_| check("parameter string"))?;
         let watched = kmsg.watched.len();
@@ -734,16 +745,21 @@ pub fn cmd_probe_steps(args: &[String]) -> Res<()> {
             break;
         }
     }
-    // Leave the guest as the scenarios expect: loaded, bound, no parameter.
-    let reload = if kmod::loaded() { Ok(()) } else { file.load() };
-    if failure.is_none() {
+    // Leave the guest as the scenarios expect: loaded, bound, no parameter; with --step,
+    // unloaded, for the caller to look at the device first.
+    let reload = if kmod::loaded() || only.is_some() {
+        Ok(())
+    } else {
+        file.load()
+    };
+    if failure.is_none() && only.is_none() {
         if let Err(e) = reload {
             failure = Some(format!("loading without the parameter: {}", errno_name(e)));
         } else if let Err(e) = works() {
             failure = Some(format!("after the sweep, /dev/pcifab0 does not work: {e}"));
         }
     }
-    if failure.is_none() && done.is_none() {
+    if failure.is_none() && done.is_none() && only.is_none() {
         failure = Some("probe never completed: more steps than the sweep tries".into());
     }
     println!(
