@@ -821,6 +821,8 @@ pub fn gone_irq(f: &mut Fabric) -> Result<(), String> {
     }
     c.finish()?;
     recovered(h)
+}
+
 #[cfg(test)]
 mod tests {
     use super::hostile_outcomes;
