@@ -101,7 +101,9 @@ hosts = [0]
         client_ca: None,
         max_body: 4096,
         client_timeout_s: 5,
+        body_timeout_s: 5,
         max_connections: 64,
+        max_connections_per_peer: 64,
         redfish: RedfishConfig {
             users: Some(dir.join("users.toml").display().to_string()),
             session_timeout_s: 600,

@@ -16,7 +16,10 @@ use std::{
 use base64::{engine::general_purpose::STANDARD as B64, Engine};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::{body::Incoming, header, HeaderMap, StatusCode};
+use hyper::{
+    body::{Body as _, Incoming},
+    header, HeaderMap, StatusCode,
+};
 use serde_json::Value;
 
 use super::{err, users::Sessions, users::Users, Action, Error, Resource, View};

@@ -219,6 +219,7 @@ fn users_are_principals_with_hashed_passwords() {
             tenant: None,
             token_sha256: None,
             uids: vec![],
+            token_expires: None,
         }],
         2,
         vec![],
