@@ -35,6 +35,11 @@ pub(crate) const PCIFAB_IOCTL_P2P_GRANT: u32 = _IO(IOCTL_TYPE, 0x0e);
 pub(crate) const PCIFAB_IOCTL_P2P_REVOKE: u32 = _IO(IOCTL_TYPE, 0x0f);
 pub(crate) const PCIFAB_IOCTL_P2P_GRANTS: u32 = _IO(IOCTL_TYPE, 0x10);
 
+/// `PCIFAB_MRPC_USER_MIN_TIMEOUT_MS` and `PCIFAB_MRPC_USER_MAX_TIMEOUT_MS`: the MRPC
+/// timeouts a caller without `CAP_SYS_ADMIN` may ask for (besides 0, the default).
+pub(crate) const MRPC_USER_MIN_TIMEOUT_MS: u32 = 1_000;
+pub(crate) const MRPC_USER_MAX_TIMEOUT_MS: u32 = 10_000;
+
 /// `PCIFAB_ROUTE_ANY_WINDOW`.
 pub(crate) const ROUTE_ANY_WINDOW: u64 = u64::MAX;
 /// `PCIFAB_P2P_FUNCTION`, `PCIFAB_P2P_USER`, `PCIFAB_P2P_IOVA`.

@@ -13,7 +13,7 @@ use kernel::{
 
 use super::{
     args::{read_arg, write_arg, write_entry, MAX_ARG_SIZE},
-    perm::{allow, allowed_config, mrpc_class, MrpcClass},
+    perm::{allow, allow_mrpc_timeout, allowed_config, mrpc_class, MrpcClass},
     OpenFile,
 };
 use crate::{compose, fw, kext::security::Lockdown, mrpc, p2p, uapi};
@@ -85,7 +85,11 @@ impl OpenFile {
             .reader()
             .read_slice(&mut input)?;
         // The class is decided on the bytes the firmware will see: read once, above.
-        allow(mrpc_class(m.cmd, &input), Lockdown::PciAccess)?;
+        allow(
+            mrpc_class(m.cmd, &input, self.mep.features()),
+            Lockdown::PciAccess,
+        )?;
+        allow_mrpc_timeout(m.timeout_ms)?;
         let mut output = KVec::from_elem(0u8, out_len, GFP_KERNEL)?;
         // Prove both destinations writable before the command runs, so a bad pointer cannot
         // leave a configuration command done but unreported.

@@ -81,6 +81,13 @@ struct pcifab_identity {
 #define PCIFAB_MRPC_MAX_DATA	1024
 /* Longest timeout an MRPC caller may ask for, in milliseconds; 0 means 5000. */
 #define PCIFAB_MRPC_MAX_TIMEOUT_MS 60000
+/*
+ * Without CAP_SYS_ADMIN, @timeout_ms is 0 or within these bounds (else EINVAL): a caller
+ * holds the switch's one mailbox while it waits, and a command given up on keeps it until
+ * the firmware finished it.
+ */
+#define PCIFAB_MRPC_USER_MIN_TIMEOUT_MS 1000
+#define PCIFAB_MRPC_USER_MAX_TIMEOUT_MS 10000
 
 /**
  * struct pcifab_mrpc - PCIFAB_IOCTL_MRPC argument: run one firmware (MRPC) command
@@ -95,13 +102,15 @@ struct pcifab_identity {
  * @status: out: firmware status: 2 done, 0xff error (see @ret_value)
  * @ret_value: out: firmware return value (0 on success, else the firmware's error code)
  *
- * Commands are classed as fwctl does: read-only commands (echo, die temperature,
- * topology and database dumps, event reads, pcifab's read extensions) need only an
- * open file; configuration commands (bind/unbind, port control and configuration,
- * device management) need CAP_SYS_ADMIN; everything else, unknown ids included, is
- * debug-write and needs CAP_SYS_RAWIO. Errors: EPERM (class not allowed), EINVAL
- * (lengths, timeout, flags), EFAULT, ETIMEDOUT (firmware did not finish in time),
- * EIO (firmware stopped running), EINTR (signal while waiting; the command may
+ * Commands are classed as fwctl does, by id and sub-command (Documentation/uapi.rst):
+ * read-only commands (echo, die temperature GET, single-shot database dump sections and
+ * the GET step of chunked ones, the read extensions the firmware offers) need only an
+ * open file; configuration commands (dump sessions, event queue, bind/unbind, port
+ * control and configuration, device management) need CAP_SYS_ADMIN; everything else,
+ * unknown ids and extensions the firmware does not offer included, is debug-write and
+ * needs CAP_SYS_RAWIO. Errors: EPERM (class not allowed), EINVAL (lengths, timeout
+ * (see PCIFAB_MRPC_USER_MIN_TIMEOUT_MS), flags), EFAULT, ETIMEDOUT (firmware did not
+ * finish in time), EIO (firmware stopped running), EINTR (signal while waiting; the command may
  * still complete in the switch), ENODEV (endpoint removed). A firmware error is
  * not an ioctl error: the call succeeds with @status 0xff and @ret_value set.
  */

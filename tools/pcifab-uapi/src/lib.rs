@@ -113,6 +113,10 @@ pub const P2P_ACS_REDIRECT: u32 = 1 << 4;
 pub const MRPC_MAX_DATA: usize = 1024;
 /// `PCIFAB_MRPC_MAX_TIMEOUT_MS`.
 pub const MRPC_MAX_TIMEOUT_MS: u32 = 60_000;
+/// `PCIFAB_MRPC_USER_MIN_TIMEOUT_MS` and `PCIFAB_MRPC_USER_MAX_TIMEOUT_MS`: the timeouts a
+/// caller without `CAP_SYS_ADMIN` may ask for, besides 0.
+pub const MRPC_USER_MIN_TIMEOUT_MS: u32 = 1_000;
+pub const MRPC_USER_MAX_TIMEOUT_MS: u32 = 10_000;
 /// MRPC status of a finished command.
 pub const MRPC_STATUS_DONE: u32 = 2;
 /// MRPC status of a command the firmware failed; `ret_value` says why.

@@ -156,6 +156,8 @@ fn c_layout() -> Vec<(String, u64)> {
         "PCIFAB_IOCTL_STATS",
         "PCIFAB_MRPC_MAX_DATA",
         "PCIFAB_MRPC_MAX_TIMEOUT_MS",
+        "PCIFAB_MRPC_USER_MIN_TIMEOUT_MS",
+        "PCIFAB_MRPC_USER_MAX_TIMEOUT_MS",
         "PCIFAB_IOCTL_VERSION",
         "PCIFAB_IOCTL_IDENTITY",
         "PCIFAB_UAPI_VERSION_MAJOR",
@@ -900,6 +902,14 @@ fn rust_mirror_matches_c_header() {
         ("PCIFAB_IOCTL_STATS", PCIFAB_IOCTL_STATS as u64),
         ("PCIFAB_MRPC_MAX_DATA", MRPC_MAX_DATA as u64),
         ("PCIFAB_MRPC_MAX_TIMEOUT_MS", MRPC_MAX_TIMEOUT_MS as u64),
+        (
+            "PCIFAB_MRPC_USER_MIN_TIMEOUT_MS",
+            MRPC_USER_MIN_TIMEOUT_MS as u64,
+        ),
+        (
+            "PCIFAB_MRPC_USER_MAX_TIMEOUT_MS",
+            MRPC_USER_MAX_TIMEOUT_MS as u64,
+        ),
         ("PCIFAB_IOCTL_VERSION", PCIFAB_IOCTL_VERSION as u64),
         ("PCIFAB_IOCTL_IDENTITY", PCIFAB_IOCTL_IDENTITY as u64),
         ("PCIFAB_UAPI_VERSION_MAJOR", VERSION_MAJOR as u64),
