@@ -1239,7 +1239,12 @@ impl Fuzz {
             }
             _ => self.rng.next() as u32,
         };
-        let nr = if self.defs.iter().any(|d| d.nr == nr) {
+        // Neither a number of the uAPI nor an old number it still accepts.
+        let nr = if self
+            .defs
+            .iter()
+            .any(|d| d.nr == nr || u::legacy(d.nr) == nr)
+        {
             nr ^ 0x8000_0000
         } else {
             nr
@@ -1746,9 +1751,9 @@ mod tests {
                 .unwrap_or_else(|| panic!("{k:?} not in the table"))
         };
         for (k, name, nr, size) in [
-            (Kind::Grant, "P2P_GRANT", 0xfa0e, 24),
-            (Kind::Revoke, "P2P_REVOKE", 0xfa0f, 24),
-            (Kind::Grants, "P2P_GRANTS", 0xfa10, 24),
+            (Kind::Grant, "P2P_GRANT", 0xc018_fa0e, 24),
+            (Kind::Revoke, "P2P_REVOKE", 0xc018_fa0f, 24),
+            (Kind::Grants, "P2P_GRANTS", 0xc018_fa10, 24),
         ] {
             let d = def(k);
             assert_eq!((d.name, d.nr, d.size), (name, nr, size), "{k:?}");
