@@ -6,6 +6,11 @@
 //! `FUNCTION_TELEMETRY` extension command (0xF002) when the file is read, at most once a
 //! second per function ([`crate::telemetry`]).
 //!
+//! The files are root's only (0400): they show other tenants' functions too, which is what the
+//! fabric manager's host needs (it watches every function) and what root can read through the
+//! device anyway. Members of the device's group read telemetry through `/dev/pcifabN`
+//! (`pcifab top`); nobody else does.
+//!
 //! The directories ([`crate::kext::kobject`]) follow the fabric's function list: made at probe,
 //! then brought up to date by a work item ([`sync`]) that every fabric event queues, so a
 //! function that leaves the fabric (its endpoint's link goes down) loses its directory and one
@@ -50,19 +55,19 @@ attribute_groups! {
     /// The files, in the order of the ABI document.
     static GROUPS: KobjAttr<FnDir> = [
         // Millidegrees Celsius, as hwmon reports temperatures.
-        KobjAttr::new(c"temperature", |d, o| {
+        KobjAttr::root_only(c"temperature", |d, o| {
             show(d, o, |t, o| o.emit(format_args!("{}\n", i64::from(t.temp_centi) * 10)))
         }),
         // Microwatts, as hwmon reports power.
-        KobjAttr::new(c"power", |d, o| {
+        KobjAttr::root_only(c"power", |d, o| {
             show(d, o, |t, o| o.emit(format_args!("{}\n", u64::from(t.power_mw) * 1000)))
         }),
         // Percent, 0-100.
-        KobjAttr::new(c"utilisation", |d, o| {
+        KobjAttr::root_only(c"utilisation", |d, o| {
             show(d, o, |t, o| o.emit(format_args!("{}\n", t.utilisation)))
         }),
         // Bit 0 link down, bit 1 temperature warning, bit 2 power warning (0x0: healthy).
-        KobjAttr::new(c"health", |d, o| {
+        KobjAttr::root_only(c"health", |d, o| {
             show(d, o, |t, o| o.emit(format_args!("{:#x}\n", t.health)))
         }),
     ];

@@ -367,7 +367,7 @@ pub(crate) fn routes(mep: &Mep) -> Result<KVec<uapi::Route>> {
 }
 
 /// The routes for a copy: the cached list unless it is out of date, else read again.
-fn cached_routes(mep: &Mep, refresh: bool) -> Result<KVec<uapi::Route>> {
+pub(crate) fn cached_routes(mep: &Mep, refresh: bool) -> Result<KVec<uapi::Route>> {
     let mut cache = mep.p2p.cache.lock();
     let stale = mep.p2p.stale.xchg(false, Relaxed);
     if let (Some(c), false, false) = (cache.as_ref(), stale, refresh) {

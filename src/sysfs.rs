@@ -12,6 +12,7 @@ use crate::{
     compose,
     kext::{
         miscdev::DeviceAttr,
+        security::{capable, Capability},
         sysfs::{attribute_groups, PageWriter},
     },
     uapi::UNBOUND,
@@ -51,8 +52,21 @@ fn numbers<const N: usize>(input: &[u8]) -> Result<([u32; N], usize)> {
     Ok((out, n))
 }
 
+/// `EPERM` unless the writer has `CAP_SYS_ADMIN`, as the ioctls that change the fabric
+/// require: the file's mode (0200) lets any root process write, and a root without that
+/// capability (a container, a service with a reduced bounding set) must not bind or unbind
+/// through the file what it may not through the device.
+fn allowed_config() -> Result {
+    if capable(Capability::SysAdmin) {
+        Ok(())
+    } else {
+        Err(EPERM)
+    }
+}
+
 /// `bind`: "PDFID HOST [PORT]".
 fn store_bind(m: &Arc<Mep>, input: &[u8]) -> Result {
+    allowed_config()?;
     let (v, n) = numbers::<3>(input)?;
     if n < 2 {
         return Err(EINVAL);
@@ -71,6 +85,7 @@ fn store_bind(m: &Arc<Mep>, input: &[u8]) -> Result {
 
 /// `unbind`: "PDFID".
 fn store_unbind(m: &Arc<Mep>, input: &[u8]) -> Result {
+    allowed_config()?;
     let (v, n) = numbers::<1>(input)?;
     if n != 1 {
         return Err(EINVAL);
@@ -190,10 +205,12 @@ attribute_groups! {
         ro(c"mrpc_dma_commands", |m, o| o.emit(format_args!("{}\n", m.mrpc.stats().dma_commands))),
         // Size of the P2P window in bytes (0: the firmware has none).
         ro(c"p2p_window_size", |m, o| o.emit(format_args!("{}\n", m.p2p.window_size()))),
-        // Without the P2P extension there are no routes.
+        // Without the P2P extension there are no routes. The list is the P2P code's cache,
+        // which route changes and the firmware's route events invalidate: a reader in a loop
+        // does not send a firmware command per read.
         ro(c"p2p_routes", |m, o| {
             let n = if m.features().has(crate::fw::ext::P2P_ROUTES) {
-                crate::p2p::routes(m)?.len()
+                crate::p2p::cached_routes(m, false)?.len()
             } else {
                 0
             };

@@ -9,31 +9,68 @@
 use core::mem::size_of;
 
 use kernel::{
-    ioctl::_IO,
+    ioctl::{_IO, _IOWR},
     transmute::{AsBytes, FromBytes},
 };
 
 pub(crate) const VERSION_MAJOR: u32 = 1;
-pub(crate) const VERSION_MINOR: u32 = 6;
+pub(crate) const VERSION_MINOR: u32 = 7;
 
 const IOCTL_TYPE: u32 = 0xFA;
-pub(crate) const PCIFAB_IOCTL_VERSION: u32 = _IO(IOCTL_TYPE, 0x00);
-pub(crate) const PCIFAB_IOCTL_IDENTITY: u32 = _IO(IOCTL_TYPE, 0x01);
-pub(crate) const PCIFAB_IOCTL_MRPC: u32 = _IO(IOCTL_TYPE, 0x02);
-pub(crate) const PCIFAB_IOCTL_STATS: u32 = _IO(IOCTL_TYPE, 0x03);
-pub(crate) const PCIFAB_IOCTL_EVENTS: u32 = _IO(IOCTL_TYPE, 0x04);
-pub(crate) const PCIFAB_IOCTL_INVENTORY: u32 = _IO(IOCTL_TYPE, 0x05);
-pub(crate) const PCIFAB_IOCTL_BIND: u32 = _IO(IOCTL_TYPE, 0x06);
-pub(crate) const PCIFAB_IOCTL_UNBIND: u32 = _IO(IOCTL_TYPE, 0x07);
-pub(crate) const PCIFAB_IOCTL_MOVE: u32 = _IO(IOCTL_TYPE, 0x08);
-pub(crate) const PCIFAB_IOCTL_P2P_ROUTE_ADD: u32 = _IO(IOCTL_TYPE, 0x09);
-pub(crate) const PCIFAB_IOCTL_P2P_ROUTE_DEL: u32 = _IO(IOCTL_TYPE, 0x0a);
-pub(crate) const PCIFAB_IOCTL_P2P_ROUTES: u32 = _IO(IOCTL_TYPE, 0x0b);
-pub(crate) const PCIFAB_IOCTL_P2P_COPY: u32 = _IO(IOCTL_TYPE, 0x0c);
-pub(crate) const PCIFAB_IOCTL_P2P_DISTANCE: u32 = _IO(IOCTL_TYPE, 0x0d);
-pub(crate) const PCIFAB_IOCTL_P2P_GRANT: u32 = _IO(IOCTL_TYPE, 0x0e);
-pub(crate) const PCIFAB_IOCTL_P2P_REVOKE: u32 = _IO(IOCTL_TYPE, 0x0f);
-pub(crate) const PCIFAB_IOCTL_P2P_GRANTS: u32 = _IO(IOCTL_TYPE, 0x10);
+pub(crate) const PCIFAB_IOCTL_VERSION: u32 = _IOWR::<Version>(IOCTL_TYPE, 0x00);
+pub(crate) const PCIFAB_IOCTL_IDENTITY: u32 = _IOWR::<Identity>(IOCTL_TYPE, 0x01);
+pub(crate) const PCIFAB_IOCTL_MRPC: u32 = _IOWR::<Mrpc>(IOCTL_TYPE, 0x02);
+pub(crate) const PCIFAB_IOCTL_STATS: u32 = _IOWR::<Stats>(IOCTL_TYPE, 0x03);
+pub(crate) const PCIFAB_IOCTL_EVENTS: u32 = _IOWR::<Events>(IOCTL_TYPE, 0x04);
+pub(crate) const PCIFAB_IOCTL_INVENTORY: u32 = _IOWR::<Inventory>(IOCTL_TYPE, 0x05);
+pub(crate) const PCIFAB_IOCTL_BIND: u32 = _IOWR::<Bind>(IOCTL_TYPE, 0x06);
+pub(crate) const PCIFAB_IOCTL_UNBIND: u32 = _IOWR::<Unbind>(IOCTL_TYPE, 0x07);
+pub(crate) const PCIFAB_IOCTL_MOVE: u32 = _IOWR::<Move>(IOCTL_TYPE, 0x08);
+pub(crate) const PCIFAB_IOCTL_P2P_ROUTE_ADD: u32 = _IOWR::<P2pRoute>(IOCTL_TYPE, 0x09);
+pub(crate) const PCIFAB_IOCTL_P2P_ROUTE_DEL: u32 = _IOWR::<P2pRoute>(IOCTL_TYPE, 0x0a);
+pub(crate) const PCIFAB_IOCTL_P2P_ROUTES: u32 = _IOWR::<P2pRoutes>(IOCTL_TYPE, 0x0b);
+pub(crate) const PCIFAB_IOCTL_P2P_COPY: u32 = _IOWR::<P2pCopy>(IOCTL_TYPE, 0x0c);
+pub(crate) const PCIFAB_IOCTL_P2P_DISTANCE: u32 = _IOWR::<P2pDistance>(IOCTL_TYPE, 0x0d);
+pub(crate) const PCIFAB_IOCTL_P2P_GRANT: u32 = _IOWR::<P2pGrant>(IOCTL_TYPE, 0x0e);
+pub(crate) const PCIFAB_IOCTL_P2P_REVOKE: u32 = _IOWR::<P2pGrant>(IOCTL_TYPE, 0x0f);
+pub(crate) const PCIFAB_IOCTL_P2P_GRANTS: u32 = _IOWR::<P2pGrants>(IOCTL_TYPE, 0x10);
+
+/// The ioctl numbers of uAPI 1.0-1.6, `_IO(0xFA, nr)`, in `nr` order: aliases of the
+/// numbers above, accepted so that programs built against an older header keep working.
+const LEGACY: [u32; 17] = [
+    PCIFAB_IOCTL_VERSION,
+    PCIFAB_IOCTL_IDENTITY,
+    PCIFAB_IOCTL_MRPC,
+    PCIFAB_IOCTL_STATS,
+    PCIFAB_IOCTL_EVENTS,
+    PCIFAB_IOCTL_INVENTORY,
+    PCIFAB_IOCTL_BIND,
+    PCIFAB_IOCTL_UNBIND,
+    PCIFAB_IOCTL_MOVE,
+    PCIFAB_IOCTL_P2P_ROUTE_ADD,
+    PCIFAB_IOCTL_P2P_ROUTE_DEL,
+    PCIFAB_IOCTL_P2P_ROUTES,
+    PCIFAB_IOCTL_P2P_COPY,
+    PCIFAB_IOCTL_P2P_DISTANCE,
+    PCIFAB_IOCTL_P2P_GRANT,
+    PCIFAB_IOCTL_P2P_REVOKE,
+    PCIFAB_IOCTL_P2P_GRANTS,
+];
+
+/// The ioctl `cmd` names: itself, or for a number of uAPI 1.0-1.6 (`_IO(0xFA, nr)`) the
+/// current number of the same ioctl. Anything else is returned as is (and is `ENOTTY`).
+pub(crate) fn canonical(cmd: u32) -> u32 {
+    let nr = cmd & 0xff;
+    match LEGACY.get(nr as usize) {
+        Some(&now) if cmd == _IO(IOCTL_TYPE, nr) => now,
+        _ => cmd,
+    }
+}
+
+/// `PCIFAB_MRPC_USER_MIN_TIMEOUT_MS` and `PCIFAB_MRPC_USER_MAX_TIMEOUT_MS`: the MRPC
+/// timeouts a caller without `CAP_SYS_ADMIN` may ask for (besides 0, the default).
+pub(crate) const MRPC_USER_MIN_TIMEOUT_MS: u32 = 1_000;
+pub(crate) const MRPC_USER_MAX_TIMEOUT_MS: u32 = 10_000;
 
 /// `PCIFAB_ROUTE_ANY_WINDOW`.
 pub(crate) const ROUTE_ANY_WINDOW: u64 = u64::MAX;
@@ -390,9 +427,13 @@ abi! {
     }
 }
 
-const _: () = assert!(PCIFAB_IOCTL_P2P_GRANTS == 0xfa10);
-const _: () = assert!(PCIFAB_IOCTL_P2P_DISTANCE == 0xfa0d);
-const _: () = assert!(PCIFAB_IOCTL_VERSION == 0xfa00 && PCIFAB_IOCTL_IDENTITY == 0xfa01);
+// The numbers the header gives: `_IOWR` (direction 3 in bits 30-31), the struct's size in bits
+// 16-29, type 0xFA, nr.
+const _: () = assert!(PCIFAB_IOCTL_VERSION == 0xc010_fa00 && PCIFAB_IOCTL_IDENTITY == 0xc04c_fa01);
+const _: () = assert!(PCIFAB_IOCTL_BIND == 0xc03c_fa06 && PCIFAB_IOCTL_P2P_COPY == 0xc040_fa0c);
+const _: () = assert!(PCIFAB_IOCTL_P2P_GRANTS == 0xc018_fa10);
+// The old ones, their aliases.
+const _: () = assert!(_IO(IOCTL_TYPE, 0x00) == 0xfa00 && _IO(IOCTL_TYPE, 0x10) == 0xfa10);
 
 /// Implements [`SizedArg`] for argument structs of the first version, with no flags.
 macro_rules! sized_args {

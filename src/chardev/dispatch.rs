@@ -13,7 +13,7 @@ use kernel::{
 
 use super::{
     args::{read_arg, write_arg, write_entry, MAX_ARG_SIZE},
-    perm::{allow, allowed_config, mrpc_class, MrpcClass},
+    perm::{allow, allow_mrpc_timeout, allowed_config, mrpc_class, MrpcClass},
     OpenFile,
 };
 use crate::{compose, fw, kext::security::Lockdown, mrpc, p2p, uapi};
@@ -27,7 +27,8 @@ impl OpenFile {
         if self.mep.events.gone() {
             return Err(ENODEV);
         }
-        match cmd {
+        // The numbers of uAPI 1.0-1.6 are aliases of today's.
+        match uapi::canonical(cmd) {
             uapi::PCIFAB_IOCTL_VERSION => self.version(arg),
             uapi::PCIFAB_IOCTL_IDENTITY => self.identity(arg),
             uapi::PCIFAB_IOCTL_MRPC => self.mrpc(arg),
@@ -58,6 +59,9 @@ impl OpenFile {
 
     fn identity(&self, arg: usize) -> Result {
         let (mut out, len) = read_arg::<uapi::Identity>(arg)?;
+        if out.reserved0 != 0 {
+            return Err(EINVAL);
+        }
         let id = self.mep.identity()?;
         (out.pci_vendor, out.pci_device) = self.mep.pci_ids();
         out.device_id = id.device_id;
@@ -85,7 +89,11 @@ impl OpenFile {
             .reader()
             .read_slice(&mut input)?;
         // The class is decided on the bytes the firmware will see: read once, above.
-        allow(mrpc_class(m.cmd, &input), Lockdown::PciAccess)?;
+        allow(
+            mrpc_class(m.cmd, &input, self.mep.features()),
+            Lockdown::PciAccess,
+        )?;
+        allow_mrpc_timeout(m.timeout_ms)?;
         let mut output = KVec::from_elem(0u8, out_len, GFP_KERNEL)?;
         // Prove both destinations writable before the command runs, so a bad pointer cannot
         // leave a configuration command done but unreported.
@@ -210,6 +218,10 @@ impl OpenFile {
             n if n <= uapi::BIND_MAX_PDFIDS && b.pdfids[0] == b.pdfid => &b.pdfids[..n],
             _ => return Err(EINVAL),
         };
+        // The entries past @nr_pdfids are reserved: zero.
+        if b.pdfids.iter().skip(n).any(|&p| p != 0) {
+            return Err(EINVAL);
+        }
         let mut list = [0u16; uapi::BIND_MAX_PDFIDS];
         list[..pdfids.len()].copy_from_slice(pdfids);
         let pdfids = &list[..pdfids.len()];
@@ -293,6 +305,9 @@ impl OpenFile {
 
     fn route_del(&self, arg: usize) -> Result {
         let (mut r, len) = read_arg::<uapi::P2pRoute>(arg)?;
+        if r.route.reserved0 != 0 || r.route.reserved1 != 0 {
+            return Err(EINVAL);
+        }
         allowed_config()?;
         match p2p::route_del(&self.mep, r.route.window_off) {
             Ok(count) => {
@@ -329,6 +344,9 @@ impl OpenFile {
 
     fn p2p_copy(&self, arg: usize) -> Result {
         let (mut c, len) = read_arg::<uapi::P2pCopy>(arg)?;
+        if c.src.reserved0 != 0 || c.dst.reserved0 != 0 {
+            return Err(EINVAL);
+        }
         allowed_config()?;
         // A raw bus address reaches whatever the IOMMU lets the MEP reach: fwctl's rules.
         let raw = |e: &uapi::P2pEnd| e.kind == uapi::P2P_IOVA;

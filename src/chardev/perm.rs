@@ -8,6 +8,7 @@ use kernel::prelude::*;
 use crate::{
     fw::{self, raw::Effect},
     kext::security::{self, capable, Capability, Lockdown},
+    uapi,
 };
 
 /// Which privilege an MRPC command needs, as fwctl classes its RPCs.
@@ -26,9 +27,10 @@ pub(crate) enum MrpcClass {
 
 /// Classes an MRPC command by what it does ([`fw::raw::effect`], from its id and, where a
 /// command has them, its sub-command; `Documentation/uapi.rst` lists them). `input` is the
-/// caller's input.
-pub(crate) fn mrpc_class(cmd: u32, input: &[u8]) -> MrpcClass {
-    match fw::raw::effect(cmd, input) {
+/// caller's input, `features` the extensions the probe discovered (an extension it did not
+/// discover is a command the driver does not know).
+pub(crate) fn mrpc_class(cmd: u32, input: &[u8], features: fw::ext::Features) -> MrpcClass {
+    match fw::raw::effect(cmd, input, features) {
         Effect::Reads => MrpcClass::ReadOnly,
         Effect::Configures => MrpcClass::Configuration,
         Effect::Unknown => MrpcClass::DebugWrite,
@@ -47,6 +49,21 @@ pub(super) fn allow(class: MrpcClass, lockdown: Lockdown) -> Result {
             Ok(())
         }
         _ => Err(EPERM),
+    }
+}
+
+/// Whether the calling task may wait `timeout_ms` (0: the default) for an MRPC command:
+/// without `CAP_SYS_ADMIN`, only 0 or [`uapi::MRPC_USER_MIN_TIMEOUT_MS`] to
+/// [`uapi::MRPC_USER_MAX_TIMEOUT_MS`], else `EINVAL`. The mailbox is the switch's only one:
+/// a long wait holds every other caller off for as long, and a command given up on before
+/// the firmware finished it leaves the mailbox to that command until it does.
+pub(super) fn allow_mrpc_timeout(timeout_ms: u32) -> Result {
+    let bounded = timeout_ms == 0
+        || (uapi::MRPC_USER_MIN_TIMEOUT_MS..=uapi::MRPC_USER_MAX_TIMEOUT_MS).contains(&timeout_ms);
+    if bounded || capable(Capability::SysAdmin) {
+        Ok(())
+    } else {
+        Err(EINVAL)
     }
 }
 

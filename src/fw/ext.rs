@@ -79,8 +79,11 @@ impl TelemetryReq {
     }
 }
 
+/// `FUNCTION_TELEMETRY`'s opcode.
+pub(crate) const TELEMETRY_OPCODE: u32 = 0xf002;
+
 impl Command for TelemetryReq {
-    const OPCODE: u32 = 0xf002;
+    const OPCODE: u32 = TELEMETRY_OPCODE;
     type Reply = Telemetry;
 }
 

@@ -22,7 +22,7 @@ pub(crate) const HVD: u8 = 3;
 pub(crate) const EP_PORT: u8 = 5;
 /// Steps of a chunked dump.
 const TYPE_START: u32 = 1;
-const TYPE_GET: u32 = 2;
+pub(super) const TYPE_GET: u32 = 2;
 const TYPE_FINISH: u32 = 3;
 /// Header dwords of a GET reply, which its `size_dw` counts.
 const GET_HEADER_DW: u32 = 3;

@@ -75,15 +75,15 @@ unsafe impl<D: Send + Sync + 'static> Sync for KobjAttr<D> {}
 unsafe impl<D: Send + Sync + 'static> Attribute for KobjAttr<D> {}
 
 impl<D: Send + Sync + 'static> KobjAttr<D> {
-    /// The attribute `name`, formatted by `show`.
+    /// The attribute `name`, formatted by `show`, readable by root only (0400).
     // `struct attribute` has more fields with CONFIG_DEBUG_LOCK_ALLOC.
     #[allow(clippy::needless_update)]
-    pub(crate) const fn new(name: &'static CStr, show: ShowFn<D>) -> Self {
+    pub(crate) const fn root_only(name: &'static CStr, show: ShowFn<D>) -> Self {
         Self {
             kattr: bindings::kobj_attribute {
                 attr: bindings::attribute {
                     name: as_char_ptr_in_const_context(name),
-                    mode: 0o444,
+                    mode: 0o400,
                     ..pin_init::zeroed()
                 },
                 __bindgen_anon_1: bindings::kobj_attribute__bindgen_ty_1 {

@@ -17,7 +17,7 @@
 #include <linux/types.h>
 
 #define PCIFAB_UAPI_VERSION_MAJOR 1
-#define PCIFAB_UAPI_VERSION_MINOR 6
+#define PCIFAB_UAPI_VERSION_MINOR 7
 
 #define PCIFAB_IOCTL_TYPE 0xFA
 
@@ -81,6 +81,13 @@ struct pcifab_identity {
 #define PCIFAB_MRPC_MAX_DATA	1024
 /* Longest timeout an MRPC caller may ask for, in milliseconds; 0 means 5000. */
 #define PCIFAB_MRPC_MAX_TIMEOUT_MS 60000
+/*
+ * Without CAP_SYS_ADMIN, @timeout_ms is 0 or within these bounds (else EINVAL): a caller
+ * holds the switch's one mailbox while it waits, and a command given up on keeps it until
+ * the firmware finished it.
+ */
+#define PCIFAB_MRPC_USER_MIN_TIMEOUT_MS 1000
+#define PCIFAB_MRPC_USER_MAX_TIMEOUT_MS 10000
 
 /**
  * struct pcifab_mrpc - PCIFAB_IOCTL_MRPC argument: run one firmware (MRPC) command
@@ -95,13 +102,15 @@ struct pcifab_identity {
  * @status: out: firmware status: 2 done, 0xff error (see @ret_value)
  * @ret_value: out: firmware return value (0 on success, else the firmware's error code)
  *
- * Commands are classed as fwctl does: read-only commands (echo, die temperature,
- * topology and database dumps, event reads, pcifab's read extensions) need only an
- * open file; configuration commands (bind/unbind, port control and configuration,
- * device management) need CAP_SYS_ADMIN; everything else, unknown ids included, is
- * debug-write and needs CAP_SYS_RAWIO. Errors: EPERM (class not allowed), EINVAL
- * (lengths, timeout, flags), EFAULT, ETIMEDOUT (firmware did not finish in time),
- * EIO (firmware stopped running), EINTR (signal while waiting; the command may
+ * Commands are classed as fwctl does, by id and sub-command (Documentation/uapi.rst):
+ * read-only commands (echo, die temperature GET, single-shot database dump sections and
+ * the GET step of chunked ones, the read extensions the firmware offers) need only an
+ * open file; configuration commands (dump sessions, event queue, bind/unbind, port
+ * control and configuration, device management) need CAP_SYS_ADMIN; everything else,
+ * unknown ids and extensions the firmware does not offer included, is debug-write and
+ * needs CAP_SYS_RAWIO. Errors: EPERM (class not allowed), EINVAL (lengths, timeout
+ * (see PCIFAB_MRPC_USER_MIN_TIMEOUT_MS), flags), EFAULT, ETIMEDOUT (firmware did not
+ * finish in time), EIO (firmware stopped running), EINTR (signal while waiting; the command may
  * still complete in the switch), ENODEV (endpoint removed). A firmware error is
  * not an ioctl error: the call succeeds with @status 0xff and @ret_value set.
  */
@@ -591,22 +600,32 @@ struct pcifab_p2p_grants {
 	__aligned_u64 grants_ptr;
 };
 
-#define PCIFAB_IOCTL_VERSION	_IO(PCIFAB_IOCTL_TYPE, 0x00)
-#define PCIFAB_IOCTL_IDENTITY	_IO(PCIFAB_IOCTL_TYPE, 0x01)
-#define PCIFAB_IOCTL_MRPC	_IO(PCIFAB_IOCTL_TYPE, 0x02)
-#define PCIFAB_IOCTL_STATS	_IO(PCIFAB_IOCTL_TYPE, 0x03)
-#define PCIFAB_IOCTL_EVENTS	_IO(PCIFAB_IOCTL_TYPE, 0x04)
-#define PCIFAB_IOCTL_INVENTORY	_IO(PCIFAB_IOCTL_TYPE, 0x05)
-#define PCIFAB_IOCTL_BIND	_IO(PCIFAB_IOCTL_TYPE, 0x06)
-#define PCIFAB_IOCTL_UNBIND	_IO(PCIFAB_IOCTL_TYPE, 0x07)
-#define PCIFAB_IOCTL_MOVE	_IO(PCIFAB_IOCTL_TYPE, 0x08)
-#define PCIFAB_IOCTL_P2P_ROUTE_ADD	_IO(PCIFAB_IOCTL_TYPE, 0x09)
-#define PCIFAB_IOCTL_P2P_ROUTE_DEL	_IO(PCIFAB_IOCTL_TYPE, 0x0a)
-#define PCIFAB_IOCTL_P2P_ROUTES		_IO(PCIFAB_IOCTL_TYPE, 0x0b)
-#define PCIFAB_IOCTL_P2P_COPY		_IO(PCIFAB_IOCTL_TYPE, 0x0c)
-#define PCIFAB_IOCTL_P2P_DISTANCE	_IO(PCIFAB_IOCTL_TYPE, 0x0d)
-#define PCIFAB_IOCTL_P2P_GRANT		_IO(PCIFAB_IOCTL_TYPE, 0x0e)
-#define PCIFAB_IOCTL_P2P_REVOKE		_IO(PCIFAB_IOCTL_TYPE, 0x0f)
-#define PCIFAB_IOCTL_P2P_GRANTS		_IO(PCIFAB_IOCTL_TYPE, 0x10)
+/*
+ * The ioctl numbers (since 1.7): _IOWR, as the kernel reads each struct and writes it back,
+ * with the size of the struct as of 1.7. When a struct grows its number stays what it is
+ * here (the size it encodes is then spelt as a number): the struct's @size field, not the
+ * number, says how large the caller's struct is.
+ *
+ * Until 1.6 the numbers were _IO(PCIFAB_IOCTL_TYPE, nr), without direction and size. The
+ * kernel still accepts those as aliases of the same ioctls, so programs built against an
+ * older header keep working; new programs use the numbers below.
+ */
+#define PCIFAB_IOCTL_VERSION		_IOWR(PCIFAB_IOCTL_TYPE, 0x00, struct pcifab_version)
+#define PCIFAB_IOCTL_IDENTITY		_IOWR(PCIFAB_IOCTL_TYPE, 0x01, struct pcifab_identity)
+#define PCIFAB_IOCTL_MRPC		_IOWR(PCIFAB_IOCTL_TYPE, 0x02, struct pcifab_mrpc)
+#define PCIFAB_IOCTL_STATS		_IOWR(PCIFAB_IOCTL_TYPE, 0x03, struct pcifab_stats)
+#define PCIFAB_IOCTL_EVENTS		_IOWR(PCIFAB_IOCTL_TYPE, 0x04, struct pcifab_events)
+#define PCIFAB_IOCTL_INVENTORY		_IOWR(PCIFAB_IOCTL_TYPE, 0x05, struct pcifab_inventory)
+#define PCIFAB_IOCTL_BIND		_IOWR(PCIFAB_IOCTL_TYPE, 0x06, struct pcifab_bind)
+#define PCIFAB_IOCTL_UNBIND		_IOWR(PCIFAB_IOCTL_TYPE, 0x07, struct pcifab_unbind)
+#define PCIFAB_IOCTL_MOVE		_IOWR(PCIFAB_IOCTL_TYPE, 0x08, struct pcifab_move)
+#define PCIFAB_IOCTL_P2P_ROUTE_ADD	_IOWR(PCIFAB_IOCTL_TYPE, 0x09, struct pcifab_p2p_route)
+#define PCIFAB_IOCTL_P2P_ROUTE_DEL	_IOWR(PCIFAB_IOCTL_TYPE, 0x0a, struct pcifab_p2p_route)
+#define PCIFAB_IOCTL_P2P_ROUTES		_IOWR(PCIFAB_IOCTL_TYPE, 0x0b, struct pcifab_p2p_routes)
+#define PCIFAB_IOCTL_P2P_COPY		_IOWR(PCIFAB_IOCTL_TYPE, 0x0c, struct pcifab_p2p_copy)
+#define PCIFAB_IOCTL_P2P_DISTANCE	_IOWR(PCIFAB_IOCTL_TYPE, 0x0d, struct pcifab_p2p_distance)
+#define PCIFAB_IOCTL_P2P_GRANT		_IOWR(PCIFAB_IOCTL_TYPE, 0x0e, struct pcifab_p2p_grant)
+#define PCIFAB_IOCTL_P2P_REVOKE		_IOWR(PCIFAB_IOCTL_TYPE, 0x0f, struct pcifab_p2p_grant)
+#define PCIFAB_IOCTL_P2P_GRANTS		_IOWR(PCIFAB_IOCTL_TYPE, 0x10, struct pcifab_p2p_grants)
 
 #endif /* _UAPI_LINUX_PCIFAB_H */

@@ -179,6 +179,11 @@ pub fn all() -> Vec<Scenario> {
             compose_trust::double_unbind,
         ),
         s(
+            "sysfs bind and unbind: root without CAP_SYS_ADMIN is refused",
+            180,
+            compose_trust::sysfs_bind_needs_cap,
+        ),
+        s(
             "p2p: same-host and cross-host copies, checked through the BARs",
             300,
             p2p::p2p_copies,
@@ -283,6 +288,16 @@ pub fn all() -> Vec<Scenario> {
             "mrpc classes: unprivileged callers cannot drain events or touch dump sessions",
             120,
             driver_trust::mrpc_classes,
+        ),
+        s(
+            "mrpc classes: extensions the firmware lacks and unprivileged timeouts are refused",
+            120,
+            driver_trust::mrpc_ext_timeouts,
+        ),
+        s(
+            "sysfs: other functions' telemetry is root's, p2p_routes reads are cached",
+            120,
+            driver_trust::sysfs_tenant_data,
         ),
         s(
             "mrpc: an abandoned command's output never reaches the next caller",

@@ -36,21 +36,28 @@ const GRANT: Cmd<P2pGrant> = cmd(crate::PCIFAB_IOCTL_P2P_GRANT);
 const REVOKE: Cmd<P2pGrant> = cmd(crate::PCIFAB_IOCTL_P2P_REVOKE);
 const GRANTS: Cmd<P2pGrants> = cmd(crate::PCIFAB_IOCTL_P2P_GRANTS);
 
-/// Issues `cmd` with `arg`.
+/// Issues `cmd` with `arg`; a module older than uAPI 1.7 (`ENOTTY`) gets the same ioctl by
+/// its old number ([`crate::legacy`]).
 ///
 /// # Safety
 ///
 /// Every user pointer inside `arg` must address a buffer at least as long as `arg` says,
 /// alive for the call.
 unsafe fn ioctl<T: Arg>(dev: &File, cmd: Cmd<T>, arg: &mut T) -> io::Result<()> {
-    // SAFETY: `arg` is a live `repr(C)` struct of this ABI whose `size` bounds what the kernel
-    // reads and writes, and `cmd` is the ioctl that takes it; the caller vouches for the
-    // pointers inside it.
-    let rc = unsafe { libc::ioctl(dev.as_raw_fd(), cmd.0 as _, arg as *mut T) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
+    let call = |nr: u32, arg: &mut T| {
+        // SAFETY: `arg` is a live `repr(C)` struct of this ABI whose `size` bounds what the
+        // kernel reads and writes, and `nr` is a number of the ioctl that takes it; the caller
+        // vouches for the pointers inside it.
+        let rc = unsafe { libc::ioctl(dev.as_raw_fd(), nr as _, arg as *mut T) };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    match call(cmd.0, arg) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTTY) => call(crate::legacy(cmd.0), arg),
+        r => r,
     }
 }
 

@@ -11,52 +11,63 @@ pub mod telemetry;
 /// Major version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MAJOR`).
 pub const VERSION_MAJOR: u32 = 1;
 /// Minor version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MINOR`).
-pub const VERSION_MINOR: u32 = 6;
+pub const VERSION_MINOR: u32 = 7;
 
 /// ioctl type byte of pcifab (`PCIFAB_IOCTL_TYPE`).
 pub const IOCTL_TYPE: u32 = 0xFA;
 
-/// `_IO(type, nr)`: an ioctl whose argument struct carries its own size.
+/// `_IO(type, nr)`: how uAPI 1.0-1.6 numbered the ioctls (see [`legacy`]).
 pub const fn io(ty: u32, nr: u32) -> u32 {
     (ty << 8) | nr
 }
 
+/// `_IOWR(type, nr, T)`: read and written by the kernel, `T`'s size in bits 16-29.
+pub const fn iowr<T>(ty: u32, nr: u32) -> u32 {
+    (3 << 30) | ((std::mem::size_of::<T>() as u32) << 16) | (ty << 8) | nr
+}
+
+/// The number of ioctl `cmd` (a `PCIFAB_IOCTL_*`) in uAPI 1.0-1.6, `_IO(0xFA, nr)`, which
+/// the kernel still accepts as an alias: what a program built against an older header sends.
+pub const fn legacy(cmd: u32) -> u32 {
+    io(IOCTL_TYPE, cmd & 0xff)
+}
+
 /// `PCIFAB_IOCTL_VERSION`: argument [`Version`].
-pub const PCIFAB_IOCTL_VERSION: u32 = io(IOCTL_TYPE, 0x00);
+pub const PCIFAB_IOCTL_VERSION: u32 = iowr::<Version>(IOCTL_TYPE, 0x00);
 /// `PCIFAB_IOCTL_IDENTITY`: argument [`Identity`].
-pub const PCIFAB_IOCTL_IDENTITY: u32 = io(IOCTL_TYPE, 0x01);
+pub const PCIFAB_IOCTL_IDENTITY: u32 = iowr::<Identity>(IOCTL_TYPE, 0x01);
 /// `PCIFAB_IOCTL_MRPC`: argument [`Mrpc`].
-pub const PCIFAB_IOCTL_MRPC: u32 = io(IOCTL_TYPE, 0x02);
+pub const PCIFAB_IOCTL_MRPC: u32 = iowr::<Mrpc>(IOCTL_TYPE, 0x02);
 /// `PCIFAB_IOCTL_STATS`: argument [`Stats`].
-pub const PCIFAB_IOCTL_STATS: u32 = io(IOCTL_TYPE, 0x03);
+pub const PCIFAB_IOCTL_STATS: u32 = iowr::<Stats>(IOCTL_TYPE, 0x03);
 
 /// `PCIFAB_IOCTL_EVENTS`: argument [`Events`].
-pub const PCIFAB_IOCTL_EVENTS: u32 = io(IOCTL_TYPE, 0x04);
+pub const PCIFAB_IOCTL_EVENTS: u32 = iowr::<Events>(IOCTL_TYPE, 0x04);
 /// `PCIFAB_IOCTL_INVENTORY`: argument [`Inventory`].
-pub const PCIFAB_IOCTL_INVENTORY: u32 = io(IOCTL_TYPE, 0x05);
+pub const PCIFAB_IOCTL_INVENTORY: u32 = iowr::<Inventory>(IOCTL_TYPE, 0x05);
 
 /// `PCIFAB_IOCTL_BIND`: argument [`Bind`].
-pub const PCIFAB_IOCTL_BIND: u32 = io(IOCTL_TYPE, 0x06);
+pub const PCIFAB_IOCTL_BIND: u32 = iowr::<Bind>(IOCTL_TYPE, 0x06);
 /// `PCIFAB_IOCTL_UNBIND`: argument [`Unbind`].
-pub const PCIFAB_IOCTL_UNBIND: u32 = io(IOCTL_TYPE, 0x07);
+pub const PCIFAB_IOCTL_UNBIND: u32 = iowr::<Unbind>(IOCTL_TYPE, 0x07);
 /// `PCIFAB_IOCTL_MOVE`: argument [`Move`].
-pub const PCIFAB_IOCTL_MOVE: u32 = io(IOCTL_TYPE, 0x08);
+pub const PCIFAB_IOCTL_MOVE: u32 = iowr::<Move>(IOCTL_TYPE, 0x08);
 /// `PCIFAB_IOCTL_P2P_ROUTE_ADD`: argument [`P2pRoute`].
-pub const PCIFAB_IOCTL_P2P_ROUTE_ADD: u32 = io(IOCTL_TYPE, 0x09);
+pub const PCIFAB_IOCTL_P2P_ROUTE_ADD: u32 = iowr::<P2pRoute>(IOCTL_TYPE, 0x09);
 /// `PCIFAB_IOCTL_P2P_ROUTE_DEL`: argument [`P2pRoute`].
-pub const PCIFAB_IOCTL_P2P_ROUTE_DEL: u32 = io(IOCTL_TYPE, 0x0a);
+pub const PCIFAB_IOCTL_P2P_ROUTE_DEL: u32 = iowr::<P2pRoute>(IOCTL_TYPE, 0x0a);
 /// `PCIFAB_IOCTL_P2P_ROUTES`: argument [`P2pRoutes`].
-pub const PCIFAB_IOCTL_P2P_ROUTES: u32 = io(IOCTL_TYPE, 0x0b);
+pub const PCIFAB_IOCTL_P2P_ROUTES: u32 = iowr::<P2pRoutes>(IOCTL_TYPE, 0x0b);
 /// `PCIFAB_IOCTL_P2P_COPY`: argument [`P2pCopy`].
-pub const PCIFAB_IOCTL_P2P_COPY: u32 = io(IOCTL_TYPE, 0x0c);
+pub const PCIFAB_IOCTL_P2P_COPY: u32 = iowr::<P2pCopy>(IOCTL_TYPE, 0x0c);
 /// `PCIFAB_IOCTL_P2P_DISTANCE`: argument [`P2pDistance`].
-pub const PCIFAB_IOCTL_P2P_DISTANCE: u32 = io(IOCTL_TYPE, 0x0d);
+pub const PCIFAB_IOCTL_P2P_DISTANCE: u32 = iowr::<P2pDistance>(IOCTL_TYPE, 0x0d);
 /// `PCIFAB_IOCTL_P2P_GRANT`: argument [`P2pGrant`] (since 1.5).
-pub const PCIFAB_IOCTL_P2P_GRANT: u32 = io(IOCTL_TYPE, 0x0e);
+pub const PCIFAB_IOCTL_P2P_GRANT: u32 = iowr::<P2pGrant>(IOCTL_TYPE, 0x0e);
 /// `PCIFAB_IOCTL_P2P_REVOKE`: argument [`P2pGrant`] (since 1.5).
-pub const PCIFAB_IOCTL_P2P_REVOKE: u32 = io(IOCTL_TYPE, 0x0f);
+pub const PCIFAB_IOCTL_P2P_REVOKE: u32 = iowr::<P2pGrant>(IOCTL_TYPE, 0x0f);
 /// `PCIFAB_IOCTL_P2P_GRANTS`: argument [`P2pGrants`] (since 1.5).
-pub const PCIFAB_IOCTL_P2P_GRANTS: u32 = io(IOCTL_TYPE, 0x10);
+pub const PCIFAB_IOCTL_P2P_GRANTS: u32 = iowr::<P2pGrants>(IOCTL_TYPE, 0x10);
 /// `PCIFAB_ANY_PORT`.
 pub const ANY_PORT: u8 = 0xff;
 /// `PCIFAB_BIND_NO_WAIT`.
@@ -113,6 +124,10 @@ pub const P2P_ACS_REDIRECT: u32 = 1 << 4;
 pub const MRPC_MAX_DATA: usize = 1024;
 /// `PCIFAB_MRPC_MAX_TIMEOUT_MS`.
 pub const MRPC_MAX_TIMEOUT_MS: u32 = 60_000;
+/// `PCIFAB_MRPC_USER_MIN_TIMEOUT_MS` and `PCIFAB_MRPC_USER_MAX_TIMEOUT_MS`: the timeouts a
+/// caller without `CAP_SYS_ADMIN` may ask for, besides 0.
+pub const MRPC_USER_MIN_TIMEOUT_MS: u32 = 1_000;
+pub const MRPC_USER_MAX_TIMEOUT_MS: u32 = 10_000;
 /// MRPC status of a finished command.
 pub const MRPC_STATUS_DONE: u32 = 2;
 /// MRPC status of a command the firmware failed; `ret_value` says why.

@@ -156,12 +156,19 @@ fn c_layout() -> Vec<(String, u64)> {
         "PCIFAB_IOCTL_STATS",
         "PCIFAB_MRPC_MAX_DATA",
         "PCIFAB_MRPC_MAX_TIMEOUT_MS",
+        "PCIFAB_MRPC_USER_MIN_TIMEOUT_MS",
+        "PCIFAB_MRPC_USER_MAX_TIMEOUT_MS",
         "PCIFAB_IOCTL_VERSION",
         "PCIFAB_IOCTL_IDENTITY",
         "PCIFAB_UAPI_VERSION_MAJOR",
         "PCIFAB_UAPI_VERSION_MINOR",
     ] {
         p(n);
+    }
+    for (n, _, _) in ioctls() {
+        for part in ["_IOC_DIR", "_IOC_TYPE", "_IOC_NR", "_IOC_SIZE"] {
+            p(&format!("{part}({n})"));
+        }
     }
     c.push_str("return 0;\n}\n");
     std::fs::write(&src, c).expect("write probe.c");
@@ -183,6 +190,105 @@ fn c_layout() -> Vec<(String, u64)> {
             (k.to_string(), v.parse().expect("number"))
         })
         .collect()
+}
+
+/// Every ioctl: its name, this crate's number and the size of its argument struct.
+fn ioctls() -> Vec<(&'static str, u32, usize)> {
+    use std::mem::size_of;
+    vec![
+        (
+            "PCIFAB_IOCTL_VERSION",
+            PCIFAB_IOCTL_VERSION,
+            size_of::<Version>(),
+        ),
+        (
+            "PCIFAB_IOCTL_IDENTITY",
+            PCIFAB_IOCTL_IDENTITY,
+            size_of::<Identity>(),
+        ),
+        ("PCIFAB_IOCTL_MRPC", PCIFAB_IOCTL_MRPC, size_of::<Mrpc>()),
+        ("PCIFAB_IOCTL_STATS", PCIFAB_IOCTL_STATS, size_of::<Stats>()),
+        (
+            "PCIFAB_IOCTL_EVENTS",
+            PCIFAB_IOCTL_EVENTS,
+            size_of::<Events>(),
+        ),
+        (
+            "PCIFAB_IOCTL_INVENTORY",
+            PCIFAB_IOCTL_INVENTORY,
+            size_of::<Inventory>(),
+        ),
+        ("PCIFAB_IOCTL_BIND", PCIFAB_IOCTL_BIND, size_of::<Bind>()),
+        (
+            "PCIFAB_IOCTL_UNBIND",
+            PCIFAB_IOCTL_UNBIND,
+            size_of::<Unbind>(),
+        ),
+        ("PCIFAB_IOCTL_MOVE", PCIFAB_IOCTL_MOVE, size_of::<Move>()),
+        (
+            "PCIFAB_IOCTL_P2P_ROUTE_ADD",
+            PCIFAB_IOCTL_P2P_ROUTE_ADD,
+            size_of::<P2pRoute>(),
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_ROUTE_DEL",
+            PCIFAB_IOCTL_P2P_ROUTE_DEL,
+            size_of::<P2pRoute>(),
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_ROUTES",
+            PCIFAB_IOCTL_P2P_ROUTES,
+            size_of::<P2pRoutes>(),
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_COPY",
+            PCIFAB_IOCTL_P2P_COPY,
+            size_of::<P2pCopy>(),
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_DISTANCE",
+            PCIFAB_IOCTL_P2P_DISTANCE,
+            size_of::<P2pDistance>(),
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_GRANT",
+            PCIFAB_IOCTL_P2P_GRANT,
+            size_of::<P2pGrant>(),
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_REVOKE",
+            PCIFAB_IOCTL_P2P_REVOKE,
+            size_of::<P2pGrant>(),
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_GRANTS",
+            PCIFAB_IOCTL_P2P_GRANTS,
+            size_of::<P2pGrants>(),
+        ),
+    ]
+}
+
+/// What the C macros decode from each number, as the header's `_IOWR(0xFA, nr, struct)`
+/// must encode it: read and write (3), type 0xFA, the number in the header's order, and the
+/// size of the argument struct.
+fn ioctl_parts() -> Vec<(String, u64)> {
+    let mut v = Vec::new();
+    for (nr, (n, _, size)) in ioctls().into_iter().enumerate() {
+        v.push((format!("_IOC_DIR({n})"), 3));
+        v.push((format!("_IOC_TYPE({n})"), u64::from(IOCTL_TYPE)));
+        v.push((format!("_IOC_NR({n})"), nr as u64));
+        v.push((format!("_IOC_SIZE({n})"), size as u64));
+    }
+    v
+}
+
+/// The numbers of uAPI 1.0-1.6, which the kernel still accepts, are `_IO(0xFA, nr)`.
+#[test]
+fn legacy_numbers_are_the_old_io_numbers() {
+    for (nr, (n, cmd, _)) in ioctls().into_iter().enumerate() {
+        assert_eq!(legacy(cmd), 0xfa00 | nr as u32, "{n}");
+        assert_ne!(legacy(cmd), cmd, "{n}");
+    }
 }
 
 /// Fields of the structs added after the first version, probed in C (C names).
@@ -900,6 +1006,14 @@ fn rust_mirror_matches_c_header() {
         ("PCIFAB_IOCTL_STATS", PCIFAB_IOCTL_STATS as u64),
         ("PCIFAB_MRPC_MAX_DATA", MRPC_MAX_DATA as u64),
         ("PCIFAB_MRPC_MAX_TIMEOUT_MS", MRPC_MAX_TIMEOUT_MS as u64),
+        (
+            "PCIFAB_MRPC_USER_MIN_TIMEOUT_MS",
+            MRPC_USER_MIN_TIMEOUT_MS as u64,
+        ),
+        (
+            "PCIFAB_MRPC_USER_MAX_TIMEOUT_MS",
+            MRPC_USER_MAX_TIMEOUT_MS as u64,
+        ),
         ("PCIFAB_IOCTL_VERSION", PCIFAB_IOCTL_VERSION as u64),
         ("PCIFAB_IOCTL_IDENTITY", PCIFAB_IOCTL_IDENTITY as u64),
         ("PCIFAB_UAPI_VERSION_MAJOR", VERSION_MAJOR as u64),
@@ -910,6 +1024,7 @@ fn rust_mirror_matches_c_header() {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .chain(extra_rust())
+        .chain(ioctl_parts())
         .collect();
     for (name, value) in &c {
         assert_eq!(

@@ -46,6 +46,8 @@ mod faults;
 mod fuzz;
 #[path = "selftest/mrpc.rs"]
 mod mrpc;
+#[path = "selftest/nocap.rs"]
+mod nocap;
 #[path = "selftest/p2p.rs"]
 mod p2p;
 #[path = "selftest/unpriv.rs"]
@@ -104,6 +106,7 @@ fn more_usage() -> String {
         cycles::USAGE,
         faults::USAGE,
         blk::USAGE,
+        nocap::USAGE,
     ]
     .concat()
 }
@@ -136,6 +139,7 @@ fn main() -> ExitCode {
         "blk-write" => Some(blk::cmd_blk_write),
         "blk-verify" => Some(blk::cmd_blk_verify),
         "blk-stream" => Some(blk::cmd_blk_stream),
+        "nocap" => Some(nocap::cmd_nocap),
         _ => None,
     };
     let r = if let Some(run) = p2p_cmd {

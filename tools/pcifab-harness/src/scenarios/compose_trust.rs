@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::checks::{
     bind_here, check_bound_pcifab, check_invariants, check_world, compose_begin, dmesg_clean,
     emu_owners, ensure_pcifab, find_mep, module_loaded, pcifab_cmd, pcifab_ok, Checks, ClearFault,
-    Owners, PCIFAB_KO,
+    Owners, GPU0, PCIFAB_KO,
 };
 use crate::fabric::{EmuControl, Fabric, Host};
 
@@ -564,4 +564,85 @@ pub fn double_unbind(f: &mut Fabric) -> Result<(), String> {
         winners[1]
     ));
     Ok(())
+}
+
+/// Runs `script` in `h` as root without `CAP_SYS_ADMIN` (`pcifab-selftest nocap`).
+fn as_nocap(h: &mut Host, script: &str) -> Result<(i64, String), String> {
+    let quoted = script.replace('\'', r"'\''");
+    let o = h.run(&format!("pcifab-selftest nocap '{quoted}' 2>&1"))?;
+    h.log_note(&format!("without CAP_SYS_ADMIN: {script}: exit {}", o.code));
+    Ok((o.code, o.out))
+}
+
+/// The sysfs `bind` and `unbind` files need `CAP_SYS_ADMIN`, as the ioctls do. Before, their
+/// mode (0200) was the only check, so any root process, one without `CAP_SYS_ADMIN`
+/// included, bound and unbound functions through them.
+pub fn sysfs_bind_needs_cap(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let emu = f.emu();
+    let e = f.expected.clone();
+    let p = GPU0;
+    let h = &mut f.hosts[0];
+    let mut c = Checks::new(&format!(
+        "{}: sysfs bind/unbind as root without CAP_SYS_ADMIN",
+        h.name
+    ));
+    // The wrapper really drops it: bit 21 of the shell's bounding and effective sets.
+    let (_, caps) = as_nocap(h, "grep -E '^Cap(Eff|Bnd):' /proc/self/status")?;
+    for line in caps.lines() {
+        let mask = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|m| u64::from_str_radix(m, 16).ok())
+            .ok_or_else(|| format!("{}: unexpected capability line {line:?}", h.name))?;
+        if mask & (1 << 21) != 0 {
+            return Err(format!(
+                "{}: `pcifab-selftest nocap` left CAP_SYS_ADMIN: {line}; the checks below \
+                 could not fail",
+                h.name
+            ));
+        }
+    }
+    let owner = |emu: &EmuControl| emu_owners(emu, &e).map(|(o, _)| o.get(&p).copied());
+    let bind = format!("echo '{p:#06x} 0' > /sys/class/misc/pcifab0/bind");
+    let unbind = format!("echo '{p:#06x}' > /sys/class/misc/pcifab0/unbind");
+    let (code, out) = as_nocap(h, &bind)?;
+    if code == 0 || !out.contains("Operation not permitted") {
+        c.fail(format!(
+            "write of `bind`: expected EPERM (\"Operation not permitted\"), got exit {code}: {}",
+            out.trim()
+        ));
+    }
+    c.eq(
+        "owner of the function after the refused bind",
+        None,
+        owner(&emu)?,
+    );
+    // The ioctl says the same.
+    let (code, out) = as_nocap(h, &format!("pcifab bind {p:#06x} --host 0"))?;
+    if code == 0 || !out.contains("CAP_SYS_ADMIN") {
+        c.fail(format!(
+            "pcifab bind: expected EPERM naming CAP_SYS_ADMIN, got exit {code}: {}",
+            out.trim()
+        ));
+    }
+    // With the capability the file binds; without it, it does not unbind.
+    h.run_ok(&bind)
+        .map_err(|err| format!("{}: root's write of `bind`: {err}", h.name))?;
+    c.eq("owner after root's bind", Some(0), owner(&emu)?);
+    let (code, out) = as_nocap(h, &unbind)?;
+    if code == 0 || !out.contains("Operation not permitted") {
+        c.fail(format!(
+            "write of `unbind`: expected EPERM (\"Operation not permitted\"), got exit {code}: \
+             {}",
+            out.trim()
+        ));
+    }
+    c.eq("owner after the refused unbind", Some(0), owner(&emu)?);
+    h.run_ok(&unbind)
+        .map_err(|err| format!("{}: root's write of `unbind`: {err}", h.name))?;
+    c.eq("owner after root's unbind", None, owner(&emu)?);
+    c.finish()?;
+    check_world(f, &Owners::new(), "after the sysfs bind/unbind checks")?;
+    dmesg_clean(&mut f.hosts[0])
 }

@@ -16,6 +16,7 @@ use crate::checks::{
     one_mrpc, pcifab_cmd, pcifab_ok, recovered, refused_without_extensions, selftest_json,
     stats_field, two_hosts, wait_for, with_fault, Checks, GPU0, MIB,
 };
+use crate::config::Dialect;
 use crate::fabric::{EmuControl, Fabric, Host};
 
 const SEED: u64 = 0x0007_a5e1;
@@ -82,6 +83,18 @@ pub fn mrpc_classes(f: &mut Fabric) -> Result<(), String> {
             "0x83 10 --out-len 16",
             "GFMS_DB_DUMP chunked-session sub-command 0x10",
         ),
+        (
+            "0x83 0100000001000000 --out-len 8",
+            "GFMS_DB_DUMP PAX_ALL START (opens the dump session)",
+        ),
+        (
+            "0x83 0300000003000000 --out-len 4",
+            "GFMS_DB_DUMP HVD FINISH (closes the dump session)",
+        ),
+        (
+            "0x83 0600000001000000 --out-len 8",
+            "GFMS_DB_DUMP HVD_DETAIL START",
+        ),
         ("0x04 00000000", "DIETEMP SET_CLOCK"),
         ("0x04 03000000", "DIETEMP STOP"),
         (
@@ -113,12 +126,12 @@ pub fn mrpc_classes(f: &mut Fabric) -> Result<(), String> {
         ("0x41 0102 --out-len 2", "ECHO"),
         ("0x04 02000000 --out-len 4", "DIETEMP GET"),
         (
-            "0x83 0300 --out-len 64",
-            "GFMS_DB_DUMP HVD (single-shot section)",
+            "0x83 00 --out-len 64",
+            "GFMS_DB_DUMP FABRIC (single-shot section)",
         ),
         (
-            "0xf004 0100200003000000 --out-len 64",
-            "P2P_ROUTE LIST (sub-command 3)",
+            "0x83 010000000200000000000000 --out-len 64",
+            "GFMS_DB_DUMP PAX_ALL GET (reads, whether or not a session is open)",
         ),
     ];
     for (args, what) in allowed {
@@ -135,6 +148,166 @@ pub fn mrpc_classes(f: &mut Fabric) -> Result<(), String> {
         after_refused + allowed.len() as u64,
         stats_field(h, "mrpc_commands")?,
     );
+    c.finish()?;
+    dmesg_clean(h)
+}
+
+/// pcifab's extension ids (0xF000-0xF0FF) are classed only when the probe found the
+/// extension, and an unprivileged caller's MRPC timeout is bounded. Before, every id
+/// 0xF000-0xF07F was read-only on any firmware (on PAX firmware, where none of them exists,
+/// anyone could send them), and anyone could hold the mailbox for a minute or leave it stale
+/// after a 1 ms timeout.
+pub fn mrpc_ext_timeouts(f: &mut Fabric) -> Result<(), String> {
+    let extended = f.dialect() == Dialect::Extended;
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    begin(h)?;
+    nobody_setup(h)?;
+    let features = h.run_ok("cat /sys/class/misc/pcifab0/features")?;
+    let mut c = Checks::new(&format!("{}: unprivileged extensions and timeouts", h.name));
+    c.eq(
+        "features in sysfs (the dialect's extensions)",
+        if extended {
+            "telemetry p2p-routes dma-engine unbind-request"
+        } else {
+            "none"
+        },
+        features.trim(),
+    );
+    // Each: (args, what, expected errno name, or "ran": it reached the firmware, which may
+    // have refused it, e.g. an unassigned extension id).
+    let ext = if extended { "ran" } else { "EPERM" };
+    let calls = [
+        ("0xf000 --out-len 8", "EXT_FEATURES 0xF000", ext),
+        (
+            "0xf002 0100080000030000 --out-len 24",
+            "FUNCTION_TELEMETRY 0xF002",
+            ext,
+        ),
+        (
+            "0xf004 0100200003000000 --out-len 64",
+            "P2P_ROUTE LIST (sub-command 3)",
+            ext,
+        ),
+        ("0xf07f --out-len 4", "read-range extension 0xF07F", ext),
+        ("0x41 0102 --out-len 2 --timeout 1", "ECHO, 1 ms", "EINVAL"),
+        (
+            "0x41 0102 --out-len 2 --timeout 999",
+            "ECHO, 999 ms",
+            "EINVAL",
+        ),
+        (
+            "0x41 0102 --out-len 2 --timeout 10001",
+            "ECHO, 10,001 ms",
+            "EINVAL",
+        ),
+        (
+            "0x41 0102 --out-len 2 --timeout 60000",
+            "ECHO, 60 s",
+            "EINVAL",
+        ),
+        (
+            "0x41 0102 --out-len 2 --timeout 1000",
+            "ECHO, 1000 ms",
+            "ran",
+        ),
+        (
+            "0x41 0102 --out-len 2 --timeout 10000",
+            "ECHO, 10,000 ms",
+            "ran",
+        ),
+        ("0x41 0102 --out-len 2", "ECHO, the default timeout", "ran"),
+    ];
+    for (args, what, want) in calls {
+        let before = stats_field(h, "mrpc_commands")?;
+        let (code, v, out) = as_nobody(h, &format!("mrpc {args}"))?;
+        let after = stats_field(h, "mrpc_commands")?;
+        let got = match v["error"]["code"].as_str() {
+            _ if code == 0 => "ran".to_string(),
+            Some("firmware") => "ran".to_string(),
+            Some(e) => e.to_string(),
+            None => format!("exit {code}"),
+        };
+        if got != want {
+            c.fail(format!(
+                "{what}: expected {want}, got {got}: {}",
+                out.trim()
+            ));
+        }
+        c.eq(
+            &format!("{what}: commands that reached the firmware"),
+            u64::from(want == "ran"),
+            after - before,
+        );
+    }
+    // Root keeps the whole range.
+    let (code, _, out) = pcifab_cmd(h, "mrpc 0x41 0102 --out-len 2 --timeout 60000")?;
+    if code != 0 {
+        c.fail(format!("root: ECHO with a 60 s timeout: {}", out.trim()));
+    }
+    c.finish()?;
+    dmesg_clean(h)
+}
+
+/// Reads of `/sys/class/misc/pcifab0/p2p_routes` in the cache check.
+const ROUTE_READS: u64 = 10;
+
+/// Per-function telemetry (other tenants' functions included) is root's only, and reading
+/// `p2p_routes` does not cost a firmware command per read. Before, the telemetry files were
+/// world-readable (0444: any user read every function's, other hosts' GPUs included), and
+/// every read of `p2p_routes`, by any user, sent a P2P_ROUTE LIST to the firmware.
+pub fn sysfs_tenant_data(f: &mut Fabric) -> Result<(), String> {
+    let extended = f.dialect() == Dialect::Extended;
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    begin(h)?;
+    nobody_setup(h)?;
+    let mut c = Checks::new(&format!("{}: other tenants' data in sysfs", h.name));
+    let dir = format!("/sys/class/misc/pcifab0/functions/{GPU0:#06x}");
+    for file in ["temperature", "power", "utilisation", "health"] {
+        let mode = h.run_ok(&format!("stat -c '%a %u' {dir}/{file}"))?;
+        c.eq(&format!("{file}: mode and owner uid"), "400 0", mode.trim());
+        let o = h.run(&format!("su -s /bin/sh nobody -c 'cat {dir}/{file}' 2>&1"))?;
+        if o.code == 0 || !o.out.contains("Permission denied") {
+            c.fail(format!(
+                "{file} as nobody: expected \"Permission denied\", got exit {}: {}",
+                o.code,
+                o.out.trim()
+            ));
+        }
+        // Root still reads it (PAX firmware has no telemetry: EOPNOTSUPP).
+        let o = h.run(&format!("cat {dir}/{file} 2>&1"))?;
+        let root_ok = if extended {
+            o.code == 0
+        } else {
+            o.out.contains("not supported")
+        };
+        if !root_ok {
+            c.fail(format!("{file} as root: exit {}: {}", o.code, o.out.trim()));
+        }
+    }
+    if extended {
+        // Once to fill the cache, then ten reads by an unprivileged user.
+        h.run_ok("cat /sys/class/misc/pcifab0/p2p_routes")?;
+        let before = stats_field(h, "mrpc_commands")?;
+        let o = h.run(&format!(
+            "su -s /bin/sh nobody -c 'for i in $(seq {ROUTE_READS}); do \
+             cat /sys/class/misc/pcifab0/p2p_routes || exit 1; done'"
+        ))?;
+        let after = stats_field(h, "mrpc_commands")?;
+        c.eq("exit of the p2p_routes reads as nobody", 0, o.code);
+        // A firmware event of the fabric may invalidate the cache once meanwhile.
+        if after - before > 1 {
+            c.fail(format!(
+                "{ROUTE_READS} reads of p2p_routes sent {} firmware commands: expected at most \
+                 1 (the cached list)",
+                after - before
+            ));
+        }
+    } else {
+        h.log_note(
+            "pax: no P2P route extension, so p2p_routes sends no command at all; the cache \
+             check runs in the extended dialect",
+        );
+    }
     c.finish()?;
     dmesg_clean(h)
 }

@@ -217,6 +217,28 @@ pub fn cmd_abi(o: &Opts) -> Res<()> {
                 b.as_mut_ptr()
             },
         )?;
+        // Programs built against uAPI 1.0-1.6 send _IO(0xFA, nr): the same ioctl.
+        let old = pcifab_uapi::legacy(io.nr);
+        r.case(
+            &format!("{n} by its uAPI 1.6 number {old:#x}, valid"),
+            old,
+            0,
+            io.starts,
+            |b, _| {
+                with_size(b, sz);
+                b.as_mut_ptr()
+            },
+        )?;
+        r.case(
+            &format!("{n} by its uAPI 1.6 number {old:#x}, size 0"),
+            old,
+            libc::EINVAL,
+            0,
+            |b, _| {
+                with_size(b, 0);
+                b.as_mut_ptr()
+            },
+        )?;
         let min = io.min;
         for (what, size) in [("0", 0), ("4", 4), ("first version's size-1", min - 1)] {
             r.case(
@@ -517,14 +539,71 @@ pub fn cmd_abi(o: &Opts) -> Res<()> {
             b.as_mut_ptr()
         })?;
     }
+    // Reserved fields must be zero, in every ioctl that has them (UNBIND, MOVE, EVENTS,
+    // P2P_DISTANCE, P2P_GRANT and the P2P_COPY ends above). Each is refused before anything
+    // else is looked at: an unknown function and a missing route would be other errors.
+    const IDENTITY_RSVD: usize = 66;
+    r.case(
+        "IDENTITY __reserved0 non-zero",
+        pcifab_uapi::PCIFAB_IOCTL_IDENTITY,
+        libc::EINVAL,
+        0,
+        |b, _| {
+            let v = as_bytes(&Identity::new());
+            b[..v.len()].copy_from_slice(&v);
+            b[IDENTITY_RSVD] = 1;
+            b.as_mut_ptr()
+        },
+    )?;
+    r.case(
+        "BIND pdfids past nr_pdfids non-zero",
+        pcifab_uapi::PCIFAB_IOCTL_BIND,
+        libc::EINVAL,
+        0,
+        |b, _| {
+            let mut x = pcifab_uapi::Bind::new();
+            (x.pdfid, x.nr_pdfids, x.flags) = (0xfffe, 1, pcifab_uapi::BIND_NO_WAIT);
+            x.pdfids[0] = 0xfffe;
+            x.pdfids[3] = 0xfffd;
+            let v = as_bytes(&x);
+            b[..v.len()].copy_from_slice(&v);
+            b.as_mut_ptr()
+        },
+    )?;
+    for (what, off) in [("__reserved0", 8 + 27), ("__reserved1", 8 + 28)] {
+        r.case(
+            &format!("P2P_ROUTE_DEL route.{what} non-zero"),
+            pcifab_uapi::PCIFAB_IOCTL_P2P_ROUTE_DEL,
+            libc::EINVAL,
+            0,
+            |b, _| {
+                let v = as_bytes(&pcifab_uapi::P2pRoute::new());
+                b[..v.len()].copy_from_slice(&v);
+                b[off] = 1;
+                b.as_mut_ptr()
+            },
+        )?;
+    }
     // Unknown ioctl numbers.
     for (name, nr) in [
         ("unknown ioctl 0xfa7f", pcifab_uapi::io(0xfa, 0x7f)),
         ("unknown ioctl 0xfaff", pcifab_uapi::io(0xfa, 0xff)),
         ("unknown ioctl TCGETS 0x5401", 0x5401),
         (
-            "unknown ioctl _IOWR(0xfa, 0x02, 48)",
-            (3 << 30) | (48 << 16) | pcifab_uapi::io(0xfa, 0x02),
+            "unknown ioctl _IOWR(0xfa, 0x11, 48)",
+            (3 << 30) | (48 << 16) | pcifab_uapi::io(0xfa, 0x11),
+        ),
+        (
+            "MRPC's number with direction _IOR",
+            (2 << 30) | (48 << 16) | pcifab_uapi::io(0xfa, 0x02),
+        ),
+        (
+            "MRPC's number with size 47",
+            (3 << 30) | (47 << 16) | pcifab_uapi::io(0xfa, 0x02),
+        ),
+        (
+            "_IO(0xfa, 0x11), past the old numbers",
+            pcifab_uapi::io(0xfa, 0x11),
         ),
     ] {
         r.case(name, nr, libc::ENOTTY, 0, |b, _| {
@@ -541,6 +620,19 @@ pub fn cmd_abi(o: &Opts) -> Res<()> {
             "VERSION major: expected {}, got {}",
             pcifab_uapi::VERSION_MAJOR,
             v.major
+        ));
+    }
+    // ... and the same by the old number, as an old binary asks.
+    let mut old = Version::new();
+    dev.ioctl(
+        pcifab_uapi::legacy(pcifab_uapi::PCIFAB_IOCTL_VERSION),
+        &mut old,
+    )
+    .map_err(|e| check(format!("VERSION by its uAPI 1.6 number: {}", errno_name(e))))?;
+    if (old.major, old.minor) != (v.major, v.minor) {
+        r.failures.push(format!(
+            "VERSION by its uAPI 1.6 number: {}.{}, by today's {}.{}",
+            old.major, old.minor, v.major, v.minor
         ));
     }
     println!(

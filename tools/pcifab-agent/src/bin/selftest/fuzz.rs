@@ -1239,7 +1239,12 @@ impl Fuzz {
             }
             _ => self.rng.next() as u32,
         };
-        let nr = if self.defs.iter().any(|d| d.nr == nr) {
+        // Neither a number of the uAPI nor an old number it still accepts.
+        let nr = if self
+            .defs
+            .iter()
+            .any(|d| d.nr == nr || u::legacy(d.nr) == nr)
+        {
             nr ^ 0x8000_0000
         } else {
             nr
@@ -1439,8 +1444,13 @@ fn mrpc_changes(cmd: u32, input: &[u8]) -> bool {
     match cmd & 0xffff {
         // Die temperature: only GET reads.
         0x04 => [byte(0), byte(1), byte(2), byte(3)] != [2, 0, 0, 0],
-        // Database dump: the single-shot sections read; the chunked steps hold a session.
-        0x83 => byte(0) > 6,
+        // Database dump: the single-shot sections (0, 2, 4) and the GET step (2 at byte 4) of
+        // the chunked ones (1, 3, 5, 6) read; START and FINISH open and close the session.
+        0x83 => match byte(0) {
+            0 | 2 | 4 => false,
+            1 | 3 | 5 | 6 => [byte(4), byte(5), byte(6), byte(7)] != [2, 0, 0, 0],
+            _ => true,
+        },
         // Topology dump session, bind/unbind, device management, port configuration, GFMS
         // events (GET consumes the queue), port control.
         0x82 | 0x84 | 0x85 | 0x88 | 0x89 | 0x8d => true,
@@ -1719,7 +1729,11 @@ mod tests {
         assert!(mrpc_changes(0x04, &[1, 0, 0, 0]));
         assert!(!mrpc_changes(0x04, &[2, 0, 0]));
         assert!(!mrpc_changes(0x04, &[2, 0, 0, 0]));
-        assert!(!mrpc_changes(0x83, &[6]));
+        assert!(!mrpc_changes(0x83, &[4]));
+        assert!(mrpc_changes(0x83, &[6]));
+        assert!(mrpc_changes(0x83, &[1, 0, 0, 0, 1, 0, 0, 0]));
+        assert!(!mrpc_changes(0x83, &[1, 0, 0, 0, 2, 0, 0, 0]));
+        assert!(mrpc_changes(0x83, &[3, 0, 0, 0, 3, 0, 0, 0]));
         assert!(mrpc_changes(0x83, &[7]));
         assert!(mrpc_changes(0x89, &[0]));
         assert!(!mrpc_changes(0x41, &[]));
@@ -1737,9 +1751,9 @@ mod tests {
                 .unwrap_or_else(|| panic!("{k:?} not in the table"))
         };
         for (k, name, nr, size) in [
-            (Kind::Grant, "P2P_GRANT", 0xfa0e, 24),
-            (Kind::Revoke, "P2P_REVOKE", 0xfa0f, 24),
-            (Kind::Grants, "P2P_GRANTS", 0xfa10, 24),
+            (Kind::Grant, "P2P_GRANT", 0xc018_fa0e, 24),
+            (Kind::Revoke, "P2P_REVOKE", 0xc018_fa0f, 24),
+            (Kind::Grants, "P2P_GRANTS", 0xc018_fa10, 24),
         ] {
             let d = def(k);
             assert_eq!((d.name, d.nr, d.size), (name, nr, size), "{k:?}");

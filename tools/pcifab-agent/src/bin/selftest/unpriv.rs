@@ -18,9 +18,9 @@ struct Counted {
     after: u64,
 }
 
-fn counted(d: &Dev, cmd: u32, input: &[u8], out: &mut [u8]) -> Res<Counted> {
+fn counted(d: &Dev, cmd: u32, input: &[u8], out: &mut [u8], timeout_ms: u32) -> Res<Counted> {
     let before = d.stats()?;
-    let r = d.mrpc(cmd, input, out, 0);
+    let r = d.mrpc(cmd, input, out, timeout_ms);
     let after = d.stats()?;
     let got = match &r {
         Ok(_) => "ok".to_string(),
@@ -84,7 +84,7 @@ pub fn cmd_unpriv(o: &Opts) -> Res<()> {
         ("die temp 0x04 GET", 0x04, 2u32.to_le_bytes().to_vec()),
     ] {
         let mut out = vec![0u8; if cmd == ECHO { input.len() } else { 4 }];
-        let c = counted(&d, cmd, &input, &mut out)?;
+        let c = counted(&d, cmd, &input, &mut out, 0)?;
         rows.push(row(name, "ok", &c.got));
         match c.r {
             Ok(m) if m.status == pcifab_uapi::MRPC_STATUS_DONE && m.ret_value == 0 => {
@@ -122,7 +122,7 @@ pub fn cmd_unpriv(o: &Opts) -> Res<()> {
     ] {
         let input = [0u8; 16];
         let mut out = [0u8; 16];
-        let c = counted(&d, cmd, &input, &mut out)?;
+        let c = counted(&d, cmd, &input, &mut out, 0)?;
         rows.push(row(name, "EPERM", &c.got));
         if c.r.err() != Some(libc::EPERM) {
             fails.push(format!("{name}: expected EPERM, got {}", c.got));
@@ -130,6 +130,35 @@ pub fn cmd_unpriv(o: &Opts) -> Res<()> {
         if c.after != c.before {
             fails.push(format!(
                 "{name}: STATS mrpc_commands: expected +0 for a refused command, got +{}",
+                c.after - c.before
+            ));
+        }
+    }
+    // Timeouts: without CAP_SYS_ADMIN only 0 or PCIFAB_MRPC_USER_MIN_TIMEOUT_MS to
+    // PCIFAB_MRPC_USER_MAX_TIMEOUT_MS.
+    for (ms, want) in [
+        (1, libc::EINVAL),
+        (pcifab_uapi::MRPC_USER_MIN_TIMEOUT_MS - 1, libc::EINVAL),
+        (pcifab_uapi::MRPC_USER_MIN_TIMEOUT_MS, 0),
+        (pcifab_uapi::MRPC_USER_MAX_TIMEOUT_MS, 0),
+        (pcifab_uapi::MRPC_USER_MAX_TIMEOUT_MS + 1, libc::EINVAL),
+        (pcifab_uapi::MRPC_MAX_TIMEOUT_MS, libc::EINVAL),
+    ] {
+        let name = format!("echo 0x41, timeout {ms} ms");
+        let mut out = [0u8; 4];
+        let c = counted(&d, ECHO, b"time", &mut out, ms)?;
+        rows.push(row(&name, &errno_name(want), &c.got));
+        if c.r.err().unwrap_or(0) != want {
+            fails.push(format!(
+                "{name}: expected {}, got {}",
+                errno_name(want),
+                c.got
+            ));
+        }
+        let starts = u64::from(want == 0);
+        if c.after != c.before + starts {
+            fails.push(format!(
+                "{name}: STATS mrpc_commands: expected +{starts}, got +{}",
                 c.after - c.before
             ));
         }
