@@ -48,6 +48,8 @@ mod fuzz;
 mod mrpc;
 #[path = "selftest/p2p.rs"]
 mod p2p;
+#[path = "selftest/stall.rs"]
+mod stall;
 #[path = "selftest/unpriv.rs"]
 mod unpriv;
 
@@ -104,6 +106,7 @@ fn more_usage() -> String {
         cycles::USAGE,
         faults::USAGE,
         blk::USAGE,
+        stall::USAGE,
     ]
     .concat()
 }
@@ -136,6 +139,7 @@ fn main() -> ExitCode {
         "blk-write" => Some(blk::cmd_blk_write),
         "blk-verify" => Some(blk::cmd_blk_verify),
         "blk-stream" => Some(blk::cmd_blk_stream),
+        "stall-inventory" => Some(stall::cmd_stall_inventory),
         _ => None,
     };
     let r = if let Some(run) = p2p_cmd {
