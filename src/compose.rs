@@ -10,11 +10,14 @@
 //! from here is removed (driver unbound, slot powered off) before the firmware is asked.
 //!
 //! Composition operations of one endpoint run side by side, each holding a reservation of the
-//! function it works on and, on this host, of the logical port it touches ([`Reservation`]).
+//! functions it works on and, on this host, of the logical port it touches ([`Reservation`]).
+//! An operation reserves all its functions at once or none: it waits holding nothing, so
+//! operations waiting for each other's functions (or for free entries) never wait in a circle.
 //! The state lock ([`Compose`]) is held only to take, look at and give back reservations:
 //! never across a firmware command, a hot-plug or PCI-core call or a wait, so unbinding the
 //! endpoint (or pciehp removing it) never waits for a running operation. Once the endpoint
-//! is going away ([`Compose::shut_down`]) every wait ends at once with `ENODEV`.
+//! is going away ([`Compose::shut_down`]) every wait ends at once with `ENODEV`; a caller that
+//! is killed (`SIGKILL`) leaves its wait within [`POLL_MS`] with `EINTR`.
 
 use kernel::{
     new_condvar, new_mutex,
@@ -33,7 +36,7 @@ use crate::{
         ext,
     },
     hotplug::{self, LOG_PORTS},
-    kext::slot::Sysfs,
+    kext::{signal::fatal_signal_pending, slot::Sysfs},
     Mep,
 };
 
@@ -75,6 +78,8 @@ struct State {
     busy_fns: [Option<u16>; MAX_OPS],
     /// This host's logical ports an operation (or the fabric-event work) is working on.
     busy_ports: [bool; LOG_PORTS as usize],
+    /// Operations waiting now for a function or a logical port another one holds.
+    waiting: u32,
 }
 
 impl State {
@@ -119,6 +124,7 @@ impl Compose {
                 own_unbind: [None; LOG_PORTS as usize],
                 busy_fns: [None; MAX_OPS],
                 busy_ports: [false; LOG_PORTS as usize],
+                waiting: 0,
             }),
             changed <- new_condvar!("pcifab::Compose::changed"),
             sysfs: Sysfs::mount().ok(),
@@ -142,8 +148,24 @@ impl Compose {
         }
     }
 
+    /// Operations of this endpoint waiting now for a function or logical port that another
+    /// one holds (sysfs `compose_waiting`).
+    pub(crate) fn waiting(&self) -> u32 {
+        self.lock.lock().waiting
+    }
+
+    /// Counts an operation in (`true`) or out of [`Compose::waiting`].
+    fn set_waiting(&self, st: &mut State, waiting: bool) {
+        st.waiting = if waiting {
+            st.waiting.saturating_add(1)
+        } else {
+            st.waiting.saturating_sub(1)
+        };
+    }
+
     /// Sleeps for up to `ms` milliseconds, or until a reservation is given back; `ENODEV` at
-    /// once when the endpoint goes away. Signals do not end the wait early.
+    /// once when the endpoint goes away, `EINTR` when the caller is killed. Other signals do
+    /// not end the wait early: a bind or unbind is not abandoned half done for them.
     fn pause(&self, ms: i64) -> Result {
         let ms = u32::try_from(ms.clamp(1, i64::from(POLL_MS))).unwrap_or(POLL_MS);
         let mut st = self.lock.lock();
@@ -159,8 +181,11 @@ impl Compose {
             return Err(ENODEV);
         }
         if let CondVarTimeoutResult::Signal { .. } = r {
-            // A pending signal makes every interruptible wait return at once: sleep instead
-            // (`shut_down()` is then seen within `POLL_MS`).
+            if fatal_signal_pending() {
+                return Err(EINTR);
+            }
+            // Another pending signal makes every interruptible wait return at once: sleep
+            // instead (`shut_down()` and a `SIGKILL` are then seen within `POLL_MS`).
             fsleep(Delta::from_millis(i64::from(ms)));
         }
         Ok(())
@@ -178,39 +203,70 @@ impl Compose {
         }
     }
 
-    /// Reserves function `pdfid`, waiting while another operation of this endpoint holds it.
-    fn reserve(&self, pdfid: u16) -> Result<Reservation<'_>> {
-        loop {
+    /// Reserves the functions `pdfids` (1 to [`fw::bind::MAX_FUNCS`], no duplicates), all at
+    /// once: while another operation of this endpoint holds one of them, or the table has no
+    /// room for all of them, waits holding none.
+    fn reserve(&self, pdfids: &[u16]) -> Result<Reservation<'_>> {
+        let mut list = [0u16; fw::bind::MAX_FUNCS];
+        list.get_mut(..pdfids.len())
+            .ok_or(EINVAL)?
+            .copy_from_slice(pdfids);
+        if pdfids.is_empty() {
+            return Err(EINVAL);
+        }
+        let mut waiting = false;
+        let r = loop {
             {
                 let mut st = self.lock.lock();
                 if !st.alive {
-                    return Err(ENODEV);
+                    break Err(ENODEV);
                 }
-                if !st.busy_fns.contains(&Some(pdfid)) {
-                    if let Some(e) = st.busy_fns.iter_mut().find(|e| e.is_none()) {
-                        *e = Some(pdfid);
-                        return Ok(Reservation {
-                            compose: self,
-                            pdfid,
-                            port: None,
-                        });
+                let free = st.busy_fns.iter().filter(|e| e.is_none()).count();
+                let held = pdfids.iter().any(|&p| st.busy_fns.contains(&Some(p)));
+                if !held && free >= pdfids.len() {
+                    let mut entries = st.busy_fns.iter_mut().filter(|e| e.is_none());
+                    for (&p, e) in pdfids.iter().zip(&mut entries) {
+                        *e = Some(p);
                     }
+                    break Ok(Reservation {
+                        compose: self,
+                        pdfids: list,
+                        count: pdfids.len(),
+                        port: None,
+                    });
+                }
+                if !waiting {
+                    waiting = true;
+                    self.set_waiting(&mut st, true);
                 }
             }
-            self.pause(i64::from(POLL_MS))?;
+            if let Err(e) = self.pause(i64::from(POLL_MS)) {
+                break Err(e);
+            }
+        };
+        if waiting {
+            self.set_waiting(&mut self.lock.lock(), false);
         }
+        r
     }
 }
 
-/// A function (and at most one logical port of this host) an operation works on; given back
-/// on drop.
+/// The functions (and at most one logical port of this host) an operation works on; given
+/// back on drop.
 struct Reservation<'a> {
     compose: &'a Compose,
-    pdfid: u16,
+    /// The functions, the first one function 0 of a bind; `count` of them are used.
+    pdfids: [u16; fw::bind::MAX_FUNCS],
+    count: usize,
     port: Option<u8>,
 }
 
 impl Reservation<'_> {
+    /// The first function reserved: the one an unbind or move works on, function 0 of a bind.
+    fn pdfid(&self) -> u16 {
+        self.pdfids[0]
+    }
+
     /// Reserves logical port `port` of this host, waiting while another operation holds it;
     /// gives back a port reserved before.
     fn take_port(&mut self, port: u8) -> Result {
@@ -218,20 +274,32 @@ impl Reservation<'_> {
             return Ok(());
         }
         self.release_port();
-        loop {
+        let mut waiting = false;
+        let r = loop {
             {
                 let mut st = self.compose.lock.lock();
                 if !st.alive {
-                    return Err(ENODEV);
+                    break Err(ENODEV);
                 }
                 if !st.port_busy(port) {
                     st.set_port_busy(port, true);
                     self.port = Some(port);
-                    return Ok(());
+                    break Ok(());
+                }
+                if !waiting {
+                    waiting = true;
+                    self.compose.set_waiting(&mut st, true);
                 }
             }
-            self.compose.pause(i64::from(POLL_MS))?;
+            if let Err(e) = self.compose.pause(i64::from(POLL_MS)) {
+                break Err(e);
+            }
+        };
+        if waiting {
+            self.compose
+                .set_waiting(&mut self.compose.lock.lock(), false);
         }
+        r
     }
 
     /// Reserves the first logical port of this host that `h` shows free and no operation holds.
@@ -270,8 +338,10 @@ impl Drop for Reservation<'_> {
             if let Some(p) = self.port.take() {
                 st.set_port_busy(p, false);
             }
-            if let Some(e) = st.busy_fns.iter_mut().find(|e| **e == Some(self.pdfid)) {
-                *e = None;
+            for &p in self.pdfids.iter().take(self.count) {
+                if let Some(e) = st.busy_fns.iter_mut().find(|e| **e == Some(p)) {
+                    *e = None;
+                }
             }
         }
         self.compose.changed.notify_all();
@@ -363,7 +433,7 @@ impl Mep {
         if port.is_some_and(|p| p >= LOG_PORTS) {
             return Err(EINVAL.into());
         }
-        let (&first, rest) = pdfids.split_first().ok_or(EINVAL)?;
+        let (_, rest) = pdfids.split_first().ok_or(EINVAL)?;
         if rest.len() >= fw::bind::MAX_FUNCS
             || pdfids
                 .iter()
@@ -372,30 +442,8 @@ impl Mep {
         {
             return Err(EINVAL.into());
         }
-        // Reserved in ascending order, so two binds of overlapping lists never wait for each
-        // other in a circle.
-        let mut order = [0u16; fw::bind::MAX_FUNCS];
-        order[..pdfids.len()].copy_from_slice(pdfids);
-        let order = &mut order[..pdfids.len()];
-        // At most eight: an insertion sort (core's sort trips objtool with rustc 1.85).
-        for i in 1..order.len() {
-            let mut j = i;
-            while j > 0 && order[j - 1] > order[j] {
-                order.swap(j - 1, j);
-                j -= 1;
-            }
-        }
-        let mut held = KVec::with_capacity(pdfids.len(), GFP_KERNEL)?;
-        let mut r = None;
-        for &p in order.iter() {
-            let res = self.compose.reserve(p)?;
-            if p == first {
-                r = Some(res);
-            } else {
-                held.push(res, GFP_KERNEL)?;
-            }
-        }
-        let mut r = r.ok_or(EINVAL)?;
+        // All of them at once: a bind never waits holding part of its list.
+        let mut r = self.compose.reserve(pdfids)?;
         self.bind_reserved(&mut r, rest, host, port, &start, timeout_ms, wait_local)
     }
 
@@ -410,7 +458,7 @@ impl Mep {
         timeout_ms: u32,
         wait_local: bool,
     ) -> Result<Bound, Failure> {
-        let pdfid = r.pdfid;
+        let pdfid = r.pdfid();
         let mut list = [0u16; fw::bind::MAX_FUNCS];
         let count = rest.len().checked_add(1).ok_or(EINVAL)?;
         list.get_mut(..count).ok_or(EINVAL)?[0] = pdfid;
@@ -515,7 +563,7 @@ impl Mep {
     /// one succeeds and the other gets `ENOENT`: the function is not bound any more.
     pub(crate) fn unbind(&self, pdfid: u16, timeout_ms: u32) -> Result<(u8, u8), Failure> {
         let start = Instant::<Monotonic>::now();
-        let mut r = self.compose.reserve(pdfid)?;
+        let mut r = self.compose.reserve(&[pdfid])?;
         self.unbind_reserved(&mut r, &start, timeout_ms)
     }
 
@@ -525,7 +573,7 @@ impl Mep {
         start: &Instant<Monotonic>,
         timeout_ms: u32,
     ) -> Result<(u8, u8), Failure> {
-        let pdfid = r.pdfid;
+        let pdfid = r.pdfid();
         let (host, port) = self.binding(pdfid)?.ok_or(Failure {
             err: ENOENT,
             fw_ret: ERR_LOGC_PORT_NOT_BIND_PHYC_PORT,
@@ -602,7 +650,7 @@ impl Mep {
         if port.is_some_and(|p| p >= LOG_PORTS) {
             return Err(EINVAL.into());
         }
-        let mut r = self.compose.reserve(pdfid)?;
+        let mut r = self.compose.reserve(&[pdfid])?;
         if let Some(at) = self.binding(pdfid)? {
             if at.0 == host && port.is_none_or(|p| p == at.1) {
                 // Already there: nothing to move.

@@ -403,6 +403,11 @@ impl Fabric {
     }
 
     /// Runs `f` on an up-to-date view of the fabric.
+    ///
+    /// `f` runs under the view's lock, which binds, unbinds, sysfs readers, the fabric-event
+    /// work and the endpoint's unbind all take: it must not copy to or from user memory (a
+    /// fault there may take as long as the caller likes) or wait for anything. Callers copy
+    /// what they need into kernel memory in `f` and hand it to user space afterwards.
     pub(crate) fn with_view<R>(&self, mep: &Mep, f: impl FnOnce(&View) -> R) -> Result<R> {
         let mut view = self.view.lock();
         // An event the interrupt has not handled yet counts as much as one it has.

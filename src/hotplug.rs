@@ -217,22 +217,29 @@ pub(crate) enum Removal {
     DeviceRemoved,
 }
 
-/// Removes the function behind logical port `port` from this host: its driver is unbound,
-/// the device removed and the slot powered off (through `sysfs`, the slot's `power` file),
-/// before the firmware is asked to take it;
-/// user-space mappings of its BARs are revoked (accesses then get `SIGBUS`).
+/// Functions of one device behind a port: a multi-function binding has up to eight.
+const FUNCTIONS: u8 = 8;
+
+/// Removes the device behind logical port `port` from this host, every function of it: their
+/// drivers are unbound, the functions removed and the slot powered off (through `sysfs`, the
+/// slot's `power` file), before the firmware is asked to take them;
+/// user-space mappings of their BARs are revoked (accesses then get `SIGBUS`).
 ///
 /// Must be called without locks: it waits for the PCI core and pciehp.
 pub(crate) fn remove(mep: &pci::Device, sysfs: Option<&slot::Sysfs>, port: u8) -> Result<Removal> {
     let Some(dsp) = downstream_port(mep, port) else {
         return Ok(Removal::NotPresent);
     };
-    let Some(f) = pci_tree::child(&dsp, devfn(0, 0)) else {
+    let funcs: [Option<ARef<pci::Device>>; FUNCTIONS as usize] =
+        core::array::from_fn(|f| pci_tree::child(&dsp, devfn(0, f as u8)));
+    let Some(f) = funcs.iter().flatten().next() else {
         return Ok(Removal::NotPresent);
     };
-    let bars = pci_tree::memory_bars(&f);
+    let bars = funcs
+        .each_ref()
+        .map(|f| f.as_deref().map(pci_tree::memory_bars));
     // The slot's address is the function's name without its `.F`.
-    let name = pci_tree::name(&f);
+    let name = pci_tree::name(f);
     let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
     let address = name
         .get(..len)
@@ -255,7 +262,11 @@ pub(crate) fn remove(mep: &pci::Device, sysfs: Option<&slot::Sysfs>, port: u8) -
                 port,
                 e
             );
-            pci_tree::stop_and_remove(f);
+            // Every function, the highest first as pciehp does: one left behind would be
+            // surprise-removed under its driver when the firmware takes the device.
+            for f in funcs.into_iter().rev().flatten() {
+                pci_tree::stop_and_remove(f);
+            }
             Removal::DeviceRemoved
         }
     };
@@ -265,7 +276,12 @@ pub(crate) fn remove(mep: &pci::Device, sysfs: Option<&slot::Sysfs>, port: u8) -
             "kernel without CONFIG_IO_STRICT_DEVMEM: user mappings of the function's BARs stay\n"
         );
     }
-    for (start, len) in bars.into_iter().filter(|&(_, len)| len != 0) {
+    for (start, len) in bars
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|&(_, len)| len != 0)
+    {
         if !iomem::revoke_user_mappings(start, len) {
             dev_warn!(
                 mep,

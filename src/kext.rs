@@ -15,6 +15,7 @@ pub(crate) mod miscdev;
 pub(crate) mod pci_enable;
 pub(crate) mod pci_tree;
 pub(crate) mod security;
+pub(crate) mod signal;
 pub(crate) mod sleep;
 pub(crate) mod slot;
 pub(crate) mod sysfs;

@@ -8,10 +8,12 @@
 //! what a route covers. The firmware removes every route to a function that is unbound.
 //!
 //! The **DMA engine** reads 64-byte descriptors from a ring in coherent DMA memory that this
-//! driver owns. Host memory is named by bus address: user buffers are pinned and mapped with
-//! the DMA API for the length of one batch, so with an IOMMU the engine reaches only those
-//! pages, and they are unmapped and unpinned on every exit path (the guard's `Drop`).
-//! Copies are serialised per endpoint ([`P2p::copying`]); each batch is submitted with one
+//! driver owns. Host memory is named by bus address: user buffers are pinned (before any lock
+//! of the driver is taken, since faulting them in may take as long as the caller's memory
+//! makes it take) and mapped with the DMA API for the length of one batch, so with an IOMMU
+//! the engine reaches only those pages, and they are unmapped and unpinned on every exit path
+//! (the guards' `Drop`). The engine runs one copy's part at a time ([`P2p::copying`], taken
+//! for each part); each batch is submitted with one
 //! doorbell, then waited for by watching the engine's status write-back in the ring (polled,
 //! no completion interrupt: [`POLL_SPIN_US`]); a timeout, a signal or unbind resets the
 //! engine and waits until it is idle before the batch's pages are released.
@@ -33,7 +35,7 @@ use kernel::{
 use crate::{
     fw::{self, ext, Failure},
     hotplug,
-    kext::{binding::Binding, sleep::usleep_range, user_pages::UserDma},
+    kext::{binding::Binding, sleep::usleep_range, user_pages::UserPages},
     regs, uapi, Mep,
 };
 
@@ -105,8 +107,9 @@ struct Engine {
 /// P2P state of one endpoint.
 #[pin_data]
 pub(crate) struct P2p {
-    /// Held for a whole copy: the engine runs one copy's batches at a time. Taken before
-    /// `engine`; unbind takes it to wait for the running copy.
+    /// Held for each part of a copy (never while its user pages are pinned): the engine runs
+    /// one part's batches at a time. Taken before `engine`; unbind takes it to wait for the
+    /// running part.
     #[pin]
     copying: Mutex<()>,
     #[pin]
@@ -518,44 +521,69 @@ pub(crate) fn copy(
     let (s, d) = (resolve(src)?, resolve(dst)?);
 
     let start = Instant::<Monotonic>::now();
-    let _copying = mep.p2p.copying.lock();
-    // The device stays bound while the copy runs: unbind takes `copying` (`shut_down()`)
-    // before the binding ends. The binding is held before the engine is locked, never the
-    // other way round: the engine's lock is dropped and retaken while a batch waits.
-    let binding = mep.p2p.engine.lock().binding.clone().ok_or(EOPNOTSUPP)?;
-    let bound = binding.access().ok_or(ENODEV)?;
-    let mut e = mep.p2p.engine.lock();
-    if e.dead || mep.p2p.abort.load(Relaxed) {
-        return Err(ENODEV);
-    }
-    if e.ring.is_none() {
-        return Err(EOPNOTSUPP);
-    }
     let mut copied = Copied {
         done: 0,
         status: 0,
         err: None,
     };
+    // The user side, if any: the engine reads it (`to_device`) or writes it.
+    let (user, to_device) = match (s, d) {
+        (End::User(a), _) => (Some(a), true),
+        (_, End::User(a)) => (Some(a), false),
+        _ => (None, false),
+    };
+    let dir = if to_device {
+        DataDirection::ToDevice
+    } else {
+        DataDirection::FromDevice
+    };
     let mut batch = KVec::with_capacity(BATCH, GFP_KERNEL)?;
     while copied.done < len && copied.err.is_none() {
         let off = copied.done;
         batch.clear();
-        // Pin and map the user side of this part, if any; dropped (unmapped, unpinned) at the
-        // end of the iteration, after the engine finished with it.
-        let (user, to_device) = match (s, d) {
-            (End::User(a), _) => (Some(a), true),
-            (_, End::User(a)) => (Some(a), false),
-            _ => (None, false),
+        // The user side of this part is pinned before any lock is taken: faulting it in takes
+        // as long as the caller's memory makes it take, and must hold up no other caller nor
+        // unbind. Unpinned when `pages` is dropped, at the end of the iteration, after the
+        // engine finished with it.
+        let mut pages = match user {
+            Some(addr) => {
+                let part = (len - off).min(USER_CHUNK as u64);
+                Some(UserPages::pin(addr + off, part as usize, dir)?)
+            }
+            None => None,
         };
-        let mut pinned = None;
-        let part = if let Some(addr) = user {
+        let _copying = mep.p2p.copying.lock();
+        // The device stays bound while a part is copied: unbind takes `copying`
+        // (`shut_down()`) before the binding ends. The binding is held before the engine is
+        // locked, never the other way round: the engine's lock is dropped and retaken while a
+        // batch waits.
+        let binding = mep.p2p.engine.lock().binding.clone().ok_or(EOPNOTSUPP)?;
+        let Some(bound) = binding.access() else {
+            copied.err = Some(ENODEV);
+            break;
+        };
+        let mut e = mep.p2p.engine.lock();
+        let gone = if e.dead || mep.p2p.abort.load(Relaxed) {
+            Some(ENODEV)
+        } else if e.ring.is_none() {
+            Some(EOPNOTSUPP)
+        } else {
+            None
+        };
+        if let Some(err) = gone {
+            if off == 0 {
+                return Err(err);
+            }
+            copied.err = Some(err);
+            break;
+        }
+        // Map the pinned part for the engine; unmapped after the engine finished with it.
+        let mapped = match pages.as_mut() {
+            Some(p) => Some(p.map(bound.device())?),
+            None => None,
+        };
+        let part = if let Some(u) = mapped.as_ref() {
             let part = (len - off).min(USER_CHUNK as u64);
-            let dir = if to_device {
-                DataDirection::ToDevice
-            } else {
-                DataDirection::FromDevice
-            };
-            let u = UserDma::new(bound.device(), addr + off, part as usize, dir)?;
             let mut at = 0u64;
             for (seg, seg_len) in u.segments() {
                 let (sa, da) = if to_device {
@@ -570,7 +598,6 @@ pub(crate) fn copy(
                     break;
                 }
             }
-            pinned = Some(u);
             at
         } else {
             let mut at = 0u64;
@@ -585,9 +612,10 @@ pub(crate) fn copy(
         if e.stuck {
             // The engine may still write into these pages: keep them pinned and mapped for
             // good rather than hand them back for reuse.
-            core::mem::forget(pinned);
+            core::mem::forget(mapped);
+            core::mem::forget(pages);
         } else {
-            drop(pinned);
+            drop(mapped);
         }
         match r {
             Ok((bytes, status, err)) => {

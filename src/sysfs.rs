@@ -219,6 +219,7 @@ attribute_groups! {
         ro(c"p2p_copies", |m, o| o.emit(format_args!("{}\n", m.p2p.counters().copies))),
         ro(c"p2p_bytes", |m, o| o.emit(format_args!("{}\n", m.p2p.counters().bytes))),
         ro(c"p2p_faults", |m, o| o.emit(format_args!("{}\n", m.p2p.counters().faults))),
+        ro(c"compose_waiting", |m, o| o.emit(format_args!("{}\n", m.compose.waiting()))),
         // How old a view of the fabric may be served (ms); bindings and link changes of this
         // partition reach the view by their events whatever the age.
         rw(

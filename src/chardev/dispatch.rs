@@ -160,10 +160,12 @@ impl OpenFile {
         let ports_len = nports.checked_mul(psize).ok_or(EINVAL)?;
         let fns_len = nfns.checked_mul(fsize).ok_or(EINVAL)?;
 
+        // The entries are gathered under the view's lock and copied out after it: a caller
+        // whose buffer faults slowly (or never finishes faulting) must not hold up the binds,
+        // unbinds, sysfs readers and unbind of the endpoint that need the view.
         let mep = &self.mep;
-        mep.fabric.with_view(mep, |view| -> Result {
-            let mut w =
-                UserSlice::new(UserPtr::from_addr(inv.ports_ptr as usize), ports_len).writer();
+        let (ports, functions) = mep.fabric.with_view(mep, |view| -> Result<_> {
+            let mut ports = KVec::with_capacity(nports.min(view.ports.len()), GFP_KERNEL)?;
             for p in view.ports.iter().take(nports) {
                 let e = uapi::Port {
                     phys_port: p.phys,
@@ -173,10 +175,9 @@ impl OpenFile {
                     rate: p.rate,
                     reserved: [0; 3],
                 };
-                write_entry(&mut w, e.as_bytes(), psize)?;
+                ports.push(e, GFP_KERNEL)?;
             }
-            let mut w =
-                UserSlice::new(UserPtr::from_addr(inv.functions_ptr as usize), fns_len).writer();
+            let mut functions = KVec::with_capacity(nfns.min(view.functions.len()), GFP_KERNEL)?;
             for f in view.functions.iter().take(nfns) {
                 let e = uapi::Function {
                     pdfid: f.pdfid,
@@ -193,15 +194,24 @@ impl OpenFile {
                     reserved0: 0,
                     reserved1: 0,
                 };
-                write_entry(&mut w, e.as_bytes(), fsize)?;
+                functions.push(e, GFP_KERNEL)?;
             }
             inv.generation = view.generation;
             inv.partition = view.partition.into();
             inv.host_count = view.host_count.into();
-            inv.nr_ports = view.ports.len() as u32;
-            inv.nr_functions = view.functions.len() as u32;
-            Ok(())
+            inv.nr_ports = u32::try_from(view.ports.len()).map_err(|_| EIO)?;
+            inv.nr_functions = u32::try_from(view.functions.len()).map_err(|_| EIO)?;
+            Ok((ports, functions))
         })??;
+        let mut w = UserSlice::new(UserPtr::from_addr(inv.ports_ptr as usize), ports_len).writer();
+        for e in ports.iter() {
+            write_entry(&mut w, e.as_bytes(), psize)?;
+        }
+        let mut w =
+            UserSlice::new(UserPtr::from_addr(inv.functions_ptr as usize), fns_len).writer();
+        for e in functions.iter() {
+            write_entry(&mut w, e.as_bytes(), fsize)?;
+        }
         write_arg(arg, &inv, len)
     }
 

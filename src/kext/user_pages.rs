@@ -4,10 +4,11 @@
 //!
 //! The kernel crate maps kernel memory for DMA ([`kernel::dma::Coherent`],
 //! [`kernel::scatterlist::SGTable`] of owned pages) but has no way to pin a user buffer and
-//! map it, which a device copying to or from a process's memory needs. [`UserDma`] pins the
-//! pages of a range of the calling task's memory (`pin_user_pages_fast()`), builds a
-//! scatter-gather table over them and maps it for a bound device; dropping it unmaps and
-//! unpins (marking the pages dirty when the device wrote to them).
+//! map it, which a device copying to or from a process's memory needs. [`UserPages`] pins the
+//! pages of a range of the calling task's memory (`pin_user_pages_fast()`), with no lock of
+//! the driver held; [`UserPages::map`] then builds a scatter-gather table over them and maps
+//! it for a bound device ([`UserDma`]). Dropping the mapping unmaps it; dropping the pages
+//! unpins them (marking them dirty when the device wrote to them).
 
 use kernel::{
     bindings,
@@ -19,36 +20,32 @@ use kernel::{
     scatterlist::SGTable,
 };
 
-/// A user buffer pinned and mapped for `dev`; unmapped and unpinned on drop.
+/// A user buffer's pages, pinned; unpinned on drop.
+///
+/// Pinning faults the pages in, which may take as long as the process's memory makes it take
+/// (a file system, a userfaultfd range): it is done before any lock of the driver is taken,
+/// and [`UserPages::map`] maps the pinned pages for a device afterwards.
 ///
 /// # Invariants
 ///
-/// `pages` holds pages pinned with `pin_user_pages_fast()` and owned by this object; when
-/// `sgt.sgl` is not null, `sgt` is a table over them allocated by
-/// `sg_alloc_table_from_pages_segment()`; when `mapped`, it is mapped with
-/// `dma_map_sgtable()` for `dev` in direction `dir`. `dev` is bound for `'a`.
-pub(crate) struct UserDma<'a> {
-    dev: &'a Device<Bound>,
+/// `pages` holds pages pinned with `pin_user_pages_fast()` and owned by this object; they
+/// hold the `len` bytes at `addr`, the first at offset `addr % PAGE_SIZE`.
+pub(crate) struct UserPages {
     pages: KVec<*mut bindings::page>,
-    sgt: bindings::sg_table,
+    addr: u64,
+    len: usize,
     dir: DataDirection,
-    mapped: bool,
 }
 
-impl<'a> UserDma<'a> {
-    /// Pins the `len` bytes of the calling task's memory at `addr` and maps them for `dev` in
-    /// direction `dir` (`FromDevice`: the device writes them).
+impl UserPages {
+    /// Pins the `len` bytes of the calling task's memory at `addr`, for a device that reads
+    /// them (`ToDevice`) or writes them (`FromDevice`).
     ///
     /// # Errors
     ///
     /// `EFAULT` if the range is not all mapped user memory (writable for `FromDevice`),
-    /// `EINVAL` for a range too large, `ENOMEM`, or the DMA mapping's error.
-    pub(crate) fn new(
-        dev: &'a Device<Bound>,
-        addr: u64,
-        len: usize,
-        dir: DataDirection,
-    ) -> Result<Self> {
+    /// `EINVAL` for a range too large, `ENOMEM`.
+    pub(crate) fn pin(addr: u64, len: usize, dir: DataDirection) -> Result<Self> {
         let page = PAGE_SIZE as u64;
         let first = addr & !(page - 1);
         let end = addr
@@ -66,27 +63,46 @@ impl<'a> UserDma<'a> {
         // calling task, which the function checks.
         let got = unsafe { bindings::pin_user_pages_fast(start, nr, gup, pages.as_mut_ptr()) };
         let got = usize::try_from(got).unwrap_or(0);
-        let mut this = Self {
-            dev,
+        // INVARIANT: Only the pages pinned are kept, so only those are unpinned.
+        pages.truncate(got.min(npages));
+        let this = Self {
             pages,
+            addr,
+            len,
+            dir,
+        };
+        if got < npages {
+            return Err(EFAULT);
+        }
+        Ok(this)
+    }
+
+    /// Maps the pages for `dev`, which is bound for `'a`; unmapped when the result is dropped.
+    ///
+    /// # Errors
+    ///
+    /// `ENOMEM`, or the DMA mapping's error.
+    pub(crate) fn map<'a>(&'a mut self, dev: &'a Device<Bound>) -> Result<UserDma<'a>> {
+        let page = PAGE_SIZE as u64;
+        let nr = u32::try_from(self.pages.len()).map_err(|_| EINVAL)?;
+        let dir = self.dir;
+        let (offset, len) = ((self.addr & (page - 1)) as u32, self.len);
+        let mut this = UserDma {
+            dev,
+            pages: self,
             // SAFETY: An all-zero `sg_table` is the empty table `sg_alloc_table*()` fills in.
             sgt: unsafe { core::mem::zeroed() },
             dir,
             mapped: false,
         };
-        if got < npages {
-            // INVARIANT: Only the pages pinned are kept, so only those are unpinned.
-            this.pages.truncate(got);
-            return Err(EFAULT);
-        }
-        // SAFETY: `sgt` is zeroed and owned; `pages` are `npages` pinned pages; the offset is
-        // below a page and `len` fits in them.
+        // SAFETY: `sgt` is zeroed and owned; `pages` are `nr` pinned pages that hold `len`
+        // bytes from `offset`, which is below a page (invariant of `UserPages`).
         to_result(unsafe {
             bindings::sg_alloc_table_from_pages_segment(
                 &mut this.sgt,
-                this.pages.as_mut_ptr(),
-                nr as u32,
-                (addr - first) as u32,
+                this.pages.pages.as_mut_ptr(),
+                nr,
+                offset,
                 len,
                 !(PAGE_SIZE as u32 - 1),
                 bindings::GFP_KERNEL,
@@ -102,7 +118,41 @@ impl<'a> UserDma<'a> {
         this.mapped = true;
         Ok(this)
     }
+}
 
+impl Drop for UserPages {
+    fn drop(&mut self) {
+        if !self.pages.is_empty() {
+            // SAFETY: Each page was pinned by `pin_user_pages_fast()` and is unpinned once; the
+            // device wrote to them only for a device-to-memory mapping, so they are dirtied then.
+            unsafe {
+                bindings::unpin_user_pages_dirty_lock(
+                    self.pages.as_mut_ptr(),
+                    self.pages.len(),
+                    !matches!(self.dir, DataDirection::ToDevice),
+                )
+            };
+        }
+    }
+}
+
+/// Pinned user pages mapped for `dev`; unmapped on drop (the pages stay pinned until their
+/// [`UserPages`] is dropped).
+///
+/// # Invariants
+///
+/// When `sgt.sgl` is not null, `sgt` is a table over `pages` allocated by
+/// `sg_alloc_table_from_pages_segment()`; when `mapped`, it is mapped with `dma_map_sgtable()`
+/// for `dev` in direction `dir`. `dev` is bound for `'a`.
+pub(crate) struct UserDma<'a> {
+    dev: &'a Device<Bound>,
+    pages: &'a mut UserPages,
+    sgt: bindings::sg_table,
+    dir: DataDirection,
+    mapped: bool,
+}
+
+impl UserDma<'_> {
     /// The mapped segments: bus address and length.
     pub(crate) fn segments(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         // SAFETY: `sgt` is a valid, DMA-mapped table (a `UserDma` is only handed out mapped)
@@ -118,24 +168,13 @@ impl Drop for UserDma<'_> {
             let raw = core::ptr::from_ref::<Device>(self.dev)
                 .cast::<bindings::device>()
                 .cast_mut();
-            // SAFETY: Mapped in `new` for `dev`, which is still bound, with `dir`; unmapped
+            // SAFETY: Mapped in `map` for `dev`, which is still bound, with `dir`; unmapped
             // once.
             unsafe { bindings::dma_unmap_sgtable(raw, &mut self.sgt, self.dir.into(), 0) };
         }
         if !self.sgt.sgl.is_null() {
             // SAFETY: Allocated by `sg_alloc_table_from_pages_segment()`; freed once.
             unsafe { bindings::sg_free_table(&mut self.sgt) };
-        }
-        if !self.pages.is_empty() {
-            // SAFETY: Each page was pinned by `pin_user_pages_fast()` and is unpinned once; the
-            // device wrote to them only for a device-to-memory mapping, so they are dirtied then.
-            unsafe {
-                bindings::unpin_user_pages_dirty_lock(
-                    self.pages.as_mut_ptr(),
-                    self.pages.len(),
-                    !matches!(self.dir, DataDirection::ToDevice),
-                )
-            };
         }
     }
 }

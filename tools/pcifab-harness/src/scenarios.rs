@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::fabric::Fabric;
 
 mod compose;
+mod compose_locks;
 mod compose_trust;
 mod driver_trust;
 mod identity;
@@ -159,6 +160,21 @@ pub fn all() -> Vec<Scenario> {
             compose::compose_random,
         ),
         s(
+            "compose: an inventory copy stalled in its user buffer holds up no other caller",
+            240,
+            compose_locks::inventory_stall,
+        ),
+        s(
+            "compose: three 8-function binds waiting on one function all finish",
+            240,
+            compose_locks::three_binds_no_deadlock,
+        ),
+        s(
+            "compose: a bind waiting for a reservation ends within 1 s of SIGKILL",
+            180,
+            compose_locks::killed_waiter_ends,
+        ),
+        s(
             "compose trust: MEP unbound while a bind waits: ENODEV at once",
             240,
             compose_trust::unbind_mep_during_bind,
@@ -278,6 +294,11 @@ pub fn all() -> Vec<Scenario> {
             "multi-function bind with pcifab: a list binds all or none",
             300,
             pax_driver::multi_bind_cli,
+        ),
+        s(
+            "multi-function bind: a two-function device leaves whole from a port without a hot-plug slot",
+            300,
+            compose_locks::multi_fn_no_slot,
         ),
         s(
             "DMA MRPC: host-buffer completions, the mailbox when the firmware withdraws it",

@@ -50,6 +50,8 @@ mod mrpc;
 mod nocap;
 #[path = "selftest/p2p.rs"]
 mod p2p;
+#[path = "selftest/stall.rs"]
+mod stall;
 #[path = "selftest/unpriv.rs"]
 mod unpriv;
 
@@ -107,6 +109,7 @@ fn more_usage() -> String {
         faults::USAGE,
         blk::USAGE,
         nocap::USAGE,
+        stall::USAGE,
     ]
     .concat()
 }
@@ -140,6 +143,7 @@ fn main() -> ExitCode {
         "blk-verify" => Some(blk::cmd_blk_verify),
         "blk-stream" => Some(blk::cmd_blk_stream),
         "nocap" => Some(nocap::cmd_nocap),
+        "stall-inventory" => Some(stall::cmd_stall_inventory),
         _ => None,
     };
     let r = if let Some(run) = p2p_cmd {
