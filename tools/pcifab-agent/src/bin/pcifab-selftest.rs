@@ -34,6 +34,8 @@ mod abi;
 mod bar;
 #[path = "selftest/blk.rs"]
 mod blk;
+#[path = "selftest/caps.rs"]
+mod caps;
 #[path = "selftest/concurrent.rs"]
 mod concurrent;
 #[path = "selftest/cycles.rs"]
@@ -104,6 +106,7 @@ fn more_usage() -> String {
         cycles::USAGE,
         faults::USAGE,
         blk::USAGE,
+        caps::USAGE,
     ]
     .concat()
 }
@@ -136,6 +139,7 @@ fn main() -> ExitCode {
         "blk-write" => Some(blk::cmd_blk_write),
         "blk-verify" => Some(blk::cmd_blk_verify),
         "blk-stream" => Some(blk::cmd_blk_stream),
+        "as-admin" => Some(caps::cmd_as_admin),
         _ => None,
     };
     let r = if let Some(run) = p2p_cmd {
