@@ -22,7 +22,7 @@
 use kernel::{
     new_condvar, new_mutex,
     prelude::*,
-    sync::{CondVar, CondVarTimeoutResult, Mutex},
+    sync::{Arc, CondVar, CondVarTimeoutResult, Mutex},
     time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
 };
 
@@ -36,7 +36,7 @@ use crate::{
         ext,
     },
     hotplug::{self, LOG_PORTS},
-    kext::{signal::fatal_signal_pending, slot::Sysfs},
+    kext::{self, signal::fatal_signal_pending},
     Mep,
 };
 
@@ -80,6 +80,8 @@ struct State {
     busy_ports: [bool; LOG_PORTS as usize],
     /// Operations waiting now for a function or a logical port another one holds.
     waiting: u32,
+    /// Callers inside [`hotplug::remove`], which waits for pciehp ([`Compose::enter_hotplug`]).
+    in_hotplug: usize,
 }
 
 impl State {
@@ -111,9 +113,6 @@ pub(crate) struct Compose {
     /// Signalled when a reservation is given back and when the endpoint goes away.
     #[pin]
     changed: CondVar,
-    /// Where slots' `power` files are found; `None` if sysfs could not be mounted (removal
-    /// then leaves the slot powered).
-    sysfs: Option<Sysfs>,
 }
 
 impl Compose {
@@ -125,18 +124,40 @@ impl Compose {
                 busy_fns: [None; MAX_OPS],
                 busy_ports: [false; LOG_PORTS as usize],
                 waiting: 0,
+                in_hotplug: 0,
             }),
             changed <- new_condvar!("pcifab::Compose::changed"),
-            sysfs: Sysfs::mount().ok(),
         })
     }
 
     /// Refuses new operations and ends every wait of running ones (`ENODEV`); called on
     /// unbind of the endpoint. Does not wait for anything: a running operation finds out at
     /// its next step (its firmware commands fail once the mailbox is killed).
-    pub(crate) fn shut_down(&self) {
-        self.lock.lock().alive = false;
+    ///
+    /// Returns whether a caller is inside a hot-plug removal: it waits for pciehp, which may
+    /// wait for the PCI rescan/remove lock that the endpoint's removal may hold, so the
+    /// removal must not wait for that caller (the fabric-event work included). None enters
+    /// one after this.
+    pub(crate) fn shut_down(&self) -> bool {
+        let in_hotplug = {
+            let mut st = self.lock.lock();
+            st.alive = false;
+            st.in_hotplug != 0
+        };
         self.changed.notify_all();
+        in_hotplug
+    }
+
+    /// Admits the caller to a hot-plug removal ([`hotplug::remove`]) until the guard drops:
+    /// `ENODEV` once the endpoint is going away. [`Compose::shut_down`] reports admitted
+    /// callers, so that the endpoint's removal never waits for one.
+    fn enter_hotplug(&self) -> Result<HotplugGuard<'_>> {
+        let mut st = self.lock.lock();
+        if !st.alive {
+            return Err(ENODEV);
+        }
+        st.in_hotplug = st.in_hotplug.checked_add(1).ok_or(EBUSY)?;
+        Ok(HotplugGuard(self))
     }
 
     /// `ENODEV` once the endpoint is going away.
@@ -248,6 +269,19 @@ impl Compose {
             self.set_waiting(&mut self.lock.lock(), false);
         }
         r
+    }
+}
+
+/// The outcome of an unbind run for a sysfs writer ([`Mep::unbind_detached`]), once known.
+type DetachedOutcome = Mutex<Option<Result<(u8, u8), Failure>>>;
+
+/// A caller admitted to a hot-plug removal ([`Compose::enter_hotplug`]).
+struct HotplugGuard<'a>(&'a Compose);
+
+impl Drop for HotplugGuard<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.lock.lock();
+        st.in_hotplug = st.in_hotplug.saturating_sub(1);
     }
 }
 
@@ -567,6 +601,33 @@ impl Mep {
         self.unbind_reserved(&mut r, &start, timeout_ms)
     }
 
+    /// [`Mep::unbind`] for a writer of a sysfs file of the endpoint: the unbind runs on the
+    /// driver's workqueue and the writer waits for its outcome, or until the endpoint goes
+    /// away (`ENODEV` at once). The endpoint's removal waits for the sysfs writers to leave
+    /// (kernfs drains its attributes), and may hold the PCI rescan/remove lock while it does,
+    /// which the unbind's hot-plug removal may need: so no writer waits in pciehp itself. An
+    /// unbind left running then ends on its own (the module's exit waits for it).
+    pub(crate) fn unbind_detached(
+        self: &Arc<Self>,
+        pdfid: u16,
+        timeout_ms: u32,
+    ) -> Result<(u8, u8), Failure> {
+        let outcome: Arc<DetachedOutcome> =
+            Arc::pin_init(new_mutex!(None, "pcifab::unbind_detached"), GFP_KERNEL)?;
+        let (mep, out) = (self.clone(), outcome.clone());
+        kext::workqueue::driver().try_spawn(GFP_KERNEL, move || {
+            let r = mep.unbind(pdfid, timeout_ms);
+            *out.lock() = Some(r);
+            mep.compose.changed.notify_all();
+        })?;
+        loop {
+            if let Some(r) = outcome.lock().take() {
+                return r;
+            }
+            self.compose.pause(i64::from(POLL_MS))?;
+        }
+    }
+
     fn unbind_reserved(
         &self,
         r: &mut Reservation<'_>,
@@ -581,8 +642,8 @@ impl Mep {
         let local = usize::from(host) == self.partition && port < LOG_PORTS;
         let removed = if local {
             r.take_port(port)?;
-            self.compose.check_alive()?;
-            hotplug::remove(&self.pdev, self.compose.sysfs.as_ref(), port)?
+            let _admitted = self.compose.enter_hotplug()?;
+            hotplug::remove(&self.pdev, port)?
         } else {
             hotplug::Removal::NotPresent
         };
@@ -777,7 +838,10 @@ impl Mep {
             }
             st.set_port_busy(port, true);
         }
-        let how = hotplug::remove(&self.pdev, self.compose.sysfs.as_ref(), port);
+        let how = match self.compose.enter_hotplug() {
+            Ok(_admitted) => hotplug::remove(&self.pdev, port),
+            Err(e) => Err(e),
+        };
         self.compose.lock.lock().set_port_busy(port, false);
         self.compose.changed.notify_all();
         match how {

@@ -289,7 +289,7 @@ impl irq::Handler for Handler {
         }
         if found.gfms != 0 {
             // Already queued is fine: the running or queued work reads every event.
-            let _ = kext::workqueue::system_dfl().enqueue::<Arc<Mep>, 0>(mep.clone());
+            let _ = kext::workqueue::driver().enqueue::<Arc<Mep>, 0>(mep.clone());
         }
         IrqReturn::Handled
     }

@@ -182,7 +182,7 @@ impl Drop for Installed {
 /// Queues a sync of `mep`'s directories with the fabric; called on every fabric event.
 /// Already queued is fine: the queued sync reads the fabric as it is when it runs.
 pub(crate) fn queue(mep: &Arc<Mep>) {
-    let _ = kext::workqueue::system_dfl().enqueue::<Arc<Mep>, 1>(mep.clone());
+    let _ = kext::workqueue::driver().enqueue::<Arc<Mep>, 1>(mep.clone());
 }
 
 /// Waits until no sync runs; called at unbind once no interrupt can queue one.

@@ -20,7 +20,12 @@
 //! detaches a function whose slot is powered off at once, without the attention-button wait of
 //! a surprise unplug.
 
-use kernel::{pci, prelude::*, sync::aref::ARef};
+use kernel::{
+    pci,
+    prelude::*,
+    sync::aref::ARef,
+    time::{delay::fsleep, Delta},
+};
 
 use crate::kext::{
     iomem,
@@ -97,22 +102,30 @@ struct SavedAcs {
     after: u16,
 }
 
-/// The ACS control of this switch's downstream ports as probe found them; dropping it (at
-/// remove) puts them back.
+/// The ACS control of this switch's downstream ports as probe found them, when probe changed
+/// it; dropping it (at remove) puts them back.
 ///
 /// With an IOMMU the kernel sets Request and Completion Redirect on every ACS-capable port,
-/// so a peer request climbs to the root complex and through the IOMMU; P2P then works only
-/// through a host bridge the kernel trusts, which a virtual switch's root complex is not.
-/// pcifab clears RR, CR and Egress Control on its own switch's downstream ports and keeps
-/// Source Validation and Upstream Forwarding: requests between functions bound to this host
-/// are routed by the switch, and requests towards the host still go through the IOMMU.
-/// The price is isolation between those functions: they share an IOMMU group
-/// (`Documentation/design.rst`, "P2P and ACS").
+/// so a peer request climbs to the root complex and through the IOMMU, and it forms the IOMMU
+/// groups on the strength of that isolation: VFIO hands each function behind its own port to
+/// its own user. Clearing RR, CR and Egress Control afterwards lets those functions reach each
+/// other's BARs through the switch while the groups (formed before) still say they are
+/// isolated. So probe changes nothing by default; only the opt-in module parameter
+/// `p2p_acs_relax` (for hosts that trust every function behind the switch) makes it clear
+/// them on all of its own switch's downstream ports, keeping Source Validation and Upstream
+/// Forwarding (`Documentation/design.rst`, "P2P and ACS").
 pub(crate) struct AcsRestore {
     saved: [Option<SavedAcs>; LOG_PORTS as usize],
 }
 
 impl AcsRestore {
+    /// Changes nothing (the default: isolation as the kernel set it up).
+    pub(crate) fn none() -> Self {
+        Self {
+            saved: Default::default(),
+        }
+    }
+
     /// Lets peer requests between this host's downstream ports go through the switch,
     /// remembering what each port had.
     pub(crate) fn apply(mep: &pci::Device) -> Self {
@@ -221,12 +234,15 @@ pub(crate) enum Removal {
 const FUNCTIONS: u8 = 8;
 
 /// Removes the device behind logical port `port` from this host, every function of it: their
-/// drivers are unbound, the functions removed and the slot powered off (through `sysfs`, the
-/// slot's `power` file), before the firmware is asked to take them;
-/// user-space mappings of their BARs are revoked (accesses then get `SIGBUS`).
+/// drivers are unbound, the functions removed and the slot powered off (through the slot's
+/// hot-plug driver, as the slot's `power` file does), before the firmware is asked to take
+/// them; where the port has no hot-plug slot the functions are removed only. User-space
+/// mappings of their BARs are revoked (accesses then get `SIGBUS`).
 ///
-/// Must be called without locks: it waits for the PCI core and pciehp.
-pub(crate) fn remove(mep: &pci::Device, sysfs: Option<&slot::Sysfs>, port: u8) -> Result<Removal> {
+/// Must be called without locks: it waits for the PCI core and pciehp, and pciehp takes the
+/// rescan/remove lock. Nothing that the removal of the endpoint waits for may call it (see
+/// [`crate::compose::Compose::enter_hotplug`]).
+pub(crate) fn remove(mep: &pci::Device, port: u8) -> Result<Removal> {
     let Some(dsp) = downstream_port(mep, port) else {
         return Ok(Removal::NotPresent);
     };
@@ -235,25 +251,20 @@ pub(crate) fn remove(mep: &pci::Device, sysfs: Option<&slot::Sysfs>, port: u8) -
     let Some(f) = funcs.iter().flatten().next() else {
         return Ok(Removal::NotPresent);
     };
+    let delay = crate::removal_delay_ms();
+    if delay != 0 {
+        dev_notice!(
+            mep,
+            "port {}: removal delayed by {} ms as removal_delay_ms asks\n",
+            port,
+            delay
+        );
+        fsleep(Delta::from_millis(i64::from(delay)));
+    }
     let bars = funcs
         .each_ref()
         .map(|f| f.as_deref().map(pci_tree::memory_bars));
-    // The slot's address is the function's name without its `.F`.
-    let name = pci_tree::name(f);
-    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    let address = name
-        .get(..len)
-        .and_then(|n| {
-            n.iter()
-                .rposition(|&b| b == b'.')
-                .and_then(|dot| n.get(..dot))
-        })
-        .unwrap_or(&[]);
-    let powered_off = match (sysfs, pci_tree::physical_slot_number(&dsp)) {
-        (Some(sysfs), Some(psn)) => slot::power_off(sysfs, psn, address),
-        _ => Err(ENODEV),
-    };
-    let removal = match powered_off {
+    let removal = match slot::disable(f) {
         Ok(()) => Removal::SlotPoweredOff,
         Err(e) => {
             dev_info!(

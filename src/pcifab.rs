@@ -197,8 +197,8 @@ struct PcifabData<'bound> {
 /// Holds the endpoint for the binding. On drop (at unbind, or when probe fails after the
 /// endpoint was set up) it leaves the device quiet before anything the device could still
 /// write to or raise goes away: the DMA engine reset and idle before its ring is freed, the
-/// event interrupts off, waiters woken with `ENODEV`, and no fabric-event work running, so
-/// none runs after the driver (or the module) is gone. Every step is idempotent: at unbind
+/// event interrupts off, waiters woken with `ENODEV`, and no fabric-event work running
+/// unless it is in a hot-plug removal ([`stop_work`]). Every step is idempotent: at unbind
 /// [`PcifabDriver::quiesce`] already did them.
 struct MepGuard(Arc<Mep>);
 
@@ -213,12 +213,34 @@ impl Drop for MepGuard {
     fn drop(&mut self) {
         self.0.mrpc.kill();
         self.0.mrpc.dma_shut_down(&self.0);
+        let in_hotplug = self.0.compose.shut_down();
         p2p::shut_down(&self.0);
         let _ = event::enable(&self.0, false);
         self.0.events.shut_down();
-        event::flush_work(&self.0);
-        fnsysfs::flush(&self.0);
+        stop_work(&self.0, in_hotplug);
     }
+}
+
+/// Waits for the fabric-event and directory work of `mep` to end, unless a hot-plug removal
+/// is in progress (`in_hotplug`, from [`compose::Compose::shut_down`]).
+///
+/// The endpoint's removal may run under the PCI rescan/remove lock (its sysfs `remove`,
+/// pciehp removing the switch's uplink, AER or DPC recovery). A hot-plug removal waits for
+/// pciehp's interrupt thread, which takes that lock: waiting for the work then would never
+/// end. The work is left to finish on its own instead: it holds a reference to the endpoint,
+/// every step after the removal checks that the endpoint is going away or fails with
+/// `ENODEV`, and it runs on the module's workqueue, which the module's exit drains
+/// (`Documentation/design.rst`, "Hot-plug and the rescan lock").
+fn stop_work(mep: &Mep, in_hotplug: bool) {
+    if in_hotplug {
+        dev_info!(
+            mep.pdev,
+            "a hot-plug removal is in progress: not waiting for it\n"
+        );
+    } else {
+        event::flush_work(mep);
+    }
+    fnsysfs::flush(mep);
 }
 
 struct PcifabDriver;
@@ -394,7 +416,11 @@ impl pci::Driver for PcifabDriver {
             probe_step(pdev, 9)?;
             p2p::init(&mep, pdev.as_ref(), vector)?;
             probe_step(pdev, 10)?;
-            let acs = hotplug::AcsRestore::apply(pdev);
+            let acs = if module_parameters::p2p_acs_relax.value() {
+                hotplug::AcsRestore::apply(pdev)
+            } else {
+                hotplug::AcsRestore::none()
+            };
             probe_step(pdev, 11)?;
             let handler = event::Handler { mep: mep.0.clone() };
             let chardev_mep = mep.0.clone();
@@ -474,17 +500,39 @@ impl PcifabDriver {
         // (`ENODEV`); nothing here waits for a running composition operation.
         data.mep.mrpc.kill();
         data.mep.mrpc.dma_shut_down(&data.mep);
-        data.mep.compose.shut_down();
+        let in_hotplug = data.mep.compose.shut_down();
         p2p::shut_down(&data.mep);
         let _ = event::enable(&data.mep, false);
         data.mep.events.shut_down();
-        event::flush_work(&data.mep);
-        fnsysfs::flush(&data.mep);
+        stop_work(&data.mep, in_hotplug);
     }
 }
 
-kernel::module_pci_driver! {
-    type: PcifabDriver,
+/// The module: the driver's workqueue, then the PCI driver. Fields drop in declaration order:
+/// the driver is unregistered first (every endpoint unbound), then the workqueue is destroyed,
+/// which waits for work an endpoint's removal did not wait for ([`stop_work`]).
+#[pin_data]
+struct PcifabModule {
+    #[pin]
+    _driver: kernel::driver::Registration<pci::Adapter<PcifabDriver>>,
+    _queue: kext::workqueue::ModuleQueue,
+}
+
+impl kernel::InPlaceModule for PcifabModule {
+    fn init(module: &'static kernel::ThisModule) -> impl PinInit<Self, Error> {
+        try_pin_init!(Self {
+            // Made before the driver is registered: probe queues work on it.
+            _queue: kext::workqueue::ModuleQueue::new()?,
+            _driver <- kernel::driver::Registration::new(
+                <Self as kernel::ModuleMetadata>::NAME,
+                module,
+            ),
+        })
+    }
+}
+
+kernel::prelude::module! {
+    type: PcifabModule,
     name: "pcifab",
     authors: ["pcifab developers"],
     description: "Management endpoint driver for multi-host PCIe switch fabrics",
@@ -494,7 +542,25 @@ kernel::module_pci_driver! {
             default: 0,
             description: "Testing aid: probe fails with ENOMEM at this step (1-15), undoing the steps before it; 0 (the default): never",
         },
+        p2p_acs_relax: bool {
+            default: false,
+            description: "Clear ACS Request/Completion Redirect and Egress Control on this switch's downstream ports at probe (restored at remove), so P2P between functions bound here goes through the switch; weakens the isolation IOMMU groups were formed on (default: off, ACS as the kernel set it)",
+        },
+        removal_delay_ms: u32 {
+            default: 0,
+            description: "Testing aid: a graceful removal of a function waits this many milliseconds (at most 10000) before asking the slot's hot-plug driver; 0 (the default): none",
+        },
     },
+}
+
+/// Longest [`removal_delay_ms`] honoured.
+const MAX_REMOVAL_DELAY_MS: u32 = 10_000;
+
+/// The `removal_delay_ms` module parameter, capped at [`MAX_REMOVAL_DELAY_MS`].
+pub(crate) fn removal_delay_ms() -> u32 {
+    module_parameters::removal_delay_ms
+        .value()
+        .min(MAX_REMOVAL_DELAY_MS)
 }
 
 /// The steps of probe that [`probe_step`] can fail, in order. Each failure must undo

@@ -91,7 +91,7 @@ fn store_unbind(m: &Arc<Mep>, input: &[u8]) -> Result {
         return Err(EINVAL);
     }
     let pdfid = u16::try_from(v[0]).map_err(|_| EINVAL)?;
-    m.unbind(pdfid, compose::DEFAULT_TIMEOUT_MS)
+    m.unbind_detached(pdfid, compose::DEFAULT_TIMEOUT_MS)
         .map(|_| ())
         .map_err(|f| f.err)
 }

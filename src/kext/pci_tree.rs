@@ -95,18 +95,6 @@ pub(crate) fn child(bridge: &pci::Device, devfn: u8) -> Option<ARef<pci::Device>
     }
 }
 
-/// The Physical Slot Number in the PCIe Slot Capabilities of the port `port`: the name its
-/// hot-plug driver gives the slot (`/sys/bus/pci/slots/PSN`, `PSN-1`, ... if taken).
-pub(crate) fn physical_slot_number(port: &pci::Device) -> Option<u32> {
-    let mut cap = 0u32;
-    // SAFETY: `port` is live and `cap` a valid destination; the helper checks that the
-    // device has a PCIe capability with slot registers.
-    let ret = unsafe {
-        bindings::pcie_capability_read_dword(raw(port), bindings::PCI_EXP_SLTCAP as i32, &mut cap)
-    };
-    (ret == 0).then_some((cap & bindings::PCI_EXP_SLTCAP_PSN) >> 19)
-}
-
 /// `dev_name()` of `dev`, e.g. `0000:03:00.0`, NUL-padded (cut at 15 bytes).
 pub(crate) fn name(dev: &pci::Device) -> [u8; 16] {
     let mut out = [0u8; 16];

@@ -1,224 +1,127 @@
 // SPDX-License-Identifier: GPL-2.0-only
 
-//! Turning a PCI hot-plug slot off through its sysfs `power` file.
+//! Turning off the PCI hot-plug slot a function sits in, as the slot's sysfs `power` file
+//! does, through the slot's `struct hotplug_slot` operations.
 //!
-//! The PCI hot-plug core exports no function that powers a slot off; the one interface it
-//! offers is the slot's `power` attribute (`/sys/bus/pci/slots/NAME/power`). Writing `0` there
-//! makes the slot's hot-plug driver (pciehp) unbind the driver of the function in the slot,
-//! remove the function and turn the slot's power off, and returns when that is done. Going
-//! through the file keeps every guarantee the PCI core gives a user writing it: sysfs holds
-//! the attribute active (the slot and its hot-plug driver cannot go away during the write) and
-//! the hot-plug core holds a reference on the driver's module.
+//! Writing `0` to `/sys/bus/pci/slots/NAME/power` calls the slot's `disable_slot` operation
+//! (`power_write_file()` in `drivers/pci/hotplug/pci_hotplug_core.c`); pciehp's
+//! (`pciehp_sysfs_disable_slot()`) unbinds the driver of the functions in the slot, removes
+//! them and turns the slot's power off, and returns when that is done. [`disable`] makes the
+//! same call from kernel code, with a reference on the slot driver's module as
+//! `pci_reset_hotplug_slot()` in `drivers/pci/pci.c` takes one: no file is opened, so neither
+//! the caller's credentials nor its mount namespace matter, and no VFS lock is taken.
 //!
-//! The files are opened through a kernel-internal mount of sysfs ([`Sysfs`]), so the caller's
-//! mount namespace does not matter and a kernel thread (whose root is empty) can use them.
-//! A PCIe hot-plug driver names a slot after the port's Physical Slot Number (`PSN`, or
-//! `PSN-1`, `PSN-2`, ... when the name is taken); the slot whose `address` file names the
-//! function's bus and device is the one written, so another slot never gets the write.
-//! Where the files cannot be used, the caller falls back to removing the device only.
+//! Linux 7.3 gives Rust no bindings for `include/linux/pci_hotplug.h` (its
+//! `rust/bindings/bindings_helper.h` includes only `linux/pci.h`, where `struct hotplug_slot`
+//! is an incomplete type), and exports no function that disables a slot. The two structures
+//! are mirrored below from that header; [`disable`] checks the mirror against the slot before
+//! it calls anything (`Documentation/design.rst`, "Graceful removal").
 
-use core::ptr::NonNull;
+use core::ffi::{c_char, c_int};
 
-use kernel::{bindings, error, prelude::*};
+use kernel::{bindings, error, pci, prelude::*};
 
-/// The directory of every registered hot-plug slot, relative to the root of sysfs.
-const SLOTS: &[u8] = b"bus/pci/slots/";
-/// Room for `SLOTS`, a slot name, `/address` and the NUL.
-const PATH_LEN: usize = 64;
-/// Slot names tried per Physical Slot Number: `PSN`, `PSN-1`, ..., `PSN-(TRIES - 1)`.
-const TRIES: u32 = 32;
+/// The leading members of `struct hotplug_slot_ops` (`include/linux/pci_hotplug.h`, 7.3),
+/// up to the one used here.
+#[repr(C)]
+struct HotplugSlotOps {
+    enable_slot: Option<unsafe extern "C" fn(*mut bindings::hotplug_slot) -> c_int>,
+    disable_slot: Option<unsafe extern "C" fn(*mut bindings::hotplug_slot) -> c_int>,
+}
 
-/// A kernel-internal mount of sysfs, unmounted on drop.
-///
-/// # Invariants
-///
-/// `0` points to a mount made by `kern_mount()` that this object unmounts.
-pub(crate) struct Sysfs(NonNull<bindings::vfsmount>);
+/// `struct hotplug_slot` (`include/linux/pci_hotplug.h`, 7.3).
+#[repr(C)]
+struct HotplugSlot {
+    ops: *const HotplugSlotOps,
+    pci_slot: *mut bindings::pci_slot,
+    owner: *mut bindings::module,
+    mod_name: *const c_char,
+}
 
-// SAFETY: A mount is reference counted and may be used and unmounted from any thread.
-unsafe impl Send for Sysfs {}
-// SAFETY: Opening files below a mount takes no state of the `Sysfs` object beyond the
-// mount, which the VFS protects itself.
-unsafe impl Sync for Sysfs {}
+/// The C device behind `dev`.
+fn raw(dev: &pci::Device) -> *mut bindings::pci_dev {
+    // `pci::Device` is a transparent wrapper of `Opaque<struct pci_dev>`, which allows the C
+    // side to change it through a shared reference.
+    core::ptr::from_ref(dev)
+        .cast::<bindings::pci_dev>()
+        .cast_mut()
+}
 
-impl Sysfs {
-    /// Mounts sysfs for the kernel's own use.
-    pub(crate) fn mount() -> Result<Self> {
-        // SAFETY: The name is a NUL-terminated static string.
-        let fs = unsafe { bindings::get_fs_type(c"sysfs".as_char_ptr()) };
-        if fs.is_null() {
-            return Err(ENODEV);
-        }
-        // SAFETY: `fs` is a registered file system type `get_fs_type()` returned.
-        let mnt = unsafe { bindings::kern_mount(fs) };
-        // SAFETY: `get_fs_type()` took a reference on the type's module, which the mount (if
-        // made) holds on its own; `fs` stays registered (sysfs is built in).
-        unsafe { bindings::module_put((*fs).owner) };
-        let mnt = error::from_err_ptr(mnt)?;
-        // INVARIANT: `kern_mount()` returned a mount.
-        NonNull::new(mnt).map(Self).ok_or(ENODEV)
-    }
+/// A hot-plug slot's `disable_slot` operation, with a reference on the module that provides
+/// it (put on drop).
+struct DisableOp {
+    slot: *mut bindings::hotplug_slot,
+    op: unsafe extern "C" fn(*mut bindings::hotplug_slot) -> c_int,
+    owner: *mut bindings::module,
+}
 
-    /// Opens the file at the NUL-terminated `path` (relative to sysfs's root) with `flags`.
-    fn open(&self, path: &[u8], flags: u32) -> Result<KernelFile> {
-        if path.last() != Some(&0) || path.iter().filter(|&&b| b == 0).count() != 1 {
-            return Err(EINVAL);
-        }
-        let flags = i32::try_from(flags).map_err(|_| EINVAL)?;
-        let root = bindings::path {
-            mnt: self.0.as_ptr(),
-            // SAFETY: The mount is live (invariant); its root dentry is set when it is made.
-            dentry: unsafe { (*self.0.as_ptr()).mnt_root },
+impl DisableOp {
+    /// The `disable_slot` operation of the hot-plug slot `dev` sits in, looked up with `dev`'s
+    /// device lock held, as `pci_dev_reset_slot_function()` looks up `reset_slot`: the slot
+    /// and its hot-plug driver are torn down only when the port above `dev` is removed or its
+    /// driver unbound, which first stops `dev`, taking that lock.
+    fn lookup(dev: &pci::Device) -> Result<Self> {
+        let pdev = raw(dev);
+        // SAFETY: `dev` is live; the lock is released below on every path.
+        unsafe { bindings::pci_dev_lock(pdev) };
+        // SAFETY: `dev` is live and locked. A device not yet deleted (`device_del()` marks it
+        // dead under this lock) is still on its bus, so its slot pointer is current and the
+        // slot and its hot-plug driver stay registered until it is unlocked (see above). The
+        // mirrored structures are those of 7.3's `include/linux/pci_hotplug.h`, checked
+        // through the slot's back-pointer before the operation is used.
+        let found = unsafe {
+            let p = (*pdev).dev.p;
+            let ps = if p.is_null() || (*p).dead() != 0 {
+                core::ptr::null_mut()
+            } else {
+                (*pdev).slot
+            };
+            let hs = if ps.is_null() {
+                core::ptr::null_mut()
+            } else {
+                (*ps).hotplug
+            };
+            let m = hs.cast::<HotplugSlot>();
+            if hs.is_null() || (*m).pci_slot != ps || (*m).ops.is_null() {
+                None
+            } else {
+                (*(*m).ops)
+                    .disable_slot
+                    .filter(|_| bindings::try_module_get((*m).owner))
+                    .map(|op| Self {
+                        slot: hs,
+                        op,
+                        owner: (*m).owner,
+                    })
+            }
         };
-        // SAFETY: `root` is the live mount and its root; `path` is a NUL-terminated string
-        // (checked above) that outlives the call.
-        let file = unsafe { bindings::file_open_root(&root, path.as_ptr().cast(), flags, 0) };
-        let file = error::from_err_ptr(file)?;
-        // INVARIANT: `file_open_root()` returned an open file.
-        NonNull::new(file).map(KernelFile).ok_or(ENOENT)
+        // SAFETY: Locked above.
+        unsafe { bindings::pci_dev_unlock(pdev) };
+        found.ok_or(ENODEV)
     }
 }
 
-impl Drop for Sysfs {
+impl Drop for DisableOp {
     fn drop(&mut self) {
-        // SAFETY: The mount was made by `kern_mount()` and is unmounted only here (invariant).
-        unsafe { bindings::kern_unmount(self.0.as_ptr()) };
+        // SAFETY: `lookup()` took this reference.
+        unsafe { bindings::module_put(self.owner) };
     }
 }
 
-/// An open file, closed on drop.
+/// Turns off the hot-plug slot `dev` sits in: its hot-plug driver unbinds the drivers of the
+/// slot's functions, removes them and powers the slot off; returns when that is done.
+/// `ENODEV` when `dev` is in no hot-plug slot (or its driver cannot disable it).
 ///
-/// # Invariants
-///
-/// `0` points to an open file that this object closes.
-struct KernelFile(NonNull<bindings::file>);
-
-impl KernelFile {
-    /// Reads up to `buf.len()` bytes from the start of the file.
-    fn read(&self, buf: &mut [u8]) -> Result<usize> {
-        let mut pos: bindings::loff_t = 0;
-        // SAFETY: The file is open (invariant); `buf` is valid for `buf.len()` bytes of writes
-        // and `pos` for the duration of the call.
-        let n = unsafe {
-            bindings::kernel_read(
-                self.0.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                &mut pos,
-            )
-        };
-        usize::try_from(n).map_err(|_| errno(n))
-    }
-
-    /// Writes `buf` at the start of the file; returns the bytes written.
-    fn write(&self, buf: &[u8]) -> Result<usize> {
-        let mut pos: bindings::loff_t = 0;
-        // SAFETY: The file is open (invariant); `buf` is valid for `buf.len()` bytes of reads
-        // and `pos` for the duration of the call.
-        let n = unsafe {
-            bindings::kernel_write(self.0.as_ptr(), buf.as_ptr().cast(), buf.len(), &mut pos)
-        };
-        usize::try_from(n).map_err(|_| errno(n))
-    }
-}
-
-impl Drop for KernelFile {
-    fn drop(&mut self) {
-        // SAFETY: The file is open and closed only here (invariant); a kernel-opened file has
-        // no owner id.
-        unsafe { bindings::filp_close(self.0.as_ptr(), core::ptr::null_mut()) };
-    }
-}
-
-/// The error a negative return of `kernel_read()` / `kernel_write()` stands for.
-fn errno(ret: isize) -> Error {
-    i32::try_from(ret)
-        .ok()
-        .and_then(|e| error::to_result(e).err())
-        .unwrap_or(EIO)
-}
-
-/// Appends the decimal digits of `v` to `out` at `*at`.
-fn push_decimal(out: &mut [u8], at: &mut usize, v: u32) -> Result {
-    let mut digits = [0u8; 10];
-    let mut n = 0usize;
-    let mut v = v;
-    loop {
-        let d = digits.get_mut(n).ok_or(EINVAL)?;
-        *d = b'0' + (v % 10) as u8;
-        n += 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for &d in digits.get(..n).ok_or(EINVAL)?.iter().rev() {
-        *out.get_mut(*at).ok_or(ENAMETOOLONG)? = d;
-        *at += 1;
-    }
-    Ok(())
-}
-
-/// Appends `part` to `out` at `*at`.
-fn push(out: &mut [u8], at: &mut usize, part: &[u8]) -> Result {
-    let end = at.checked_add(part.len()).ok_or(EINVAL)?;
-    out.get_mut(*at..end)
-        .ok_or(ENAMETOOLONG)?
-        .copy_from_slice(part);
-    *at = end;
-    Ok(())
-}
-
-/// `bus/pci/slots/PSN[-DUP]/FILE` (below sysfs's root) with a NUL, in `buf`; returns the used part.
-fn slot_path<'a>(buf: &'a mut [u8; PATH_LEN], psn: u32, dup: u32, file: &[u8]) -> Result<&'a [u8]> {
-    let mut at = 0usize;
-    push(buf, &mut at, SLOTS)?;
-    push_decimal(buf, &mut at, psn)?;
-    if dup != 0 {
-        push(buf, &mut at, b"-")?;
-        push_decimal(buf, &mut at, dup)?;
-    }
-    push(buf, &mut at, b"/")?;
-    push(buf, &mut at, file)?;
-    push(buf, &mut at, b"\0")?;
-    buf.get(..at).ok_or(EINVAL)
-}
-
-/// Whether the slot `PSN[-DUP]` exists and its `address` file reads `address`.
-fn slot_matches(sysfs: &Sysfs, psn: u32, dup: u32, address: &[u8]) -> bool {
-    let mut path = [0u8; PATH_LEN];
-    let mut got = [0u8; 32];
-    let Ok(path) = slot_path(&mut path, psn, dup, b"address") else {
-        return false;
-    };
-    let Ok(n) = sysfs
-        .open(path, bindings::O_RDONLY)
-        .and_then(|f| f.read(&mut got))
-    else {
-        return false;
-    };
-    let got = got.get(..n).unwrap_or(&[]);
-    got.strip_suffix(b"\n").unwrap_or(got) == address
-}
-
-/// Powers off the hot-plug slot of a port whose Physical Slot Number is `psn` and whose
-/// `address` file reads `address` (`DDDD:BB:SS`, the function's name without `.F`): the
-/// function in it is removed (driver unbound first) and the slot turned off; returns when
-/// done. `ENOENT` when no such slot is found.
-///
-/// Must be called without any lock the PCI core or the hot-plug driver takes (the rescan/remove
-/// lock included): the write waits for the hot-plug driver's work.
-pub(crate) fn power_off(sysfs: &Sysfs, psn: u32, address: &[u8]) -> Result {
-    let dup = (0..TRIES)
-        .find(|&dup| slot_matches(sysfs, psn, dup, address))
-        .ok_or(ENOENT)?;
-    let mut path = [0u8; PATH_LEN];
-    let power = sysfs.open(
-        slot_path(&mut path, psn, dup, b"power")?,
-        bindings::O_WRONLY,
-    )?;
-    if power.write(b"0")? != 1 {
-        return Err(EIO);
-    }
-    Ok(())
+/// Must be called without any lock the PCI core or the hot-plug driver takes (the device
+/// locks and the rescan/remove lock included), and from nothing that the removal of a device
+/// under the rescan/remove lock waits for: pciehp's disabling takes that lock.
+pub(crate) fn disable(dev: &pci::Device) -> Result {
+    let op = DisableOp::lookup(dev)?;
+    // SAFETY: The operation is the slot's own, called with its slot as the power file calls
+    // it, with a reference on its module held; the slot stays registered while the port above
+    // `dev` is (`lookup()`), which the caller's reference on `dev` does not guarantee but a
+    // port removal racing this call also races a write of the slot's power file in the same
+    // way (`Documentation/design.rst`, "Graceful removal").
+    let ret = unsafe { (op.op)(op.slot) };
+    error::to_result(ret)
 }

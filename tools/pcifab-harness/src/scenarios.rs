@@ -16,6 +16,7 @@ mod compose;
 mod compose_locks;
 mod compose_trust;
 mod driver_trust;
+mod hotplug;
 mod identity;
 mod install;
 mod mgmt;
@@ -188,6 +189,21 @@ pub fn all() -> Vec<Scenario> {
             "compose trust: ACS control of the downstream ports restored at rmmod",
             180,
             compose_trust::acs_restored,
+        ),
+        s(
+            "compose trust: MEP removed while a function's removal waits for pciehp",
+            300,
+            hotplug::mep_removed_during_removal,
+        ),
+        s(
+            "compose: sysfs unbind and an admin without DAC override remove gracefully",
+            180,
+            hotplug::unbind_graceful,
+        ),
+        s(
+            "compose trust: pcifab leaves ACS as set, a vfio-pci function stays isolated",
+            240,
+            hotplug::acs_untouched,
         ),
         s(
             "compose trust: two hosts unbind one function at once, one gets ENOENT",

@@ -34,6 +34,8 @@ mod abi;
 mod bar;
 #[path = "selftest/blk.rs"]
 mod blk;
+#[path = "selftest/caps.rs"]
+mod caps;
 #[path = "selftest/concurrent.rs"]
 mod concurrent;
 #[path = "selftest/cycles.rs"]
@@ -110,6 +112,7 @@ fn more_usage() -> String {
         blk::USAGE,
         nocap::USAGE,
         stall::USAGE,
+        caps::USAGE,
     ]
     .concat()
 }
@@ -144,6 +147,7 @@ fn main() -> ExitCode {
         "blk-stream" => Some(blk::cmd_blk_stream),
         "nocap" => Some(nocap::cmd_nocap),
         "stall-inventory" => Some(stall::cmd_stall_inventory),
+        "as-admin" => Some(caps::cmd_as_admin),
         _ => None,
     };
     let r = if let Some(run) = p2p_cmd {
