@@ -665,6 +665,15 @@ impl Model {
             }
             idx.push(self.index(pdfid).ok_or(ERR_PHYC_PORT_NOT_EXIST)?);
         }
+        // The functions of a GFMS bind make one device: PAX firmware takes
+        // them from one endpoint. The control socket may compose across
+        // endpoints (a test fabric's multi-kind device).
+        if let (Requester::Host(_), Some((&first, rest))) = (requester, idx.split_first()) {
+            let ep = self.functions[first].endpoint;
+            if rest.iter().any(|&i| self.functions[i].endpoint != ep) {
+                return Err(ERR_BIND_CHECK_FAIL);
+            }
+        }
         if let Requester::Host(r) = requester {
             let rh = &self.hosts[r];
             if !rh.manager {

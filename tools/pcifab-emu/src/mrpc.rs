@@ -9,6 +9,9 @@ use crate::model::{Model, Notice, PortKind, Request, Requester, MULTI_FUNC_NUM};
 
 // Commands (switchtec-user's enum mrpc_cmd) and pcifab's extensions.
 pub const MRPC_DIETEMP: u32 = 0x04;
+pub const MRPC_FWLOGRD: u32 = 0x06;
+pub const MRPC_MULTI_CFG: u32 = 0x1d;
+pub const MRPC_FTDC_LOG_DUMP: u32 = 0x147;
 pub const MRPC_PMON: u32 = 0x07;
 pub const MRPC_LNKSTAT: u32 = 0x1c;
 pub const MRPC_PART_INFO: u32 = 0x2b;
@@ -41,6 +44,45 @@ pub const DUMP_HVD_DETAIL: u8 = 6;
 pub const DUMP_START: u32 = 1;
 pub const DUMP_GET: u32 = 2;
 pub const DUMP_FINISH: u32 = 3;
+
+/// Where switchtec-user puts the target PAX id in the command word
+/// (`SWITCHTEC_PAX_ID_SHIFT`, `SWITCHTEC_PAX_ID_MASK`); the all-ones id
+/// (`SWITCHTEC_PAX_ID_LOCAL`) and this switch's own id (GET_PAX_ID) both
+/// mean this switch.
+pub const PAX_ID_SHIFT: u32 = 18;
+pub const PAX_ID_MASK: u32 = 0x1f;
+pub const PAX_ID_LOCAL: u32 = PAX_ID_MASK;
+/// This switch's PAX id, as GET_PAX_ID answers it.
+pub const LOCAL_PAX_ID: u8 = 0;
+
+/// FWLOGRD sub-commands (mrpc.h): the app log (log "A", Gen4 numbers),
+/// the fatal-error dumps (log "B") and the NVLog header (log "C").
+pub const FWLOGRD_RAM: u8 = 0;
+pub const FWLOGRD_FLASH: u8 = 1;
+pub const FWLOGRD_MEMLOG: u8 = 2;
+pub const FWLOGRD_THRD: u8 = 6;
+pub const FWLOGRD_NVHDR: u8 = 10;
+pub const FWLOGRD_RAM_WITH_FLAG: u8 = 13;
+pub const FWLOGRD_FLASH_WITH_FLAG: u8 = 14;
+/// `struct log_a_retr_hdr` and one `struct log_a_data` (log.h).
+pub const LOG_A_HDR: usize = 32;
+pub const LOG_A_ENTRY: usize = 32;
+/// Entries of the emulated app log in RAM (two replies' worth) and in flash.
+pub const APP_LOG_RAM_ENTRIES: u32 = 40;
+pub const APP_LOG_FLASH_ENTRIES: u32 = 8;
+/// FTDC_LOG_DUMP: chunks of the emulated FTDC log, payload dwords per chunk.
+pub const FTDC_CHUNKS: u16 = 2;
+pub const FTDC_CHUNK_DW: usize = 15;
+/// MULTI_CFG sub-commands (mrpc.h).
+pub const MULTI_CFG_SUPPORTED: u8 = 0;
+pub const MULTI_CFG_COUNT: u8 = 1;
+pub const MULTI_CFG_ACTIVE: u8 = 2;
+pub const MULTI_CFG_START_ADDR: u8 = 3;
+pub const MULTI_CFG_LENGTH: u8 = 4;
+/// Configurations stored in the active CFG partition.
+pub const MULTI_CFG_IMAGES: u32 = 2;
+/// fabric.h's `SWITCHTEC_GFMS_DB_VEP_TYPE_MGMT`: the management VEP.
+pub const VEP_TYPE_MGMT: u8 = 6;
 
 /// PART_INFO sub-commands (mrpc.h) and the Gen4 flash layout (lib/fw.c).
 pub const PART_INFO_GET_ALL_INFO: u8 = 0;
@@ -137,6 +179,9 @@ pub const LIST_MAX_ENTRIES: usize = (PAYLOAD - LIST_HDR_SIZE) / LIST_ENTRY_SIZE;
 pub fn mrpc_name(cmd: u32) -> &'static str {
     match cmd & 0xffff {
         MRPC_DIETEMP => "DIETEMP",
+        MRPC_FWLOGRD => "FWLOGRD",
+        MRPC_MULTI_CFG => "MULTI_CFG",
+        MRPC_FTDC_LOG_DUMP => "FTDC_LOG_DUMP",
         MRPC_PMON => "PMON",
         MRPC_LNKSTAT => "LNKSTAT",
         MRPC_PART_INFO => "PART_INFO",
@@ -269,12 +314,18 @@ pub struct Exec<'a> {
 impl Exec<'_> {
     pub fn run(&mut self, cmd: u32, input: &[u8]) -> MrpcOutcome {
         let c = cmd & 0xffff;
+        let pax = cmd >> PAX_ID_SHIFT & PAX_ID_MASK;
         let r = match c {
+            // One switch: no other PAX is reachable through this one.
+            _ if pax != PAX_ID_LOCAL && pax != u32::from(LOCAL_PAX_ID) => Err(ERR_PARAM_INVALID),
             EXT_FIRST..=EXT_LAST if !self.model.dialect.extended() => Err(ERR_CMD_INVALID),
             // PAX answers ECHO with its input bit-inverted (cli/main.c `test`).
             MRPC_ECHO => Ok(input.iter().map(|b| !b).collect()),
             MRPC_I2C_TWI_PING => self.twi_ping(input),
-            MRPC_GET_PAX_ID => Ok(vec![0]),
+            MRPC_GET_PAX_ID => Ok(vec![LOCAL_PAX_ID]),
+            MRPC_FWLOGRD => self.fwlogrd(input),
+            MRPC_FTDC_LOG_DUMP => self.ftdc_log(input),
+            MRPC_MULTI_CFG => self.multi_cfg(input),
             MRPC_LNKSTAT => self.lnkstat(input),
             MRPC_PART_INFO => self.part_info(input),
             MRPC_PMON => self.pmon(input),
@@ -448,6 +499,135 @@ impl Exec<'_> {
             }
             _ => Err(ERR_SUBCMD_INVALID),
         }
+    }
+
+    /// FWLOGRD (0x06), Gen4. The app log (RAM, FLASH and their WITH_FLAG
+    /// forms): `struct log_a_retr {u8 sub, u8 from_end, rsvd[6], u32
+    /// count, u32 rsvd, u32 start}` (start 0xFFFFFFFF: the oldest entry,
+    /// count 0: as many as fit) -> `struct log_a_retr_hdr` {u8 sub, u8
+    /// from_end, u8 overflow, rsvd, u32 total, u32 count, u32 remain, u32
+    /// next_start, u32 sdk_version, u32 fw_version, rsvd} and `count`
+    /// 8-dword entries (two timestamp dwords, then severity << 28 |
+    /// module << 16 | event id, then five parameters). The fatal-error dumps
+    /// (MEMLOG..THRD): `{u8 sub, rsvd[3], u32 offset, u32 length}` ->
+    /// `{u8 sub, rsvd[3], u32 length 0, u32 remain 0}`: there was no fatal
+    /// error. NVHDR: `{u8 reason, rsvd[3], u32 nvlog_version, u32
+    /// thread_handle, u32 fw_version, u32 timestamp1, u32 timestamp2}`.
+    fn fwlogrd(&mut self, input: &[u8]) -> Res {
+        let sub = u8_at(input, 0)?;
+        match sub {
+            FWLOGRD_RAM | FWLOGRD_FLASH | FWLOGRD_RAM_WITH_FLAG | FWLOGRD_FLASH_WITH_FLAG => {
+                let total = if sub == FWLOGRD_RAM || sub == FWLOGRD_RAM_WITH_FLAG {
+                    APP_LOG_RAM_ENTRIES
+                } else {
+                    APP_LOG_FLASH_ENTRIES
+                };
+                let from_end = u8_at(input, 1)?;
+                let want = u32_at(input, 8)?;
+                let start = match u32_at(input, 16)? {
+                    u32::MAX => 0,
+                    s if s <= total => s,
+                    _ => return Err(ERR_PARAM_INVALID),
+                };
+                let fit = ((PAYLOAD - LOG_A_HDR) / LOG_A_ENTRY) as u32;
+                let mut n = (total - start).min(fit);
+                if want != 0 {
+                    n = n.min(want);
+                }
+                let mut o = Out::default();
+                o.u8(sub)
+                    .u8(from_end)
+                    .u8(0)
+                    .u8(0)
+                    .u32(total)
+                    .u32(n)
+                    .u32(total - start - n)
+                    .u32(start + n)
+                    .u32(0)
+                    .u32(self.model.fw.fw_version)
+                    .u32(0);
+                for i in start..start + n {
+                    // 1 ms apart; modules 1-4, severity LOW (4) and
+                    // MEDIUM (3), event ids counting up per module.
+                    let ts = 1_000_000u64 * u64::from(i + 1);
+                    let module = 1 + i % 4;
+                    let sev = 3 + i % 2;
+                    o.u32((ts >> 32) as u32)
+                        .u32(ts as u32)
+                        .u32(sev << 28 | module << 16 | (i / 4))
+                        .u32(i)
+                        .zeros(16);
+                }
+                Ok(o.0)
+            }
+            FWLOGRD_MEMLOG..=FWLOGRD_THRD => {
+                u32_at(input, 8)?;
+                let mut o = Out::default();
+                o.u8(sub).zeros(3).u32(0).u32(0);
+                Ok(o.0)
+            }
+            FWLOGRD_NVHDR => {
+                let mut o = Out::default();
+                o.u8(0)
+                    .zeros(3)
+                    .u32(1)
+                    .u32(0)
+                    .u32(self.model.fw.fw_version)
+                    .u32(0)
+                    .u32(0);
+                Ok(o.0)
+            }
+            _ => Err(ERR_SUBCMD_INVALID),
+        }
+    }
+
+    /// FTDC_LOG_DUMP (0x147): `struct log_ftdc_retr {u8 sub (0, RAM), u8
+    /// rsvd, u16 req_seq}` -> one chunk: a dword {u8 dwords after this one,
+    /// u8 last, u16 seq}, then that many dwords (switchtec-user writes
+    /// `(data[0] + 1) * 4` bytes and stops at a non-zero `data[1]`).
+    fn ftdc_log(&mut self, input: &[u8]) -> Res {
+        if u8_at(input, 0)? != FWLOGRD_RAM {
+            return Err(ERR_SUBCMD_INVALID);
+        }
+        let seq = u16_at(input, 2)?;
+        if seq >= FTDC_CHUNKS {
+            return Err(ERR_PARAM_INVALID);
+        }
+        let mut o = Out::default();
+        o.u8(FTDC_CHUNK_DW as u8)
+            .u8(u8::from(seq + 1 == FTDC_CHUNKS))
+            .u16(seq);
+        for i in 0..FTDC_CHUNK_DW as u32 {
+            o.u32(u32::from(seq) << 16 | i);
+        }
+        Ok(o.0)
+    }
+
+    /// MULTI_CFG (0x1D): `u32 sub-command | index << 8` -> `u32 result`:
+    /// SUPPORTED 1, COUNT 2, ACTIVE 0, START_ADDR and LENGTH of configuration
+    /// `index`: the halves of the active CFG partition (cfg0, PART_INFO).
+    fn multi_cfg(&mut self, input: &[u8]) -> Res {
+        let word = u32_at(input, 0)?;
+        let (sub, index) = (word as u8, (word >> 8) as u8);
+        let half = FLASH_PART_BYTES / 2;
+        // cfg0 is partition 6 (FLASH_PARTS_GEN4's order), at 64 KiB * 7.
+        let cfg0 = FLASH_PART_BYTES * 7;
+        let indexed = |v: u32| {
+            if u32::from(index) < MULTI_CFG_IMAGES {
+                Ok(v)
+            } else {
+                Err(ERR_PARAM_INVALID)
+            }
+        };
+        let r = match sub {
+            MULTI_CFG_SUPPORTED => 1,
+            MULTI_CFG_COUNT => MULTI_CFG_IMAGES,
+            MULTI_CFG_ACTIVE => 0,
+            MULTI_CFG_START_ADDR => indexed(cfg0 + u32::from(index) * half)?,
+            MULTI_CFG_LENGTH => indexed(half)?,
+            _ => return Err(ERR_SUBCMD_INVALID),
+        };
+        Ok(r.to_le_bytes().to_vec())
     }
 
     /// EXT_FEATURES (0xF000, extended only): `{u32 version, u32 features}`.
@@ -815,8 +995,8 @@ impl Exec<'_> {
             .u8(1)
             .u8(u8::from(up))
             .u16(0);
-        // The VEP: type 0, bdf 00:00.1 of the host's switch.
-        o.u8(0).u8(0).u16(0x0001);
+        // The VEP: the management endpoint, bdf 00:00.1 of the host's switch.
+        o.u8(VEP_TYPE_MGMT).u8(0).u16(0x0001);
         o.u16(u16::from(LOG_PORTS)).u16(0x0000);
         for slot in 0..MULTI_FUNC_NUM as u8 {
             for l in 0..LOG_PORTS {
@@ -1606,7 +1786,7 @@ mod tests {
         // {subcmd @0, host_sw_idx @1, host_phys_port_id @2, host_log_port_id
         // @3, function[8] {pdfid u16, next_valid, rsvd} @4}: 36 bytes.
         let mut bind = vec![1, 0, 0, 2];
-        for (p, nv) in [(0x0303u16, 1u8), (0x0404, 0)] {
+        for (p, nv) in [(0x0303u16, 1u8), (0x0304, 0)] {
             bind.extend_from_slice(&p.to_le_bytes());
             bind.extend_from_slice(&[nv, 0xee]);
         }
@@ -1623,7 +1803,7 @@ mod tests {
         let reqs = x.deferred.take().expect("deferred");
         assert_eq!(
             reqs.iter().map(|r| (r.pdfid, r.devfn)).collect::<Vec<_>>(),
-            [(0x0303, 0), (0x0404, 1)]
+            [(0x0303, 0), (0x0304, 1)]
         );
         for r in &reqs {
             m.finish(r, true, false);
@@ -1755,5 +1935,198 @@ mod tests {
         let hvd = chunked(&mut m, DUMP_HVD, 0);
         let e = 20 + 4 * 2; // function 0 of logical port 2
         assert_eq!((hvd[e], hvd[e + 1], le16(&hvd, e + 2)), (2, 1, 0x0380));
+    }
+
+    /// A bind whose functions belong to two endpoints (gpu0 VF 3, gpu1 VF
+    /// 4) is refused whole: nothing reserved, nothing deferred.
+    #[test]
+    fn bind_across_endpoints_is_refused() {
+        let mut m = model();
+        let mut bind = vec![1, 0, 0, 2];
+        for (p, nv) in [(0x0303u16, 1u8), (0x0404, 0)] {
+            bind.extend_from_slice(&p.to_le_bytes());
+            bind.extend_from_slice(&[nv, 0]);
+        }
+        bind.resize(36, 0);
+        let mut x = Exec {
+            model: &mut m,
+            partition: 0,
+            bad_length: false,
+            notices: Vec::new(),
+            deferred: None,
+            ep_access: None,
+        };
+        let r = x.run(MRPC_GFMS_BIND_UNBIND, &bind);
+        assert_eq!(
+            (r.status, r.ret),
+            (MRPC_STATUS_ERROR, crate::model::ERR_BIND_CHECK_FAIL)
+        );
+        assert!(x.deferred.is_none());
+        for p in [0x0303, 0x0404] {
+            let f = m.function(p).expect("function");
+            assert!(f.binding.is_none() && f.op.is_none(), "{p:#x} was touched");
+        }
+    }
+
+    /// A command for another PAX (`switchtec -x N`: the id in bits 18-22)
+    /// is refused, as this fabric has one switch; the all-ones id and this
+    /// switch's own id are served here.
+    #[test]
+    fn commands_for_other_pax_ids_are_refused() {
+        let mut m = model();
+        for pax in [PAX_ID_LOCAL, u32::from(LOCAL_PAX_ID)] {
+            let r = run(&mut m, MRPC_ECHO | pax << PAX_ID_SHIFT, b"x");
+            assert_eq!((r.status, r.output), (MRPC_STATUS_DONE, vec![!b'x']));
+        }
+        for pax in [1, 2, 15, 30] {
+            for cmd in [MRPC_ECHO, MRPC_GET_PAX_ID, MRPC_GFMS_DB_DUMP] {
+                let r = run(&mut m, cmd | pax << PAX_ID_SHIFT, &[0; 8]);
+                assert_eq!(
+                    (r.status, r.ret),
+                    (MRPC_STATUS_ERROR, ERR_PARAM_INVALID),
+                    "command {cmd:#x} for PAX {pax}"
+                );
+            }
+        }
+    }
+
+    /// HVD_DETAIL's one VEP is the management endpoint (fabric.h's
+    /// SWITCHTEC_GFMS_DB_VEP_TYPE_MGMT), at bdf 00:00.1.
+    #[test]
+    fn hvd_detail_vep_is_the_management_endpoint() {
+        let mut m = model();
+        let d = chunked(&mut m, DUMP_HVD_DETAIL, 1);
+        // Header 12, then hvd_inst_id, phy_pid, hfid, vep_count @16, usp_status,
+        // rsvd[2], vep_region[0] {type @20, rsvd, bdf @22}.
+        assert_eq!(d[16], 1);
+        assert_eq!(d[20], VEP_TYPE_MGMT);
+        assert_eq!(le16(&d, 22), 0x0001);
+    }
+
+    /// FWLOGRD app log as log_a_to_file reads it: pages of whole entries
+    /// from start 0xFFFFFFFF, following next_start until remain is 0.
+    #[test]
+    fn app_log_pages_as_switchtec_user_reads_them() {
+        let mut m = model();
+        for (sub, total) in [
+            (FWLOGRD_RAM_WITH_FLAG, APP_LOG_RAM_ENTRIES),
+            (FWLOGRD_RAM, APP_LOG_RAM_ENTRIES),
+            (FWLOGRD_FLASH_WITH_FLAG, APP_LOG_FLASH_ENTRIES),
+            (FWLOGRD_FLASH, APP_LOG_FLASH_ENTRIES),
+        ] {
+            let mut start = u32::MAX;
+            let mut entries = Vec::new();
+            let mut replies = 0;
+            loop {
+                let mut req = vec![sub, 0, 0, 0, 0, 0, 0, 0];
+                req.extend_from_slice(&0u32.to_le_bytes());
+                req.extend_from_slice(&0u32.to_le_bytes());
+                req.extend_from_slice(&start.to_le_bytes());
+                let o = ok(&mut m, MRPC_FWLOGRD, &req);
+                replies += 1;
+                assert_eq!(o[0], sub);
+                assert_eq!(o[2], 0, "overflow");
+                assert_eq!(le32(&o, 4), total);
+                let count = le32(&o, 8) as usize;
+                assert_eq!(o.len(), LOG_A_HDR + count * LOG_A_ENTRY);
+                assert_eq!(le32(&o, 24), 0x04070041, "fw_version");
+                entries.extend_from_slice(&o[LOG_A_HDR..]);
+                assert_eq!(le32(&o, 12) as usize, total as usize - entries.len() / 32);
+                start = le32(&o, 16);
+                if le32(&o, 12) == 0 {
+                    break;
+                }
+                assert!(replies < 10, "the log never ends");
+            }
+            assert_eq!(entries.len(), total as usize * LOG_A_ENTRY);
+            assert_eq!(replies, 1 + usize::from(total > 31));
+            let mut last = 0u64;
+            for e in entries.chunks(LOG_A_ENTRY) {
+                let ts = u64::from(le32(e, 0)) << 32 | u64::from(le32(e, 4));
+                assert!(ts > last, "timestamps rise");
+                last = ts;
+                let sev = le32(e, 8) >> 28;
+                assert!((1..=5).contains(&sev), "severity {sev}");
+            }
+        }
+        // A start past the end, the Gen5 sub-commands: refused.
+        let mut req = vec![FWLOGRD_RAM, 0, 0, 0, 0, 0, 0, 0];
+        req.extend_from_slice(&[0; 8]);
+        req.extend_from_slice(&(APP_LOG_RAM_ENTRIES + 1).to_le_bytes());
+        assert_eq!(run(&mut m, MRPC_FWLOGRD, &req).ret, ERR_PARAM_INVALID);
+        for sub in [11u8, 12] {
+            assert_eq!(
+                run(&mut m, MRPC_FWLOGRD, &[sub; 20]).ret,
+                ERR_SUBCMD_INVALID
+            );
+        }
+    }
+
+    /// FWLOGRD's fatal-error dumps are empty (no fatal error happened), the
+    /// NVLog header is 24 bytes, and FTDC_LOG_DUMP ends at its last chunk.
+    #[test]
+    fn dumps_nvlog_header_and_ftdc_log() {
+        let mut m = model();
+        for sub in FWLOGRD_MEMLOG..=FWLOGRD_THRD {
+            let mut req = vec![sub, 0, 0, 0];
+            req.extend_from_slice(&0u32.to_le_bytes());
+            req.extend_from_slice(&1012u32.to_le_bytes());
+            let o = ok(&mut m, MRPC_FWLOGRD, &req);
+            assert_eq!((o[0], le32(&o, 4), le32(&o, 8)), (sub, 0, 0));
+        }
+        let o = ok(&mut m, MRPC_FWLOGRD, &[FWLOGRD_NVHDR, 0, 0, 0]);
+        assert_eq!(o.len(), 24);
+        assert_eq!(le32(&o, 12), 0x04070041);
+        let mut seq = 0u16;
+        let mut chunks = 0;
+        loop {
+            let mut req = vec![FWLOGRD_RAM, 0];
+            req.extend_from_slice(&seq.to_le_bytes());
+            let o = ok(&mut m, MRPC_FTDC_LOG_DUMP, &req);
+            assert_eq!(o.len(), (usize::from(o[0]) + 1) * 4);
+            chunks += 1;
+            if o[1] != 0 {
+                break;
+            }
+            seq += 1;
+            assert!(chunks < 10, "the FTDC log never ends");
+        }
+        assert_eq!(chunks, usize::from(FTDC_CHUNKS));
+        let past = FTDC_CHUNKS.to_le_bytes();
+        assert_eq!(
+            run(&mut m, MRPC_FTDC_LOG_DUMP, &[0, 0, past[0], past[1]]).ret,
+            ERR_PARAM_INVALID
+        );
+    }
+
+    /// MULTI_CFG as get_multicfg() asks: supported, count, each start
+    /// address and length, the active one.
+    #[test]
+    fn multi_cfg_as_switchtec_user_asks() {
+        let mut m = model();
+        let ask = |m: &mut Model, sub: u32, index: u32| -> MrpcOutcome {
+            run(m, MRPC_MULTI_CFG, &(sub | index << 8).to_le_bytes())
+        };
+        let val = |o: MrpcOutcome| {
+            assert_eq!(o.status, MRPC_STATUS_DONE);
+            le32(&o.output, 0)
+        };
+        assert_eq!(val(ask(&mut m, 0, 0)), 1);
+        assert_eq!(val(ask(&mut m, 1, 0)), MULTI_CFG_IMAGES);
+        let mut addrs = Vec::new();
+        for i in 0..MULTI_CFG_IMAGES {
+            addrs.push(val(ask(&mut m, 3, i)));
+            assert_eq!(val(ask(&mut m, 4, i)), FLASH_PART_BYTES / 2);
+        }
+        assert_eq!(
+            addrs,
+            [
+                7 * FLASH_PART_BYTES,
+                7 * FLASH_PART_BYTES + FLASH_PART_BYTES / 2
+            ]
+        );
+        assert!(val(ask(&mut m, 2, 0)) < MULTI_CFG_IMAGES);
+        assert_eq!(ask(&mut m, 3, MULTI_CFG_IMAGES).ret, ERR_PARAM_INVALID);
+        assert_eq!(ask(&mut m, 5, 0).ret, ERR_SUBCMD_INVALID);
     }
 }

@@ -383,6 +383,11 @@ pub fn all() -> Vec<Scenario> {
             pax_client::dump_and_identify,
         ),
         s(
+            "pax client: switchtec-user log-dump, commands for an unreachable PAX (-x 1)",
+            300,
+            pax_client::log_and_other_pax,
+        ),
+        s(
             "pax client: switchtec-user gfms-bind two functions, gfms-unbind",
             300,
             pax_client::bind_unbind,

@@ -118,6 +118,10 @@ fn identify_and_dump(h: &mut Host, e: &Expected) -> Result<(), String> {
         &out,
         &format!("IMG\tVersion: {version}"),
     )?;
+    // MULTI_CFG: two configurations in the CFG partition, the first active.
+    for want in ["Multi Config 0 - Active", "Multi Config 1"] {
+        expect_in(h, "switchtec fw-info (MULTI_CFG)", &out, want)?;
+    }
     let out = client(h, &format!("status {DEV}"))?;
     expect_in(
         h,
@@ -140,7 +144,8 @@ fn identify_and_dump(h: &mut Host, e: &Expected) -> Result<(), String> {
             &out,
             &format!("HVD {i:x} (Physical Port ID: {port},"),
         )?;
-        client(h, &format!("fabric gfms-dump {DEV} -t HVD_DETAIL -d {i}"))?;
+        let out = client(h, &format!("fabric gfms-dump {DEV} -t HVD_DETAIL -d {i}"))?;
+        expect_in(h, &format!("HVD_DETAIL {i} VEP type"), &out, "EP_MGMT")?;
         client(h, &format!("fabric gfms-dump {DEV} -t FAB_PORT -f {port}"))?;
     }
     for ep in &e.endpoints {
@@ -154,6 +159,78 @@ fn identify_and_dump(h: &mut Host, e: &Expected) -> Result<(), String> {
             &out,
             &format!("0x{:04x}-0x{:04x}", ep.vendor_id, ep.device_id),
         )?;
+    }
+    Ok(())
+}
+
+/// log-dump and `-x` on every host.
+pub fn log_and_other_pax(f: &mut Fabric) -> Result<(), String> {
+    if !have_client(f)? {
+        f.skip("no --switchtec-user given: the guests have no switchtec-user CLI");
+        return Ok(());
+    }
+    let r = f.each_host(|h, _| {
+        load_switchtec(h)?;
+        log_dump(h)?;
+        other_pax(h)
+    });
+    restore(f);
+    r
+}
+
+/// `switchtec log-dump` of the app log in RAM (the default) and in flash: FWLOGRD read in
+/// pages to its end, written after the client's 32-byte "SWMCLOGF" header as 32-byte
+/// entries (the emulator keeps 40 in RAM, two pages, and 8 in flash).
+fn log_dump(h: &mut Host) -> Result<(), String> {
+    for (ty, entries) in [("RAM", 40), ("FLASH", 8)] {
+        let file = format!("/tmp/pax-client-{ty}.log");
+        let out = client(h, &format!("log-dump {DEV} {file} -t {ty}"))?;
+        expect_in(
+            h,
+            &format!("switchtec log-dump -t {ty}"),
+            &out,
+            "Log saved to",
+        )?;
+        let size = h.run_ok(&format!("wc -c < {file}"))?;
+        let want = 32 + 32 * entries;
+        if size.trim() != want.to_string() {
+            return Err(format!(
+                "{}: switchtec log-dump -t {ty} wrote {} bytes, expected {want} (header and {entries} entries)",
+                h.name,
+                size.trim()
+            ));
+        }
+        let magic = h.run_ok(&format!("head -c 8 {file}"))?;
+        if magic.trim() != "SWMCLOGF" {
+            return Err(format!(
+                "{}: switchtec log-dump -t {ty}: the file starts with {magic:?}, not the log header SWMCLOGF",
+                h.name
+            ));
+        }
+        h.run_ok(&format!("rm -f {file}"))?;
+    }
+    Ok(())
+}
+
+/// `-x N` sends the command through this switch to PAX N: this fabric has one switch, so
+/// PAX 1 is unreachable and refused (ERR_PARAM_INVALID, 0x64006); PAX 0 is this switch.
+fn other_pax(h: &mut Host) -> Result<(), String> {
+    let out = client(h, &format!("test -x 0 {DEV}"))?;
+    expect_in(h, "switchtec test -x 0", &out, "success")?;
+    for args in [
+        format!("test -x 1 {DEV}"),
+        format!("fabric gfms-dump {DEV} -t PAX -x 1"),
+    ] {
+        let o = h.run_timeout(&format!("{CLIENT} {args} 2>&1"), Duration::from_secs(60))?;
+        if o.code == 0 || !o.out.contains("error: 0x64006") {
+            return Err(format!(
+                "{}: `switchtec {args}` (an unreachable PAX) exited with {} and printed {:?}; \
+                 expected a failure with MRPC error 0x64006",
+                h.name,
+                o.code,
+                o.out.trim_end()
+            ));
+        }
     }
     Ok(())
 }
