@@ -215,6 +215,12 @@ pub(crate) fn init(mep: &Mep, dev: &Device<Bound>, vector: usize) -> Result {
     // The ring is the engine's before the engine is pointed at it: from here on
     // [`shut_down`] (at unbind, or when probe fails later) stops the engine before freeing it.
     let mut e = mep.p2p.engine.lock();
+    if e.stuck {
+        // [`disarm_stale`] found the engine still running a ring that is not this driver's:
+        // it is not pointed at a new one.
+        dev_warn!(mep.pdev, "P2P DMA engine stuck at probe: left off\n");
+        return Ok(());
+    }
     e.ring = Some(ring);
     e.binding = Some(binding);
     e.tail = 0;

@@ -288,7 +288,6 @@ impl pci::Driver for PcifabDriver {
             }
             // Disabled again when probe fails below or the driver unbinds (dropped last).
             let enabled = kext::pci_enable::EnabledDevice::new(pdev)?;
-            pdev.set_master();
             probe_step(pdev, 1)?;
 
             let bar = pdev
@@ -396,6 +395,10 @@ impl pci::Driver for PcifabDriver {
             mep.features.store(features.bits(), Relaxed);
             // Likewise the DMA engine, once the firmware said it has one.
             p2p::disarm_stale(&mep);
+            // Bus mastering only now: DMA MRPC or a DMA engine a previous kernel left armed
+            // cannot write to memory before both are off. Nothing before needs it (commands
+            // are polled until the interrupt handlers are registered).
+            pdev.set_master();
             probe_step(pdev, 8)?;
             dev_info!(
                 pdev,
