@@ -212,4 +212,28 @@ mod tests {
         assert!(validate(&json!({"ok": true})).is_err());
         assert!(validate(&json!({"schema": "pcifab/nope/v1"})).is_err());
     }
+
+    /// The network API pages every list (`total`, `next_offset`): what `pcifab --manager URL`
+    /// prints of a page must fit the same schema as the socket's whole list.
+    #[test]
+    fn paged_lists_fit_their_schemas() {
+        for (command, key) in [
+            ("leases", "leases"),
+            ("queue", "queue"),
+            ("hosts", "hosts"),
+            ("events", "events"),
+        ] {
+            let mut v = json!({"schema": format!("pcifab/{command}/v1"), "ok": true, "now": 1});
+            v[key] = json!([]);
+            if command == "events" {
+                v.as_object_mut().map(|o| o.remove("now"));
+            }
+            assert!(validate(&v).is_ok(), "{command}: {:?}", validate(&v));
+            v["total"] = json!(7);
+            v["next_offset"] = json!(5);
+            assert!(validate(&v).is_ok(), "{command} paged: {:?}", validate(&v));
+            v["total"] = json!(-1);
+            assert!(validate(&v).is_err(), "{command}: a negative total fits");
+        }
+    }
 }
