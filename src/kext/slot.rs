@@ -119,9 +119,11 @@ pub(crate) fn disable(dev: &pci::Device) -> Result {
     let op = DisableOp::lookup(dev)?;
     // SAFETY: The operation is the slot's own, called with its slot as the power file calls
     // it, with a reference on its module held; the slot stays registered while the port above
-    // `dev` is (`lookup()`), which the caller's reference on `dev` does not guarantee but a
-    // port removal racing this call also races a write of the slot's power file in the same
-    // way (`Documentation/design.rst`, "Graceful removal").
+    // `dev` is (`lookup()`). Nothing here holds the port: unlike a writer of the power file,
+    // whom kernfs's active reference makes `pci_hp_del()` wait for, this call is not waited
+    // for, so a removal of the port itself during it can free the hot-plug controller under
+    // it. That race is known and open (`Documentation/design.rst`, "Graceful removal"); the
+    // interface that would close it is named there.
     let ret = unsafe { (op.op)(op.slot) };
     error::to_result(ret)
 }
