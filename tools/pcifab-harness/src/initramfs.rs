@@ -193,9 +193,13 @@ pub fn modules_from_tree(dir: &Path, names: &[&str]) -> Result<Vec<(String, Vec<
             return Ok(());
         }
         seen.push(name.to_string());
+        // A module's file may spell the `_` of its name (the name `depends` lists) as `-`
+        // (vfio-pci.ko for vfio_pci).
+        let dashed = name.replace('_', "-");
         let path = [".ko", ".ko.xz"]
             .iter()
-            .find_map(|ext| find(&dir.join("kernel"), &format!("{name}{ext}"), 8))
+            .flat_map(|ext| [format!("{name}{ext}"), format!("{dashed}{ext}")])
+            .find_map(|file| find(&dir.join("kernel"), &file, 8))
             .ok_or_else(|| {
                 format!(
                     "--kernel-modules {}: no module {name}.ko or {name}.ko.xz under kernel/",

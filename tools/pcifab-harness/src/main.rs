@@ -99,7 +99,7 @@ usage: pcifab-harness <test|demo|bench|bench-scale|list|selftest>
   --cell NAME the kernel's name in this run's cell, written to RESULTS/summary.json
               (default: `debug` with --debug-kernel, else the kernel file's name)
   --kernel-modules DIR  the kernel's module tree (/lib/modules/RELEASE): virtio_net.ko
-              (the management network) and, when the fabric has an nvme drive, nvme.ko,
+              (the management network), vfio-pci.ko and, with an nvme drive, nvme.ko,
               with their dependencies, are loaded from there at boot (Debian's kernel has
               them as modules; the test kernels built in)
 ";
@@ -138,7 +138,7 @@ pub struct Opts {
     /// `--switchtec-user`: the static switchtec-user CLI for the guests.
     pub switchtec_user: Option<PathBuf>,
     /// `--kernel-modules DIR`: the kernel's module tree, for the modules the fabric's
-    /// devices need (virtio_net always, nvme for a drive) when the kernel has them as
+    /// devices need (virtio_net and vfio_pci always, nvme for a drive) when the kernel has them as
     /// modules.
     pub kernel_modules: Option<PathBuf>,
     /// `--sizes N,N,...`: the function counts of `bench-scale`.
@@ -350,13 +350,14 @@ struct Run {
 impl Run {
     fn setup(&mut self, children: &mut Children, run_dir: &Path) -> Result<Fabric, String> {
         let o = &self.opts;
-        // The management network needs virtio_net, a drive in the fabric the nvme driver;
-        // a kernel that has them as modules gets them (and what they depend on) loaded at
+        // The management network needs virtio_net, a drive in the fabric the nvme driver,
+        // the ACS scenario vfio-pci; a kernel that has them as modules gets them (and what they depend on) loaded at
         // boot.
         let drives = self.expected.endpoints.iter().any(|e| e.kind == "nvme");
         let extra_modules = match &o.kernel_modules {
             Some(dir) => {
-                let mut names = vec!["virtio_net"];
+                // vfio_pci: the ACS scenario passes a function through with it.
+                let mut names = vec!["virtio_net", "vfio_pci"];
                 if drives {
                     names.push("nvme");
                 }

@@ -23,13 +23,12 @@ const UNBIND_MEP_MAX_S: f64 = 5.0;
 const LONG_BIND_TIMEOUT_MS: u32 = 60_000;
 /// Kernel log lines of a task blocked too long (on top of the usual dmesg check).
 const HUNG: &str = "blocked for more than|hung_task|INFO: task";
-/// Rounds of the double-unbind scenario.
-/// Rounds of the double unbind: 20 with `--soak` (`make soak`), 8 in `make test`.
+/// Rounds of the double unbind: 20 with `--soak` (`make soak`), 5 in `make test`.
 pub fn double_unbind_rounds() -> usize {
     if crate::soak() {
         20
     } else {
-        8
+        5
     }
 }
 

@@ -21,8 +21,15 @@ use crate::checks::{
 };
 use crate::fabric::{Fabric, Host};
 
-/// Moves of the drive in the round-trip scenario (h0 -> h1 -> h0 is one round trip).
-const ROUND_TRIPS: u32 = 10;
+/// Moves of the drive in the round-trip scenario (h0 -> h1 -> h0 is one round trip): 10
+/// with `--soak` (`make soak`), 4 in `make test`.
+fn round_trips() -> u32 {
+    if crate::soak() {
+        10
+    } else {
+        4
+    }
+}
 /// Longest wait for the writer to end once its drive is gone.
 const WRITER_END: Duration = Duration::from_secs(90);
 /// Blocks the streaming writer must have completed before its drive is taken away.
@@ -131,7 +138,7 @@ pub fn data_follows(f: &mut Fabric) -> Result<(), String> {
     let blocks = w.get("blocks").and_then(Value::as_u64).unwrap_or(0);
     check_bindings(f, &owners(&[(pdfid, 0)]), "bind to h0")?;
     let mut takes = vec![first];
-    for trip in 0..ROUND_TRIPS {
+    for trip in 0..round_trips() {
         for to in [1usize, 0] {
             // The host that wants the drive asks for it (a move requested by the new
             // holder); the old holder's kernel gives it up through pciehp.

@@ -17,12 +17,12 @@ use crate::checks::{
 };
 use crate::fabric::{EmuControl, Fabric, Host};
 
-/// ioctl calls per fuzz run: 100,000 with `--soak` (`make soak`), 20,000 in `make test`.
+/// ioctl calls per fuzz run: 100,000 with `--soak` (`make soak`), 10,000 in `make test`.
 fn fuzz_calls() -> u64 {
     if crate::soak() {
         100_000
     } else {
-        20_000
+        10_000
     }
 }
 /// Seeds of the two fuzz runs (printed, so a failure can be replayed with
