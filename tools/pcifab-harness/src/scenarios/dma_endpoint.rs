@@ -193,11 +193,16 @@ fn run_host(h: &mut Host, emu: &EmuControl, configured: usize) -> Result<(), Str
         h.run_ok(&format!(
             "insmod {DMATEST_KO} test_buf_size={buf} iterations={iterations} timeout=60000"
         ))?;
+        let mut log = String::new();
         for ch in &chans {
             dmatest_one(h, ch, 300)?;
+            // Read after each channel: a failing copy logs dozens of lines, so a run with
+            // failures on every channel pushed the first channels' summaries out of the
+            // kernel's log buffer before the end of the run.
+            dmesg_clean(h)?;
+            log.push_str(&h.run_ok("dmesg -c")?);
         }
         h.run_ok("rmmod dmatest")?;
-        let log = h.run_ok("dmesg")?;
         let after = emu_counts(emu, &h.name)?;
         let mut c = Checks::new(&format!(
             "{}: dmatest memcpy, {buf}-byte buffers, {iterations} per channel",
