@@ -32,6 +32,9 @@ pub struct Expected {
     pub dialect: Dialect,
     /// The top-level `dma_mrpc` key (default true): the MEP offers DMA MRPC.
     pub dma_mrpc: bool,
+    /// The top-level `dma_endpoint_channels` key (default 0, at most 32): channels of each
+    /// host's DMA endpoint; 0: the switch shows none.
+    pub dma_endpoint_channels: u32,
 }
 
 /// The emulator's firmware dialect (Documentation/emulator.rst, "Dialects").
@@ -270,9 +273,11 @@ impl Expected {
             Some(toml::Value::Boolean(b)) => *b,
             Some(v) => return Err(format!("dma_mrpc = {v} is not a boolean")),
         };
+        let dma_endpoint_channels = int(&root, "dma_endpoint_channels", 0, 32)?;
         Ok(Expected {
             dialect,
             dma_mrpc,
+            dma_endpoint_channels,
             device_id: int(fw, "device_id", 0x4228, 0xffff)?,
             device_version: int(fw, "device_version", 0x4228, 0xffff_ffff)?,
             fw_version: int(fw, "fw_version", 0x0407_0041, 0xffff_ffff)?,
@@ -394,5 +399,9 @@ mod tests {
         let f = e.function(0x402).unwrap();
         assert_eq!((f.pf, f.device_id, f.bar2_bytes), (0x400, 0x2331, 1 << 20));
         assert_eq!(e.functions().len(), 10);
+        assert_eq!(e.dma_endpoint_channels, 4);
+        let one = "[[hosts]]\nname = \"h0\"\n";
+        assert_eq!(Expected::parse(one).unwrap().dma_endpoint_channels, 0);
+        assert!(Expected::parse(&format!("dma_endpoint_channels = 33\n{one}")).is_err());
     }
 }

@@ -1196,6 +1196,19 @@ pub fn qemu_args(
             "socket": { "type": "unix", "path": mep.display().to_string() },
         });
         a.extend(["-device".into(), dev.to_string()]);
+        // The switch's DMA endpoint, when the emulator serves one (its configuration's
+        // `dma_endpoint_channels`): function 2 of the upstream port's slot.
+        let dmaep = sock_path(run_dir, &format!("dmaep-{name}.sock"))?;
+        if dmaep.exists() {
+            let dev = serde_json::json!({
+                "driver": "vfio-user-pci",
+                "id": "dmaep",
+                "bus": "rp0",
+                "addr": "0.2",
+                "socket": { "type": "unix", "path": dmaep.display().to_string() },
+            });
+            a.extend(["-device".into(), dev.to_string()]);
+        }
     }
     // The downstream ports are QEMU's pcie-root-port models placed below the switch's
     // upstream port: unlike xio3130-downstream they have an ACS capability, as a PAX part's

@@ -162,6 +162,24 @@ pub struct Inputs<'a> {
     pub extra_modules: Vec<(String, Vec<u8>)>,
 }
 
+/// Linux's driver of the switch's DMA endpoint and the kernel's dmaengine acceptance test,
+/// shipped as /lib/modules/NAME.ko when the kernel build that `switchtec.ko` came from
+/// (KDIR/drivers/pci/switch/switchtec.ko) has them in KDIR/drivers/dma/
+/// (CONFIG_SWITCHTEC_DMA=m, CONFIG_DMATEST=m).
+pub const DMA_MODULES: [&str; 2] = ["switchtec_dma", "dmatest"];
+
+/// Where [`DMA_MODULES`] are in the kernel build of `switchtec_ko`, those that exist.
+pub fn dma_modules(switchtec_ko: &Path) -> Vec<(&'static str, PathBuf)> {
+    let Some(kdir) = switchtec_ko.ancestors().nth(4) else {
+        return Vec::new();
+    };
+    DMA_MODULES
+        .iter()
+        .map(|n| (*n, kdir.join("drivers/dma").join(format!("{n}.ko"))))
+        .filter(|(_, p)| p.is_file())
+        .collect()
+}
+
 /// The modules `names` need from the module tree `dir` (a kernel's
 /// /lib/modules/RELEASE), dependencies first, read (and decompressed with `xz` when they
 /// are `.ko.xz`) for [`Inputs::extra_modules`]. Dependencies come from `modinfo`.
@@ -373,6 +391,13 @@ pub fn build(inp: &Inputs, out: &Path) -> Result<PathBuf, String> {
     if let Some(sw) = &sw {
         c.file("lib/modules/switchtec.ko", 0o644, sw);
     }
+    for (name, path) in inp.switchtec_ko.map(dma_modules).unwrap_or_default() {
+        c.file(
+            &format!("lib/modules/{name}.ko"),
+            0o644,
+            &read(&path, "DMA endpoint module")?,
+        );
+    }
     let data = c.finish();
     fs::write(out, &data).map_err(|e| format!("cannot write initramfs {}: {e}", out.display()))?;
     Ok(out.to_path_buf())
@@ -396,6 +421,27 @@ mod tests {
         let trailer = d.windows(10).position(|w| w == b"TRAILER!!!");
         assert!(trailer.is_some());
         assert_eq!(d.len() % 512, 0);
+    }
+
+    #[test]
+    fn dma_modules_come_from_the_switchtec_kernel_build() {
+        let kdir = std::env::temp_dir().join(format!("pcifab-dma-modules-{}", std::process::id()));
+        let sw = kdir.join("drivers/pci/switch/switchtec.ko");
+        fs::create_dir_all(sw.parent().unwrap()).unwrap();
+        fs::create_dir_all(kdir.join("drivers/dma")).unwrap();
+        fs::write(&sw, b"x").unwrap();
+        assert!(dma_modules(&sw).is_empty(), "none built");
+        fs::write(kdir.join("drivers/dma/switchtec_dma.ko"), b"x").unwrap();
+        fs::write(kdir.join("drivers/dma/dmatest.ko"), b"x").unwrap();
+        assert_eq!(
+            dma_modules(&sw),
+            [
+                ("switchtec_dma", kdir.join("drivers/dma/switchtec_dma.ko")),
+                ("dmatest", kdir.join("drivers/dma/dmatest.ko"))
+            ]
+        );
+        assert!(dma_modules(Path::new("switchtec.ko")).is_empty());
+        fs::remove_dir_all(&kdir).unwrap();
     }
 
     #[test]

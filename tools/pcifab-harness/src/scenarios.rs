@@ -15,6 +15,7 @@ use crate::fabric::Fabric;
 mod compose;
 mod compose_locks;
 mod compose_trust;
+mod dma_endpoint;
 mod driver_trust;
 mod hotplug;
 mod identity;
@@ -501,6 +502,11 @@ pub fn all() -> Vec<Scenario> {
             "install: driver_override hands the MEP from switchtec to pcifab and back",
             240,
             install::driver_override,
+        ),
+        s(
+            "dma endpoint: Linux's switchtec_dma passes dmatest on every channel",
+            900,
+            dma_endpoint::linux_driver_passes_dmatest,
         ),
         s("rmmod pcifab in every host", 120, identity::rmmod_pcifab),
         // Before the hot removal: QEMU 11.1 aborts after the device_del of h0's MEP
