@@ -16,7 +16,9 @@
 //! for each part); each batch is submitted with one
 //! doorbell, then waited for by watching the engine's status write-back in the ring (polled,
 //! no completion interrupt: [`POLL_SPIN_US`]); a timeout, a signal or unbind resets the
-//! engine and waits until it is idle before the batch's pages are released.
+//! engine and waits until it is idle before the batch's pages are released. A MEP whose
+//! registers read all ones has left the bus (a surprise removal): the copy ends with `ENODEV`
+//! at once and releases its pages, since a device that is gone reaches no memory.
 
 use kernel::{
     device::{Bound, Device},
@@ -102,6 +104,9 @@ struct Engine {
     /// A reset did not bring the engine to rest: it may still write to host memory it was
     /// given, so nothing it was given (ring, user pages) is ever released, and no copy runs.
     stuck: bool,
+    /// The device read all ones at the last reset (it was gone), so the reset may not have
+    /// reached it: the next part resets the engine again before it uses it.
+    reset_due: bool,
 }
 
 /// P2P state of one endpoint.
@@ -151,6 +156,7 @@ impl P2p {
                 tail: 0,
                 dead: false,
                 stuck: false,
+                reset_due: false,
             }),
             routes <- new_mutex!(()),
             cache <- new_mutex!(None),
@@ -569,7 +575,12 @@ pub(crate) fn copy(
             break;
         };
         let mut e = mep.p2p.engine.lock();
-        let gone = if e.dead || mep.p2p.abort.load(Relaxed) {
+        if e.reset_due && !e.dead {
+            // The last part ended with the device gone: the engine may not have seen the
+            // reset then.
+            reset(mep, &mut e);
+        }
+        let gone = if e.dead || e.reset_due || mep.p2p.abort.load(Relaxed) {
             Some(ENODEV)
         } else if e.ring.is_none() {
             Some(EOPNOTSUPP)
@@ -662,7 +673,8 @@ fn kind_addr(end: End) -> (u32, u64) {
 ///
 /// Returns the bytes copied, the status of the last descriptor that ran, and the error of
 /// the first that failed. On timeout, signal or unbind the engine is reset and waited for,
-/// so nothing of the batch is in flight when this returns.
+/// so nothing of the batch is in flight when this returns. A device that reads all ones is
+/// gone: `ENODEV`, and it reaches no memory any more.
 fn run_batch(
     mep: &Mep,
     e: &mut MutexGuard<'_, Engine>,
@@ -712,6 +724,15 @@ fn run_batch(
             let (head, status) =
                 mep.with_bar(|bar| (bar.read(regs::DMA_HEAD).value(), bar.read(regs::DMA_STATUS)))?;
             let head: u32 = head.into();
+            if status.into_raw() == u32::MAX {
+                // Nothing answers: the device left the bus.
+                dev_warn!(
+                    mep.pdev,
+                    "P2P DMA engine reads all ones: device gone; copy stopped\n"
+                );
+                failed = Some(ENODEV);
+                break;
+            }
             if head == tail {
                 break;
             }
@@ -803,24 +824,30 @@ fn collect(
 /// Resets the engine, waits until its current descriptor is finished and starts it again.
 ///
 /// An engine still busy after [`RESET_WAIT_MS`] is marked stuck: whatever host memory it was
-/// given stays allocated, pinned and mapped, and no copy runs on it any more.
+/// given stays allocated, pinned and mapped, and no copy runs on it any more. A device that
+/// reads all ones has left the bus and writes nothing any more: it is not waited for, and the
+/// next part resets it again (`reset_due`), as the reset may not have reached it.
 fn reset(mep: &Mep, e: &mut Engine) {
     let _ = mep.with_bar(|bar| {
         bar.write_reg(regs::DMA_CTRL::zeroed().with_reset(true));
     });
-    let idle = read_poll_timeout(
-        // A device that is gone writes nothing any more.
+    // `None`: unbound; `Some(None)`: reads all ones (gone); else whether it is busy. Neither
+    // an unbound nor a gone device writes anything any more.
+    let r = read_poll_timeout(
         || {
-            Ok(mep
-                .with_bar(|bar| bar.read(regs::DMA_STATUS).busy())
-                .unwrap_or(false))
+            let status = mep.with_bar(|bar| bar.read(regs::DMA_STATUS)).ok();
+            Ok(status.map(|s| (s.into_raw() != u32::MAX).then_some(s.busy())))
         },
-        |busy| !busy,
+        |s| !matches!(s, Some(Some(true))),
         Delta::from_millis(1),
         Delta::from_millis(RESET_WAIT_MS),
-    )
-    .is_ok();
+    );
+    let (idle, gone) = (r.is_ok(), matches!(r, Ok(Some(None))));
     e.tail = 0;
+    e.reset_due = gone;
+    if gone {
+        return;
+    }
     if !idle {
         dev_err!(
             mep.pdev,

@@ -23,6 +23,7 @@ mod mgmt;
 mod mgmt_net;
 mod nvme;
 mod nvme_pool;
+mod p2p_trust;
 mod pax_client;
 mod pax_driver;
 mod selftest;
@@ -234,6 +235,11 @@ pub fn all() -> Vec<Scenario> {
             "p2p: route removed and target unbound during a copy",
             300,
             p2p::p2p_races,
+        ),
+        s(
+            "p2p trust: the MEP gone during a copy ends it with ENODEV and unpins its pages",
+            300,
+            p2p_trust::gone_during_copy,
         ),
         s(
             "sysfs: per-function telemetry in every host follows the firmware",

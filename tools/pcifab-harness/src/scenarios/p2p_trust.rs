@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! What a P2P copy (`PCIFAB_IOCTL_P2P_COPY`, the MEP's DMA engine) does with the memory and
+//! the locks it holds when things go wrong: the MEP leaving the bus mid-copy, a user buffer in
+//! movable memory, a copier killed while it waits for the engine. Host h0 boots with a
+//! virtual IOMMU (`fabric::iommu_host`); all three run there.
+//!
+//! Pinned pages are counted by the guest kernel itself: `nr_foll_pin_acquired` and
+//! `nr_foll_pin_released` of `/proc/vmstat` (every `pin_user_pages*()` page and every unpin),
+//! so "acquired - released" is the number of pages pinned right now, in the whole guest,
+//! once `vm.stat_refresh` folded the CPUs' pending counts in (without it the two may lag by
+//! a CPU's batch).
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::checks::{
+    bind_here, check_invariants, compose_begin, dmesg_clean, expect_eq, json_line, pcifab_ok,
+    refused_without_extensions, Checks, GPU0, MIB,
+};
+use crate::fabric::{EmuControl, Fabric, Host};
+
+const LONG: Duration = Duration::from_secs(240);
+/// ENODEV as the CLI reports it (`error.errno`).
+const ENODEV: i64 = 19;
+
+/// Pages pinned in `h`'s kernel right now (`nr_foll_pin_acquired - nr_foll_pin_released`).
+fn pinned_pages(h: &mut Host) -> Result<i64, String> {
+    let o = h.run_ok(
+        "echo 1 > /proc/sys/vm/stat_refresh && \
+         grep -E '^nr_foll_pin_(acquired|released) ' /proc/vmstat",
+    )?;
+    let field = |name: &str| -> Result<i64, String> {
+        o.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| format!("{}: /proc/vmstat has no {name}: {o}", h.name))
+    };
+    Ok(field("nr_foll_pin_acquired ")? - field("nr_foll_pin_released ")?)
+}
+
+/// Adds a route to `pdfid` at window offset 0 of `h`'s window.
+fn route0(h: &mut Host, pdfid: u16, size: u64) -> Result<(), String> {
+    let v = pcifab_ok(
+        h,
+        &format!("p2p route add {pdfid:#06x} --size {size:#x} --target-off 0 --window-off 0"),
+    )?;
+    expect_eq(
+        &format!("{}: window offset of the route to {pdfid:#06x}", h.name),
+        Some(0),
+        v["window_off"].as_u64(),
+    )
+}
+
+/// Waits (at most 20 s) until `host`'s MEP has a DMA descriptor in flight.
+fn wait_dma_in_flight(emu: &EmuControl, host: &str, what: &str) -> Result<(), String> {
+    let t = Instant::now();
+    loop {
+        let v = emu.request(&format!("p2p {host}"))?;
+        if v["head"].as_u64() != v["tail"].as_u64() {
+            return Ok(());
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            return Err(format!(
+                "{host}: {what}: the copy never reached the DMA engine within 20 s \
+                 (emulator p2p state: {v})"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts `pcifab p2p copy ARGS --json` in the background of `h`; its exit code lands in
+/// `/tmp/TAG.rc` and its output in `/tmp/TAG.json`.
+fn copy_in_background(h: &mut Host, tag: &str, args: &str) -> Result<(), String> {
+    h.run_ok(&format!(
+        "rm -f /tmp/{tag}.rc /tmp/{tag}.json; (pcifab p2p copy {args} --json > /tmp/{tag}.json \
+         2>&1; echo $? > /tmp/{tag}.rc) >/dev/null 2>&1 &"
+    ))?;
+    Ok(())
+}
+
+/// Waits (at most `secs`) for the background copy `tag` to end; returns its exit code and
+/// JSON.
+fn copy_result(h: &mut Host, tag: &str, secs: u32) -> Result<(i64, Value), String> {
+    let o = h.run_ok_timeout(
+        &format!(
+            "i=0; while [ ! -s /tmp/{tag}.rc ] && [ $i -lt {} ]; do sleep 0.05; i=$((i+1)); done; \
+             [ -s /tmp/{tag}.rc ] || {{ echo 'the copy still runs {secs} s on'; exit 1; }}; \
+             cat /tmp/{tag}.rc /tmp/{tag}.json",
+            secs * 20
+        ),
+        LONG,
+    )?;
+    let code = o
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .ok_or_else(|| format!("{}: copy {tag}: no exit code in {o:?}", h.name))?;
+    Ok((code, json_line(&o)?))
+}
+
+/// The MEP leaves the bus (surprise removal: every BAR0 read returns all ones) while a copy
+/// from a 16 MiB user buffer runs: the copy must end with ENODEV at once, with every page it
+/// pinned unpinned and nothing left mapped for the device; once the MEP is back, copies work.
+pub fn gone_during_copy(f: &mut Fabric) -> Result<(), String> {
+    if refused_without_extensions(f, &["p2p copy --from 0x0300:0 --to 0x0401:0 --len 0x1000"])? {
+        return Ok(());
+    }
+    compose_begin(f)?;
+    let e = f.expected.clone();
+    let emu = f.emu();
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    let _ = bind_here(h0, &e, GPU0)?;
+    route0(h0, GPU0, 64 * MIB)?;
+    h0.run_ok("head -c 16777216 /dev/urandom > /tmp/gone.in")?;
+    let maps = emu.request("dma-maps h0")?;
+    let pinned = pinned_pages(h0)?;
+    // The engine sleeps before every 1 MiB it copies: the copy is still running when the
+    // MEP goes.
+    emu.request("fault h0 dma-delay 100")?;
+    let result = (|| -> Result<(u128, i64, Value), String> {
+        copy_in_background(
+            h0,
+            "gone",
+            "--from file:/tmp/gone.in --to 0x0300:0 --len 16M --timeout 120000",
+        )?;
+        wait_dma_in_flight(&emu, "h0", "copy before the MEP goes")?;
+        let t = Instant::now();
+        emu.request("fault h0 gone")?;
+        let (code, v) = copy_result(h0, "gone", 60)?;
+        Ok((t.elapsed().as_millis(), code, v))
+    })();
+    // What the device can reach and what is pinned is looked at before the MEP comes back.
+    let pinned_after = pinned_pages(h0);
+    let maps_after = emu.request("dma-maps h0");
+    emu.request("fault h0 clear")?;
+    let (ms, code, v) = result?;
+    h0.log_note(&format!(
+        "copy ended {ms} ms after the MEP went (exit {code}): {v}"
+    ));
+    let mut c = Checks::new("h0: 16 MiB copy from a user buffer, the MEP gone during it");
+    if code == 0 {
+        c.fail(format!("exit code: expected a failure, got 0 ({v})"));
+    }
+    c.eq_json(
+        "errno (ENODEV)",
+        Value::from(ENODEV),
+        v["error"]["errno"].clone(),
+    );
+    if ms > 3000 {
+        c.fail(format!(
+            "the copy ended {ms} ms after the MEP went; expected within 3000 ms"
+        ));
+    }
+    c.eq("pages pinned (as before the copy)", pinned, pinned_after?);
+    let maps_after = maps_after?;
+    if maps_after["maps"] != maps["maps"] {
+        let n = |v: &Value| v["maps"].as_array().map_or(0, Vec::len);
+        c.fail(format!(
+            "the emulator's DMA table: expected only what was mapped before the copy (the \
+             ring, {} mappings: {}), got {} mappings",
+            n(&maps),
+            maps["maps"],
+            n(&maps_after)
+        ));
+    }
+    c.finish()?;
+    // Back on the bus: the next copy resets the engine first, and works.
+    pcifab_ok(
+        h0,
+        "p2p copy --from file:/tmp/gone.in --to 0x0300:0 --len 1M --timeout 120000",
+    )?;
+    pcifab_ok(
+        h0,
+        "p2p copy --from 0x0300:0 --to file:/tmp/gone.out --len 1M --timeout 120000",
+    )?;
+    h0.run_ok("head -c 1048576 /tmp/gone.in | cmp - /tmp/gone.out && rm -f /tmp/gone.*")
+        .map_err(|e| format!("h0: 1 MiB round trip after the MEP came back: {e}"))?;
+    expect_eq("h0: pages pinned at the end", pinned, pinned_pages(h0)?)?;
+    check_invariants(&emu, "P2P trust: MEP gone")?;
+    dmesg_clean(h0)
+}
