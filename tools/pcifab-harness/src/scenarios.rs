@@ -242,6 +242,11 @@ pub fn all() -> Vec<Scenario> {
             p2p_trust::gone_during_copy,
         ),
         s(
+            "p2p trust: user buffers are pinned long-term, out of movable memory",
+            420,
+            p2p_trust::longterm_pins,
+        ),
+        s(
             "sysfs: per-function telemetry in every host follows the firmware",
             120,
             telemetry::sysfs_telemetry,

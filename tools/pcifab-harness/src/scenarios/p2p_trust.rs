@@ -181,3 +181,113 @@ pub fn gone_during_copy(f: &mut Fabric) -> Result<(), String> {
     check_invariants(&emu, "P2P trust: MEP gone")?;
     dmesg_clean(h0)
 }
+
+/// A user buffer in movable memory: the copy pins it long-term (`FOLL_LONGTERM`), so the
+/// kernel moves the pages out of the movable zone first, and that memory block can still be
+/// taken offline while the copy holds the pages. A short-term pin would leave them in the
+/// block, unmovable, and the offline would not finish.
+pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
+    if refused_without_extensions(f, &["p2p copy --from 0x0300:0 --to 0x0401:0 --len 0x1000"])? {
+        return Ok(());
+    }
+    compose_begin(f)?;
+    let e = f.expected.clone();
+    let emu = f.emu();
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    let _ = bind_here(h0, &e, GPU0)?;
+    route0(h0, GPU0, 64 * MIB)?;
+    h0.run_ok("head -c 8388608 /dev/urandom > /tmp/lt.in")?;
+    let pinned = pinned_pages(h0)?;
+    // A memory block taken offline and brought back as ZONE_MOVABLE, which fresh user
+    // memory (the CLI's buffer) is taken from first. The highest block that goes offline:
+    // the kernel refuses blocks that hold unmovable pages and says so with a dump of the
+    // page ("page dumped because: unmovable page"), which is no fault of the module. dmesg
+    // is checked before and cleared after the search, so nothing else is hidden.
+    dmesg_clean(h0)?;
+    let o = h0.run_ok_timeout(
+        "cd /sys/devices/system/memory || exit 1\n\
+         for n in $(ls | sed -n 's/^memory\\([0-9]*\\)$/\\1/p' | sort -n -r); do\n\
+           [ \"$(cat memory$n/state)\" = online ] || continue\n\
+           timeout 20 sh -c \"echo offline > memory$n/state\" 2>/dev/null || continue\n\
+           echo online_movable > memory$n/state || { echo online > memory$n/state; exit 1; }\n\
+           echo \"block $n $(cat memory$n/valid_zones)\"; exit 0\n\
+         done; echo 'no memory block goes offline'; exit 1",
+        LONG,
+    )?;
+    h0.run_ok("dmesg -c >/dev/null")?;
+    let line = o
+        .lines()
+        .find(|l| l.starts_with("block "))
+        .ok_or_else(|| format!("h0: no movable memory block: {o}"))?;
+    let mut words = line.split_whitespace().skip(1);
+    let block = words.next().unwrap_or("").to_string();
+    let zone = words.next().unwrap_or("");
+    h0.log_note(&format!("memory block {block} onlined as {zone}"));
+    expect_eq(
+        "h0: zone of the memory block onlined movable",
+        "Movable",
+        zone,
+    )?;
+    let state = format!("/sys/devices/system/memory/memory{block}/state");
+
+    // Every chunk waits 30 s in the engine: the first part of the buffer stays pinned
+    // while the block is taken offline.
+    emu.request("fault h0 dma-delay 30000")?;
+    let result = (|| -> Result<(i64, String), String> {
+        copy_in_background(
+            h0,
+            "lt",
+            "--from file:/tmp/lt.in --to 0x0300:0 --len 8M --timeout 300000",
+        )?;
+        wait_dma_in_flight(&emu, "h0", "copy from a buffer in movable memory")?;
+        let o = h0.run_timeout(
+            &format!("timeout 20 sh -c 'echo offline > {state}' 2>&1; echo rc=$?"),
+            LONG,
+        )?;
+        let head_tail = emu.request("p2p h0")?;
+        h0.log_note(&format!(
+            "offline during the copy: {}; engine {head_tail}",
+            o.out.trim()
+        ));
+        let in_flight = head_tail["head"].as_u64() != head_tail["tail"].as_u64();
+        if !in_flight {
+            return Err(format!(
+                "h0: the copy left the engine before the offline ended ({head_tail}): \
+                 nothing was pinned during it"
+            ));
+        }
+        Ok((o.code, o.out))
+    })();
+    emu.request("fault h0 clear")?;
+    let copied = copy_result(h0, "lt", 200);
+    // The block comes back whatever happened.
+    let _ = h0.run(&format!(
+        "[ \"$(cat {state})\" = online ] || echo online_movable > {state}"
+    ));
+    let (_, out) = result?;
+    let mut c = Checks::new("h0: 8 MiB copy from a buffer in a movable memory block");
+    if !out.contains("rc=0") {
+        c.fail(format!(
+            "taking the block offline while the copy held its pages: expected it to finish \
+             (the pinned pages moved out of the movable zone), got: {}",
+            out.trim()
+        ));
+    }
+    let (code, v) = copied?;
+    c.eq("copy exit code", 0, code);
+    c.eq_json("bytes copied", Value::from(8 * MIB), v["bytes"].clone());
+    c.finish()?;
+    pcifab_ok(
+        h0,
+        "p2p copy --from 0x0300:0 --to file:/tmp/lt.out --len 8M --timeout 120000",
+    )?;
+    h0.run_ok("cmp /tmp/lt.in /tmp/lt.out && rm -f /tmp/lt.*")
+        .map_err(|e| format!("h0: 8 MiB round trip through a movable block: {e}"))?;
+    expect_eq(
+        "h0: pages pinned after the copies",
+        pinned,
+        pinned_pages(h0)?,
+    )?;
+    check_invariants(&emu, "P2P trust: long-term pins")?;
+    dmesg_clean(h0)
+}
