@@ -247,6 +247,11 @@ pub fn all() -> Vec<Scenario> {
             p2p_trust::longterm_pins,
         ),
         s(
+            "p2p trust: SIGKILL ends a copier waiting for the DMA engine within 1 s",
+            300,
+            p2p_trust::killed_waiter,
+        ),
+        s(
             "sysfs: per-function telemetry in every host follows the firmware",
             120,
             telemetry::sysfs_telemetry,

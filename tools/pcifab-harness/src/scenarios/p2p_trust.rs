@@ -23,6 +23,8 @@ use crate::fabric::{EmuControl, Fabric, Host};
 const LONG: Duration = Duration::from_secs(240);
 /// ENODEV as the CLI reports it (`error.errno`).
 const ENODEV: i64 = 19;
+/// The x86-64 system call number of ioctl, as `/proc/PID/syscall` shows it.
+const SYS_IOCTL: &str = "16";
 
 /// Pages pinned in `h`'s kernel right now (`nr_foll_pin_acquired - nr_foll_pin_released`).
 fn pinned_pages(h: &mut Host) -> Result<i64, String> {
@@ -289,5 +291,115 @@ pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
         pinned_pages(h0)?,
     )?;
     check_invariants(&emu, "P2P trust: long-term pins")?;
+    dmesg_clean(h0)
+}
+
+/// One long function-to-function copy runs; a second copier waits for the engine. SIGKILL
+/// ends the waiting one within a second; the first completes, byte for byte.
+pub fn killed_waiter(f: &mut Fabric) -> Result<(), String> {
+    if refused_without_extensions(f, &["p2p copy --from 0x0300:0 --to 0x0401:0 --len 0x1000"])? {
+        return Ok(());
+    }
+    compose_begin(f)?;
+    let e = f.expected.clone();
+    let emu = f.emu();
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    let _ = bind_here(h0, &e, GPU0)?;
+    route0(h0, GPU0, 128 * MIB)?;
+    emu.request(&format!("mem-fill {GPU0:#06x} 0 {:#x} 0x5eed0d", 32 * MIB))?;
+    emu.request(&format!(
+        "mem-fill {GPU0:#06x} {:#x} {:#x} 1",
+        32 * MIB,
+        32 * MIB
+    ))?;
+    let want = emu.request(&format!("mem-hash {GPU0:#06x} 0 {:#x}", 32 * MIB))?;
+    // 32 chunks of 1 MiB, 400 ms each: about 13 s.
+    emu.request("fault h0 dma-delay 400")?;
+    let cmd = pcifab_uapi::PCIFAB_IOCTL_P2P_COPY;
+    let result = (|| -> Result<(String, bool), String> {
+        copy_in_background(
+            h0,
+            "long",
+            "--from 0x0300:0 --to 0x0300:0x2000000 --len 32M --timeout 120000",
+        )?;
+        wait_dma_in_flight(&emu, "h0", "the long copy")?;
+        // The second copier: in the copy ioctl (system call and command, from
+        // /proc/PID/syscall, where the command shows sign-extended), then killed; the time from the kill to its end is measured
+        // in the guest (/proc/uptime, 10 ms steps).
+        let o = h0.run_ok_timeout(
+            &format!(
+                "pcifab p2p copy --from 0x0300:0 --to 0x0300:0x6000000 --len 0x1000 --json \
+                 >/tmp/second.out 2>&1 & pid=$!\n\
+                 seen=''\n\
+                 in_copy() {{ sc=$(cat /proc/$pid/syscall 2>&1); \
+                   case \"$seen\" in *\"[$sc]\"*) ;; *) seen=\"$seen [$sc]\";; esac; \
+                   set -- $sc; [ \"$1\" = {SYS_IOCTL} ] && \
+                   case \"$3\" in {cmd:#x}|0xffffffff{cmd:08x}) true;; *) false;; esac; }}\n\
+                 read s0 x < /proc/uptime; now=$s0\n\
+                 while ! in_copy && [ ${{now%.*}} -lt $((${{s0%.*}} + 20)) ]; do \
+                   sleep 0.05; read now x < /proc/uptime; done\n\
+                 in_copy || {{ echo \"the second copier never waited in the copy ioctl: \
+                   /proc/PID/syscall read $seen; $(grep State /proc/$pid/status 2>&1); output \
+                   $(cat /tmp/second.out)\"; kill -9 $pid; exit 1; }}\n\
+                 echo \"second copier: syscall $sc, $(grep State /proc/$pid/status)\"\n\
+                 read t0 x < /proc/uptime; kill -9 $pid; wait $pid; rc=$?; \
+                 read t1 x < /proc/uptime\n\
+                 echo \"killed rc=$rc t0=$t0 t1=$t1\""
+            ),
+            LONG,
+        )?;
+        let head_tail = emu.request("p2p h0")?;
+        h0.log_note(&format!("engine after the kill: {head_tail}"));
+        Ok((o, head_tail["head"].as_u64() != head_tail["tail"].as_u64()))
+    })();
+    // The long copy must finish as it was: the delay stays until it is checked.
+    let long = copy_result(h0, "long", 120);
+    emu.request("fault h0 clear")?;
+    let (o, in_flight) = result?;
+    h0.log_note(o.trim());
+    let line = o
+        .lines()
+        .find(|l| l.starts_with("killed "))
+        .ok_or_else(|| format!("h0: no kill line in {o:?}"))?;
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or_else(|| format!("h0: no {k} in {line:?}"))
+    };
+    let ms = ((field("t1=")? - field("t0=")?) * 1000.0).round() as i64;
+    let mut c = Checks::new("h0: a copier killed while a 32 MiB copy holds the engine");
+    c.eq(
+        "killed copier's exit status (SIGKILL)",
+        137,
+        field("rc=")? as i64,
+    );
+    if ms > 1000 {
+        c.fail(format!(
+            "the killed copier ended {ms} ms after SIGKILL; expected within 1000 ms"
+        ));
+    } else if !in_flight {
+        // Quick, but proves nothing unless the first copy still held the engine.
+        c.fail(
+            "the long copy left the engine before the kill was measured: nothing was waited for"
+                .into(),
+        );
+    }
+    let (code, v) = long?;
+    c.eq("long copy exit code", 0, code);
+    c.eq_json("long copy bytes", Value::from(32 * MIB), v["bytes"].clone());
+    let got = emu.request(&format!(
+        "mem-hash {GPU0:#06x} {:#x} {:#x}",
+        32 * MIB,
+        32 * MIB
+    ))?;
+    c.eq_json(
+        "hash of [32M, 64M) after the copy from [0, 32M)",
+        want["fnv1a64"].clone(),
+        got["fnv1a64"].clone(),
+    );
+    c.finish()?;
+    h0.log_note(&format!("the killed copier ended {ms} ms after SIGKILL"));
+    check_invariants(&emu, "P2P trust: killed waiter")?;
     dmesg_clean(h0)
 }
