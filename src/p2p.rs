@@ -12,24 +12,27 @@
 //! of the driver is taken, since faulting them in may take as long as the caller's memory
 //! makes it take) and mapped with the DMA API for the length of one batch, so with an IOMMU
 //! the engine reaches only those pages, and they are unmapped and unpinned on every exit path
-//! (the guards' `Drop`). The engine runs one copy's part at a time ([`P2p::copying`], taken
-//! for each part); each batch is submitted with one
-//! doorbell, then waited for by watching the engine's status write-back in the ring (polled,
-//! no completion interrupt: [`POLL_SPIN_US`]); a timeout, a signal or unbind resets the
-//! engine and waits until it is idle before the batch's pages are released.
+//! (the guards' `Drop`). The engine runs one copy's part at a time (the [`Turn`], taken for
+//! each part: a copier waits for it killably and no longer than its own timeout); each batch
+//! is submitted with one doorbell, then waited for by watching the engine's status write-back
+//! in the ring (polled, no completion interrupt: [`POLL_SPIN_US`]), with the engine's lock
+//! taken only for each look; a timeout, a signal or unbind resets the engine and waits until
+//! it is idle before the batch's pages are released. A MEP whose registers read all ones has
+//! left the bus (a surprise removal): the copy ends with `ENODEV` at once and releases its
+//! pages, since a device that is gone reaches no memory.
 
 use kernel::{
     device::{Bound, Device},
     dma::{Coherent, DataDirection},
     io::{io_read, io_write, poll::read_poll_timeout, Io},
-    new_mutex,
+    new_condvar, new_mutex,
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
         barrier::{dma_mb, Read},
-        Arc, Mutex, MutexGuard,
+        Arc, CondVar, CondVarTimeoutResult, Mutex,
     },
-    time::{Delta, Instant, Monotonic},
+    time::{msecs_to_jiffies, Delta, Instant, Monotonic},
 };
 
 use crate::{
@@ -102,16 +105,36 @@ struct Engine {
     /// A reset did not bring the engine to rest: it may still write to host memory it was
     /// given, so nothing it was given (ring, user pages) is ever released, and no copy runs.
     stuck: bool,
+    /// The device read all ones at the last reset (it was gone), so the reset may not have
+    /// reached it: the next part resets the engine again before it uses it.
+    reset_due: bool,
+}
+
+/// The right to run one part of a copy on the engine, held from before the engine is locked
+/// until the engine is done with the part's pages; given back (and the next waiter woken) on
+/// drop.
+pub(crate) struct Turn<'a>(&'a P2p);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        *self.0.busy.lock() = false;
+        self.0.turn_free.notify_all();
+    }
 }
 
 /// P2P state of one endpoint.
 #[pin_data]
 pub(crate) struct P2p {
-    /// Held for each part of a copy (never while its user pages are pinned): the engine runs
-    /// one part's batches at a time. Taken before `engine`; unbind takes it to wait for the
-    /// running part.
+    /// Whether a [`Turn`] is out: the engine runs one part's batches at a time. A turn is
+    /// taken before `engine`; unbind takes one to wait for the running part. The lock itself
+    /// is only held to look at or change the flag.
     #[pin]
-    copying: Mutex<()>,
+    busy: Mutex<bool>,
+    /// Signalled when a turn is given back.
+    #[pin]
+    turn_free: CondVar,
+    /// Held briefly: to check the engine's state, fill the ring and ring the doorbell, for
+    /// each look at the ring while a batch runs, and for a reset.
     #[pin]
     engine: Mutex<Engine>,
     /// Serialises route changes (the free-window search and the add).
@@ -144,13 +167,15 @@ pub(crate) struct Counters {
 impl P2p {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
-            copying <- new_mutex!(()),
+            busy <- new_mutex!(false),
+            turn_free <- new_condvar!("pcifab::P2p::turn_free"),
             engine <- new_mutex!(Engine {
                 ring: None,
                 binding: None,
                 tail: 0,
                 dead: false,
                 stuck: false,
+                reset_due: false,
             }),
             routes <- new_mutex!(()),
             cache <- new_mutex!(None),
@@ -169,6 +194,39 @@ impl P2p {
             copies: self.copies.load(Relaxed),
             bytes: self.bytes.load(Relaxed),
         }
+    }
+
+    /// Waits for the engine's turn as a copier: interrupted by a signal (`ERESTARTSYS`,
+    /// nothing was copied by this wait) and bounded by the copy's own deadline
+    /// (`ETIMEDOUT`), so a copier stuck behind a long copy can always be killed.
+    fn turn(&self, start: Instant<Monotonic>, timeout_ms: u32) -> Result<Turn<'_>> {
+        let mut busy = self.busy.lock();
+        while *busy {
+            let left = i64::from(timeout_ms).saturating_sub(start.elapsed().as_millis());
+            let Ok(left @ 1..) = u32::try_from(left) else {
+                return Err(ETIMEDOUT);
+            };
+            match self
+                .turn_free
+                .wait_interruptible_timeout(&mut busy, msecs_to_jiffies(left))
+            {
+                CondVarTimeoutResult::Signal { .. } => return Err(ERESTARTSYS),
+                CondVarTimeoutResult::Timeout | CondVarTimeoutResult::Woken { .. } => {}
+            }
+        }
+        *busy = true;
+        Ok(Turn(self))
+    }
+
+    /// Waits for the engine's turn for unbind, which must wait: the running part sees
+    /// `abort` at its next look at the engine and gives the turn back.
+    fn turn_for_unbind(&self) -> Turn<'_> {
+        let mut busy = self.busy.lock();
+        while *busy {
+            self.turn_free.wait(&mut busy);
+        }
+        *busy = true;
+        Turn(self)
     }
 
     /// Marks the cached routes out of date (someone changed them).
@@ -285,7 +343,7 @@ fn forget_ring(mep: &Mep) {
 /// returns), later ones fail with `ENODEV`.
 pub(crate) fn shut_down(mep: &Mep) {
     mep.p2p.abort.store(true, Relaxed);
-    let _copying = mep.p2p.copying.lock();
+    let _turn = mep.p2p.turn_for_unbind();
     let mut e = mep.p2p.engine.lock();
     e.dead = true;
     // Stopped and idle before the ring goes: the engine writes statuses back into it. Only
@@ -558,23 +616,40 @@ pub(crate) fn copy(
             }
             None => None,
         };
-        let _copying = mep.p2p.copying.lock();
-        // The device stays bound while a part is copied: unbind takes `copying`
-        // (`shut_down()`) before the binding ends. The binding is held before the engine is
-        // locked, never the other way round: the engine's lock is dropped and retaken while a
-        // batch waits.
+        // Waiting for the turn ends on a signal or at the copy's deadline: the part that runs
+        // may take up to its own timeout.
+        let _turn = match mep.p2p.turn(start, timeout_ms) {
+            Ok(t) => t,
+            Err(err) if off == 0 => return Err(err),
+            Err(err) => {
+                copied.err = Some(if err == ERESTARTSYS { EINTR } else { err });
+                break;
+            }
+        };
+        // The device stays bound while a part is copied: unbind takes a turn
+        // (`shut_down()`) before the binding ends, and sets `abort` first so the part running
+        // stops at its next look. The binding is held before the engine is locked, never the
+        // other way round: the engine's lock is taken and dropped for each look while a batch
+        // waits.
         let binding = mep.p2p.engine.lock().binding.clone().ok_or(EOPNOTSUPP)?;
         let Some(bound) = binding.access() else {
             copied.err = Some(ENODEV);
             break;
         };
-        let mut e = mep.p2p.engine.lock();
-        let gone = if e.dead || mep.p2p.abort.load(Relaxed) {
-            Some(ENODEV)
-        } else if e.ring.is_none() {
-            Some(EOPNOTSUPP)
-        } else {
-            None
+        let gone = {
+            let mut e = mep.p2p.engine.lock();
+            if e.reset_due && !e.dead {
+                // The last part ended with the device gone: the engine may not have seen the
+                // reset then.
+                reset(mep, &mut e);
+            }
+            if e.dead || e.reset_due || mep.p2p.abort.load(Relaxed) {
+                Some(ENODEV)
+            } else if e.ring.is_none() {
+                Some(EOPNOTSUPP)
+            } else {
+                None
+            }
         };
         if let Some(err) = gone {
             if off == 0 {
@@ -614,8 +689,8 @@ pub(crate) fn copy(
             }
             at
         };
-        let r = run_batch(mep, &mut e, &batch, start, timeout_ms);
-        if e.stuck {
+        let r = run_batch(mep, &batch, start, timeout_ms);
+        if mep.p2p.engine.lock().stuck {
             // The engine may still write into these pages: keep them pinned and mapped for
             // good rather than hand them back for reuse.
             core::mem::forget(mapped);
@@ -658,18 +733,21 @@ fn kind_addr(end: End) -> (u32, u64) {
     }
 }
 
-/// Submits `batch` (source, destination, length) and waits for it.
+/// Submits `batch` (source, destination, length) and waits for it; the caller holds the
+/// engine's [`Turn`]. The engine's lock is held to fill the ring and ring the doorbell, then
+/// only for each look at the ring and for a reset.
 ///
 /// Returns the bytes copied, the status of the last descriptor that ran, and the error of
 /// the first that failed. On timeout, signal or unbind the engine is reset and waited for,
-/// so nothing of the batch is in flight when this returns.
+/// so nothing of the batch is in flight when this returns. A device that reads all ones is
+/// gone: `ENODEV`, and it reaches no memory any more.
 fn run_batch(
     mep: &Mep,
-    e: &mut MutexGuard<'_, Engine>,
     batch: &[(End, End, u64)],
     start: Instant<Monotonic>,
     timeout_ms: u32,
 ) -> Result<(u64, u32, Option<Error>)> {
+    let mut e = mep.p2p.engine.lock();
     let first = e.tail;
     let n = batch.len() as u32;
     {
@@ -690,6 +768,7 @@ fn run_batch(
     let tail = (first + n) % RING_ENTRIES as u32;
     e.tail = tail;
     mep.with_bar(|bar| bar.write_reg(regs::DMA_TAIL::zeroed().with_value(tail)))?;
+    drop(e);
 
     // Wait until the engine is past the batch. It writes a descriptor's status back when it
     // is done with it, in ring order: the batch's last descriptor written back as a success
@@ -701,8 +780,11 @@ fn run_batch(
     let mut regs_at = POLL_REGS_MS;
     let mut failed = None;
     loop {
-        let ring = e.ring.as_ref().ok_or(EOPNOTSUPP)?;
-        let last_status: u32 = io_read!(ring, [try: last].status);
+        let last_status: u32 = {
+            let e = mep.p2p.engine.lock();
+            let ring = e.ring.as_ref().ok_or(EOPNOTSUPP)?;
+            io_read!(ring, [try: last].status)
+        };
         if n != 0 && last_status == DMA_OK {
             break;
         }
@@ -712,6 +794,15 @@ fn run_batch(
             let (head, status) =
                 mep.with_bar(|bar| (bar.read(regs::DMA_HEAD).value(), bar.read(regs::DMA_STATUS)))?;
             let head: u32 = head.into();
+            if status.into_raw() == u32::MAX {
+                // Nothing answers: the device left the bus.
+                dev_warn!(
+                    mep.pdev,
+                    "P2P DMA engine reads all ones: device gone; copy stopped\n"
+                );
+                failed = Some(ENODEV);
+                break;
+            }
             if head == tail {
                 break;
             }
@@ -741,13 +832,14 @@ fn run_batch(
             usleep_range(Delta::from_micros(nap), Delta::from_micros(nap / 32));
         }
     }
+    let mut e = mep.p2p.engine.lock();
     if let Some(err) = failed {
-        reset(mep, e);
+        reset(mep, &mut e);
         // What completed before the reset still counts.
-        let (bytes, status, _) = collect(mep, e, first, batch)?;
+        let (bytes, status, _) = collect(mep, &e, first, batch)?;
         return Ok((bytes, status, Some(err)));
     }
-    collect(mep, e, first, batch)
+    collect(mep, &e, first, batch)
 }
 
 /// Reads back the statuses of the descriptors of `batch`, written from `first`.
@@ -803,24 +895,30 @@ fn collect(
 /// Resets the engine, waits until its current descriptor is finished and starts it again.
 ///
 /// An engine still busy after [`RESET_WAIT_MS`] is marked stuck: whatever host memory it was
-/// given stays allocated, pinned and mapped, and no copy runs on it any more.
+/// given stays allocated, pinned and mapped, and no copy runs on it any more. A device that
+/// reads all ones has left the bus and writes nothing any more: it is not waited for, and the
+/// next part resets it again (`reset_due`), as the reset may not have reached it.
 fn reset(mep: &Mep, e: &mut Engine) {
     let _ = mep.with_bar(|bar| {
         bar.write_reg(regs::DMA_CTRL::zeroed().with_reset(true));
     });
-    let idle = read_poll_timeout(
-        // A device that is gone writes nothing any more.
+    // `None`: unbound; `Some(None)`: reads all ones (gone); else whether it is busy. Neither
+    // an unbound nor a gone device writes anything any more.
+    let r = read_poll_timeout(
         || {
-            Ok(mep
-                .with_bar(|bar| bar.read(regs::DMA_STATUS).busy())
-                .unwrap_or(false))
+            let status = mep.with_bar(|bar| bar.read(regs::DMA_STATUS)).ok();
+            Ok(status.map(|s| (s.into_raw() != u32::MAX).then_some(s.busy())))
         },
-        |busy| !busy,
+        |s| !matches!(s, Some(Some(true))),
         Delta::from_millis(1),
         Delta::from_millis(RESET_WAIT_MS),
-    )
-    .is_ok();
+    );
+    let (idle, gone) = (r.is_ok(), matches!(r, Ok(Some(None))));
     e.tail = 0;
+    e.reset_due = gone;
+    if gone {
+        return;
+    }
     if !idle {
         dev_err!(
             mep.pdev,

@@ -5,7 +5,8 @@
 //! The kernel crate maps kernel memory for DMA ([`kernel::dma::Coherent`],
 //! [`kernel::scatterlist::SGTable`] of owned pages) but has no way to pin a user buffer and
 //! map it, which a device copying to or from a process's memory needs. [`UserPages`] pins the
-//! pages of a range of the calling task's memory (`pin_user_pages_fast()`), with no lock of
+//! pages of a range of the calling task's memory (`pin_user_pages_fast()` with
+//! `FOLL_LONGTERM`: a copy may hold them for minutes), with no lock of
 //! the driver held; [`UserPages::map`] then builds a scatter-gather table over them and maps
 //! it for a bound device ([`UserDma`]). Dropping the mapping unmaps it; dropping the pages
 //! unpins them (marking them dirty when the device wrote to them).
@@ -28,7 +29,8 @@ use kernel::{
 ///
 /// # Invariants
 ///
-/// `pages` holds pages pinned with `pin_user_pages_fast()` and owned by this object; they
+/// `pages` holds pages pinned with `pin_user_pages_fast()` (`FOLL_LONGTERM`) and owned by this
+/// object; they
 /// hold the `len` bytes at `addr`, the first at offset `addr % PAGE_SIZE`.
 pub(crate) struct UserPages {
     pages: KVec<*mut bindings::page>,
@@ -54,13 +56,18 @@ impl UserPages {
         let npages = usize::try_from((end - first).div_ceil(page)).map_err(|_| EINVAL)?;
         let nr = i32::try_from(npages).map_err(|_| EINVAL)?;
         let mut pages = KVec::from_elem(core::ptr::null_mut(), npages, GFP_KERNEL)?;
-        let gup = match dir {
-            DataDirection::ToDevice => 0,
-            _ => bindings::FOLL_WRITE,
-        };
+        // Long-term: the pages stay pinned for as long as the copy runs, up to its timeout,
+        // which the kernel must know so it first moves them out of movable and CMA memory
+        // (whose pages must stay migratable) and refuses file pages it cannot write back.
+        let gup = bindings::FOLL_LONGTERM
+            | match dir {
+                DataDirection::ToDevice => 0,
+                _ => bindings::FOLL_WRITE,
+            };
         let start = usize::try_from(first).map_err(|_| EFAULT)?;
         // SAFETY: `pages` has room for `npages` pointers; the range is user memory of the
-        // calling task, which the function checks.
+        // calling task, which the function checks; `gup` holds only `FOLL_LONGTERM` and
+        // `FOLL_WRITE`, flags the function takes (it adds `FOLL_PIN` itself).
         let got = unsafe { bindings::pin_user_pages_fast(start, nr, gup, pages.as_mut_ptr()) };
         let got = usize::try_from(got).unwrap_or(0);
         // INVARIANT: Only the pages pinned are kept, so only those are unpinned.

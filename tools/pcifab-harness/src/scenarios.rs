@@ -24,6 +24,7 @@ mod mgmt;
 mod mgmt_net;
 mod nvme;
 mod nvme_pool;
+mod p2p_trust;
 mod pax_client;
 mod pax_driver;
 mod selftest;
@@ -239,6 +240,21 @@ pub fn all() -> Vec<Scenario> {
             "p2p: route removed and target unbound during a copy",
             300,
             p2p::p2p_races,
+        ),
+        s(
+            "p2p trust: the MEP gone during a copy ends it with ENODEV and unpins its pages",
+            300,
+            p2p_trust::gone_during_copy,
+        ),
+        s(
+            "p2p trust: user buffers are pinned long-term, out of movable memory",
+            420,
+            p2p_trust::longterm_pins,
+        ),
+        s(
+            "p2p trust: SIGKILL ends a copier waiting for the DMA engine within 1 s",
+            300,
+            p2p_trust::killed_waiter,
         ),
         s(
             "sysfs: per-function telemetry in every host follows the firmware",
