@@ -171,7 +171,7 @@ pax-client: kernel check-module tools switchtec-user
 # Every sanitizer cell ends with the kmemleak scan. Each run writes
 # RESULTS/<cell>/summary.json; a failed cell does not stop the others, and `pcifab-harness
 # summary` prints one line per cell and the final `N passed, N failed`.
-EXT_ONLY := p2p:|p2p grants
+EXT_ONLY := p2p:|p2p grants|p2p trust
 DEBUG_PAX_2 := DMA MRPC|pax client|mrpc classes|sysfs: other|mrpc: an abandoned|events:|hostile firmware|firmware lies|fwctl|fuzz:|insmod/rmmod|probe|install:
 DEBUG_EXT_FILTER := agent answers|pcifab binds the MEP|p2p|sysfs: per-function|features|extensions|compose: move GPU0|bind and unbind reach h0|two hosts unbind|rmmod pcifab in every host|kmemleak
 DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
