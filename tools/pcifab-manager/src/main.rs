@@ -200,7 +200,7 @@ fn run(a: Args) -> Result<(), String> {
     d.telemetry = telemetry;
     d.liveness = liveness;
     d.scrubber = Some(scrubber);
-    daemon::serve(d, &a.socket)
+    pcifab_manager::socket::serve(d, &a.socket)
 }
 
 /// `--ask`: one request to a running manager; the exit status says how it went.

@@ -606,7 +606,7 @@ fn socket_events_wait_ends_when_the_notice_comes() {
         .expect("timeout");
     {
         let d = d.clone();
-        std::thread::spawn(move || pcifab_manager::daemon::serve_conn(d, theirs));
+        std::thread::spawn(move || pcifab_manager::socket::serve_conn(d, theirs));
     }
     for bad in [json!(61), json!(-1), json!("5"), json!(1.5)] {
         let r = ask(&mut s, json!({"op": "events", "wait": bad}));
