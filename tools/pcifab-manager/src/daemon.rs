@@ -13,9 +13,10 @@ use crate::{
     executor::Executor,
     liveness::Liveness,
     protocol::{self, Request},
+    scheduler::persist::{self, Image},
     scheduler::{Action, Host, Pdfid, Scheduler, Scrub, Secs},
     scrub::{Report, Scrubber},
-    store::{LogEntry, Store},
+    store::{LogEntry, Retention, StateStore},
     telemetry::{Judge, Sample, Source, Verdict},
 };
 
@@ -33,7 +34,9 @@ pub struct Telemetry {
 
 pub struct Daemon {
     pub sched: Scheduler,
-    pub store: Store,
+    pub store: Box<dyn StateStore>,
+    /// What the store holds: a commit writes the records that differ from it.
+    image: Image,
     pub exec: Box<dyn Executor + Send>,
     pub clock: Clock,
     pub telemetry: Option<Telemetry>,
@@ -45,7 +48,6 @@ pub struct Daemon {
     /// The link states last seen, to log changes; the last read error, to log it once.
     links: BTreeMap<Host, bool>,
     link_error: Option<String>,
-    saved: Vec<u8>,
     /// Erases devices of scrub pools between holders (none: such a device fails its scrub).
     pub scrubber: Option<Arc<dyn Scrubber>>,
     /// Scrubs running, one thread each.
@@ -75,7 +77,7 @@ impl Daemon {
     /// manager, failover and telemetry settings, and brings the fabric to the stored state.
     pub fn start(
         config: Config,
-        store: Store,
+        store: impl StateStore + 'static,
         mut exec: Box<dyn Executor + Send>,
         clock: Clock,
     ) -> Result<Self, String> {
@@ -90,8 +92,16 @@ impl Daemon {
                 .collect(),
         )?;
         let api = config.api.clone();
-        let sched = match store.load()? {
-            Some(mut s) => {
+        let (sched, image) = match persist::load(&store)? {
+            Some((mut s, image)) => {
+                if image.migrating() {
+                    eprintln!(
+                        "pcifab-manager: the state is of an older format; it is stored again \
+                         as format {} (one record per lease, request, notice...) by the first \
+                         commit",
+                        persist::FORMAT
+                    );
+                }
                 if s.config.pools != config.pools {
                     eprintln!(
                         "pcifab-manager: the pools in the configuration differ from the stored \
@@ -102,15 +112,16 @@ impl Daemon {
                 s.config.manager = config.manager.clone();
                 s.config.failover = config.failover.clone();
                 s.config.telemetry = config.telemetry.clone();
-                s
+                (s, image)
             }
-            None => Scheduler::new(config),
+            None => (Scheduler::new(config), Image::default()),
         };
         let actual = exec.fabric(&sched.pool_functions())?;
         let fix = sched.reconcile(&actual);
         let mut d = Self {
             sched,
-            store,
+            store: Box::new(store),
+            image,
             exec,
             clock,
             telemetry: None,
@@ -118,7 +129,6 @@ impl Daemon {
             liveness: None,
             links: BTreeMap::new(),
             link_error: None,
-            saved: Vec::new(),
             scrubber: None,
             scrubbing: BTreeMap::new(),
             scrubs: Vec::new(),
@@ -180,18 +190,23 @@ impl Daemon {
         }
     }
 
-    /// Commits the state (if it changed) and the log entry.
+    /// Commits what changed in the state since the last commit, and the log entry.
     pub(crate) fn commit(&mut self, entry: Option<&LogEntry>) -> Result<(), String> {
         // Notices are served from memory, stored or not: wake whoever waits for one.
         let next = self.sched.next_notice;
         self.notices
             .send_if_modified(|n| std::mem::replace(n, next) != next);
-        let bytes = serde_json::to_vec(&self.sched).map_err(|e| e.to_string())?;
-        if entry.is_none() && bytes == self.saved {
+        let delta = self.image.diff(&self.sched)?;
+        if entry.is_none() && delta.is_empty() {
             return Ok(());
         }
-        self.store.save(&self.sched, entry)?;
-        self.saved = bytes;
+        let m = &self.sched.config.manager;
+        let keep = Retention {
+            max_entries: m.log_max_entries,
+            max_age_s: m.log_max_age_s,
+        };
+        self.store.commit(&delta.batch, entry, keep)?;
+        self.image.accept(delta);
         Ok(())
     }
 

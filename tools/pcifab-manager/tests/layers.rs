@@ -12,8 +12,8 @@ use std::path::Path;
 /// The layers, bottom first: (layer, its modules). Every module of `src/` is in one.
 const LAYERS: &[(&str, &[&str])] = &[
     ("base", &["clock", "config", "driver", "notify", "blockdev"]),
-    ("scheduler", &["scheduler"]),
     ("store", &["store"]),
+    ("scheduler", &["scheduler"]),
     ("executor", &["executor", "scrub", "liveness", "telemetry"]),
     ("service", &["protocol", "auth", "stats", "daemon"]),
     (
