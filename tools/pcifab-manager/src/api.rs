@@ -67,8 +67,7 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
 /// The API's listen queue (capped by net.core.somaxconn).
 const LISTEN_BACKLOG: libc::c_int = 4096;
 
-/// Longest a `GET /v1/events?wait=S` waits for a notice.
-pub const MAX_EVENT_WAIT_S: u64 = 60;
+pub use crate::protocol::{status_of, MAX_EVENT_WAIT_S};
 
 /// The array of a list route's reply, which `offset` and `limit` page.
 pub fn list_key(req: &Request) -> Option<&'static str> {
@@ -410,17 +409,6 @@ pub fn http_of(req: &Request, wait_s: u64) -> (&'static str, String, Option<Valu
         Request::Telemetry => ("GET", "/v1/telemetry".into(), None),
         Request::State => ("GET", "/v1/state".into(), None),
         Request::Log { n } => ("GET", format!("/v1/log?n={n}"), None),
-    }
-}
-
-/// The HTTP status of a protocol reply: 200 (201 for a new request), 409 when the manager
-/// refused it (a conflict with the pool, the queue or its rules), 500 when it failed.
-pub fn status_of(req: &Request, reply: &Value) -> u16 {
-    match (reply.get("ok"), reply.get("refused")) {
-        (Some(Value::Bool(true)), _) if matches!(req, Request::Request { .. }) => 201,
-        (Some(Value::Bool(true)), _) => 200,
-        (_, Some(Value::Bool(true))) => 409,
-        _ => 500,
     }
 }
 

@@ -15,48 +15,13 @@
 //! The checks are here and nowhere else: [`Principal::authorize`] before a request reaches the
 //! scheduler, [`Principal::filter`] on the reply.
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::config::{unix_time, PrincipalConfig, Role, ROOT_UID};
 use crate::{
     protocol::Request,
     scheduler::{Host, Scheduler},
 };
-
-/// What a principal may do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Role {
-    Admin,
-    Tenant,
-    Reader,
-}
-
-/// One principal of the configuration (`[[principals]]`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PrincipalConfig {
-    /// Its name: a client certificate's common name, and what the log and the leases show.
-    pub name: String,
-    pub role: Role,
-    /// The hosts a tenant may request for (tenants only).
-    #[serde(default)]
-    pub hosts: Vec<Host>,
-    /// The fair-share tenant (`[[manager.tenants]]`) its requests count against; none: a
-    /// tenant of the principal's own name when one is configured, else `default`.
-    #[serde(default)]
-    pub tenant: Option<String>,
-    /// The SHA-256 (hex) of its bearer token; none: no token.
-    #[serde(default)]
-    pub token_sha256: Option<String>,
-    /// When the token stops being accepted (a TOML date-time with its offset, e.g.
-    /// `2027-01-31T00:00:00Z`); none: never.
-    #[serde(default)]
-    pub token_expires: Option<toml::value::Datetime>,
-    /// Local users (uids) who are this principal on the control socket.
-    #[serde(default)]
-    pub uids: Vec<u32>,
-}
 
 /// An authenticated caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,38 +68,6 @@ struct Table {
     expires: Vec<Option<u64>>,
 }
 
-/// The Unix time of a TOML offset date-time; none for a local date or time without an
-/// offset (which names no instant).
-pub fn unix_time(d: &toml::value::Datetime) -> Option<u64> {
-    let (date, time, offset) = (d.date?, d.time?, d.offset?);
-    let (y, m, day) = (
-        i64::from(date.year),
-        i64::from(date.month),
-        i64::from(date.day),
-    );
-    // Days from the civil date (Howard Hinnant's algorithm), 1970-01-01 being day 0.
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let off_min = match offset {
-        toml::value::Offset::Z => 0,
-        toml::value::Offset::Custom { minutes } => i64::from(minutes),
-    };
-    let secs = days * 86_400
-        + i64::from(time.hour) * 3600
-        + i64::from(time.minute) * 60
-        + i64::from(time.second.unwrap_or(0))
-        - off_min * 60;
-    u64::try_from(secs).ok()
-}
-
-/// The user id that is always `admin` on the local socket.
-pub const ROOT_UID: u32 = 0;
-
 fn sha256_hex(s: &[u8]) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, s);
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
@@ -148,75 +81,7 @@ impl Principals {
         hosts: u8,
         tenants: Vec<String>,
     ) -> Result<Self, String> {
-        let mut names = std::collections::BTreeSet::new();
-        let mut uids = std::collections::BTreeSet::new();
-        let mut tokens = std::collections::BTreeSet::new();
-        for p in &list {
-            let what = format!("principal '{}'", p.name);
-            if p.name.is_empty() || p.name.len() > 64 || p.name.chars().any(char::is_control) {
-                return Err(format!("{what}: a name is 1 to 64 printable characters"));
-            }
-            if !names.insert(p.name.as_str()) {
-                return Err(format!("{what} is named twice"));
-            }
-            match p.role {
-                Role::Tenant if p.hosts.is_empty() => {
-                    return Err(format!(
-                        "{what}: a tenant needs `hosts`, the hosts it may request for"
-                    ))
-                }
-                Role::Admin | Role::Reader if !p.hosts.is_empty() => {
-                    return Err(format!(
-                        "{what}: `hosts` is for tenants; an {:?} is not bound to hosts",
-                        p.role
-                    )
-                    .to_lowercase())
-                }
-                _ => {}
-            }
-            if let Some(h) = p.hosts.iter().find(|&&h| h >= hosts) {
-                return Err(format!(
-                    "{what}: host {h} is not in this fabric (manager.hosts = {hosts})"
-                ));
-            }
-            if let Some(t) = &p.tenant {
-                if t != crate::config::DEFAULT_TENANT && !tenants.contains(t) {
-                    return Err(format!(
-                        "{what}: tenant '{t}' is not one of [[manager.tenants]]"
-                    ));
-                }
-            }
-            if let Some(e) = &p.token_expires {
-                if p.token_sha256.is_none() {
-                    return Err(format!("{what}: token_expires is for a token_sha256"));
-                }
-                if unix_time(e).is_none() {
-                    return Err(format!(
-                        "{what}: token_expires is a date and time with its offset, e.g. \
-                         2027-01-31T00:00:00Z, not '{e}'"
-                    ));
-                }
-            }
-            if let Some(t) = &p.token_sha256 {
-                if t.len() != 64 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!(
-                        "{what}: token_sha256 is the token's SHA-256 in 64 hex digits \
-                         (`printf %s TOKEN | sha256sum`)"
-                    ));
-                }
-                if !tokens.insert(t.to_ascii_lowercase()) {
-                    return Err(format!("{what}: its token is another principal's"));
-                }
-            }
-            for u in &p.uids {
-                if *u == ROOT_UID {
-                    return Err(format!("{what}: uid 0 is always admin on the local socket"));
-                }
-                if !uids.insert(*u) {
-                    return Err(format!("{what}: uid {u} is another principal's"));
-                }
-            }
-        }
+        crate::config::check_principals(&list, hosts, &tenants)?;
         let expires = list
             .iter()
             .map(|p| p.token_expires.as_ref().and_then(unix_time))
@@ -288,7 +153,7 @@ impl Principals {
 
     /// The principal of a bearer token, if it has not expired.
     pub fn by_token(&self, token: &str) -> Result<Principal, Denied> {
-        self.by_token_at(token, crate::daemon::unix_now())
+        self.by_token_at(token, crate::clock::unix_now())
     }
 
     /// [`Principals::by_token`] at Unix time `now`.

@@ -211,9 +211,9 @@ pub struct Config {
     /// never stored with the state.
     #[serde(default, skip_serializing)]
     pub api: Option<ApiConfig>,
-    /// Who may use the manager, and as what (crate::auth); like `api`, never stored.
+    /// Who may use the manager, and as what (the `auth` module); like `api`, never stored.
     #[serde(default, skip_serializing)]
-    pub principals: Vec<crate::auth::PrincipalConfig>,
+    pub principals: Vec<PrincipalConfig>,
 }
 
 /// The HTTPS API (`[api]`, Documentation/manager-api.rst).
@@ -241,7 +241,7 @@ pub struct ApiConfig {
     #[serde(default = "default_client_timeout")]
     pub body_timeout_s: u64,
     /// Most connections held at once; a new one beyond evicts a stalled one
-    /// (crate::api::conns).
+    /// (the API's `conns` module).
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
     /// Most connections held at once from one peer address.
@@ -293,8 +293,11 @@ impl Default for RedfishConfig {
     }
 }
 
+/// Seconds a Redfish session lives unused unless `session_timeout_s` says otherwise.
+pub const SESSION_TIMEOUT_S: u64 = 1800;
+
 fn default_session_timeout() -> u64 {
-    crate::redfish::serve::SESSION_TIMEOUT_S
+    SESSION_TIMEOUT_S
 }
 
 fn default_max_body() -> usize {
@@ -361,10 +364,10 @@ impl Config {
                 ));
             }
         }
-        crate::auth::Principals::new(
-            self.principals.clone(),
+        check_principals(
+            &self.principals,
             m.hosts,
-            m.tenants.iter().map(|t| t.name.clone()).collect(),
+            &m.tenants.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
         )?;
         if let Some(a) = &self.api {
             if a.max_body == 0
@@ -429,6 +432,154 @@ impl Config {
         }
         Ok(())
     }
+}
+
+// ---- principals ------------------------------------------------------------------------
+
+/// What a principal may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    Admin,
+    Tenant,
+    Reader,
+}
+
+/// One principal of the configuration (`[[principals]]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrincipalConfig {
+    /// Its name: a client certificate's common name, and what the log and the leases show.
+    pub name: String,
+    pub role: Role,
+    /// The hosts a tenant may request for (tenants only).
+    #[serde(default)]
+    pub hosts: Vec<u8>,
+    /// The fair-share tenant (`[[manager.tenants]]`) its requests count against; none: a
+    /// tenant of the principal's own name when one is configured, else `default`.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// The SHA-256 (hex) of its bearer token; none: no token.
+    #[serde(default)]
+    pub token_sha256: Option<String>,
+    /// When the token stops being accepted (a TOML date-time with its offset, e.g.
+    /// `2027-01-31T00:00:00Z`); none: never.
+    #[serde(default)]
+    pub token_expires: Option<toml::value::Datetime>,
+    /// Local users (uids) who are this principal on the control socket.
+    #[serde(default)]
+    pub uids: Vec<u32>,
+}
+
+/// The Unix time of a TOML offset date-time; none for a local date or time without an
+/// offset (which names no instant).
+pub fn unix_time(d: &toml::value::Datetime) -> Option<u64> {
+    let (date, time, offset) = (d.date?, d.time?, d.offset?);
+    let (y, m, day) = (
+        i64::from(date.year),
+        i64::from(date.month),
+        i64::from(date.day),
+    );
+    // Days from the civil date (Howard Hinnant's algorithm), 1970-01-01 being day 0.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let off_min = match offset {
+        toml::value::Offset::Z => 0,
+        toml::value::Offset::Custom { minutes } => i64::from(minutes),
+    };
+    let secs = days * 86_400
+        + i64::from(time.hour) * 3600
+        + i64::from(time.minute) * 60
+        + i64::from(time.second.unwrap_or(0))
+        - off_min * 60;
+    u64::try_from(secs).ok()
+}
+
+/// The user id that is always `admin` on the local socket.
+pub const ROOT_UID: u32 = 0;
+
+/// Checks the principals of a configuration: unique names, uids and tokens, hosts only for
+/// tenants and in range, tokens as 64 hex digits, tenants that exist.
+pub fn check_principals(
+    list: &[PrincipalConfig],
+    hosts: u8,
+    tenants: &[String],
+) -> Result<(), String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut uids = std::collections::BTreeSet::new();
+    let mut tokens = std::collections::BTreeSet::new();
+    for p in list {
+        let what = format!("principal '{}'", p.name);
+        if p.name.is_empty() || p.name.len() > 64 || p.name.chars().any(char::is_control) {
+            return Err(format!("{what}: a name is 1 to 64 printable characters"));
+        }
+        if !names.insert(p.name.as_str()) {
+            return Err(format!("{what} is named twice"));
+        }
+        match p.role {
+            Role::Tenant if p.hosts.is_empty() => {
+                return Err(format!(
+                    "{what}: a tenant needs `hosts`, the hosts it may request for"
+                ))
+            }
+            Role::Admin | Role::Reader if !p.hosts.is_empty() => {
+                return Err(format!(
+                    "{what}: `hosts` is for tenants; an {:?} is not bound to hosts",
+                    p.role
+                )
+                .to_lowercase())
+            }
+            _ => {}
+        }
+        if let Some(h) = p.hosts.iter().find(|&&h| h >= hosts) {
+            return Err(format!(
+                "{what}: host {h} is not in this fabric (manager.hosts = {hosts})"
+            ));
+        }
+        if let Some(t) = &p.tenant {
+            if t != DEFAULT_TENANT && !tenants.contains(t) {
+                return Err(format!(
+                    "{what}: tenant '{t}' is not one of [[manager.tenants]]"
+                ));
+            }
+        }
+        if let Some(e) = &p.token_expires {
+            if p.token_sha256.is_none() {
+                return Err(format!("{what}: token_expires is for a token_sha256"));
+            }
+            if unix_time(e).is_none() {
+                return Err(format!(
+                    "{what}: token_expires is a date and time with its offset, e.g. \
+                         2027-01-31T00:00:00Z, not '{e}'"
+                ));
+            }
+        }
+        if let Some(t) = &p.token_sha256 {
+            if t.len() != 64 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "{what}: token_sha256 is the token's SHA-256 in 64 hex digits \
+                         (`printf %s TOKEN | sha256sum`)"
+                ));
+            }
+            if !tokens.insert(t.to_ascii_lowercase()) {
+                return Err(format!("{what}: its token is another principal's"));
+            }
+        }
+        for u in &p.uids {
+            if *u == ROOT_UID {
+                return Err(format!("{what}: uid 0 is always admin on the local socket"));
+            }
+            if !uids.insert(*u) {
+                return Err(format!("{what}: uid {u} is another principal's"));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,15 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0-only
 
-//! The daemon: the scheduler, its store, an executor, telemetry, and the control socket.
+//! The daemon: the scheduler, its store, an executor, telemetry; the control socket that
+//! serves it is in the `socket` module.
 
-use std::{
-    collections::BTreeMap,
-    io::{BufRead, BufReader, Write},
-    os::unix::net::{UnixListener, UnixStream},
-    path::Path,
-    sync::{Arc, Mutex},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
-};
+use std::{collections::BTreeMap, sync::Arc};
 
 use serde_json::{json, Value};
 
@@ -19,31 +13,14 @@ use crate::{
     executor::Executor,
     liveness::Liveness,
     protocol::{self, Request},
+    scheduler::persist::{self, Image},
     scheduler::{Action, Host, Pdfid, Scheduler, Scrub, Secs},
     scrub::{Report, Scrubber},
-    store::{LogEntry, Store},
+    store::{LogEntry, Retention, StateStore},
     telemetry::{Judge, Sample, Source, Verdict},
 };
 
-/// The clock: seconds since the Unix epoch in the daemon, anything in tests.
-pub type Clock = Box<dyn Fn() -> Secs + Send>;
-
-/// The Unix time in seconds.
-pub fn unix_now() -> Secs {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// The daemon's clock: the Unix time at start, advanced by the monotonic clock, so a step
-/// of the wall clock while the daemon runs (NTP, an operator) moves no lease's expiry, slice
-/// or time-out. Stored times stay Unix times, so a restart picks up the wall clock again.
-pub fn steady_clock() -> Clock {
-    let base = unix_now();
-    let start = std::time::Instant::now();
-    Box::new(move || base.saturating_add(start.elapsed().as_secs()))
-}
+pub use crate::clock::{steady_clock, unix_now, Clock};
 
 /// Telemetry polling: where samples come from and which functions to read.
 pub struct Telemetry {
@@ -57,7 +34,9 @@ pub struct Telemetry {
 
 pub struct Daemon {
     pub sched: Scheduler,
-    pub store: Store,
+    pub store: Box<dyn StateStore>,
+    /// What the store holds: a commit writes the records that differ from it.
+    image: Image,
     pub exec: Box<dyn Executor + Send>,
     pub clock: Clock,
     pub telemetry: Option<Telemetry>,
@@ -69,7 +48,6 @@ pub struct Daemon {
     /// The link states last seen, to log changes; the last read error, to log it once.
     links: BTreeMap<Host, bool>,
     link_error: Option<String>,
-    saved: Vec<u8>,
     /// Erases devices of scrub pools between holders (none: such a device fails its scrub).
     pub scrubber: Option<Arc<dyn Scrubber>>,
     /// Scrubs running, one thread each.
@@ -81,9 +59,9 @@ pub struct Daemon {
     /// The network API's settings (`[api]`); none: the local socket only.
     pub api: Option<crate::config::ApiConfig>,
     /// Requests served, by operation and outcome, and how long they took (`/metrics`).
-    pub stats: crate::metrics::Stats,
+    pub stats: crate::stats::Stats,
     /// The network API's replies and connections (`/metrics`), counted by the API.
-    pub http: Arc<crate::metrics::HttpStats>,
+    pub http: Arc<crate::stats::HttpStats>,
     /// The configuration file, read again for its principals on SIGHUP.
     pub config_path: Option<std::path::PathBuf>,
     /// The scheduler's next notice number as of the last commit: the API's long polls of
@@ -99,7 +77,7 @@ impl Daemon {
     /// manager, failover and telemetry settings, and brings the fabric to the stored state.
     pub fn start(
         config: Config,
-        store: Store,
+        store: impl StateStore + 'static,
         mut exec: Box<dyn Executor + Send>,
         clock: Clock,
     ) -> Result<Self, String> {
@@ -114,8 +92,16 @@ impl Daemon {
                 .collect(),
         )?;
         let api = config.api.clone();
-        let sched = match store.load()? {
-            Some(mut s) => {
+        let (sched, image) = match persist::load(&store)? {
+            Some((mut s, image)) => {
+                if image.migrating() {
+                    eprintln!(
+                        "pcifab-manager: the state is of an older format; it is stored again \
+                         as format {} (one record per lease, request, notice...) by the first \
+                         commit",
+                        persist::FORMAT
+                    );
+                }
                 if s.config.pools != config.pools {
                     eprintln!(
                         "pcifab-manager: the pools in the configuration differ from the stored \
@@ -126,15 +112,16 @@ impl Daemon {
                 s.config.manager = config.manager.clone();
                 s.config.failover = config.failover.clone();
                 s.config.telemetry = config.telemetry.clone();
-                s
+                (s, image)
             }
-            None => Scheduler::new(config),
+            None => (Scheduler::new(config), Image::default()),
         };
         let actual = exec.fabric(&sched.pool_functions())?;
         let fix = sched.reconcile(&actual);
         let mut d = Self {
             sched,
-            store,
+            store: Box::new(store),
+            image,
             exec,
             clock,
             telemetry: None,
@@ -142,7 +129,6 @@ impl Daemon {
             liveness: None,
             links: BTreeMap::new(),
             link_error: None,
-            saved: Vec::new(),
             scrubber: None,
             scrubbing: BTreeMap::new(),
             scrubs: Vec::new(),
@@ -204,18 +190,23 @@ impl Daemon {
         }
     }
 
-    /// Commits the state (if it changed) and the log entry.
-    fn commit(&mut self, entry: Option<&LogEntry>) -> Result<(), String> {
+    /// Commits what changed in the state since the last commit, and the log entry.
+    pub(crate) fn commit(&mut self, entry: Option<&LogEntry>) -> Result<(), String> {
         // Notices are served from memory, stored or not: wake whoever waits for one.
         let next = self.sched.next_notice;
         self.notices
             .send_if_modified(|n| std::mem::replace(n, next) != next);
-        let bytes = serde_json::to_vec(&self.sched).map_err(|e| e.to_string())?;
-        if entry.is_none() && bytes == self.saved {
+        let delta = self.image.diff(&self.sched)?;
+        if entry.is_none() && delta.is_empty() {
             return Ok(());
         }
-        self.store.save(&self.sched, entry)?;
-        self.saved = bytes;
+        let m = &self.sched.config.manager;
+        let keep = Retention {
+            max_entries: m.log_max_entries,
+            max_age_s: m.log_max_age_s,
+        };
+        self.store.commit(&delta.batch, entry, keep)?;
+        self.image.accept(delta);
         Ok(())
     }
 
@@ -541,278 +532,4 @@ fn action_text(a: &Action) -> String {
         Action::Unbind { pdfid, host } => format!("unbind {pdfid:#06x} from host {host}"),
         Action::Move { pdfid, from, to } => format!("move {pdfid:#06x} from host {from} to {to}"),
     }
-}
-
-/// Serves the control socket until the process is killed; ticks once a second.
-pub fn serve(daemon: Daemon, socket: &Path) -> Result<(), String> {
-    if socket.exists() {
-        if UnixStream::connect(socket).is_ok() {
-            return Err(format!(
-                "another manager answers on {}; stop it or use another --socket",
-                socket.display()
-            ));
-        }
-        std::fs::remove_file(socket)
-            .map_err(|e| format!("cannot remove stale socket {}: {e}", socket.display()))?;
-    }
-    if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    let listener = match UnixListener::bind(socket) {
-        Ok(l) => Some(l),
-        Err(e) if crate::spool::no_unix_sockets(&e) => None,
-        Err(e) => return Err(format!("cannot listen on {}: {e}", socket.display())),
-    };
-    // SIGTERM, SIGINT and SIGHUP are taken by one thread (sigwait), so every thread spawned
-    // from here on has them blocked.
-    let signals = block_stop_signals()?;
-    let api = daemon.api.clone();
-    let principals = daemon.principals.clone();
-    let d = Arc::new(Mutex::new(daemon));
-    {
-        let d = d.clone();
-        let socket = socket.to_path_buf();
-        std::thread::spawn(move || stop_on_signal(signals, &d, &socket));
-    }
-    if let Some(cfg) = &api {
-        crate::api::spawn(d.clone(), cfg, principals)?;
-    }
-    {
-        let d = d.clone();
-        std::thread::spawn(move || loop {
-            std::thread::sleep(Duration::from_secs(1));
-            match d.lock() {
-                Ok(mut d) => {
-                    d.tick();
-                    crate::notify::watchdog();
-                }
-                Err(_) => return,
-            }
-        });
-    }
-    crate::notify::ready();
-    let Some(listener) = listener else {
-        return crate::spool::serve(d, &crate::spool::dir_for(socket));
-    };
-    eprintln!("pcifab-manager: listening on {}", socket.display());
-    for conn in listener.incoming() {
-        let Ok(conn) = conn else { continue };
-        let d = d.clone();
-        std::thread::spawn(move || serve_conn(d, conn));
-    }
-    Ok(())
-}
-
-/// Serves one connection of the control socket until it closes: request lines in, reply
-/// lines out, as the peer's principal. Public for the tests, which drive it over a socket
-/// pair.
-pub fn serve_conn(d: Arc<Mutex<Daemon>>, conn: UnixStream) {
-    let Ok(mut out) = conn.try_clone() else {
-        return;
-    };
-    // The peer's user id, from the kernel (SO_PEERCRED), names its principal.
-    let principal = match peer_uid(&conn) {
-        Ok(uid) => match d.lock() {
-            Ok(d) => d.principals.by_uid(uid),
-            Err(_) => return,
-        },
-        Err(e) => Err(Denied::Forbidden(format!(
-            "cannot tell who is on the socket's other end: {e}"
-        ))),
-    };
-    let reader = BufReader::new(conn);
-    // Made on the first `events` line with a `wait`: it waits for the daemon's notices.
-    let mut rt = None;
-    for line in reader.lines() {
-        let Ok(line) = line else { return };
-        if line.trim().is_empty() {
-            continue;
-        }
-        let reply = match protocol::take_wait(&line) {
-            Ok((line, 0)) => serve_once(&d, &principal, &line),
-            Ok((line, wait)) => serve_waiting(&d, &principal, &line, wait, &mut rt),
-            Err(reply) => reply,
-        };
-        if writeln!(out, "{reply}").is_err() {
-            return;
-        }
-    }
-}
-
-fn serve_once(d: &Mutex<Daemon>, principal: &Result<Principal, Denied>, line: &str) -> Value {
-    match (principal, d.lock()) {
-        (Ok(p), Ok(mut d)) => d.serve_line(p, line),
-        (Err(denied), _) => {
-            eprintln!("pcifab-manager: socket: refused: {}", denied.reason());
-            json!({"ok": false, "error": denied.reason(), "refused": true,
-                   "status": denied.status()})
-        }
-        (_, Err(_)) => protocol::error("the manager failed internally; restart it", false),
-    }
-}
-
-/// An `events` line with a `wait`: answered once it has notices, or empty after `wait_s`
-/// seconds. The wait holds no lock; any notice the daemon adds wakes it to look again.
-fn serve_waiting(
-    d: &Mutex<Daemon>,
-    principal: &Result<Principal, Denied>,
-    line: &str,
-    wait_s: u64,
-    rt: &mut Option<tokio::runtime::Runtime>,
-) -> Value {
-    let Ok(mut notices) = d.lock().map(|d| d.notices()) else {
-        return protocol::error("the manager failed internally; restart it", false);
-    };
-    let deadline = Instant::now() + Duration::from_secs(wait_s);
-    loop {
-        // Seen before the daemon is asked: a notice added after this ends the wait below.
-        notices.borrow_and_update();
-        let reply = serve_once(d, principal, line);
-        let now = Instant::now();
-        if !protocol::no_events(&reply) || now >= deadline {
-            return reply;
-        }
-        let rt = match rt {
-            Some(rt) => rt,
-            None => match tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-            {
-                Ok(r) => rt.insert(r),
-                Err(e) => {
-                    eprintln!("pcifab-manager: socket: cannot wait for notices: {e}");
-                    return reply;
-                }
-            },
-        };
-        // The timer is made inside the runtime, whose time driver it needs.
-        let left = deadline - now;
-        let woke = rt.block_on(async { tokio::time::timeout(left, notices.changed()).await });
-        if let Ok(Err(_)) = woke {
-            // The daemon is gone: nothing more will come.
-            return reply;
-        }
-    }
-}
-
-/// The user id of the process on the other end of a UNIX socket (SO_PEERCRED).
-fn peer_uid(s: &UnixStream) -> Result<u32, String> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: u32::MAX,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: the fd is open for the life of `s`; `cred` and `len` are valid for writes of
-    // the size passed, which is what SO_PEERCRED writes.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error().to_string());
-    }
-    Ok(cred.uid)
-}
-
-/// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and the threads it starts); returns
-/// the set.
-fn block_stop_signals() -> Result<libc::sigset_t, String> {
-    // SAFETY: `set` is a valid sigset_t for sigemptyset/sigaddset to fill in; the mask
-    // change affects only the calling thread and the threads created after it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if rc != 0 {
-            return Err(format!(
-                "cannot block SIGTERM: {}",
-                std::io::Error::from_raw_os_error(rc)
-            ));
-        }
-        Ok(set)
-    }
-}
-
-/// Reads the configuration file again and takes its principals (names, roles, tokens,
-/// expiries, uids) in place of the running ones, for the API and the socket alike; the
-/// rest of the file is not reloaded. On an error the running principals stay.
-pub fn reload_principals(d: &Mutex<Daemon>) -> Result<Vec<String>, String> {
-    let (path, principals, hosts, tenants) = {
-        let d = d
-            .lock()
-            .map_err(|_| "the daemon's lock is poisoned".to_string())?;
-        let m = &d.sched.config.manager;
-        (
-            d.config_path.clone(),
-            d.principals.clone(),
-            m.hosts,
-            m.tenants.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
-        )
-    };
-    let path = path.ok_or("this manager was started without a configuration file")?;
-    let c = Config::load(&path.display().to_string())?;
-    let new = Principals::new(c.principals, hosts, tenants)?;
-    let names = new.names();
-    principals.replace(new);
-    Ok(names)
-}
-
-/// Waits for SIGTERM or SIGINT, then stops cleanly: takes the daemon's lock (so the request
-/// being served finishes and nothing is half-applied), commits the state, tells systemd,
-/// removes the socket and exits 0. SIGHUP reloads the principals and waits on.
-fn stop_on_signal(set: libc::sigset_t, d: &Arc<Mutex<Daemon>>, socket: &Path) {
-    let mut sig: libc::c_int = 0;
-    loop {
-        // SAFETY: `set` holds signals this thread has blocked; `sig` is valid for writing.
-        let rc = unsafe { libc::sigwait(&set, &mut sig) };
-        if rc != 0 {
-            eprintln!("pcifab-manager: sigwait failed ({rc}); SIGTERM will not stop it cleanly");
-            return;
-        }
-        if sig != libc::SIGHUP {
-            break;
-        }
-        crate::notify::reloading();
-        match reload_principals(d) {
-            Ok(names) => eprintln!(
-                "pcifab-manager: SIGHUP: principals reloaded: {}",
-                names.join(", ")
-            ),
-            Err(e) => eprintln!(
-                "pcifab-manager: SIGHUP: principals not reloaded, the running ones stay: {e}"
-            ),
-        }
-        crate::notify::ready();
-    }
-    crate::notify::stopping();
-    let name = if sig == libc::SIGINT {
-        "SIGINT"
-    } else {
-        "SIGTERM"
-    };
-    eprintln!("pcifab-manager: {name}: finishing the request in hand and stopping");
-    let code = match d.lock() {
-        Ok(mut d) => match d.commit(None) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("pcifab-manager: the last commit failed: {e}");
-                1
-            }
-        },
-        Err(_) => 1,
-    };
-    let _ = std::fs::remove_file(socket);
-    eprintln!("pcifab-manager: stopped");
-    std::process::exit(code);
 }

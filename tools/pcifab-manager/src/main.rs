@@ -190,7 +190,7 @@ fn run(a: Args) -> Result<(), String> {
                 .flat_map(|p| &p.devices)
                 .map(|d| (d.pf, d.vfs.as_slice())),
         );
-        if let Some(s) = store.load()? {
+        if let Some((s, _)) = pcifab_manager::scheduler::persist::load(&store)? {
             sim.bound = s.holders.clone();
         }
         (Box::new(sim), None)
@@ -200,7 +200,7 @@ fn run(a: Args) -> Result<(), String> {
     d.telemetry = telemetry;
     d.liveness = liveness;
     d.scrubber = Some(scrubber);
-    daemon::serve(d, &a.socket)
+    pcifab_manager::socket::serve(d, &a.socket)
 }
 
 /// `--ask`: one request to a running manager; the exit status says how it went.

@@ -77,6 +77,20 @@ pub enum Request {
 /// Most items one reply lists: `log`'s `n`, and the API's `limit` on list routes.
 pub const MAX_PAGE: u64 = 1000;
 
+/// Longest a `GET /v1/events?wait=S` (or a socket line's `wait`) waits for a notice.
+pub const MAX_EVENT_WAIT_S: u64 = 60;
+
+/// The HTTP status of a protocol reply: 200 (201 for a new request), 409 when the manager
+/// refused it (a conflict with the pool, the queue or its rules), 500 when it failed.
+pub fn status_of(req: &Request, reply: &Value) -> u16 {
+    match (reply.get("ok"), reply.get("refused")) {
+        (Some(Value::Bool(true)), _) if matches!(req, Request::Request { .. }) => 201,
+        (Some(Value::Bool(true)), _) => 200,
+        (_, Some(Value::Bool(true))) => 409,
+        _ => 500,
+    }
+}
+
 fn default_log() -> u64 {
     20
 }
@@ -350,7 +364,7 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
     }
 }
 
-/// Splits the socket's `wait` (seconds, at most [`crate::api::MAX_EVENT_WAIT_S`]) off an
+/// Splits the socket's `wait` (seconds, at most [`MAX_EVENT_WAIT_S`]) off an
 /// `events` request line: the line without it, and the wait (0 when absent or not an
 /// `events` line, whose own parse then judges it). A `wait` that is not such a number is a
 /// refused request. A line without the word is passed on as it is, unparsed.
@@ -368,7 +382,7 @@ pub fn take_wait(line: &str) -> Result<(Cow<'_, str>, u64), Value> {
     let Some(w) = o.remove("wait") else {
         return unchanged;
     };
-    let max = crate::api::MAX_EVENT_WAIT_S;
+    let max = MAX_EVENT_WAIT_S;
     match w.as_u64().filter(|&w| w <= max) {
         Some(w) => Ok((Cow::Owned(Value::Object(o).to_string()), w)),
         None => Err(error(

@@ -1,50 +1,79 @@
 // SPDX-License-Identifier: GPL-2.0-only
 
-//! The manager's state on disk: one redb database (`STATE_DIR/manager.redb`).
+//! The manager's state on disk: records in tables, and the request log.
 //!
-//! Table `state` holds the scheduler (pool, leases, queue, hosts, notices) as JSON under the key
-//! `scheduler`; table `log` the request log, one JSON entry per request, keyed by a sequence
-//! number. Every request commits the new state and its log entry in one write transaction
-//! with immediate durability (redb's copy-on-write B-trees and fsync before the commit is
-//! visible), so a crash at any point leaves either the state before or the state after it.
+//! The store knows nothing of the scheduler: it keeps records (a table name, a key, the
+//! value's bytes) and the log, behind [`StateStore`]. What the records are is the
+//! scheduler's business (`scheduler::persist`); which records a request changed, too. A
+//! store applies one [`Batch`] (and appends the request's log entry) atomically and durably,
+//! so a crash at any point leaves either the state before the request or the state after.
+//!
+//! [`RedbStore`] (also named [`Store`]) is the one store today: `STATE_DIR/manager.redb`,
+//! one redb table per record table, table `log` the request log (one JSON entry per
+//! request, keyed by a sequence number), table `format` the records' format version. Every
+//! commit is one write transaction with immediate durability (redb's copy-on-write B-trees
+//! and fsync before the commit is visible). Formats 1 and 2 held the whole scheduler as one
+//! JSON value (table `state`, key `scheduler`, format under key `version`), rewritten by
+//! every request; [`StateStore::load`] hands that value up as [`Stored::whole`] and a batch
+//! with [`Batch::drop_whole`] removes it in the commit that writes its records.
 
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use crate::scheduler::Scheduler;
+/// A table of records (e.g. `leases`).
+pub type Table = &'static str;
 
-const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-const KEY: &str = "scheduler";
-/// The state's format version, under this key of table `state` (absent: version 1).
-const VERSION_KEY: &str = "version";
+/// Changes to records, applied all or nothing by [`StateStore::commit`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
+    /// (table, key, value) to write.
+    pub puts: Vec<(Table, String, Vec<u8>)>,
+    /// (table, key) to remove.
+    pub deletes: Vec<(Table, String)>,
+    /// The records' format version to write (none: unchanged).
+    pub version: Option<u32>,
+    /// Remove the whole-state value of formats 1 and 2 ([`Stored::whole`]).
+    pub drop_whole: bool,
+}
 
-/// The format this manager writes. 1: the scheduler as it was before formats were
-/// numbered; 2: requests carry their `owner` (the principal that asked).
-pub const STATE_VERSION: u32 = 2;
-
-/// Brings a stored scheduler of format `from` to [`STATE_VERSION`], one step at a time;
-/// a format newer than this manager's is refused (nothing is written).
-pub fn migrate(from: u32, mut v: serde_json::Value) -> Result<serde_json::Value, String> {
-    if from > STATE_VERSION {
-        return Err(format!(
-            "it is state format {from}, written by a newer pcifab-manager (this one knows up \
-             to {STATE_VERSION}); run that manager, or move the directory away to start afresh"
-        ));
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.puts.is_empty()
+            && self.deletes.is_empty()
+            && self.version.is_none()
+            && !self.drop_whole
     }
-    let mut at = from.max(1);
-    while at < STATE_VERSION {
-        v = match at {
-            // Requests made before principals existed have no owner: only admins may
-            // release them (the field's default), nothing to rewrite.
-            1 => v,
-            _ => unreachable!("every format below STATE_VERSION has a step"),
-        };
-        at += 1;
-    }
-    Ok(v)
+}
+
+/// What a store holds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stored {
+    /// The records' format version; none: no records were ever committed.
+    pub version: Option<u32>,
+    /// The records of the tables asked for: table -> key -> value.
+    pub records: BTreeMap<Table, BTreeMap<String, Vec<u8>>>,
+    /// The whole state of format 1 or 2, if the store holds one: (its format, its JSON).
+    pub whole: Option<(u32, Vec<u8>)>,
+}
+
+/// What the store holds, in short (tests, diagnostics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Empty,
+    /// The whole state as one value, of this format (1 or 2).
+    Whole(u32),
+    /// Records of this format (3 on).
+    Records(u32),
+}
+
+/// How much of the request log to keep: at most `max_entries` entries, none older than
+/// `max_age_s` seconds before the newest (0: no age limit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    pub max_entries: u64,
+    pub max_age_s: u64,
 }
 
 /// One request as the daemon received and answered it.
@@ -55,6 +84,48 @@ pub struct LogEntry {
     pub ok: bool,
     pub summary: String,
 }
+
+/// Where the manager keeps its state. A second implementation (e.g. one on etcd, for a
+/// manager with a standby) implements these four methods; nothing else in the manager
+/// depends on redb.
+pub trait StateStore: Send {
+    /// Everything stored in `tables`, the records' format version and any whole state
+    /// of an older format.
+    fn load(&self, tables: &[Table]) -> Result<Stored, String>;
+
+    /// Applies `batch` and appends `entry` (if any) to the log, trimmed to `retention`, in
+    /// one atomic, durable step: after a crash, all of it is stored or none of it.
+    fn commit(
+        &self,
+        batch: &Batch,
+        entry: Option<&LogEntry>,
+        retention: Retention,
+    ) -> Result<(), String>;
+
+    /// How many entries the log holds.
+    fn log_len(&self) -> Result<u64, String>;
+
+    /// The last `n` log entries, oldest first.
+    fn log_tail(&self, n: u64) -> Result<Vec<LogEntry>, String>;
+}
+
+const FORMAT: TableDefinition<&str, &[u8]> = TableDefinition::new("format");
+const FORMAT_KEY: &str = "version";
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+/// Formats 1 and 2: the whole scheduler under `scheduler`, the format under `version`.
+const WHOLE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
+const WHOLE_KEY: &str = "scheduler";
+const WHOLE_VERSION_KEY: &str = "version";
+
+/// One table's puts (key, value) and deletes (key) in a commit.
+type TableChanges<'a> = (Vec<(&'a str, &'a [u8])>, Vec<&'a str>);
+
+fn records(t: Table) -> TableDefinition<'static, &'static str, &'static [u8]> {
+    TableDefinition::new(t)
+}
+
+/// Tables the records may not use: the store's own.
+const RESERVED: [&str; 3] = ["format", "log", "state"];
 
 /// False when the kernel has no file locking at all (`flock` is ENOSYS).
 fn file_locks_work(path: &Path) -> bool {
@@ -94,16 +165,33 @@ impl redb::StorageBackend for UnlockedFile {
     }
 }
 
-pub struct Store {
+/// The state in a redb database (`manager.redb`).
+pub struct RedbStore {
     db: Database,
     path: String,
 }
+
+/// The store the manager uses today.
+pub type Store = RedbStore;
 
 fn err(path: &str, what: &str, e: impl std::fmt::Display) -> String {
     format!("state database {path}: {what}: {e}")
 }
 
-impl Store {
+fn version_of(path: &str, b: &[u8]) -> Result<u32, String> {
+    std::str::from_utf8(b)
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        .ok_or_else(|| {
+            err(
+                path,
+                "stored state",
+                "its format version is not a number; move the directory away to start afresh",
+            )
+        })
+}
+
+impl RedbStore {
     /// Opens (creating if needed) the database in `dir`.
     pub fn open(dir: &Path) -> Result<Self, String> {
         std::fs::create_dir_all(dir)
@@ -142,74 +230,136 @@ impl Store {
         Ok(Self { db, path: p })
     }
 
-    /// The stored scheduler, if any.
-    pub fn load(&self) -> Result<Option<Scheduler>, String> {
+    /// What the database holds, in short.
+    pub fn format(&self) -> Result<Format, String> {
         let tx = self
             .db
             .begin_read()
             .map_err(|e| err(&self.path, "read", e))?;
-        let t = match tx.open_table(STATE) {
+        if let Some(v) = self.read_version(&tx)? {
+            return Ok(Format::Records(v));
+        }
+        Ok(match self.read_whole(&tx)? {
+            Some((v, _)) => Format::Whole(v),
+            None => Format::Empty,
+        })
+    }
+
+    fn read_version(&self, tx: &redb::ReadTransaction) -> Result<Option<u32>, String> {
+        let t = match tx.open_table(FORMAT) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
             Err(e) => return Err(err(&self.path, "open table", e)),
         };
-        let Some(v) = t.get(KEY).map_err(|e| err(&self.path, "read", e))? else {
-            return Ok(None);
-        };
-        let version = match t.get(VERSION_KEY).map_err(|e| err(&self.path, "read", e))? {
-            None => 1,
-            Some(b) => std::str::from_utf8(b.value())
-                .ok()
-                .and_then(|t| t.trim().parse::<u32>().ok())
-                .ok_or_else(|| {
-                    err(
-                        &self.path,
-                        "stored state",
-                        "its format version is not a number; move the directory away to \
-                         start afresh",
-                    )
-                })?,
-        };
-        let raw: serde_json::Value = serde_json::from_slice(v.value()).map_err(|e| {
-            err(
-                &self.path,
-                "stored state does not parse",
-                format!("{e}; move the directory away to start afresh"),
-            )
-        })?;
-        let migrated = migrate(version, raw).map_err(|e| err(&self.path, "stored state", e))?;
-        if version < STATE_VERSION {
-            eprintln!(
-                "pcifab-manager: {}: state format {version} migrated to {STATE_VERSION} (written \
-                 back at the next commit)",
-                self.path
-            );
-        }
-        let s: Scheduler = serde_json::from_value(migrated).map_err(|e| {
-            err(
-                &self.path,
-                "stored state does not parse",
-                format!("{e}; move the directory away to start afresh"),
-            )
-        })?;
-        Ok(Some(s))
+        let v = t.get(FORMAT_KEY).map_err(|e| err(&self.path, "read", e))?;
+        v.map(|v| version_of(&self.path, v.value())).transpose()
     }
 
-    /// Commits the scheduler and, if given, one log entry, atomically and durably.
-    pub fn save(&self, s: &Scheduler, entry: Option<&LogEntry>) -> Result<(), String> {
-        let state = serde_json::to_vec(s).map_err(|e| err(&self.path, "encode", e))?;
+    fn read_whole(&self, tx: &redb::ReadTransaction) -> Result<Option<(u32, Vec<u8>)>, String> {
+        let t = match tx.open_table(WHOLE) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(err(&self.path, "open table", e)),
+        };
+        let Some(v) = t.get(WHOLE_KEY).map_err(|e| err(&self.path, "read", e))? else {
+            return Ok(None);
+        };
+        let version = match t
+            .get(WHOLE_VERSION_KEY)
+            .map_err(|e| err(&self.path, "read", e))?
+        {
+            None => 1,
+            Some(b) => version_of(&self.path, b.value())?,
+        };
+        Ok(Some((version, v.value().to_vec())))
+    }
+}
+
+impl StateStore for RedbStore {
+    fn load(&self, tables: &[Table]) -> Result<Stored, String> {
+        let tx = self
+            .db
+            .begin_read()
+            .map_err(|e| err(&self.path, "read", e))?;
+        let mut out = Stored {
+            version: self.read_version(&tx)?,
+            whole: self.read_whole(&tx)?,
+            ..Stored::default()
+        };
+        for &name in tables {
+            if RESERVED.contains(&name) {
+                return Err(err(
+                    &self.path,
+                    "table",
+                    format!("'{name}' is the store's own"),
+                ));
+            }
+            let t = match tx.open_table(records(name)) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => continue,
+                Err(e) => return Err(err(&self.path, "open table", e)),
+            };
+            let m = out.records.entry(name).or_default();
+            for r in t.iter().map_err(|e| err(&self.path, "read", e))? {
+                let (k, v) = r.map_err(|e| err(&self.path, "read", e))?;
+                m.insert(k.value().to_string(), v.value().to_vec());
+            }
+        }
+        Ok(out)
+    }
+
+    fn commit(
+        &self,
+        batch: &Batch,
+        entry: Option<&LogEntry>,
+        retention: Retention,
+    ) -> Result<(), String> {
         let tx = self
             .db
             .begin_write()
             .map_err(|e| err(&self.path, "write", e))?;
         {
-            let mut t = tx
-                .open_table(STATE)
-                .map_err(|e| err(&self.path, "open table", e))?;
-            t.insert(KEY, state.as_slice())
-                .map_err(|e| err(&self.path, "write", e))?;
-            t.insert(VERSION_KEY, STATE_VERSION.to_string().as_bytes())
-                .map_err(|e| err(&self.path, "write", e))?;
+            // One table open per table the batch touches.
+            let mut by_table: BTreeMap<Table, TableChanges> = BTreeMap::new();
+            for (t, k, v) in &batch.puts {
+                by_table
+                    .entry(*t)
+                    .or_default()
+                    .0
+                    .push((k.as_str(), v.as_slice()));
+            }
+            for (t, k) in &batch.deletes {
+                by_table.entry(*t).or_default().1.push(k.as_str());
+            }
+            for (name, (puts, deletes)) in by_table {
+                if RESERVED.contains(&name) {
+                    return Err(err(
+                        &self.path,
+                        "table",
+                        format!("'{name}' is the store's own"),
+                    ));
+                }
+                let mut t = tx
+                    .open_table(records(name))
+                    .map_err(|e| err(&self.path, "open table", e))?;
+                for k in deletes {
+                    t.remove(k).map_err(|e| err(&self.path, "write", e))?;
+                }
+                for (k, v) in puts {
+                    t.insert(k, v).map_err(|e| err(&self.path, "write", e))?;
+                }
+            }
+            if let Some(v) = batch.version {
+                let mut t = tx
+                    .open_table(FORMAT)
+                    .map_err(|e| err(&self.path, "open table", e))?;
+                t.insert(FORMAT_KEY, v.to_string().as_bytes())
+                    .map_err(|e| err(&self.path, "write", e))?;
+            }
+            if batch.drop_whole {
+                tx.delete_table(WHOLE)
+                    .map_err(|e| err(&self.path, "remove the old state", e))?;
+            }
             if let Some(entry) = entry {
                 let mut log = tx
                     .open_table(LOG)
@@ -222,12 +372,11 @@ impl Store {
                 let e = serde_json::to_vec(entry).map_err(|e| err(&self.path, "encode", e))?;
                 log.insert(next, e.as_slice())
                     .map_err(|e| err(&self.path, "write log", e))?;
-                // Retention: at most log_max_entries, none older than log_max_age_s.
-                let m = &s.config.manager;
-                let keep_from = next.saturating_sub(m.log_max_entries.max(1)) + 1;
+                // Retention: at most max_entries, none older than max_age_s.
+                let keep_from = next.saturating_sub(retention.max_entries.max(1)) + 1;
                 let mut drop_to = keep_from.saturating_sub(1);
-                if m.log_max_age_s > 0 {
-                    let cutoff = entry.at.saturating_sub(m.log_max_age_s);
+                if retention.max_age_s > 0 {
+                    let cutoff = entry.at.saturating_sub(retention.max_age_s);
                     for r in log
                         .range(drop_to + 1..next)
                         .map_err(|e| err(&self.path, "read log", e))?
@@ -251,8 +400,7 @@ impl Store {
         tx.commit().map_err(|e| err(&self.path, "commit", e))
     }
 
-    /// How many entries the log holds.
-    pub fn log_len(&self) -> Result<u64, String> {
+    fn log_len(&self) -> Result<u64, String> {
         let tx = self
             .db
             .begin_read()
@@ -264,8 +412,7 @@ impl Store {
         }
     }
 
-    /// The last `n` log entries, oldest first.
-    pub fn log_tail(&self, n: u64) -> Result<Vec<LogEntry>, String> {
+    fn log_tail(&self, n: u64) -> Result<Vec<LogEntry>, String> {
         let tx = self
             .db
             .begin_read()
@@ -294,122 +441,190 @@ impl Store {
     }
 }
 
+impl<S: StateStore + ?Sized> StateStore for Box<S> {
+    fn load(&self, tables: &[Table]) -> Result<Stored, String> {
+        (**self).load(tables)
+    }
+
+    fn commit(
+        &self,
+        batch: &Batch,
+        entry: Option<&LogEntry>,
+        retention: Retention,
+    ) -> Result<(), String> {
+        (**self).commit(batch, entry, retention)
+    }
+
+    fn log_len(&self) -> Result<u64, String> {
+        (**self).log_len()
+    }
+
+    fn log_tail(&self, n: u64) -> Result<Vec<LogEntry>, String> {
+        (**self).log_tail(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
 
-    /// The log keeps at most log_max_entries entries and none older than log_max_age_s.
+    fn tempdir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("pcifab-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    const KEEP: Retention = Retention {
+        max_entries: 1000,
+        max_age_s: 0,
+    };
+
+    fn put(t: Table, k: &str, v: &str) -> (Table, String, Vec<u8>) {
+        (t, k.to_string(), v.as_bytes().to_vec())
+    }
+
+    /// The log keeps at most max_entries entries and none older than max_age_s.
     #[test]
     fn the_log_is_kept_within_its_retention() {
-        let dir = std::env::temp_dir().join(format!("pcifab-store-log-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = tempdir("log");
         let store = Store::open(&dir).expect("store");
-        let mut s = Scheduler::new(Config::default());
-        s.config.manager.log_max_entries = 5;
         let entry = |at: u64| LogEntry {
             at,
             request: serde_json::json!({"op": "heartbeat", "host": at}),
             ok: true,
             summary: "ok".into(),
         };
+        let five = Retention {
+            max_entries: 5,
+            max_age_s: 0,
+        };
         for at in 0..12 {
-            store.save(&s, Some(&entry(at))).expect("save");
+            store
+                .commit(&Batch::default(), Some(&entry(at)), five)
+                .expect("commit");
         }
         assert_eq!(store.log_len().expect("len"), 5);
-        let ats: Vec<u64> = store
-            .log_tail(100)
-            .expect("tail")
-            .iter()
-            .map(|e| e.at)
-            .collect();
-        assert_eq!(ats, vec![7, 8, 9, 10, 11]);
+        let ats = |s: &Store| -> Vec<u64> {
+            s.log_tail(100)
+                .expect("tail")
+                .iter()
+                .map(|e| e.at)
+                .collect()
+        };
+        assert_eq!(ats(&store), vec![7, 8, 9, 10, 11]);
         // By age: entries more than 3 s older than the newest go.
-        s.config.manager.log_max_entries = 100;
-        s.config.manager.log_max_age_s = 3;
-        store.save(&s, Some(&entry(13))).expect("save");
-        let ats: Vec<u64> = store
-            .log_tail(100)
-            .expect("tail")
-            .iter()
-            .map(|e| e.at)
-            .collect();
-        assert_eq!(ats, vec![10, 11, 13]);
+        let young = Retention {
+            max_entries: 100,
+            max_age_s: 3,
+        };
+        store
+            .commit(&Batch::default(), Some(&entry(13)), young)
+            .expect("commit");
+        assert_eq!(ats(&store), vec![10, 11, 13]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Records written, overwritten and removed read back so after a reopen, with the
+    /// format version; tables not asked for are not read.
     #[test]
-    fn round_trip() {
-        let dir = std::env::temp_dir().join(format!("pcifab-store-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+    fn records_round_trip() {
+        let dir = tempdir("records");
         let store = Store::open(&dir).expect("open");
-        assert!(store.load().expect("load").is_none());
-        let mut s = Scheduler::new(Config::default());
-        s.next_id = 42;
-        for i in 0..3 {
-            let e = LogEntry {
-                at: i,
-                request: serde_json::json!({"op": "x"}),
-                ok: true,
-                summary: format!("entry {i}"),
-            };
-            store.save(&s, Some(&e)).expect("save");
-        }
+        assert_eq!(store.format().expect("format"), Format::Empty);
+        assert_eq!(store.load(&["a"]).expect("load"), Stored::default());
+        let b = Batch {
+            puts: vec![
+                put("a", "1", "one"),
+                put("a", "2", "two"),
+                put("b", "x", "ex"),
+            ],
+            version: Some(3),
+            ..Batch::default()
+        };
+        store.commit(&b, None, KEEP).expect("commit");
+        let b = Batch {
+            puts: vec![put("a", "2", "deux")],
+            deletes: vec![("a", "1".into()), ("b", "absent".into())],
+            ..Batch::default()
+        };
+        store.commit(&b, None, KEEP).expect("commit");
         drop(store);
         let store = Store::open(&dir).expect("reopen");
-        assert_eq!(store.load().expect("load"), Some(s));
-        let tail = store.log_tail(2).expect("tail");
-        assert_eq!(tail.len(), 2);
-        assert_eq!(tail[1].summary, "entry 2");
+        let s = store.load(&["a", "c"]).expect("load");
+        assert_eq!(s.version, Some(3));
+        assert_eq!(s.whole, None);
+        assert_eq!(
+            s.records,
+            BTreeMap::from([("a", BTreeMap::from([("2".to_string(), b"deux".to_vec())]))])
+        );
+        assert_eq!(store.format().expect("format"), Format::Records(3));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// A state of format 1 (no version key, no owners) loads and is written back as the
-    /// current format; a newer format is refused and left alone.
+    /// A batch that fails part-way stores none of it: the records before the failure are
+    /// not committed either.
     #[test]
-    fn older_formats_migrate_newer_ones_are_refused() {
-        let dir = std::env::temp_dir().join(format!("pcifab-store-v-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+    fn a_failed_commit_stores_nothing() {
+        let dir = tempdir("atomic");
         let store = Store::open(&dir).expect("open");
-        let mut s = Scheduler::new(Config::default());
-        s.next_id = 9;
-        let mut v1 = serde_json::to_value(&s).expect("encode");
-        v1.as_object_mut().expect("object").remove("version");
-        let put = |version: Option<&str>, v: &serde_json::Value| {
+        let b = Batch {
+            puts: vec![put("leases", "1", "x"), put("log", "1", "the store's own")],
+            version: Some(3),
+            ..Batch::default()
+        };
+        let e = store.commit(&b, None, KEEP).expect_err("a reserved table");
+        assert!(e.contains("the store's own"), "{e}");
+        assert_eq!(store.load(&["leases"]).expect("load"), Stored::default());
+        assert_eq!(store.format().expect("format"), Format::Empty);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The whole state of formats 1 (no version key) and 2 is handed up with its format;
+    /// a version that is not a number is an error; `drop_whole` removes it in the commit
+    /// that writes the records.
+    #[test]
+    fn whole_states_of_old_formats_are_handed_up_then_dropped() {
+        let dir = tempdir("whole");
+        let store = Store::open(&dir).expect("open");
+        let write = |version: Option<&str>| {
             let tx = store.db.begin_write().expect("tx");
             {
-                let mut t = tx.open_table(STATE).expect("table");
-                t.insert(KEY, serde_json::to_vec(v).expect("json").as_slice())
+                let mut t = tx.open_table(WHOLE).expect("table");
+                t.insert(WHOLE_KEY, br#"{"next_id": 9}"#.as_slice())
                     .expect("insert");
                 match version {
-                    Some(n) => t.insert(VERSION_KEY, n.as_bytes()).map(|_| ()),
-                    None => t.remove(VERSION_KEY).map(|_| ()),
+                    Some(n) => t.insert(WHOLE_VERSION_KEY, n.as_bytes()).map(|_| ()),
+                    None => t.remove(WHOLE_VERSION_KEY).map(|_| ()),
                 }
                 .expect("version");
             }
             tx.commit().expect("commit");
         };
-        put(None, &v1);
-        assert_eq!(store.load().expect("format 1 loads"), Some(s.clone()));
-        store.save(&s, None).expect("save");
-        let tx = store.db.begin_read().expect("tx");
-        let t = tx.open_table(STATE).expect("table");
-        let stored = t.get(VERSION_KEY).expect("get").expect("version written");
-        assert_eq!(stored.value(), STATE_VERSION.to_string().as_bytes());
-        drop((stored, t, tx));
-        put(Some("99"), &v1);
-        let e = store.load().expect_err("format 99");
-        assert!(e.contains("newer pcifab-manager"), "{e}");
-        put(Some("two"), &v1);
-        assert!(store.load().is_err());
+        write(None);
+        let s = store.load(&[]).expect("load");
+        assert_eq!(s.whole, Some((1, br#"{"next_id": 9}"#.to_vec())));
+        assert_eq!(s.version, None);
+        write(Some("two"));
+        assert!(store.load(&[]).is_err());
+        write(Some("2"));
+        assert_eq!(store.format().expect("format"), Format::Whole(2));
+        let b = Batch {
+            puts: vec![put("manager", "counters", "{}")],
+            version: Some(3),
+            drop_whole: true,
+            ..Batch::default()
+        };
+        store.commit(&b, None, KEEP).expect("commit");
+        let s = store.load(&["manager"]).expect("load");
+        assert_eq!((s.version, s.whole), (Some(3), None));
+        assert_eq!(store.format().expect("format"), Format::Records(3));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The lock-free file backend (kernels without file locking) keeps what was saved.
     #[test]
     fn unlocked_file_round_trip() {
-        let dir = std::env::temp_dir().join(format!("pcifab-store-nolock-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = tempdir("nolock");
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("manager.redb");
         let open = || {
@@ -428,11 +643,15 @@ mod tests {
             }
         };
         let store = open();
-        let mut s = Scheduler::new(Config::default());
-        s.next_id = 7;
-        store.save(&s, None).expect("save");
+        let b = Batch {
+            puts: vec![put("a", "k", "v")],
+            version: Some(3),
+            ..Batch::default()
+        };
+        store.commit(&b, None, KEEP).expect("commit");
         drop(store);
-        assert_eq!(open().load().expect("load"), Some(s));
+        let s = open().load(&["a"]).expect("load");
+        assert_eq!(s.records["a"]["k"], b"v".to_vec());
         assert!(
             file_locks_work(&path),
             "the build machine's kernel has flock"

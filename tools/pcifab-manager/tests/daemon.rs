@@ -606,7 +606,7 @@ fn socket_events_wait_ends_when_the_notice_comes() {
         .expect("timeout");
     {
         let d = d.clone();
-        std::thread::spawn(move || pcifab_manager::daemon::serve_conn(d, theirs));
+        std::thread::spawn(move || pcifab_manager::socket::serve_conn(d, theirs));
     }
     for bad in [json!(61), json!(-1), json!("5"), json!(1.5)] {
         let r = ask(&mut s, json!({"op": "events", "wait": bad}));
@@ -805,4 +805,123 @@ fn sighup_reloads_tokens_without_a_restart() {
     child.kill().expect("kill");
     child.wait().expect("reap");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// (table, key) -> value.
+type Records = std::collections::BTreeMap<(String, String), Vec<u8>>;
+
+/// A store in memory that counts what each commit writes: the daemon through the
+/// `StateStore` trait alone, as a second store (etcd) would see it.
+#[derive(Clone, Default)]
+struct MemStore {
+    records: Arc<Mutex<Records>>,
+    version: Arc<Mutex<Option<u32>>>,
+    log: Arc<Mutex<Vec<pcifab_manager::store::LogEntry>>>,
+    /// Records written or removed by each commit.
+    commits: Arc<Mutex<Vec<usize>>>,
+}
+
+impl pcifab_manager::store::StateStore for MemStore {
+    fn load(
+        &self,
+        tables: &[pcifab_manager::store::Table],
+    ) -> Result<pcifab_manager::store::Stored, String> {
+        let mut s = pcifab_manager::store::Stored {
+            version: *self.version.lock().expect("version"),
+            ..Default::default()
+        };
+        for ((t, k), v) in self.records.lock().expect("records").iter() {
+            if let Some(&t) = tables.iter().find(|n| **n == t.as_str()) {
+                s.records.entry(t).or_default().insert(k.clone(), v.clone());
+            }
+        }
+        Ok(s)
+    }
+
+    fn commit(
+        &self,
+        batch: &pcifab_manager::store::Batch,
+        entry: Option<&pcifab_manager::store::LogEntry>,
+        _: pcifab_manager::store::Retention,
+    ) -> Result<(), String> {
+        let mut r = self.records.lock().expect("records");
+        for (t, k) in &batch.deletes {
+            r.remove(&(t.to_string(), k.clone()));
+        }
+        for (t, k, v) in &batch.puts {
+            r.insert((t.to_string(), k.clone()), v.clone());
+        }
+        if let Some(v) = batch.version {
+            *self.version.lock().expect("version") = Some(v);
+        }
+        self.log.lock().expect("log").extend(entry.cloned());
+        self.commits
+            .lock()
+            .expect("commits")
+            .push(batch.puts.len() + batch.deletes.len());
+        Ok(())
+    }
+
+    fn log_len(&self) -> Result<u64, String> {
+        Ok(self.log.lock().expect("log").len() as u64)
+    }
+
+    fn log_tail(&self, n: u64) -> Result<Vec<pcifab_manager::store::LogEntry>, String> {
+        let l = self.log.lock().expect("log");
+        Ok(l[l.len().saturating_sub(n as usize)..].to_vec())
+    }
+}
+
+/// With the notices' ring full (4,096) and thousands of requests logged, a grant or a
+/// release still writes a handful of records, not the state; and a daemon started again
+/// on the same store has the same state.
+#[test]
+fn requests_write_only_the_records_they_change() {
+    let c = config("hybrid");
+    let store = MemStore::default();
+    let start = |store: MemStore| {
+        let c = c.clone();
+        let sim = sim_for(&c);
+        Daemon::start(c, store, Box::new(sim), Box::new(|| 1000)).expect("daemon")
+    };
+    let mut d = start(store.clone());
+    let req = json!({"op": "request", "spec": {"host": 1, "want": {"kind": "gpus", "count": 1},
+                     "priority": 1, "duration_s": 600}});
+    let pair = |d: &mut Daemon| {
+        let r = d.handle_line(&req.to_string());
+        assert_eq!(r["granted"], json!(true), "{r}");
+        let r = d.handle_line(&json!({"op": "release", "id": r["id"]}).to_string());
+        assert_eq!(r["ok"], json!(true), "{r}");
+    };
+    for _ in 0..2100 {
+        pair(&mut d);
+    }
+    assert_eq!(d.sched.notices.len(), 4096, "the ring is full");
+    let records = store.records.lock().expect("records").len();
+    assert!(records > 4096, "{records} records");
+    let before = store.commits.lock().expect("commits").len();
+    pair(&mut d);
+    let commits = store.commits.lock().expect("commits")[before..].to_vec();
+    assert_eq!(commits.len(), 2, "one commit per request: {commits:?}");
+    // A grant: its lease, the device, the binding, the counters, the notice and the one
+    // it pushes out, the tenant's usage (a release about the same).
+    assert!(
+        commits.iter().all(|&n| n <= 10),
+        "records per commit: {commits:?} of {records}"
+    );
+    // Reads write nothing, not even an unchanged record.
+    let before = store.commits.lock().expect("commits").len();
+    for read in [
+        r#"{"op":"leases"}"#,
+        r#"{"op":"queue"}"#,
+        r#"{"op":"pool"}"#,
+    ] {
+        assert_eq!(d.handle_line(read)["ok"], json!(true), "{read}");
+    }
+    assert_eq!(store.commits.lock().expect("commits").len(), before);
+    let state = d.handle_line(r#"{"op":"state"}"#);
+    drop(d);
+    let mut d = start(store.clone());
+    assert_eq!(d.handle_line(r#"{"op":"state"}"#), state);
+    assert_eq!(store.log.lock().expect("log").len(), 4202);
 }

@@ -286,7 +286,7 @@ fn events_follow_prints_a_notice_when_it_comes() {
         std::thread::spawn(move || {
             for c in l.incoming().flatten() {
                 let d = d.clone();
-                std::thread::spawn(move || pcifab_manager::daemon::serve_conn(d, c));
+                std::thread::spawn(move || pcifab_manager::socket::serve_conn(d, c));
             }
         });
     }

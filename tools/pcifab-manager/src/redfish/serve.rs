@@ -37,7 +37,7 @@ pub struct Service {
 }
 
 /// Default session timeout in seconds.
-pub const SESSION_TIMEOUT_S: u64 = 1800;
+pub use crate::config::SESSION_TIMEOUT_S;
 
 impl Service {
     pub fn new(users: Users, session_timeout: Duration) -> Self {
@@ -571,7 +571,7 @@ fn fabric(
     let req = super::compose_of(&v, &zone, &endpoints)?;
     match d.serve(p, req) {
         Ok((served, reply)) => {
-            let status = crate::api::status_of(&served, &reply);
+            let status = crate::protocol::status_of(&served, &reply);
             if status != 200 {
                 let msg = reply["error"].as_str().unwrap_or("refused").to_string();
                 return Err(if status == 409 {

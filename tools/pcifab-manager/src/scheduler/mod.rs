@@ -22,6 +22,7 @@ mod capacity;
 mod compose;
 mod fairshare;
 mod index;
+pub mod persist;
 mod preempt;
 #[cfg(test)]
 mod tests;
