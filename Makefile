@@ -31,7 +31,7 @@ TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
 	cargo-test qemu-test test soak demo bench help kernel-debian module-debian switchtec-debian test-debian switchtec-user pax-client \
-	check-dkms check-module-msrv test-nvme test-lane1 test-lane2 scenarios
+	check-dkms check-module-msrv test-nvme test-lane1 test-lane2 scenarios slurm
 
 modules:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) modules
@@ -54,6 +54,7 @@ help:
 	@echo "make test-debian    a few scenarios on Debian's own kernel with that module"
 	@echo "make test-nvme      the NVMe drive scenarios (make test's nvme cell) alone"
 	@echo "make scenarios FILTER='a|b' [DIALECT=pax] [HOSTS=N]  some scenarios on the sanitizer kernel"
+	@echo "make slurm      Debian's Slurm and MUNGE for the guests (the slurm: scenarios)"
 	@echo "make check-dkms     dkms build of this checkout for Debian's kernel, loaded in a guest"
 	@echo "make check-module-msrv  the module with clippy on Linux's minimum rustc (1.85.0 for 7.3)"
 	@echo "DEMO_KERNEL=test: make demo on the fast test kernel instead of Debian's"
@@ -229,10 +230,20 @@ test-lane2: $(TEST_CHECKS)
 #   make scenarios FILTER='compose|manager' [DIALECT=pax|extended] [HOSTS=N]
 DIALECT ?= pax
 FILTER ?= pcifab binds the MEP
-scenarios: check-module-debug tools switchtec-user
+# Debian's Slurm and MUNGE for the `slurm:` scenarios (tools/scripts/slurm.sh); fetched and
+# passed only when FILTER names them.
+SLURM_GUEST := $(PCIFAB_CACHE)/slurm-guest
+SLURM_FOR = $(if $(findstring slurm,$(1)),slurm)
+SLURM_ARGS = $(if $(findstring slurm,$(1)),--slurm $(SLURM_GUEST))
+
+slurm: deps
+	@tools/scripts/slurm.sh
+
+scenarios: check-module-debug tools switchtec-user $(call SLURM_FOR,$(FILTER))
 	$(HOST_BIN)/pcifab-harness test --keep-going --dialect $(DIALECT) --filter '$(FILTER)' \
 		$(if $(HOSTS),--hosts $(HOSTS)) $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
-		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/scenarios
+		--switchtec-user $(SWITCHTEC_USER) $(call SLURM_ARGS,$(FILTER)) \
+		--results $(RESULTS)/scenarios
 
 # The nvme cell of make test alone.
 test-nvme: deps kernel-debug check-module-debug tools
