@@ -26,6 +26,7 @@ mod nvme_pool;
 mod pax_client;
 mod pax_driver;
 mod selftest;
+mod slurm;
 mod telemetry;
 mod trust;
 
@@ -290,6 +291,11 @@ pub fn all() -> Vec<Scenario> {
             "manager: h1 requests over the network, each principal held to its role",
             240,
             manager::network_api,
+        ),
+        s(
+            "slurm: a 2-GPU job on a node with none runs once the manager binds two GPUs",
+            480,
+            slurm::two_gpu_job,
         ),
         s(
             "features: the driver finds the firmware's extensions, PAX refuses the query",
