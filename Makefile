@@ -31,7 +31,7 @@ TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
 	cargo-test qemu-test test soak demo bench help kernel-debian module-debian switchtec-debian test-debian switchtec-user pax-client \
-	check-dkms check-module-msrv test-nvme test-lane1 test-lane2 test-lane3 scenarios
+	check-dkms check-module-msrv test-nvme test-lane1 test-lane2 test-lane3 scenarios slurm
 
 modules:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) modules
@@ -54,6 +54,7 @@ help:
 	@echo "make test-debian    a few scenarios on Debian's own kernel with that module"
 	@echo "make test-nvme      the NVMe drive scenarios (make test's nvme cell) alone"
 	@echo "make scenarios FILTER='a|b' [DIALECT=pax] [HOSTS=N]  some scenarios on the sanitizer kernel"
+	@echo "make slurm      Debian's Slurm and MUNGE for the guests (the slurm: scenarios)"
 	@echo "make check-dkms     dkms build of this checkout for Debian's kernel, loaded in a guest"
 	@echo "make check-module-msrv  the module with clippy on Linux's minimum rustc (1.85.0 for 7.3)"
 	@echo "DEMO_KERNEL=test: make demo on the fast test kernel instead of Debian's"
@@ -165,7 +166,9 @@ pax-client: kernel check-module tools switchtec-user
 #                      change (lane 2)
 #   debian x pax       debian-pax: module load, interrupts, pciehp, IOMMU and DMA, ACS with
 #                      vfio-pci, lockdown, the network as modules and the manager over it,
-#                      Debian's switchtec.ko under the PAX client (lane 3)
+#                      Debian's switchtec.ko under the PAX client, and Slurm's jobs (their
+#                      kernel paths are the manager's; here the 29 MB Slurm tree in the
+#                      guests costs the cores nothing) (lane 3)
 #   debian x extended  debian-extended: the P2P copies (Debian's IOMMU and P2PDMA) (lane 3)
 #   debian, DKMS build dkms: the identity scenarios (lane 3)
 # Every sanitizer cell ends with the kmemleak scan. Each run writes
@@ -174,7 +177,7 @@ pax-client: kernel check-module tools switchtec-user
 EXT_ONLY := p2p:|p2p grants|p2p trust
 DEBUG_PAX_2 := DMA MRPC|pax client|mrpc classes|sysfs: other|mrpc: an abandoned|events:|hostile firmware|firmware lies|fwctl|fuzz:|insmod/rmmod|probe|install:
 DEBUG_EXT_FILTER := agent answers|pcifab binds the MEP|p2p|sysfs: per-function|features|extensions|compose: move GPU0|bind and unbind reach h0|two hosts unbind|rmmod pcifab in every host|kmemleak
-DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
+DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|slurm:|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
 DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host
 MATRIX := debug-pax debug-pax-2 nvme debug-extended debian-pax debian-extended dkms
 
@@ -195,7 +198,7 @@ TEST_CHECKS := lint check-module-msrv check-packages check-systemd check-redfish
 # lockout by 2,000 stalled connections must leave an operator's p99 under 100 ms) that a
 # sanitizer cell's two-CPU guests beside them would decide instead.
 test: deps kernel-debug kernel-debian check-module-debug module-debian tools switchtec-user \
-		switchtec-debian cargo-test
+		switchtec-debian slurm cargo-test
 	@tools/scripts/versions.sh $(DEBUG_KDIR) $(DEBIAN_KDIR)
 	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX)) $(RESULTS)/lane2.log $(RESULTS)/lane3.log
 	@mkdir -p $(RESULTS)
@@ -236,7 +239,7 @@ test-lane2: $(TEST_CHECKS)
 test-lane3:
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(DEBIAN_PAX_FILTER)' \
 		--cell debian $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
-		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debian-pax
+		--switchtec-user $(SWITCHTEC_USER) --slurm $(SLURM_GUEST) --results $(RESULTS)/debian-pax
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended --cell debian \
 		--filter '$(DEBIAN_EXT_FILTER)' $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-extended
 	-$(MAKE) -s check-dkms
@@ -245,10 +248,20 @@ test-lane3:
 #   make scenarios FILTER='compose|manager' [DIALECT=pax|extended] [HOSTS=N]
 DIALECT ?= pax
 FILTER ?= pcifab binds the MEP
-scenarios: check-module-debug tools switchtec-user
+# Debian's Slurm and MUNGE for the `slurm:` scenarios (tools/scripts/slurm.sh); fetched and
+# passed only when FILTER names them.
+SLURM_GUEST := $(PCIFAB_CACHE)/slurm-guest
+SLURM_FOR = $(if $(findstring slurm,$(1)),slurm)
+SLURM_ARGS = $(if $(findstring slurm,$(1)),--slurm $(SLURM_GUEST))
+
+slurm: deps
+	@tools/scripts/slurm.sh
+
+scenarios: check-module-debug tools switchtec-user $(call SLURM_FOR,$(FILTER))
 	$(HOST_BIN)/pcifab-harness test --keep-going --dialect $(DIALECT) --filter '$(FILTER)' \
 		$(if $(HOSTS),--hosts $(HOSTS)) $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
-		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/scenarios
+		--switchtec-user $(SWITCHTEC_USER) $(call SLURM_ARGS,$(FILTER)) \
+		--results $(RESULTS)/scenarios
 
 # The nvme cell of make test alone.
 test-nvme: deps kernel-debug check-module-debug tools

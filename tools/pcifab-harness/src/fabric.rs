@@ -503,6 +503,8 @@ pub struct Fabric {
     dma_errors_seen: Vec<u64>,
     /// Set by a scenario that could only check a refusal ([`Fabric::refusal_only`]).
     refusal_only: Option<String>,
+    /// The guests carry Debian's Slurm and MUNGE (`--slurm`, a `slurm:` scenario selected).
+    pub slurm: bool,
 }
 
 /// The emulator's control socket, for scenarios.
@@ -584,6 +586,7 @@ impl Fabric {
             emu_pid: None,
             dma_errors_seen: Vec::new(),
             refusal_only: None,
+            slurm: false,
         }
     }
 

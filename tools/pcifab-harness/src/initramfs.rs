@@ -160,6 +160,59 @@ pub struct Inputs<'a> {
     pub switchtec_user: Option<&'a Path>,
     /// Kernel modules the init loads at boot, in this order: (name, uncompressed .ko).
     pub extra_modules: Vec<(String, Vec<u8>)>,
+    /// A tree added to the guest's root as it is (directories, files, symlinks): Debian's
+    /// Slurm and MUNGE with their libraries (`tools/scripts/slurm.sh`), only for runs that
+    /// select a `slurm:` scenario.
+    pub overlay: Option<&'a Path>,
+}
+
+/// Adds every directory, regular file and symlink under `root` to `c` at its path relative
+/// to `root`, parents first; directories already in the archive (`have`) are not repeated.
+fn add_tree(c: &mut Cpio, root: &Path, have: &mut Vec<String>) -> Result<(), String> {
+    fn walk(c: &mut Cpio, root: &Path, dir: &Path, have: &mut Vec<String>) -> Result<(), String> {
+        let mut entries: Vec<_> = fs::read_dir(dir)
+            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let path = e.path();
+            let rel = path
+                .strip_prefix(root)
+                .ok()
+                .and_then(Path::to_str)
+                .ok_or_else(|| format!("{}: path is not UTF-8", path.display()))?
+                .to_string();
+            let ft = e
+                .file_type()
+                .map_err(|err| format!("cannot stat {}: {err}", path.display()))?;
+            if ft.is_symlink() {
+                let t = fs::read_link(&path)
+                    .map_err(|err| format!("cannot read link {}: {err}", path.display()))?;
+                let t = t
+                    .to_str()
+                    .ok_or_else(|| format!("{}: link target is not UTF-8", path.display()))?;
+                c.symlink(&rel, t);
+            } else if ft.is_dir() {
+                if !have.contains(&rel) {
+                    c.dir(&rel);
+                    have.push(rel);
+                }
+                walk(c, root, &path, have)?;
+            } else if ft.is_file() {
+                use std::os::unix::fs::PermissionsExt;
+                let data = read(&path, "overlay file")?;
+                let mode = e
+                    .metadata()
+                    .map_err(|err| format!("cannot stat {}: {err}", path.display()))?
+                    .permissions()
+                    .mode();
+                c.file(&rel, mode & 0o7777, &data);
+            }
+        }
+        Ok(())
+    }
+    walk(c, root, root, have)
 }
 
 /// Linux's driver of the switch's DMA endpoint and the kernel's dmaengine acceptance test,
@@ -356,7 +409,7 @@ pub fn build(inp: &Inputs, out: &Path) -> Result<PathBuf, String> {
         .transpose()?;
 
     let mut c = Cpio::new();
-    for d in [
+    let dirs = [
         "bin",
         "sbin",
         "usr",
@@ -370,7 +423,8 @@ pub fn build(inp: &Inputs, out: &Path) -> Result<PathBuf, String> {
         "lib/modules",
         "lib/modules/extra",
         "root",
-    ] {
+    ];
+    for d in dirs {
         c.dir(d);
     }
     // The kernel opens /dev/console for init before anything is mounted.
@@ -397,6 +451,10 @@ pub fn build(inp: &Inputs, out: &Path) -> Result<PathBuf, String> {
             0o644,
             &read(&path, "DMA endpoint module")?,
         );
+    }
+    if let Some(root) = inp.overlay {
+        let mut have = dirs.iter().map(|d| d.to_string()).collect();
+        add_tree(&mut c, root, &mut have)?;
     }
     let data = c.finish();
     fs::write(out, &data).map_err(|e| format!("cannot write initramfs {}: {e}", out.display()))?;

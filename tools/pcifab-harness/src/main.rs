@@ -96,6 +96,8 @@ usage: pcifab-harness <test|demo|bench|bench-scale|list|selftest>
   --smp N     virtual CPUs per guest (default 1); with N > 1 QEMU runs multi-threaded
               TCG (`-accel tcg,thread=multi`), so guest CPUs really run at once, and
               set-up checks that every guest sees N CPUs online
+  --slurm DIR Debian's Slurm and MUNGE for the guests (tools/scripts/slurm.sh makes it);
+              added to the guests only when a `slurm:` scenario is selected
   --cell NAME the kernel's name in this run's cell, written to RESULTS/summary.json
               (default: `debug` with --debug-kernel, else the kernel file's name)
   --kernel-modules DIR  the kernel's module tree (/lib/modules/RELEASE): virtio_net.ko
@@ -147,6 +149,8 @@ pub struct Opts {
     pub smp: u32,
     /// `--cell NAME`: the kernel's name in the cell line of `summary`.
     pub cell: Option<String>,
+    /// `--slurm DIR`: the guests' Slurm tree (`tools/scripts/slurm.sh`).
+    pub slurm: Option<PathBuf>,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -179,7 +183,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             "--kernel" | "--module" | "--switchtec" | "--guest-bin" | "--emu" | "--emu-config"
             | "--qemu-root" | "--results" | "--hosts" | "--filter" | "--busybox" | "--dialect"
             | "--kernel-modules" | "--switchtec-user" | "--sizes" | "--smp" | "--cell"
-            | "--exclude" => {
+            | "--exclude" | "--slurm" => {
                 let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
                 get.insert(a.trim_start_matches('-').to_string(), v.clone());
             }
@@ -256,6 +260,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         sizes: get.remove("sizes"),
         smp,
         cell: get.remove("cell"),
+        slurm: get.remove("slurm").map(PathBuf::from),
     })
 }
 
@@ -365,6 +370,12 @@ impl Run {
             }
             None => Vec::new(),
         };
+        // Slurm goes into the guests only for a run that selects a `slurm:` scenario.
+        let slurm = if self.selected().iter().any(|n| n.starts_with("slurm:")) {
+            o.slurm.as_deref()
+        } else {
+            None
+        };
         let initrd = initramfs::build(
             &initramfs::Inputs {
                 busybox: &o.busybox,
@@ -373,6 +384,7 @@ impl Run {
                 switchtec_ko: o.switchtec.as_deref(),
                 switchtec_user: o.switchtec_user.as_deref(),
                 extra_modules,
+                overlay: slurm,
             },
             &o.results.join("initramfs.cpio"),
         )?;
@@ -473,7 +485,20 @@ impl Run {
         );
         fabric.guest_bin = o.guest_bin.clone();
         fabric.emu_pid = emu_pid;
+        fabric.slurm = slurm.is_some();
         Ok(fabric)
+    }
+
+    /// The names of the scenarios `--filter` and `--exclude` select (test mode).
+    fn selected(&self) -> Vec<&'static str> {
+        let filter = self.opts.filter.as_deref().map(str::to_lowercase);
+        let exclude = self.opts.exclude.as_deref().map(str::to_lowercase);
+        scenarios::all()
+            .into_iter()
+            .map(|s| s.name)
+            .filter(|n| filter.as_deref().is_none_or(|f| filter_matches(f, n)))
+            .filter(|n| exclude.as_deref().is_none_or(|x| !filter_matches(x, n)))
+            .collect()
     }
 
     fn scenarios(&mut self, fabric: &mut Fabric) {

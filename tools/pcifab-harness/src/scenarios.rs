@@ -28,6 +28,7 @@ mod p2p_trust;
 mod pax_client;
 mod pax_driver;
 mod selftest;
+mod slurm;
 mod telemetry;
 mod trust;
 
@@ -318,6 +319,11 @@ pub fn all() -> Vec<Scenario> {
             "fwctl rules: raw firmware writes need CAP_SYS_RAWIO, taint, obey lockdown",
             240,
             driver_trust::fwctl_rules,
+        ),
+        s(
+            "slurm: a 2-GPU job on a node with none runs once the manager binds two GPUs",
+            480,
+            slurm::two_gpu_job,
         ),
         s(
             "features: the driver finds the firmware's extensions, PAX refuses the query",

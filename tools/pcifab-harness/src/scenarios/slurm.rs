@@ -1,0 +1,375 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! Slurm jobs get fabric GPUs on demand (Documentation/slurm.rst): Debian's slurmctld and
+//! the pcifab manager run in h0, munged and slurmd in h1 (`--slurm` puts them into the
+//! guests). The site configuration under `packaging/slurm/` is installed as it is; its
+//! PrologSlurmctld binds the job's GPUs through the manager before the job starts, its
+//! EpilogSlurmctld gives them back. Everything is checked from outside: the job's output
+//! (written in h1), the manager's leases, Slurm's view of the node, the emulator's bindings.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::checks::{check_world, compose_begin, json_line, owners, run_with_manager, Owners};
+use crate::fabric::{Fabric, Host};
+
+/// The site configuration the scenario installs (packaging/slurm/).
+const SLURM_CONF_PCIFAB: &str = include_str!("../../../../packaging/slurm/slurm.conf");
+const GRES_CONF: &str = include_str!("../../../../packaging/slurm/gres.conf");
+const HOOK_CONF: &str = include_str!("../../../../packaging/slurm/pcifab-slurm.conf");
+const PROLOG: &str = include_str!("../../../../packaging/slurm/prolog-slurmctld");
+const EPILOG: &str = include_str!("../../../../packaging/slurm/epilog-slurmctld");
+const TASK_PROLOG: &str = include_str!("../../../../packaging/slurm/task-prolog");
+
+/// The test world's part of slurm.conf: one controller (h0), daemons and jobs as root, no
+/// cgroups (the test kernels have none: cgroup.conf says `CgroupPlugin=disabled`) and no
+/// accounting database.
+const SLURM_CONF_BASE: &str = "ClusterName=pcifab\n\
+SlurmctldHost=h0\n\
+SlurmUser=root\n\
+AuthType=auth/munge\n\
+CredType=cred/munge\n\
+StateSaveLocation=/var/spool/slurmctld\n\
+SlurmdSpoolDir=/var/spool/slurmd\n\
+SlurmctldPidFile=/run/slurmctld.pid\n\
+SlurmdPidFile=/run/slurmd.pid\n\
+SlurmctldLogFile=/var/log/slurm/slurmctld.log\n\
+SlurmdLogFile=/var/log/slurm/slurmd.log\n\
+ProctrackType=proctrack/linuxproc\n\
+TaskPlugin=task/none\n\
+JobAcctGatherType=jobacct_gather/none\n\
+AccountingStorageType=accounting_storage/none\n\
+MpiDefault=none\n\
+ReturnToService=2\n\
+Include /etc/slurm/pcifab.conf\n";
+
+/// The MUNGE key both hosts share (any 32 bytes or more).
+const MUNGE_KEY: &str = "pcifab-test-world-munge-key-0123456789abcdef";
+
+/// Job output in h1, and the file that lets the job end.
+const JOB_OUT: &str = "/tmp/slurm-job.out";
+const JOB_GO: &str = "/tmp/slurm-job-go";
+
+/// The job: prints what it was given and what it sees, then waits to be let go.
+const JOB_SCRIPT: &str = r#"#!/bin/sh
+echo "LEASE ${PCIFAB_LEASE:-none}"
+echo "FUNCTIONS ${PCIFAB_FUNCTIONS:-none}"
+echo "SLURM_JOB_GPUS ${SLURM_JOB_GPUS:-none}"
+for d in /sys/bus/pci/devices/*; do
+  [ "$(cat $d/vendor)" = 0x10de ] || continue
+  echo "DEV ${d##*/} $(cat $d/vendor) $(cat $d/device)"
+  pcifab-selftest bar-id --device ${d##*/} 2>&1
+done
+echo READY
+i=0
+until [ -e /tmp/slurm-job-go ]; do
+  [ $i -lt 1500 ] || { echo "not let go within 300 s"; exit 1; }
+  sleep 0.2; i=$((i+1))
+done
+echo DONE
+"#;
+
+fn pdfid(f: &Fabric, name: &str) -> u16 {
+    let fallback = if name == "gpu0" { 0x0300 } else { 0x0400 };
+    f.expected.endpoint(name).map_or(fallback, |e| e.pdfid(0))
+}
+
+/// `cat > PATH` of `text` (a newline added if it has none at its end), mode `mode`, as a
+/// shell step.
+fn put(path: &str, mode: &str, text: &str) -> String {
+    let nl = if text.ends_with('\n') { "" } else { "\n" };
+    format!("cat > {path} <<'PCIFAB_EOF'\n{text}{nl}PCIFAB_EOF\nchmod {mode} {path}\n")
+}
+
+/// Configuration, MUNGE key and directories of every Slurm host; then munged, checked
+/// with a credential round trip.
+fn install(h: &mut Host, hosts: &str) -> Result<(), String> {
+    let mut s = String::from(
+        "set -e\n\
+         mkdir -p /etc/slurm/pcifab /etc/munge /var/lib/munge /var/log/munge /run/munge \
+           /var/spool/slurmd /var/spool/slurmctld /var/log/slurm /root\n\
+         rm -rf /var/spool/slurmd/* /var/spool/slurmctld/* /var/log/slurm/*\n\
+         chmod 700 /etc/munge /var/lib/munge /var/log/munge; chmod 755 /run/munge\n\
+         for k in 0 1; do [ -e /dev/pcifab-slot$k ] || mknod -m 666 /dev/pcifab-slot$k c 1 3; done\n",
+    );
+    s += &put("/etc/passwd", "644", "root:x:0:0:root:/root:/bin/sh\n");
+    s += &put("/etc/group", "644", "root:x:0:\n");
+    s += &put("/etc/hosts", "644", hosts);
+    s += &put("/etc/munge/munge.key", "400", MUNGE_KEY);
+    s += &put("/etc/slurm/slurm.conf", "644", SLURM_CONF_BASE);
+    s += &put("/etc/slurm/pcifab.conf", "644", SLURM_CONF_PCIFAB);
+    s += &put("/etc/slurm/gres.conf", "644", GRES_CONF);
+    // The test kernels have no cgroups; slurmd refuses to start unless told not to use them.
+    s += &put("/etc/slurm/cgroup.conf", "644", "CgroupPlugin=disabled\n");
+    s += &put("/etc/slurm/pcifab-slurm.conf", "644", HOOK_CONF);
+    s += &put("/etc/slurm/pcifab/prolog-slurmctld", "755", PROLOG);
+    s += &put("/etc/slurm/pcifab/epilog-slurmctld", "755", EPILOG);
+    s += &put("/etc/slurm/pcifab/task-prolog", "755", TASK_PROLOG);
+    s += "munged || { tail -5 /var/log/munge/munged.log; exit 1; }\n\
+          munge -n | unmunge >/dev/null || { echo 'munge round trip failed'; tail -5 /var/log/munge/munged.log; exit 1; }\n\
+          echo munged up";
+    h.run_ok_timeout(&s, Duration::from_secs(60))
+        .map(|_| ())
+        .map_err(|e| format!("{}: installing Slurm and starting munged: {e}", h.name))
+}
+
+/// Waits (in `h`) until `cond` (a shell test) holds, at most `secs` by the guest's clock;
+/// on time-out prints `diag` and fails.
+fn wait_in(h: &mut Host, cond: &str, secs: u32, what: &str, diag: &str) -> Result<(), String> {
+    let script = format!(
+        "end=$(($(date +%s) + {secs}))\nuntil {cond}; do\n  \
+         [ $(date +%s) -lt $end ] || {{ echo 'not within {secs} s: {what}'; {diag}; exit 1; }}\n  \
+         sleep 0.2\ndone"
+    );
+    h.run_ok_timeout(&script, Duration::from_secs(u64::from(secs) + 60))
+        .map(|_| ())
+        .map_err(|e| format!("{}: {e}", h.name))
+}
+
+const CTLD_DIAG: &str = "tail -20 /var/log/slurm/slurmctld.log";
+
+/// Starts slurmctld in h0 and slurmd in h1; waits until h0 sees h1 idle.
+fn start_slurm(f: &mut Fabric) -> Result<(), String> {
+    let hosts = "127.0.0.1 localhost\n10.77.1.1 h0\n10.77.1.2 h1\n";
+    install(&mut f.hosts[0], hosts)?;
+    install(&mut f.hosts[1], hosts)?;
+    let h0 = &mut f.hosts[0];
+    h0.run_ok("slurmctld || { tail -20 /var/log/slurm/slurmctld.log; exit 1; }")
+        .map_err(|e| format!("h0: starting slurmctld: {e}"))?;
+    wait_in(
+        h0,
+        "scontrol ping 2>/dev/null | grep -q UP",
+        60,
+        "slurmctld answers",
+        CTLD_DIAG,
+    )?;
+    f.hosts[1]
+        .run_ok("slurmd || { tail -20 /var/log/slurm/slurmd.log; exit 1; }")
+        .map_err(|e| format!("h1: starting slurmd: {e}"))?;
+    let h0 = &mut f.hosts[0];
+    wait_in(
+        h0,
+        "[ \"$(sinfo -h -N -n h1 -o %T 2>/dev/null)\" = idle ]",
+        90,
+        "h1 idle in sinfo",
+        "sinfo -N; scontrol show node h1; tail -20 /var/log/slurm/slurmctld.log",
+    )
+    .map_err(|e| {
+        let d = f.hosts[1]
+            .run("tail -30 /var/log/slurm/slurmd.log; ps")
+            .map(|o| o.out)
+            .unwrap_or_default();
+        format!("{e}\nh1:\n{d}")
+    })
+}
+
+/// Stops slurmd, slurmctld and both munged; the first failure is returned.
+fn stop_slurm(f: &mut Fabric) -> Result<(), String> {
+    let stop = "for p in /run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid; do\n\
+                  [ -f $p ] || continue\n\
+                  pid=$(cat $p); kill $pid 2>/dev/null || true\n\
+                  i=0; while kill -0 $pid 2>/dev/null && [ $i -lt 150 ]; do sleep 0.2; i=$((i+1)); done\n\
+                  if kill -0 $pid 2>/dev/null; then echo \"$p: pid $pid still running after SIGTERM\"; exit 1; fi\n\
+                  rm -f $p\n\
+                done";
+    let r1 = f.hosts[1].run_ok(stop).map(|_| ());
+    let r0 = f.hosts[0].run_ok(stop).map(|_| ());
+    r1.and(r0).map_err(|e| format!("stopping Slurm: {e}"))
+}
+
+/// A lease as `pcifab leases --json` shows it: (id, host, pool, functions).
+type Lease = (u64, u64, String, Vec<String>);
+
+/// The manager's leases.
+fn leases(h0: &mut Host) -> Result<Vec<Lease>, String> {
+    let o = h0.run("pcifab leases --json")?;
+    let v = json_line(&o.out).map_err(|e| format!("h0: `pcifab leases --json`: {e}"))?;
+    Ok(v["leases"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|l| {
+                    let fns = l["functions"]
+                        .as_array()
+                        .map(|x| {
+                            x.iter()
+                                .filter_map(Value::as_str)
+                                .map(str::to_string)
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    (
+                        l["id"].as_u64().unwrap_or(0),
+                        l["host"].as_u64().unwrap_or(u64::MAX),
+                        l["pool"].as_str().unwrap_or("?").to_string(),
+                        fns,
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// The job's output: (LEASE, FUNCTIONS, PDFIDs of the fabric functions it saw).
+fn job_output(out: &str) -> (String, String, Vec<String>) {
+    let field = |k: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map_or(String::new(), |v| v.trim().to_string())
+    };
+    let seen = out
+        .lines()
+        .filter(|l| l.starts_with("{\"test\":\"bar-id\""))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["pdfid"].as_str().map(str::to_string))
+        .collect();
+    (field("LEASE "), field("FUNCTIONS "), seen)
+}
+
+/// "slurm: a 2-GPU job on a node with none runs once the manager binds two GPUs".
+pub fn two_gpu_job(f: &mut Fabric) -> Result<(), String> {
+    if !f.slurm {
+        return Err(
+            "the guests carry no Slurm: run the harness with --slurm DIR (made by \
+             tools/scripts/slurm.sh; `make scenarios FILTER=slurm` passes it)"
+                .into(),
+        );
+    }
+    if f.hosts.len() < 2 {
+        return Err("needs h0 (controller and manager) and h1 (the node): --hosts 2".into());
+    }
+    compose_begin(f)?;
+    let (g0, g1) = (pdfid(f, "gpu0"), pdfid(f, "gpu1"));
+    let cfg = format!(
+        "[manager]\nhosts = {}\nmax_priority = 9\naging_s = 1000\ndefault_lease_s = 600\n\
+         max_lease_s = 3600\nmax_functions_per_host = 4\n\n\
+         [failover]\nhost_timeout_s = 3\nreclaim_after_s = 2\n\n\
+         [telemetry]\ninterval_s = 0\nmax_temp_c = 90.0\nbad_samples = 2\n\n\
+         [[pools]]\nname = \"slurm\"\nmode = \"whole\"\n\n\
+         [[pools.devices]]\npf = {g0:#06x}\n[[pools.devices]]\npf = {g1:#06x}\n",
+        f.hosts.len()
+    );
+    run_with_manager(f, &cfg, 20, "every function free", |f| {
+        start_slurm(f)?;
+        let r = job(f, g0, g1);
+        let stop = stop_slurm(f);
+        r?;
+        stop
+    })?;
+    check_world(
+        f,
+        &Owners::new(),
+        "the end (Slurm and the manager stopped, every function free)",
+    )
+}
+
+fn job(f: &mut Fabric, g0: u16, g1: u16) -> Result<(), String> {
+    let want_fns = vec![format!("{g0:#06x}"), format!("{g1:#06x}")];
+    // Before: h1 holds none of the pool's GPUs, the manager no lease.
+    check_world(f, &Owners::new(), "Slurm up, before the job")?;
+    let h0 = &mut f.hosts[0];
+    crate::checks::expect_eq("leases before the job", vec![], leases(h0)?)?;
+
+    // Submitted in h0 (the job runs in h1), asking for two GPUs on a node that has none.
+    let sub = h0.run_ok(&format!(
+        "{}rm -f {JOB_OUT}; sbatch --parsable --gres=gpu:2 -w h1 -o {JOB_OUT} /tmp/slurm-job.sh",
+        put("/tmp/slurm-job.sh", "755", JOB_SCRIPT)
+    ))?;
+    let id: u64 = sub
+        .trim()
+        .lines()
+        .last()
+        .and_then(|l| l.split(';').next())
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| format!("h0: sbatch printed no job id: {sub:?}"))?;
+    f.hosts[0].log_note(&format!("Slurm job {id} submitted"));
+
+    // The job starts once the prolog has its lease: its output says READY.
+    let h1 = &mut f.hosts[1];
+    wait_in(
+        h1,
+        &format!("grep -q READY {JOB_OUT} 2>/dev/null"),
+        180,
+        "the job printing READY",
+        &format!("cat {JOB_OUT}; tail -20 /var/log/slurm/slurmd.log"),
+    )
+    .map_err(|e| {
+        let ctld = f.hosts[0]
+            .run(&format!("squeue; scontrol show job {id}; {CTLD_DIAG}"))
+            .map(|o| o.out)
+            .unwrap_or_default();
+        format!("{e}\nh0:\n{ctld}")
+    })?;
+    let out = f.hosts[1].run_ok(&format!("cat {JOB_OUT}"))?;
+    f.hosts[1].log_note(&format!("job {id} output so far:\n{out}"));
+
+    // While it runs: one lease of the slurm pool for h1 with both GPUs; they are bound to
+    // h1 and nowhere else; the job was told exactly them and sees exactly them.
+    let h0 = &mut f.hosts[0];
+    let l = leases(h0)?;
+    let mut c = crate::checks::Checks::new(&format!("job {id} running"));
+    c.eq("number of leases", 1, l.len());
+    let lease = l.first().cloned().unwrap_or_default();
+    c.eq("lease host", 1, lease.1);
+    c.eq("lease pool", "slurm".to_string(), lease.2.clone());
+    let mut lease_fns = lease.3.clone();
+    lease_fns.sort();
+    c.eq("lease functions", want_fns.clone(), lease_fns);
+    let (job_lease, job_fns, mut seen) = job_output(&out);
+    c.eq("PCIFAB_LEASE in the job", lease.0.to_string(), job_lease);
+    let mut told: Vec<String> = job_fns.split(',').map(str::to_string).collect();
+    told.sort();
+    c.eq("PCIFAB_FUNCTIONS in the job", want_fns.clone(), told);
+    seen.sort();
+    c.eq("fabric functions the job sees", want_fns.clone(), seen);
+    let slots = out
+        .lines()
+        .find_map(|l| l.strip_prefix("SLURM_JOB_GPUS "))
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    c.eq("SLURM_JOB_GPUS (the node's two slots)", "0,1", &slots);
+    let node = h0.run_ok("scontrol show node -d h1")?;
+    c.eq(
+        "Slurm's allocation on h1 (GresUsed=gpu:2)",
+        true,
+        node.lines().any(|l| l.trim() == "GresUsed=gpu:2"),
+    );
+    let state = h0.run_ok(&format!("squeue -h -j {id} -o %T"))?;
+    c.eq("job state", "RUNNING", state.trim());
+    c.finish()?;
+    check_world(f, &owners(&[(g0, 1), (g1, 1)]), "the job running")?;
+
+    // Let it end: the epilog releases the lease; the GPUs leave h1.
+    f.hosts[1].run_ok(&format!("touch {JOB_GO}"))?;
+    let h0 = &mut f.hosts[0];
+    wait_in(
+        h0,
+        &format!("[ -z \"$(squeue -h -j {id} 2>/dev/null)\" ] && pcifab leases --json | grep -q '\"leases\":\\[\\]'"),
+        120,
+        "the job gone and no lease left",
+        &format!("squeue; pcifab leases; {CTLD_DIAG}"),
+    )?;
+    let h0 = &mut f.hosts[0];
+    let fin = h0.run_ok(&format!("scontrol show job {id}"))?;
+    let mut c = crate::checks::Checks::new(&format!("job {id} ended"));
+    c.eq(
+        "JobState=COMPLETED",
+        true,
+        fin.contains("JobState=COMPLETED"),
+    );
+    c.eq("ExitCode=0:0", true, fin.contains("ExitCode=0:0"));
+    c.eq("leases", vec![], leases(h0)?);
+    let out = f.hosts[1].run_ok(&format!("cat {JOB_OUT}"))?;
+    c.eq(
+        "the job printed DONE",
+        true,
+        out.lines().any(|l| l == "DONE"),
+    );
+    c.finish()?;
+    check_world(
+        f,
+        &Owners::new(),
+        "the job ended, its GPUs back in the pool",
+    )
+}
