@@ -13,7 +13,7 @@
 //! makes it take) and mapped with the DMA API for the length of one batch, so with an IOMMU
 //! the engine reaches only those pages, and they are unmapped and unpinned on every exit path
 //! (the guards' `Drop`). The engine runs one copy's part at a time (the [`Turn`], taken for
-//! each part: a copier waits for it killably and no longer than its own timeout); each batch
+//! each part: a copier waits for it interruptibly and no longer than its own timeout); each batch
 //! is submitted with one doorbell, then waited for by watching the engine's status write-back
 //! in the ring (polled, no completion interrupt: [`POLL_SPIN_US`]), with the engine's lock
 //! taken only for each look; a timeout, a signal or unbind resets the engine and waits until
@@ -38,7 +38,7 @@ use kernel::{
 use crate::{
     fw::{self, ext, Failure},
     hotplug,
-    kext::{binding::Binding, sleep::usleep_range, user_pages::UserPages},
+    kext::{binding::Binding, pci_enable, sleep::usleep_range, user_pages::UserPages},
     regs, uapi, Mep,
 };
 
@@ -196,12 +196,17 @@ impl P2p {
         }
     }
 
-    /// Waits for the engine's turn as a copier: interrupted by a signal (`ERESTARTSYS`,
-    /// nothing was copied by this wait) and bounded by the copy's own deadline
-    /// (`ETIMEDOUT`), so a copier stuck behind a long copy can always be killed.
+    /// Waits for the engine's turn as a copier: interrupted by any signal (`ERESTARTSYS`,
+    /// nothing was copied by this wait; a restarted call starts a new deadline) and bounded
+    /// by the copy's own deadline (`ETIMEDOUT`), so a copier stuck behind a long copy can
+    /// always be killed; `ENODEV` once unbind waits for the turn.
     fn turn(&self, start: Instant<Monotonic>, timeout_ms: u32) -> Result<Turn<'_>> {
         let mut busy = self.busy.lock();
         while *busy {
+            // Unbind is waiting for the turn: no new copier goes ahead of it.
+            if self.abort.load(Relaxed) {
+                return Err(ENODEV);
+            }
             let left = i64::from(timeout_ms).saturating_sub(start.elapsed().as_millis());
             let Ok(left @ 1..) = u32::try_from(left) else {
                 return Err(ETIMEDOUT);
@@ -612,7 +617,15 @@ pub(crate) fn copy(
         let mut pages = match user {
             Some(addr) => {
                 let part = (len - off).min(USER_CHUNK as u64);
-                Some(UserPages::pin(addr + off, part as usize, dir)?)
+                match UserPages::pin(addr + off, part as usize, dir) {
+                    Ok(p) => Some(p),
+                    Err(err) if off == 0 => return Err(err),
+                    // What was copied is reported with the error.
+                    Err(err) => {
+                        copied.err = Some(err);
+                        break;
+                    }
+                }
             }
             None => None,
         };
@@ -913,7 +926,12 @@ fn reset(mep: &Mep, e: &mut Engine) {
         Delta::from_millis(1),
         Delta::from_millis(RESET_WAIT_MS),
     );
-    let (idle, gone) = (r.is_ok(), matches!(r, Ok(Some(None))));
+    // All ones from BAR0 is a device gone from the bus only if config space says so too: a
+    // device that still answers there (its memory decode off, an error being contained) may
+    // still master DMA, so its buffers are kept as a busy engine's are.
+    let all_ones = matches!(r, Ok(Some(None)));
+    let gone = all_ones && !pci_enable::present(&mep.pdev);
+    let idle = r.is_ok() && !all_ones;
     e.tail = 0;
     e.reset_due = gone;
     if gone {
@@ -922,7 +940,12 @@ fn reset(mep: &Mep, e: &mut Engine) {
     if !idle {
         dev_err!(
             mep.pdev,
-            "P2P DMA engine still busy {} ms after a reset; keeping its buffers, no more copies\n",
+            "P2P DMA engine {} {} ms after a reset; keeping its buffers, no more copies\n",
+            if all_ones {
+                "reads all ones but the device is still on the bus"
+            } else {
+                "still busy"
+            },
             RESET_WAIT_MS
         );
         e.stuck = true;

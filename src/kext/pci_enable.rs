@@ -28,6 +28,15 @@ fn raw(dev: &pci::Device) -> *mut bindings::pci_dev {
         .cast_mut()
 }
 
+/// Whether `dev` still answers on the bus (`pci_device_is_present()`: its vendor id reads
+/// back through config space). A device that left the bus reads all ones there too and can
+/// no longer master DMA; one whose BARs read all ones but that answers here may still.
+pub(crate) fn present(dev: &pci::Device) -> bool {
+    // SAFETY: `dev` is a valid `struct pci_dev` for the duration of the borrow; the function
+    // only reads its config space through the bus's accessors.
+    unsafe { bindings::pci_device_is_present(raw(dev)) }
+}
+
 impl EnabledDevice {
     /// Enables `pdev`'s memory decoding (`pci_enable_device_mem()`); called during probe.
     pub(crate) fn new(pdev: &pci::Device<Core<'_>>) -> Result<Self> {

@@ -69,6 +69,11 @@ impl UserPages {
         // calling task, which the function checks; `gup` holds only `FOLL_LONGTERM` and
         // `FOLL_WRITE`, flags the function takes (it adds `FOLL_PIN` itself).
         let got = unsafe { bindings::pin_user_pages_fast(start, nr, gup, pages.as_mut_ptr()) };
+        // A negative return is the reason nothing was pinned (`EFAULT`, or `ENOMEM` and
+        // `EINTR` from a long-term pin's migration).
+        if got < 0 {
+            return Err(Error::from_errno(got));
+        }
         let got = usize::try_from(got).unwrap_or(0);
         // INVARIANT: Only the pages pinned are kept, so only those are unpinned.
         pages.truncate(got.min(npages));

@@ -394,6 +394,12 @@ impl Mep {
                 }
                 Ok(())
             }
+            // Gone from the bus: config reads complete with all ones too, as the kernel's
+            // `pci_device_is_present()` sees a surprise-removed device.
+            REGION_CONFIG if self.faults().gone => {
+                buf.fill(0xff);
+                Ok(())
+            }
             REGION_CONFIG => inner.cfg.read(to_usize(off)?, buf),
             REGION_BAR2 => {
                 drop(inner);
@@ -417,11 +423,18 @@ impl Mep {
         if region == REGION_BAR2 {
             return p2p::window_write(self, off, data);
         }
-        if region == REGION_BAR0 && self.faults().gone {
-            self.gone_writes.fetch_add(1, Ordering::Relaxed);
+        if (region == REGION_BAR0 || region == REGION_CONFIG) && self.faults().gone {
+            if region == REGION_BAR0 {
+                self.gone_writes.fetch_add(1, Ordering::Relaxed);
+            }
             note!(
-                "{}: BAR0 write of {} bytes at {off:#x} while gone: dropped",
+                "{}: {} write of {} bytes at {off:#x} while gone: dropped",
                 self.name,
+                if region == REGION_BAR0 {
+                    "BAR0"
+                } else {
+                    "config"
+                },
                 data.len()
             );
             return Ok(());
@@ -783,6 +796,9 @@ impl p2p::MepPort for Mep {
     }
     fn wait_dma_kick(&self) {
         Mep::wait_dma_kick(self)
+    }
+    fn gone(&self) -> bool {
+        self.faults().gone
     }
 }
 

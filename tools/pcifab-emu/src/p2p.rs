@@ -130,6 +130,9 @@ pub trait MepPort: Sync {
     /// Block until the engine is kicked (a TAIL write, ENABLE) and consume
     /// the kick.
     fn wait_dma_kick(&self);
+    /// Whether the MEP has left the bus (`fault HOST gone`): a device that is gone
+    /// masters no DMA, so the engine stops and writes nothing back.
+    fn gone(&self) -> bool;
 }
 
 fn window_check(sh: &Shared, off: u64, len: usize) -> Result<(), String> {
@@ -327,6 +330,9 @@ fn run<M: MepPort + ?Sized>(mep: &M, d: &Desc) -> (u32, u64) {
     }
     let mut done = 0;
     while done < d.len {
+        if mep.gone() {
+            return (ST_OK, done);
+        }
         let n = (d.len - done).min(CHUNK);
         let delay = mep.dma_delay_ms();
         if delay > 0 {
@@ -432,6 +438,16 @@ pub fn process<M: MepPort + ?Sized>(mep: &M) {
         let t = std::time::Instant::now();
         let (status, done) = run(mep, &d);
         let us = t.elapsed().as_micros();
+        if mep.gone() {
+            // Off the bus: no write-back, no interrupt, registers left as they were.
+            landed(&mut mep.lock());
+            note!(
+                "{}: DMA descriptor {index}: the MEP is gone: stopped after {done} of {} bytes, nothing written back",
+                mep.name(),
+                d.len
+            );
+            continue;
+        }
         // A hostile firmware lies in the write-back only (see `MepPort`);
         // the engine's own registers below stay true.
         let (wb_done, wb_status) = mep.dma_writeback(d.len, done, status);

@@ -102,7 +102,8 @@ fn copy_result(h: &mut Host, tag: &str, secs: u32) -> Result<(i64, Value), Strin
     Ok((code, json_line(&o)?))
 }
 
-/// The MEP leaves the bus (surprise removal: every BAR0 read returns all ones) while a copy
+/// The MEP leaves the bus (surprise removal: every BAR0 and config-space read returns all
+/// ones, and the emulator's engine stops) while a copy
 /// from a 16 MiB user buffer runs: the copy must end with ENODEV at once, with every page it
 /// pinned unpinned and nothing left mapped for the device; once the MEP is back, copies work.
 pub fn gone_during_copy(f: &mut Fabric) -> Result<(), String> {
