@@ -15,7 +15,8 @@
 //! and fsync before the commit is visible). Formats 1 and 2 held the whole scheduler as one
 //! JSON value (table `state`, key `scheduler`, format under key `version`), rewritten by
 //! every request; [`StateStore::load`] hands that value up as [`Stored::whole`] and a batch
-//! with [`Batch::drop_whole`] removes it in the commit that writes its records.
+//! with [`Batch::drop_whole`] replaces it, in the commit that writes its records, with an
+//! empty state marked as format 3, which managers of formats 1 and 2 refuse as newer.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -116,6 +117,11 @@ const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const WHOLE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
 const WHOLE_KEY: &str = "scheduler";
 const WHOLE_VERSION_KEY: &str = "version";
+/// The first format stored as records. The whole value a migration replaces is left as an
+/// empty state marked with it, so that a manager of formats 1 or 2 opening the file refuses
+/// it as written by a newer pcifab-manager instead of finding no state and starting empty
+/// (and then freeing every leased function).
+const RECORDS_FIRST_FORMAT: u32 = 3;
 
 /// One table's puts (key, value) and deletes (key) in a commit.
 type TableChanges<'a> = (Vec<(&'a str, &'a [u8])>, Vec<&'a str>);
@@ -271,6 +277,10 @@ impl RedbStore {
             None => 1,
             Some(b) => version_of(&self.path, b.value())?,
         };
+        // The marker a migration leaves for older managers: no whole state.
+        if version >= RECORDS_FIRST_FORMAT {
+            return Ok(None);
+        }
         Ok(Some((version, v.value().to_vec())))
     }
 }
@@ -357,8 +367,16 @@ impl StateStore for RedbStore {
                     .map_err(|e| err(&self.path, "write", e))?;
             }
             if batch.drop_whole {
-                tx.delete_table(WHOLE)
-                    .map_err(|e| err(&self.path, "remove the old state", e))?;
+                let mut t = tx
+                    .open_table(WHOLE)
+                    .map_err(|e| err(&self.path, "open table", e))?;
+                t.insert(WHOLE_KEY, b"{}".as_slice())
+                    .map_err(|e| err(&self.path, "replace the old state", e))?;
+                t.insert(
+                    WHOLE_VERSION_KEY,
+                    RECORDS_FIRST_FORMAT.to_string().as_bytes(),
+                )
+                .map_err(|e| err(&self.path, "replace the old state", e))?;
             }
             if let Some(entry) = entry {
                 let mut log = tx
@@ -580,8 +598,8 @@ mod tests {
     }
 
     /// The whole state of formats 1 (no version key) and 2 is handed up with its format;
-    /// a version that is not a number is an error; `drop_whole` removes it in the commit
-    /// that writes the records.
+    /// a version that is not a number is an error; `drop_whole` replaces it in the commit
+    /// that writes the records with the marker an older manager refuses.
     #[test]
     fn whole_states_of_old_formats_are_handed_up_then_dropped() {
         let dir = tempdir("whole");
@@ -618,6 +636,15 @@ mod tests {
         let s = store.load(&["manager"]).expect("load");
         assert_eq!((s.version, s.whole), (Some(3), None));
         assert_eq!(store.format().expect("format"), Format::Records(3));
+        // What a manager of format 2 reads there: an empty state of format 3, which it
+        // refuses as written by a newer manager, rather than no state at all.
+        let tx = store.db.begin_read().expect("tx");
+        let t = tx.open_table(WHOLE).expect("the old table is still there");
+        let got = |k| t.get(k).expect("get").map(|v| v.value().to_vec());
+        assert_eq!(got(WHOLE_KEY), Some(b"{}".to_vec()));
+        assert_eq!(got(WHOLE_VERSION_KEY), Some(b"3".to_vec()));
+        drop(t);
+        drop(tx);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
