@@ -69,9 +69,12 @@ done
 echo DONE
 "#;
 
-fn pdfid(f: &Fabric, name: &str) -> u16 {
-    let fallback = if name == "gpu0" { 0x0300 } else { 0x0400 };
-    f.expected.endpoint(name).map_or(fallback, |e| e.pdfid(0))
+/// The PF of the configuration's endpoint `name`.
+fn pdfid(f: &Fabric, name: &str) -> Result<u16, String> {
+    f.expected
+        .endpoint(name)
+        .map(|e| e.pdfid(0))
+        .ok_or_else(|| format!("the fabric configuration has no endpoint {name}"))
 }
 
 /// `cat > PATH` of `text` (a newline added if it has none at its end), mode `mode`, as a
@@ -239,7 +242,7 @@ pub fn two_gpu_job(f: &mut Fabric) -> Result<(), String> {
         return Err("needs h0 (controller and manager) and h1 (the node): --hosts 2".into());
     }
     compose_begin(f)?;
-    let (g0, g1) = (pdfid(f, "gpu0"), pdfid(f, "gpu1"));
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
     let cfg = format!(
         "[manager]\nhosts = {}\nmax_priority = 9\naging_s = 1000\ndefault_lease_s = 600\n\
          max_lease_s = 3600\nmax_functions_per_host = 4\n\n\
