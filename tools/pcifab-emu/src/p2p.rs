@@ -439,14 +439,15 @@ pub fn process<M: MepPort + ?Sized>(mep: &M) {
         let (status, done) = run(mep, &d);
         let us = t.elapsed().as_micros();
         if mep.gone() {
-            // Off the bus: no write-back, no interrupt, registers left as they were.
+            // Off the bus: no write-back, no interrupt, registers left as they were, and no
+            // more descriptors until the next kick (a reset once the MEP is back).
             landed(&mut mep.lock());
             note!(
                 "{}: DMA descriptor {index}: the MEP is gone: stopped after {done} of {} bytes, nothing written back",
                 mep.name(),
                 d.len
             );
-            continue;
+            return;
         }
         // A hostile firmware lies in the write-back only (see `MepPort`);
         // the engine's own registers below stay true.
