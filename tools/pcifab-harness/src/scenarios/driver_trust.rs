@@ -976,6 +976,11 @@ pub fn firmware_lies(f: &mut Fabric) -> Result<(), String> {
 pub fn gone_irq(f: &mut Fabric) -> Result<(), String> {
     let emu = f.emu();
     let h = f.hosts.first_mut().ok_or("no hosts")?;
+    // The driver says it once per probe (a shared line may bring the handler back again and
+    // again): a fresh probe, so that a surprise removal an earlier scenario made in this
+    // boot has not used it up.
+    h.run_ok("[ -d /sys/module/pcifab ] && rmmod pcifab; true")?;
+    ensure_pcifab(h)?;
     begin(h)?;
     let gone_writes = |emu: &EmuControl, host: &str| -> Result<u64, String> {
         let v = emu.request(&format!("lies {host}"))?;
