@@ -54,6 +54,20 @@ fn route0(h: &mut Host, pdfid: u16, size: u64) -> Result<(), String> {
     )
 }
 
+/// How every scenario here starts: under PAX firmware only the refusal is checked (`None`);
+/// else every function free, GPU0 bound to h0 and a route of `route_len` bytes to it.
+fn begin_gpu0(f: &mut Fabric, route_len: u64) -> Result<Option<EmuControl>, String> {
+    if refused_without_extensions(f, &["p2p copy --from 0x0300:0 --to 0x0401:0 --len 0x1000"])? {
+        return Ok(None);
+    }
+    compose_begin(f)?;
+    let e = f.expected.clone();
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    let _ = bind_here(h0, &e, GPU0)?;
+    route0(h0, GPU0, route_len)?;
+    Ok(Some(f.emu()))
+}
+
 /// Waits (at most 20 s) until `host`'s MEP has a DMA descriptor in flight.
 fn wait_dma_in_flight(emu: &EmuControl, host: &str, what: &str) -> Result<(), String> {
     let t = Instant::now();
@@ -107,15 +121,10 @@ fn copy_result(h: &mut Host, tag: &str, secs: u32) -> Result<(i64, Value), Strin
 /// from a 16 MiB user buffer runs: the copy must end with ENODEV at once, with every page it
 /// pinned unpinned and nothing left mapped for the device; once the MEP is back, copies work.
 pub fn gone_during_copy(f: &mut Fabric) -> Result<(), String> {
-    if refused_without_extensions(f, &["p2p copy --from 0x0300:0 --to 0x0401:0 --len 0x1000"])? {
+    let Some(emu) = begin_gpu0(f, 64 * MIB)? else {
         return Ok(());
-    }
-    compose_begin(f)?;
-    let e = f.expected.clone();
-    let emu = f.emu();
+    };
     let h0 = f.hosts.first_mut().ok_or("no hosts")?;
-    let _ = bind_here(h0, &e, GPU0)?;
-    route0(h0, GPU0, 64 * MIB)?;
     h0.run_ok("head -c 16777216 /dev/urandom > /tmp/gone.in")?;
     let maps = emu.request("dma-maps h0")?;
     let pinned = pinned_pages(h0)?;
@@ -190,15 +199,10 @@ pub fn gone_during_copy(f: &mut Fabric) -> Result<(), String> {
 /// taken offline while the copy holds the pages. A short-term pin would leave them in the
 /// block, unmovable, and the offline would not finish.
 pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
-    if refused_without_extensions(f, &["p2p copy --from 0x0300:0 --to 0x0401:0 --len 0x1000"])? {
+    let Some(emu) = begin_gpu0(f, 64 * MIB)? else {
         return Ok(());
-    }
-    compose_begin(f)?;
-    let e = f.expected.clone();
-    let emu = f.emu();
+    };
     let h0 = f.hosts.first_mut().ok_or("no hosts")?;
-    let _ = bind_here(h0, &e, GPU0)?;
-    route0(h0, GPU0, 64 * MIB)?;
     h0.run_ok("head -c 8388608 /dev/urandom > /tmp/lt.in")?;
     let pinned = pinned_pages(h0)?;
     // A memory block taken offline and brought back as ZONE_MOVABLE, which fresh user
@@ -298,15 +302,10 @@ pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
 /// One long function-to-function copy runs; a second copier waits for the engine. SIGKILL
 /// ends the waiting one within a second; the first completes, byte for byte.
 pub fn killed_waiter(f: &mut Fabric) -> Result<(), String> {
-    if refused_without_extensions(f, &["p2p copy --from 0x0300:0 --to 0x0401:0 --len 0x1000"])? {
+    let Some(emu) = begin_gpu0(f, 128 * MIB)? else {
         return Ok(());
-    }
-    compose_begin(f)?;
-    let e = f.expected.clone();
-    let emu = f.emu();
+    };
     let h0 = f.hosts.first_mut().ok_or("no hosts")?;
-    let _ = bind_here(h0, &e, GPU0)?;
-    route0(h0, GPU0, 128 * MIB)?;
     emu.request(&format!("mem-fill {GPU0:#06x} 0 {:#x} 0x5eed0d", 32 * MIB))?;
     emu.request(&format!(
         "mem-fill {GPU0:#06x} {:#x} {:#x} 1",
