@@ -422,3 +422,17 @@ check-systemd:
 check-redfish:
 	$(CARGO) build -q --release $(TOOLS) -p pcifab-manager
 	PCIFAB_MANAGER_BIN=$(HOST_BIN)/pcifab-manager tools/scripts/redfish-check.sh
+
+# The manager's high availability on etcd (Documentation/manager.rst, "High
+# availability"): Debian's etcd fetched into the cache if missing, then the ignored tests of
+# tests/ha.rs (a 3-member cluster on loopback, real managers; one at a time, they use fixed
+# loopback ports). `bench NAME VALUE` lines: `make bench-ha`.
+check-ha:
+	PCIFAB_ETCD=$$(tools/scripts/etcd.sh) $(CARGO) test -q $(TOOLS) -p pcifab-manager --test ha \
+		-- --ignored --test-threads 1 --nocapture
+
+bench-ha:
+	PCIFAB_ETCD=$$(tools/scripts/etcd.sh) $(CARGO) test -q --release $(TOOLS) -p pcifab-manager \
+		--test ha_bench -- --ignored --test-threads 1 --nocapture
+
+.PHONY: check-ha bench-ha

@@ -214,6 +214,43 @@ pub struct Config {
     /// Who may use the manager, and as what (the `auth` module); like `api`, never stored.
     #[serde(default, skip_serializing)]
     pub principals: Vec<PrincipalConfig>,
+    /// High availability on etcd (`[ha]`); none: one manager with its redb database. Like
+    /// `api`, never stored.
+    #[serde(default, skip_serializing)]
+    pub ha: Option<HaConfig>,
+}
+
+/// Several managers on one etcd cluster (`[ha]`, Documentation/manager.rst, "High
+/// availability").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HaConfig {
+    /// etcd's client URLs, `http://HOST:PORT` (at least one; every member, best).
+    pub endpoints: Vec<String>,
+    /// This manager's name, unique among the managers of one fabric.
+    pub node: String,
+    /// Where clients reach this manager (its API URL or its control socket), shown to
+    /// clients by the standbys.
+    pub advertise: String,
+    /// The leader's etcd lease: a leader that cannot renew it for this long is replaced.
+    #[serde(default = "default_lease_ttl")]
+    pub lease_ttl_s: u64,
+    /// The keys' prefix in etcd: one per fabric.
+    #[serde(default = "default_ha_prefix")]
+    pub prefix: String,
+    /// Longest one etcd request may take before the next endpoint is tried.
+    #[serde(default = "default_ha_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_lease_ttl() -> u64 {
+    5
+}
+fn default_ha_prefix() -> String {
+    "/pcifab".into()
+}
+fn default_ha_timeout() -> u64 {
+    2000
 }
 
 /// The HTTPS API (`[api]`, Documentation/manager-api.rst).
@@ -330,6 +367,32 @@ impl Config {
 
     /// Checks what serde cannot: names, duplicates, ranges.
     pub fn check(&self) -> Result<(), String> {
+        if let Some(h) = &self.ha {
+            if h.endpoints.is_empty() {
+                return Err("[ha] endpoints: give etcd's client URLs (http://HOST:PORT)".into());
+            }
+            if let Some(e) = h.endpoints.iter().find(|e| !e.starts_with("http://")) {
+                return Err(format!(
+                    "[ha] endpoints: '{e}' is not http://HOST:PORT (etcd over TLS is not \
+                     supported; see Documentation/manager.rst, \"High availability\")"
+                ));
+            }
+            if h.node.is_empty() || h.advertise.is_empty() {
+                return Err("[ha] node and advertise must not be empty".into());
+            }
+            if !(2..=3600).contains(&h.lease_ttl_s) {
+                return Err("[ha] lease_ttl_s is 2 to 3600".into());
+            }
+            if !h.prefix.starts_with('/') || h.prefix.ends_with('/') {
+                return Err(format!(
+                    "[ha] prefix '{}' must start with '/' and not end with one",
+                    h.prefix
+                ));
+            }
+            if h.timeout_ms < 100 {
+                return Err("[ha] timeout_ms is at least 100".into());
+            }
+        }
         let m = &self.manager;
         if m.hosts == 0 {
             return Err("[manager] hosts must be at least 1".into());

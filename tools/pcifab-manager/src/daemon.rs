@@ -67,6 +67,14 @@ pub struct Daemon {
     /// The scheduler's next notice number as of the last commit: the API's long polls of
     /// `events` wait for it to change ([`Daemon::notices`]).
     notices: tokio::sync::watch::Sender<u64>,
+    /// Actions were held back because the executor was not ready (a highly available
+    /// manager that could not confirm it still leads): once it is, the fabric is brought to
+    /// the scheduler's state as at a start.
+    fabric_behind: bool,
+    /// A request whose commit fails leaves the scheduler as it was before it (a highly
+    /// available manager without an etcd quorum: the client is told the request failed, so
+    /// it must not be carried out later).
+    pub undo_failed_requests: bool,
 }
 
 /// Scrub outcomes kept for the `pool` reply.
@@ -138,6 +146,8 @@ impl Daemon {
             http: Default::default(),
             config_path: None,
             notices: tokio::sync::watch::Sender::new(0),
+            fabric_behind: false,
+            undo_failed_requests: false,
         };
         if !fix.is_empty() {
             eprintln!(
@@ -152,11 +162,39 @@ impl Daemon {
 
     /// Applies actions; a failed one takes its device out of the pool (which may plan more).
     fn run_actions(&mut self, mut actions: Vec<Action>) {
+        if self.fabric_behind {
+            if self.exec.ready().is_err() {
+                return;
+            }
+            // Whatever was held back and whatever is asked now: the difference between the
+            // fabric and the scheduler's state.
+            match self.exec.fabric(&self.sched.pool_functions()) {
+                Ok(actual) => actions = self.sched.reconcile(&actual),
+                Err(e) => {
+                    eprintln!("pcifab-manager: cannot read the fabric: {e}");
+                    return;
+                }
+            }
+            eprintln!(
+                "pcifab-manager: may change the fabric again; {} action(s) to bring it to \
+                 the state",
+                actions.len()
+            );
+            self.fabric_behind = false;
+        }
         for _round in 0..4 {
             if actions.is_empty() {
                 return;
             }
             for a in &actions {
+                if let Err(e) = self.exec.ready() {
+                    eprintln!(
+                        "pcifab-manager: not changing the fabric ({e}); holding back: {}",
+                        action_text(a)
+                    );
+                    self.fabric_behind = true;
+                    return;
+                }
                 let r = self.exec.apply(a);
                 if r.is_ok() && self.exec.name() == "driver" {
                     eprintln!("pcifab-manager: done: {}", action_text(a));
@@ -267,6 +305,7 @@ impl Daemon {
     }
 
     pub fn handle(&mut self, req: &Request) -> Value {
+        let before = (self.undo_failed_requests && req.mutates()).then(|| self.sched.clone());
         let now = (self.clock)();
         // Time first, so the answer reflects expiry and failover up to now; the links first
         // of all, so a host is not timed out for the time this daemon spent on other work.
@@ -326,10 +365,21 @@ impl Daemon {
                 .unwrap_or_else(|| "ok".into()),
         });
         if let Err(e) = self.commit(entry.as_ref()) {
-            return protocol::error(
-                format!("{e}; the request was not recorded, retry once the disk is fixed"),
-                false,
-            );
+            // A read is answered all the same (what time changed is committed later).
+            if !req.mutates() {
+                eprintln!("pcifab-manager: {e}");
+            } else {
+                if let Some(b) = before {
+                    self.sched = b;
+                }
+                return protocol::error(
+                    format!(
+                        "{e}; the request was not recorded, retry once the store (the disk, \
+                         or etcd) is fixed"
+                    ),
+                    false,
+                );
+            }
         }
         let actions = self.sched.take_actions();
         self.run_actions(actions);
@@ -342,6 +392,9 @@ impl Daemon {
 
     /// Time passes: expiry, failover, time slices, telemetry.
     pub fn tick(&mut self) {
+        if self.fabric_behind {
+            self.run_actions(Vec::new());
+        }
         let now = (self.clock)();
         self.observe_links(now);
         self.poll_telemetry(now);

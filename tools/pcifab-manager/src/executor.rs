@@ -14,6 +14,154 @@ pub trait Executor {
     /// The fabric as it is: function -> host, for the functions in `pdfids`.
     fn fabric(&mut self, pdfids: &[Pdfid]) -> Result<BTreeMap<Pdfid, Host>, String>;
     fn name(&self) -> &'static str;
+    /// Whether this manager may change the fabric now: the daemon asks immediately before
+    /// every action, and applies none while the answer is an error (a deposed or cut-off
+    /// leader of a highly available manager, [`Fenced`]). Always yes otherwise.
+    fn ready(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The check a leader passes before each change of the fabric (Documentation/manager.rst,
+/// "Fencing").
+pub trait Fence: Send {
+    fn check(&self) -> Result<(), String>;
+}
+
+/// An executor that changes the fabric only while its fence says so.
+pub struct Fenced {
+    pub inner: Box<dyn Executor + Send>,
+    pub fence: Box<dyn Fence>,
+}
+
+impl Executor for Fenced {
+    fn apply(&mut self, action: &Action) -> Result<(), String> {
+        self.inner.apply(action)
+    }
+
+    fn fabric(&mut self, pdfids: &[Pdfid]) -> Result<BTreeMap<Pdfid, Host>, String> {
+        self.inner.fabric(pdfids)
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn ready(&mut self) -> Result<(), String> {
+        self.fence.check()?;
+        self.inner.ready()
+    }
+}
+
+/// A simulated fabric in a file that several managers share (`--executor sim --fabric
+/// FILE`, the HA tests): the bindings, the highest epoch any manager used, and a journal of
+/// every action tried. It plays the part of a fabric that checks epochs itself: an action
+/// of an epoch lower than one it has seen is refused (and journaled as refused).
+pub struct FileFabric {
+    pub path: std::path::PathBuf,
+    /// This manager's epoch (0: not highly available).
+    pub epoch: i64,
+    pub node: String,
+    /// The devices' PF/VF relation, for the fabric rules.
+    pub pf_of: BTreeMap<Pdfid, Pdfid>,
+}
+
+/// What a [`FileFabric`] file holds.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct FabricFile {
+    pub bound: BTreeMap<Pdfid, Host>,
+    pub epoch: i64,
+    pub journal: Vec<FabricEvent>,
+}
+
+/// One action tried on a [`FileFabric`].
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct FabricEvent {
+    pub epoch: i64,
+    pub node: String,
+    pub action: Action,
+    /// None: applied; else why not.
+    pub refused: Option<String>,
+}
+
+impl FileFabric {
+    /// Reads, changes and writes the file under an exclusive lock.
+    fn with<T>(&self, f: impl FnOnce(&mut FabricFile) -> T) -> Result<T, String> {
+        use std::os::fd::AsRawFd;
+        let lock_path = self.path.with_extension("lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| format!("fabric file lock {}: {e}", lock_path.display()))?;
+        // SAFETY: flock on a descriptor we own; it is released when `lock` is closed.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(format!(
+                "cannot lock {}: {}",
+                lock_path.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        let mut st: FabricFile = match std::fs::read(&self.path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map_err(|e| format!("fabric file {}: {e}", self.path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => FabricFile::default(),
+            Err(e) => return Err(format!("fabric file {}: {e}", self.path.display())),
+        };
+        let r = f(&mut st);
+        let tmp = self.path.with_extension("tmp");
+        let text = serde_json::to_vec(&st).map_err(|e| e.to_string())?;
+        std::fs::write(&tmp, text)
+            .and_then(|_| std::fs::rename(&tmp, &self.path))
+            .map_err(|e| format!("fabric file {}: {e}", self.path.display()))?;
+        Ok(r)
+    }
+}
+
+impl Executor for FileFabric {
+    fn apply(&mut self, a: &Action) -> Result<(), String> {
+        let (epoch, node, pf_of) = (self.epoch, self.node.clone(), self.pf_of.clone());
+        self.with(|st| {
+            let r = if epoch < st.epoch {
+                Err(format!(
+                    "fenced: the fabric has seen epoch {} and this manager's is {epoch}",
+                    st.epoch
+                ))
+            } else {
+                st.epoch = epoch;
+                let mut sim = SimExecutor {
+                    bound: std::mem::take(&mut st.bound),
+                    pf_of,
+                    ..SimExecutor::default()
+                };
+                let r = sim.apply(a);
+                st.bound = sim.bound;
+                r
+            };
+            st.journal.push(FabricEvent {
+                epoch,
+                node,
+                action: a.clone(),
+                refused: r.as_ref().err().cloned(),
+            });
+            r
+        })?
+    }
+
+    fn fabric(&mut self, pdfids: &[Pdfid]) -> Result<BTreeMap<Pdfid, Host>, String> {
+        self.with(|st| {
+            st.bound
+                .iter()
+                .filter(|(f, _)| pdfids.contains(f))
+                .map(|(f, h)| (*f, *h))
+                .collect()
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "sim"
+    }
 }
 
 /// A simulated fabric: checks every action against the fabric rules and logs it.

@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod driver;
+pub mod etcd;
 pub mod executor;
 pub mod liveness;
 pub mod metrics;

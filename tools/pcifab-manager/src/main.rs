@@ -2,17 +2,22 @@
 
 //! `pcifab-manager`: the fabric manager daemon (Documentation/manager.rst).
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    sync::{Arc, Mutex},
+};
 
 use pcifab_manager::{
     config::Config,
     daemon::{self, Daemon, Telemetry},
     driver::Driver,
-    executor::{DriverExecutor, Executor, SimExecutor},
+    etcd::{Deposed, Elector, Etcd, EtcdStore, Guard, LeaderInfo, Leadership},
+    executor::{DriverExecutor, Executor, Fence, Fenced, FileFabric, SimExecutor},
     liveness::Liveness,
     scrub::{self, DriverScrubber, Scrubber, SimScrubber},
     spool,
-    store::Store,
+    store::{StateStore, Store},
     telemetry::{Judge, Source},
 };
 
@@ -29,6 +34,8 @@ options:
   --socket PATH     the control socket (default /run/pcifab-manager.sock)
   --executor KIND   driver (default: bind/unbind/move through --device) or sim (no fabric)
   --device PATH     the pcifab device (default /dev/pcifab0)
+  --fabric FILE     with --executor sim: a simulated fabric in FILE, shared by several
+                    managers (tests of high availability)
   --ask JSON        do not run: send one request to the manager at --socket, print the
                     reply (exit 0 if it succeeded, 3 if refused, 1 otherwise)
   --hash-password   do not run: read a password from standard input (its first line),
@@ -43,6 +50,7 @@ struct Args {
     socket: PathBuf,
     executor: String,
     device: String,
+    fabric: Option<PathBuf>,
     ask: Option<String>,
     hash_password: bool,
     iterations: u32,
@@ -55,6 +63,7 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
         socket: "/run/pcifab-manager.sock".into(),
         executor: "driver".into(),
         device: "/dev/pcifab0".into(),
+        fabric: None,
         ask: None,
         hash_password: false,
         iterations: pcifab_manager::redfish::users::ITERATIONS,
@@ -72,6 +81,7 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
             "--state" => a.state = val()?.into(),
             "--socket" => a.socket = val()?.into(),
             "--device" => a.device = val()?,
+            "--fabric" => a.fabric = Some(val()?.into()),
             "--ask" => a.ask = Some(val()?),
             "--hash-password" => a.hash_password = true,
             "--iterations" => {
@@ -92,6 +102,9 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
             }
             other => return Err(format!("unexpected argument '{other}'")),
         }
+    }
+    if a.fabric.is_some() && a.executor != "sim" {
+        return Err("--fabric FILE goes with --executor sim".into());
     }
     if a.config.is_none() && a.ask.is_none() && !a.hash_password {
         return Err("--config FILE is needed".into());
@@ -137,7 +150,53 @@ fn run(a: Args) -> Result<(), String> {
             spool.display()
         ));
     }
-    let store = Store::open(&a.state)?;
+    // Highly available: wait to be elected (answering as a standby meanwhile), then the
+    // state in etcd, commits guarded by the epoch, every fabric change fenced.
+    let mut ha_fence: Option<(Arc<Elector>, Leadership, Deposed)> = None;
+    let store: Box<dyn StateStore> = match config.ha.clone() {
+        None => Box::new(Store::open(&a.state)?),
+        Some(ha) => {
+            let etcd = Arc::new(Etcd::new(
+                &ha.endpoints,
+                std::time::Duration::from_millis(ha.timeout_ms),
+            ));
+            let me = LeaderInfo {
+                node: ha.node.clone(),
+                advertise: ha.advertise.clone(),
+            };
+            let elector = Arc::new(Elector::new(
+                etcd.clone(),
+                &ha.prefix,
+                me.clone(),
+                ha.lease_ttl_s,
+            ));
+            let standby = Standby::start(&a.socket, me)?;
+            eprintln!(
+                "pcifab-manager: node {}: standby, campaigning for leadership on {}",
+                ha.node,
+                ha.endpoints.join(",")
+            );
+            let won = elector.campaign(|leader| standby.leader(leader));
+            standby.stop(&a.socket);
+            eprintln!(
+                "pcifab-manager: node {}: the leader, epoch {}",
+                ha.node, won.epoch
+            );
+            let deposed: Deposed = Arc::new(|why: &str| {
+                eprintln!("pcifab-manager: {why}; exiting (a supervisor restarts it as a standby)");
+                std::process::exit(DEPOSED);
+            });
+            elector.keep(won, deposed.clone());
+            let store = EtcdStore::open(
+                etcd,
+                &ha.prefix,
+                Guard::Leader(won.epoch),
+                Some(deposed.clone()),
+            )?;
+            ha_fence = Some((elector, won, deposed));
+            Box::new(store)
+        }
+    };
     let mut liveness: Option<Box<dyn Liveness + Send>> = None;
     let scrubber: std::sync::Arc<dyn Scrubber> = if a.executor == "driver" {
         std::sync::Arc::new(DriverScrubber {
@@ -181,6 +240,23 @@ fn run(a: Args) -> Result<(), String> {
         };
         liveness = Some(Box::new(Driver::open(&a.device)?));
         (Box::new(DriverExecutor { driver: drv }), Some(tel))
+    } else if let Some(path) = &a.fabric {
+        let mut pf_of = std::collections::BTreeMap::new();
+        for d in config.pools.iter().flat_map(|p| &p.devices) {
+            for v in &d.vfs {
+                pf_of.insert(*v, d.pf);
+            }
+        }
+        let f = FileFabric {
+            path: path.clone(),
+            epoch: ha_fence.as_ref().map_or(0, |(_, l, _)| l.epoch),
+            node: config
+                .ha
+                .as_ref()
+                .map_or_else(|| "standalone".into(), |h| h.node.clone()),
+            pf_of,
+        };
+        (Box::new(f), None)
     } else {
         // The simulated fabric starts as the stored state left it.
         let mut sim = SimExecutor::new(
@@ -195,12 +271,198 @@ fn run(a: Args) -> Result<(), String> {
         }
         (Box::new(sim), None)
     };
+    let exec: Box<dyn Executor + Send> = match ha_fence {
+        Some((elector, leadership, deposed)) => Box::new(Fenced {
+            inner: exec,
+            fence: Box::new(EtcdFence {
+                elector,
+                leadership,
+                deposed,
+            }),
+        }),
+        None => exec,
+    };
+    let ha = config.ha.is_some();
     let mut d = Daemon::start(config, store, exec, daemon::steady_clock())?;
+    d.undo_failed_requests = ha;
     d.config_path = a.config.as_deref().map(PathBuf::from);
     d.telemetry = telemetry;
     d.liveness = liveness;
     d.scrubber = Some(scrubber);
     pcifab_manager::socket::serve(d, &a.socket)
+}
+
+/// The exit status of a manager that learnt it is no longer the leader (EX_TEMPFAIL).
+const DEPOSED: i32 = 75;
+
+/// The fence of a highly available leader: etcd still names it the leader, asked
+/// immediately before each change of the fabric.
+struct EtcdFence {
+    elector: Arc<Elector>,
+    leadership: Leadership,
+    deposed: Deposed,
+}
+
+impl Fence for EtcdFence {
+    fn check(&self) -> Result<(), String> {
+        self.elector.check(self.leadership, &self.deposed)
+    }
+}
+
+/// The control socket of a standby: every request is answered with where the leader is.
+struct Standby {
+    leader: Arc<Mutex<Option<LeaderInfo>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Standby {
+    fn start(socket: &std::path::Path, me: LeaderInfo) -> Result<Self, String> {
+        use std::io::{BufRead, Write};
+        if socket.exists() {
+            std::fs::remove_file(socket)
+                .map_err(|e| format!("cannot remove stale socket {}: {e}", socket.display()))?;
+        }
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let listener = std::os::unix::net::UnixListener::bind(socket)
+            .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+        let leader: Arc<Mutex<Option<LeaderInfo>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (l, st) = (leader.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if st.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let l = l.clone();
+                let me = me.clone();
+                std::thread::spawn(move || {
+                    let Ok(mut out) = conn.try_clone() else {
+                        return;
+                    };
+                    for line in std::io::BufReader::new(conn).lines() {
+                        let Ok(line) = line else { return };
+                        if line.trim().is_empty() {
+                            continue;
+                        }
+                        let leader = l.lock().ok().and_then(|g| g.clone());
+                        let reply = standby_reply(&me, leader.as_ref());
+                        if writeln!(out, "{reply}").is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            leader,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn leader(&self, l: Option<&LeaderInfo>) {
+        if let Ok(mut g) = self.leader.lock() {
+            *g = l.cloned();
+        }
+    }
+
+    fn stop(mut self, socket: &std::path::Path) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Wake the accept.
+        let _ = std::os::unix::net::UnixStream::connect(socket);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(socket);
+    }
+}
+
+/// A standby's answer to any request (Documentation/manager.rst, "High availability").
+fn standby_reply(me: &LeaderInfo, leader: Option<&LeaderInfo>) -> serde_json::Value {
+    let error = match leader {
+        Some(l) => format!(
+            "this manager (node {}) is a standby; the leader is node {} at {}: ask it",
+            me.node, l.node, l.advertise
+        ),
+        None => format!(
+            "this manager (node {}) is a standby and there is no leader now (or etcd \
+             cannot be reached); retry in a few seconds",
+            me.node
+        ),
+    };
+    serde_json::json!({"ok": false, "standby": true, "status": 421, "error": error,
+                       "leader": leader})
+}
+
+/// `migrate --from STORE --to STORE [--prefix P]`: copies the whole state of a stopped
+/// manager between its embedded database and etcd.
+fn migrate(args: &[String]) -> Result<String, String> {
+    let (mut from, mut to, mut prefix) = (None, None, "/pcifab".to_string());
+    let mut it = args.iter();
+    while let Some(o) = it.next() {
+        let v = it
+            .next()
+            .cloned()
+            .ok_or_else(|| format!("migrate: {o} needs a value"))?;
+        match o.as_str() {
+            "--from" => from = Some(v),
+            "--to" => to = Some(v),
+            "--prefix" => prefix = v,
+            other => return Err(format!("migrate: unexpected argument '{other}'")),
+        }
+    }
+    let (Some(from), Some(to)) = (from, to) else {
+        return Err("migrate needs --from and --to (redb:DIR or etcd:URL[,URL...])".into());
+    };
+    let open = |spec: &str| -> Result<Box<dyn StateStore>, String> {
+        if let Some(dir) = spec.strip_prefix("redb:") {
+            state_dir(std::path::Path::new(dir))?;
+            return Ok(Box::new(Store::open(std::path::Path::new(dir))?));
+        }
+        if let Some(eps) = spec.strip_prefix("etcd:") {
+            let eps: Vec<String> = eps.split(',').map(String::from).collect();
+            if eps.iter().any(|e| !e.starts_with("http://")) {
+                return Err(format!(
+                    "migrate: {spec}: etcd endpoints are http://HOST:PORT"
+                ));
+            }
+            let etcd = Arc::new(Etcd::new(&eps, std::time::Duration::from_secs(5)));
+            return Ok(Box::new(EtcdStore::open(
+                etcd,
+                &prefix,
+                Guard::NoLeader,
+                None,
+            )?));
+        }
+        Err(format!(
+            "migrate: '{spec}' is neither redb:DIR nor etcd:URL[,URL...]"
+        ))
+    };
+    let src = open(&from)?;
+    let dst = open(&to)?;
+    let tables = pcifab_manager::scheduler::persist::TABLES;
+    let held = dst.load(tables)?;
+    if held.version.is_some() || held.whole.is_some() || dst.log_len()? > 0 {
+        return Err(format!(
+            "migrate: {to} holds a state already; migrate only into an empty store"
+        ));
+    }
+    let what = pcifab_manager::etcd::copy_state(&*src, &*dst, tables)?;
+    let (a, b) = (
+        pcifab_manager::etcd::records_of(&*src, tables)?,
+        pcifab_manager::etcd::records_of(&*dst, tables)?,
+    );
+    if a != b || src.log_tail(u64::MAX)? != dst.log_tail(u64::MAX)? {
+        return Err(format!(
+            "migrate: {to} does not read back what {from} holds; do not start a manager on it"
+        ));
+    }
+    Ok(format!("migrated {what} from {from} to {to}"))
 }
 
 /// `--ask`: one request to a running manager; the exit status says how it went.
@@ -266,6 +528,18 @@ fn main() -> ExitCode {
         std::process::abort();
     }));
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "migrate") {
+        return match migrate(&args[1..]) {
+            Ok(m) => {
+                println!("pcifab-manager: {m}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("pcifab-manager: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     match parse(&args) {
         Ok(None) => {
             print!("{USAGE}");

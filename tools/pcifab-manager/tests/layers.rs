@@ -12,7 +12,7 @@ use std::path::Path;
 /// The layers, bottom first: (layer, its modules). Every module of `src/` is in one.
 const LAYERS: &[(&str, &[&str])] = &[
     ("base", &["clock", "config", "driver", "notify", "blockdev"]),
-    ("store", &["store"]),
+    ("store", &["store", "etcd"]),
     ("scheduler", &["scheduler"]),
     ("executor", &["executor", "scrub", "liveness", "telemetry"]),
     ("service", &["protocol", "auth", "stats", "daemon"]),

@@ -1,0 +1,718 @@
+// SPDX-License-Identifier: GPL-2.0-only
+
+//! The manager's state in etcd, and the election of one leader among several managers
+//! (Documentation/manager.rst, "High availability").
+//!
+//! etcd is reached through its v3 JSON gateway (`POST /v3/kv/range`, `/v3/kv/txn`,
+//! `/v3/lease/...`) with the HTTP client the manager already has, so the build needs no
+//! gRPC stack and no `protoc`. Keys, under the configured prefix `P`:
+//!
+//! - `P/leader`: the leader's name and address, bound to its etcd lease. The revision at
+//!   which a manager created it is that manager's epoch.
+//! - `P/format`: the records' format version.
+//! - `P/r/TABLE/KEY`: one record of the scheduler (`scheduler::persist`).
+//! - `P/log/SEQ`: the request log, SEQ as 20 digits so keys sort as numbers.
+//!
+//! Every commit of a leader is one etcd transaction guarded by a compare of the leader
+//! key's create revision with the epoch: a manager that is no longer the leader cannot
+//! write, whatever it believes.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::store::{Batch, LogEntry, Retention, StateStore, Stored, Table};
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+fn unb64(v: &Value) -> Vec<u8> {
+    v.as_str()
+        .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+        .unwrap_or_default()
+}
+
+/// etcd's 64-bit numbers come as JSON strings; absent means 0.
+fn num(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The end of the range of keys that start with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// One key-value of a range reply.
+#[derive(Clone, Debug, Default)]
+pub struct Kv {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub create_revision: i64,
+    pub lease: i64,
+}
+
+fn kvs_of(v: &Value) -> Vec<Kv> {
+    v.get("kvs")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|kv| Kv {
+                    key: unb64(&kv["key"]),
+                    value: unb64(&kv["value"]),
+                    create_revision: num(&kv["create_revision"]),
+                    lease: num(&kv["lease"]),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A client of one etcd cluster: its members' client URLs, tried in turn.
+pub struct Etcd {
+    endpoints: Vec<String>,
+    agent: ureq::Agent,
+    /// The member that answered last, tried first.
+    preferred: AtomicUsize,
+    timeout: Duration,
+    /// Until when calls fail at once, and with what.
+    down: std::sync::Mutex<Option<(Instant, String)>>,
+}
+
+const NO_MEMBER: &str = "no etcd member could answer";
+
+/// gRPC codes the gateway passes on that another member may not have: Unavailable,
+/// DeadlineExceeded (no leader, no quorum, a member shutting down).
+const RETRY_ELSEWHERE: [i64; 2] = [14, 4];
+
+impl Etcd {
+    pub fn new(endpoints: &[String], timeout: Duration) -> Self {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(timeout))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Self {
+            endpoints: endpoints
+                .iter()
+                .map(|e| e.trim_end_matches('/').to_string())
+                .collect(),
+            agent,
+            preferred: AtomicUsize::new(0),
+            timeout,
+            down: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// One call of the gateway; a member that cannot answer (down, cut off, without a
+    /// quorum) is passed over for the next. The error names every member's failure.
+    pub fn call(&self, path: &str, body: &Value) -> Result<Value, String> {
+        // After a call no member answered, the next ones fail at once for a while, so a
+        // manager without etcd still answers reads promptly.
+        if let Ok(g) = self.down.lock() {
+            if let Some((until, e)) = &*g {
+                if Instant::now() < *until {
+                    return Err(e.clone());
+                }
+            }
+        }
+        let r = self.call_members(path, body);
+        if let Ok(mut g) = self.down.lock() {
+            *g = match &r {
+                Err(e) if e.starts_with(NO_MEMBER) => {
+                    Some((Instant::now() + self.timeout * 2, e.clone()))
+                }
+                _ => None,
+            };
+        }
+        r
+    }
+
+    fn call_members(&self, path: &str, body: &Value) -> Result<Value, String> {
+        let n = self.endpoints.len();
+        let first = self.preferred.load(Ordering::Relaxed);
+        let mut errors = Vec::new();
+        // Every member once, then again until twice the timeout has passed: a cluster
+        // electing a new leader (a member lost) answers again within its election timeout.
+        let start = Instant::now();
+        for i in 0.. {
+            if i >= n && start.elapsed() >= self.timeout * 2 {
+                break;
+            }
+            if i >= n && i % n == 0 {
+                std::thread::sleep(Duration::from_millis(100));
+                errors.clear();
+            }
+            let at = (first + i) % n;
+            let url = format!("{}{path}", self.endpoints[at]);
+            let r = self
+                .agent
+                .post(&url)
+                .header("Content-Type", "application/json")
+                .send(body.to_string());
+            let mut resp = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    errors.push(format!("{}: {e}", self.endpoints[at]));
+                    continue;
+                }
+            };
+            let status = resp.status().as_u16();
+            let text = match resp.body_mut().read_to_string() {
+                Ok(t) => t,
+                Err(e) => {
+                    errors.push(format!("{}: {e}", self.endpoints[at]));
+                    continue;
+                }
+            };
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            if status == 200 {
+                self.preferred.store(at, Ordering::Relaxed);
+                return Ok(v);
+            }
+            let msg = v
+                .get("message")
+                .or_else(|| v.get("error"))
+                .and_then(Value::as_str)
+                .unwrap_or(&text)
+                .to_string();
+            if RETRY_ELSEWHERE.contains(&num(&v["code"])) || status >= 502 {
+                errors.push(format!("{}: {msg}", self.endpoints[at]));
+                continue;
+            }
+            return Err(format!("etcd {}: {path}: {msg}", self.endpoints[at]));
+        }
+        Err(format!(
+            "{NO_MEMBER} ({}); check that a majority of the cluster runs and \
+             is reachable",
+            errors.join("; ")
+        ))
+    }
+
+    /// The keys from `key` (exactly, or up to `end`), with extra range options.
+    pub fn range(&self, key: &[u8], end: Option<&[u8]>, extra: Value) -> Result<Value, String> {
+        let mut body = json!({"key": b64(key)});
+        if let Some(e) = end {
+            body["range_end"] = json!(b64(e));
+        }
+        if let (Some(b), Some(x)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(x.clone());
+        }
+        self.call("/v3/kv/range", &body)
+    }
+
+    /// A transaction: whether the compares held, and the reply.
+    pub fn txn(
+        &self,
+        compare: Vec<Value>,
+        success: Vec<Value>,
+        failure: Vec<Value>,
+    ) -> Result<(bool, Value), String> {
+        let v = self.call(
+            "/v3/kv/txn",
+            &json!({"compare": compare, "success": success, "failure": failure}),
+        )?;
+        Ok((v["succeeded"].as_bool() == Some(true), v))
+    }
+
+    pub fn lease_grant(&self, ttl_s: u64) -> Result<i64, String> {
+        let v = self.call("/v3/lease/grant", &json!({"TTL": ttl_s.to_string()}))?;
+        match num(&v["ID"]) {
+            0 => Err(format!("etcd granted no lease: {v}")),
+            id => Ok(id),
+        }
+    }
+
+    /// Renews a lease; its remaining TTL, 0 when it is gone.
+    pub fn lease_keepalive(&self, id: i64) -> Result<i64, String> {
+        let v = self.call("/v3/lease/keepalive", &json!({"ID": id.to_string()}))?;
+        Ok(num(&v["result"]["TTL"]))
+    }
+
+    pub fn lease_revoke(&self, id: i64) -> Result<(), String> {
+        match self.call("/v3/lease/revoke", &json!({"ID": id.to_string()})) {
+            Ok(_) => Ok(()),
+            Err(e) if e.contains("not found") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn put(key: &[u8], value: &[u8]) -> Value {
+    json!({"request_put": {"key": b64(key), "value": b64(value)}})
+}
+
+fn delete(key: &[u8], end: Option<&[u8]>) -> Value {
+    match end {
+        Some(e) => json!({"request_delete_range": {"key": b64(key), "range_end": b64(e)}}),
+        None => json!({"request_delete_range": {"key": b64(key)}}),
+    }
+}
+
+/// The leader's name and address, as stored in the leader key.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeaderInfo {
+    pub node: String,
+    pub advertise: String,
+}
+
+/// A won election: the epoch (the revision at which the leader key was created) and the
+/// lease that holds the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    pub epoch: i64,
+    pub lease: i64,
+}
+
+/// What a store's commits compare before they write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// The leader key still has this create revision (the epoch).
+    Leader(i64),
+    /// No leader key at all (`migrate`: no manager may run meanwhile).
+    NoLeader,
+}
+
+/// Called once this manager learns it is no longer the leader (the reason).
+pub type Deposed = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// The election of one leader among the managers of a prefix.
+pub struct Elector {
+    etcd: Arc<Etcd>,
+    key: Vec<u8>,
+    me: LeaderInfo,
+    ttl_s: u64,
+}
+
+impl Elector {
+    pub fn new(etcd: Arc<Etcd>, prefix: &str, me: LeaderInfo, ttl_s: u64) -> Self {
+        Self {
+            etcd,
+            key: format!("{prefix}/leader").into_bytes(),
+            me,
+            ttl_s,
+        }
+    }
+
+    /// The leader now (linearizable read), with its epoch and lease.
+    pub fn leader(&self) -> Result<Option<(LeaderInfo, i64, i64)>, String> {
+        let v = self.etcd.range(&self.key, None, json!({}))?;
+        Ok(kvs_of(&v).into_iter().next().map(|kv| {
+            let info = serde_json::from_slice(&kv.value).unwrap_or(LeaderInfo {
+                node: "?".into(),
+                advertise: String::from_utf8_lossy(&kv.value).into_owned(),
+            });
+            (info, kv.create_revision, kv.lease)
+        }))
+    }
+
+    /// Waits until this manager is the leader; `waiting` hears of the leader meanwhile
+    /// (none: no leader, or etcd unreachable). A leader key of this manager's own name is
+    /// a previous run's (a node name is unique): its lease is revoked, not waited out.
+    pub fn campaign(&self, mut waiting: impl FnMut(Option<&LeaderInfo>)) -> Leadership {
+        let poll = Duration::from_millis((self.ttl_s * 1000 / 5).clamp(100, 1000));
+        let mut said = String::new();
+        loop {
+            match self.try_once() {
+                Ok(Ok(l)) => return l,
+                Ok(Err(leader)) => waiting(Some(&leader)),
+                Err(e) => {
+                    if e != said {
+                        eprintln!("pcifab-manager: standby: {e}");
+                        said = e;
+                    }
+                    waiting(None);
+                }
+            }
+            std::thread::sleep(poll);
+        }
+    }
+
+    /// One attempt: won, or the leader there is.
+    fn try_once(&self) -> Result<Result<Leadership, LeaderInfo>, String> {
+        if let Some((info, _, lease)) = self.leader()? {
+            if info.node != self.me.node {
+                return Ok(Err(info));
+            }
+            eprintln!(
+                "pcifab-manager: the leader key is this node's ({}) from an earlier run: \
+                 revoking its lease",
+                self.me.node
+            );
+            self.etcd.lease_revoke(lease)?;
+        }
+        let lease = self.etcd.lease_grant(self.ttl_s)?;
+        let me = serde_json::to_vec(&self.me).map_err(|e| e.to_string())?;
+        let created = json!({"key": b64(&self.key), "target": "CREATE", "result": "EQUAL",
+                             "create_revision": "0"});
+        let put = json!({"request_put": {"key": b64(&self.key), "value": b64(&me),
+                                         "lease": lease.to_string()}});
+        let (won, v) = self.etcd.txn(vec![created], vec![put], vec![])?;
+        if won {
+            return Ok(Ok(Leadership {
+                epoch: num(&v["header"]["revision"]),
+                lease,
+            }));
+        }
+        let _ = self.etcd.lease_revoke(lease);
+        match self.leader()? {
+            Some((info, _, _)) => Ok(Err(info)),
+            None => Err("the election was lost to a leader that is gone already".into()),
+        }
+    }
+
+    /// Fencing: Ok only while `l` is still the leadership etcd knows (a linearizable read,
+    /// so it needs a quorum). Deposed, it calls `deposed`.
+    pub fn check(&self, l: Leadership, deposed: &Deposed) -> Result<(), String> {
+        match self.leader()? {
+            Some((_, epoch, _)) if epoch == l.epoch => Ok(()),
+            other => {
+                let why = match other {
+                    Some((info, epoch, _)) => format!(
+                        "deposed: node {} at {} leads since revision {epoch} (this manager's \
+                         epoch was {})",
+                        info.node, info.advertise, l.epoch
+                    ),
+                    None => format!(
+                        "deposed: the leader key of epoch {} is gone (its lease expired)",
+                        l.epoch
+                    ),
+                };
+                deposed(&why);
+                Err(why)
+            }
+        }
+    }
+
+    /// Renews the lease of `l` every third of its TTL in a thread. A lease etcd says is
+    /// gone calls `deposed`; while etcd cannot be reached the leader keeps trying (the
+    /// fence and the commits fail meanwhile, so the fabric does not change).
+    pub fn keep(self: &Arc<Self>, l: Leadership, deposed: Deposed) {
+        let me = self.clone();
+        let every = Duration::from_millis(me.ttl_s * 1000 / 3);
+        std::thread::spawn(move || {
+            let mut last_ok = Instant::now();
+            let mut said = false;
+            loop {
+                std::thread::sleep(every);
+                match me.etcd.lease_keepalive(l.lease) {
+                    Ok(ttl) if ttl > 0 => {
+                        last_ok = Instant::now();
+                        if said {
+                            eprintln!("pcifab-manager: etcd reached again; still the leader");
+                            said = false;
+                        }
+                    }
+                    Ok(_) => {
+                        deposed(&format!(
+                            "deposed: the leader lease of epoch {} expired",
+                            l.epoch
+                        ));
+                        return;
+                    }
+                    Err(e) => {
+                        if !said && last_ok.elapsed() >= Duration::from_secs(me.ttl_s) {
+                            eprintln!(
+                                "pcifab-manager: cannot renew the leader lease for {} s: {e}; \
+                                 not changing the fabric until etcd answers",
+                                me.ttl_s
+                            );
+                            said = true;
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The state in etcd (see the module's comment for the keys).
+pub struct EtcdStore {
+    etcd: Arc<Etcd>,
+    prefix: String,
+    guard: Guard,
+    leader_key: Vec<u8>,
+    /// The next log entry's number.
+    next_log: AtomicU64,
+    deposed: Option<Deposed>,
+}
+
+const SEQ_DIGITS: usize = 20;
+
+impl EtcdStore {
+    /// The store under `prefix`; commits compare `guard`; a failed compare of a leader
+    /// calls `deposed`.
+    pub fn open(
+        etcd: Arc<Etcd>,
+        prefix: &str,
+        guard: Guard,
+        deposed: Option<Deposed>,
+    ) -> Result<Self, String> {
+        let s = Self {
+            etcd,
+            prefix: prefix.to_string(),
+            guard,
+            leader_key: format!("{prefix}/leader").into_bytes(),
+            next_log: AtomicU64::new(1),
+            deposed,
+        };
+        let lp = s.log_prefix();
+        let v = s.etcd.range(
+            lp.as_bytes(),
+            Some(&prefix_end(lp.as_bytes())),
+            json!({"sort_order": "DESCEND", "sort_target": "KEY", "limit": "1",
+                   "keys_only": true}),
+        )?;
+        if let Some(kv) = kvs_of(&v).first() {
+            let seq = s.seq_of(&kv.key)?;
+            s.next_log.store(seq + 1, Ordering::Relaxed);
+        }
+        Ok(s)
+    }
+
+    fn log_prefix(&self) -> String {
+        format!("{}/log/", self.prefix)
+    }
+
+    fn log_key(&self, seq: u64) -> Vec<u8> {
+        format!("{}{seq:0width$}", self.log_prefix(), width = SEQ_DIGITS).into_bytes()
+    }
+
+    fn seq_of(&self, key: &[u8]) -> Result<u64, String> {
+        String::from_utf8_lossy(key)
+            .strip_prefix(&self.log_prefix())
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| {
+                format!(
+                    "etcd key {} under the log is not a log entry's; the prefix {} is not \
+                     pcifab-manager's alone",
+                    String::from_utf8_lossy(key),
+                    self.prefix
+                )
+            })
+    }
+
+    fn record_key(&self, table: &str, key: &str) -> Vec<u8> {
+        format!("{}/r/{table}/{key}", self.prefix).into_bytes()
+    }
+
+    fn guard_compare(&self) -> Value {
+        let rev = match self.guard {
+            Guard::Leader(epoch) => epoch,
+            Guard::NoLeader => 0,
+        };
+        json!({"key": b64(&self.leader_key), "target": "CREATE", "result": "EQUAL",
+               "create_revision": rev.to_string()})
+    }
+
+    /// Every key under the prefix but the leader's (tests, `migrate`).
+    pub fn is_empty(&self) -> Result<bool, String> {
+        let p = format!("{}/", self.prefix);
+        let v = self.etcd.range(
+            p.as_bytes(),
+            Some(&prefix_end(p.as_bytes())),
+            json!({"count_only": true}),
+        )?;
+        let n = num(&v["count"]);
+        let leader = self
+            .etcd
+            .range(&self.leader_key, None, json!({"count_only": true}))?;
+        Ok(n - num(&leader["count"]) == 0)
+    }
+}
+
+const RESERVED: [&str; 3] = ["format", "log", "state"];
+
+impl StateStore for EtcdStore {
+    fn load(&self, tables: &[Table]) -> Result<Stored, String> {
+        let mut out = Stored::default();
+        let fk = format!("{}/format", self.prefix);
+        if let Some(kv) = kvs_of(&self.etcd.range(fk.as_bytes(), None, json!({}))?).first() {
+            let v = std::str::from_utf8(&kv.value)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .ok_or_else(|| format!("etcd key {fk}: the format version is not a number"))?;
+            out.version = Some(v);
+        }
+        let rp = format!("{}/r/", self.prefix);
+        let v = self
+            .etcd
+            .range(rp.as_bytes(), Some(&prefix_end(rp.as_bytes())), json!({}))?;
+        for kv in kvs_of(&v) {
+            let k = String::from_utf8_lossy(&kv.key);
+            let Some((table, key)) = k.strip_prefix(&rp).and_then(|r| r.split_once('/')) else {
+                continue;
+            };
+            if let Some(t) = tables.iter().find(|t| **t == table) {
+                out.records
+                    .entry(*t)
+                    .or_default()
+                    .insert(key.to_string(), kv.value);
+            }
+        }
+        Ok(out)
+    }
+
+    fn commit(
+        &self,
+        batch: &Batch,
+        entry: Option<&LogEntry>,
+        retention: Retention,
+    ) -> Result<(), String> {
+        let mut ops = Vec::new();
+        for (t, k) in &batch.deletes {
+            if RESERVED.contains(t) {
+                return Err(format!("etcd store: table '{t}' is the store's own"));
+            }
+            ops.push(delete(&self.record_key(t, k), None));
+        }
+        for (t, k, v) in &batch.puts {
+            if RESERVED.contains(t) {
+                return Err(format!("etcd store: table '{t}' is the store's own"));
+            }
+            ops.push(put(&self.record_key(t, k), v));
+        }
+        if let Some(v) = batch.version {
+            ops.push(put(
+                format!("{}/format", self.prefix).as_bytes(),
+                v.to_string().as_bytes(),
+            ));
+        }
+        let seq = self.next_log.load(Ordering::Relaxed);
+        if let Some(e) = entry {
+            let e = serde_json::to_vec(e).map_err(|e| format!("etcd store: encode: {e}"))?;
+            ops.push(put(&self.log_key(seq), &e));
+            let keep = retention.max_entries.max(1);
+            if seq > keep {
+                ops.push(delete(
+                    &self.log_key(0),
+                    Some(&self.log_key(seq + 1 - keep)),
+                ));
+            }
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let (ok, _) = self.etcd.txn(vec![self.guard_compare()], ops, vec![])?;
+        if !ok {
+            let why = match self.guard {
+                Guard::Leader(epoch) => format!(
+                    "deposed: the commit of epoch {epoch} was refused by etcd, another \
+                     manager leads now"
+                ),
+                Guard::NoLeader => "a manager runs on this etcd prefix (its leader key is \
+                                    there): stop every manager first"
+                    .to_string(),
+            };
+            if let Some(d) = &self.deposed {
+                d(&why);
+            }
+            return Err(why);
+        }
+        if entry.is_some() {
+            self.next_log.store(seq + 1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn log_len(&self) -> Result<u64, String> {
+        let p = self.log_prefix();
+        let v = self.etcd.range(
+            p.as_bytes(),
+            Some(&prefix_end(p.as_bytes())),
+            json!({"count_only": true}),
+        )?;
+        Ok(num(&v["count"]).max(0) as u64)
+    }
+
+    fn log_tail(&self, n: u64) -> Result<Vec<LogEntry>, String> {
+        let p = self.log_prefix();
+        let v = self.etcd.range(
+            p.as_bytes(),
+            Some(&prefix_end(p.as_bytes())),
+            json!({"sort_order": "DESCEND", "sort_target": "KEY",
+                   "limit": n.min(i64::MAX as u64).to_string()}),
+        )?;
+        let mut out = kvs_of(&v)
+            .iter()
+            .map(|kv| serde_json::from_slice(&kv.value).map_err(|e| format!("etcd log entry: {e}")))
+            .collect::<Result<Vec<LogEntry>, String>>()?;
+        out.reverse();
+        Ok(out)
+    }
+}
+
+/// Copies a whole state (records, format, log) from one store into an empty one:
+/// `pcifab-manager migrate`. Returns what was copied, in words.
+pub fn copy_state(
+    from: &dyn StateStore,
+    to: &dyn StateStore,
+    tables: &[Table],
+) -> Result<String, String> {
+    let st = from.load(tables)?;
+    if st.whole.is_some() {
+        return Err(
+            "the source holds a state of format 1 or 2: start pcifab-manager on it once \
+                    (it stores it again as records), then migrate"
+                .into(),
+        );
+    }
+    let Some(version) = st.version else {
+        return Err("the source holds no state".into());
+    };
+    let mut batch = Batch {
+        version: Some(version),
+        ..Batch::default()
+    };
+    let mut n = 0;
+    for (t, m) in &st.records {
+        for (k, v) in m {
+            batch.puts.push((*t, k.clone(), v.clone()));
+            n += 1;
+        }
+    }
+    let log = from.log_tail(u64::MAX)?;
+    let keep = Retention {
+        max_entries: (log.len() as u64).max(1),
+        max_age_s: 0,
+    };
+    to.commit(&batch, None, keep)?;
+    for e in &log {
+        to.commit(&Batch::default(), Some(e), keep)?;
+    }
+    Ok(format!(
+        "{n} records of format {version} and {} log entries",
+        log.len()
+    ))
+}
+
+/// The records a store holds, as (table, key) -> value (tests, `migrate --check`).
+pub fn records_of(
+    s: &dyn StateStore,
+    tables: &[Table],
+) -> Result<BTreeMap<(String, String), Vec<u8>>, String> {
+    Ok(s.load(tables)?
+        .records
+        .into_iter()
+        .flat_map(|(t, m)| m.into_iter().map(move |(k, v)| ((t.to_string(), k), v)))
+        .collect())
+}
