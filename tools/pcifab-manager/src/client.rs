@@ -70,6 +70,10 @@ pub fn ask(socket: &Path, line: &str) -> Result<String, Failure> {
     Ok(reply)
 }
 
+/// How long a request to a list of managers keeps trying while none leads (a failover
+/// takes the leader lease's TTL and a little more).
+pub const FOLLOW_FOR: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// A manager reached over the network API (Documentation/manager-api.rst).
 #[derive(Clone, Debug, Default)]
 pub struct Remote {
@@ -173,14 +177,62 @@ impl Remote {
 
     /// Sends `req` to the manager; returns the HTTP status and the JSON reply. `wait_s`
     /// lets an events request wait for a notice.
+    ///
+    /// `url` may list several managers, comma-separated (the managers of a highly available
+    /// fabric, Documentation/manager.rst): the request goes to the first that takes the
+    /// connection and is not a standby. While none does (a failover), the list is tried
+    /// again for up to [`FOLLOW_FOR`]. A request whose connection was taken is never sent
+    /// twice.
     pub fn ask(
         &self,
         req: &crate::protocol::Request,
         wait_s: u64,
     ) -> Result<(u16, serde_json::Value), Failure> {
-        let agent = self.agent()?;
+        let urls: Vec<&str> = self.url.split(',').map(str::trim).collect();
+        if urls.len() == 1 {
+            return self.ask_one(urls[0], req, wait_s).map_err(|(f, _)| f);
+        }
+        let until = std::time::Instant::now() + FOLLOW_FOR.min(self.timeout);
+        loop {
+            let mut tried = Vec::new();
+            for u in &urls {
+                match self.ask_one(u, req, wait_s) {
+                    Ok((_, v))
+                        if v.get("standby").and_then(serde_json::Value::as_bool) == Some(true) =>
+                    {
+                        tried.push(format!("{u}: a standby"));
+                    }
+                    Ok(r) => return Ok(r),
+                    Err((f, true)) => tried.push(f.msg),
+                    Err((f, false)) => return Err(f),
+                }
+            }
+            if std::time::Instant::now() >= until {
+                return Err(plain(format!(
+                    "no manager of {} leads: {}",
+                    self.url,
+                    tried.join("; ")
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// One manager: the reply, or the failure and whether the connection was refused
+    /// (nothing was sent, so another manager may be asked).
+    fn ask_one(
+        &self,
+        base: &str,
+        req: &crate::protocol::Request,
+        wait_s: u64,
+    ) -> Result<(u16, serde_json::Value), (Failure, bool)> {
+        let one = Remote {
+            url: base.to_string(),
+            ..self.clone()
+        };
+        let agent = one.agent().map_err(|f| (f, false))?;
         let (method, path, body) = crate::api::http_of(req, wait_s);
-        let url = format!("{}{path}", self.url.trim_end_matches('/'));
+        let url = format!("{}{path}", base.trim_end_matches('/'));
         let mut b = ureq::http::Request::builder().method(method).uri(&url);
         if let Some(t) = &self.token {
             b = b.header("Authorization", format!("Bearer {t}"));
@@ -189,27 +241,39 @@ impl Remote {
         if !body.is_empty() {
             b = b.header("Content-Type", "application/json");
         }
-        let request = b
-            .body(body)
-            .map_err(|e| plain(format!("cannot make the request for {url}: {e}")))?;
+        let request = b.body(body).map_err(|e| {
+            (
+                plain(format!("cannot make the request for {url}: {e}")),
+                false,
+            )
+        })?;
         let mut resp = agent.run(request).map_err(|e| {
-            plain(format!(
-                "cannot reach the manager at {}: {e}; check the URL, that the manager runs \
-                 with [api], and the CA file",
-                self.url
-            ))
+            let refused = match &e {
+                ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => true,
+                ureq::Error::Io(io) => io.kind() == std::io::ErrorKind::ConnectionRefused,
+                _ => false,
+            };
+            let f = plain(format!(
+                "cannot reach the manager at {base}: {e}; check the URL, that the manager \
+                 runs with [api], and the CA file"
+            ));
+            (f, refused)
         })?;
         let status = resp.status().as_u16();
-        let text = resp
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| plain(format!("no reply from the manager at {}: {e}", self.url)))?;
+        let text = resp.body_mut().read_to_string().map_err(|e| {
+            (
+                plain(format!("no reply from the manager at {base}: {e}")),
+                false,
+            )
+        })?;
         let v = serde_json::from_str(&text).map_err(|e| {
-            plain(format!(
-                "the manager at {} answered {status} with something that is not JSON ({e}): \
-                 {text:?}",
-                self.url
-            ))
+            (
+                plain(format!(
+                    "the manager at {base} answered {status} with something that is not JSON \
+                     ({e}): {text:?}"
+                )),
+                false,
+            )
         })?;
         Ok((status, v))
     }

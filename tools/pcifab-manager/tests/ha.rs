@@ -172,6 +172,8 @@ struct Managers {
     procs: BTreeMap<String, Child>,
     /// The etcd endpoints each node uses (default: the cluster's).
     endpoints: BTreeMap<String, Vec<String>>,
+    /// More configuration, by node.
+    extra: BTreeMap<String, String>,
 }
 
 impl Managers {
@@ -181,6 +183,7 @@ impl Managers {
             mode,
             procs: BTreeMap::new(),
             endpoints: BTreeMap::new(),
+            extra: BTreeMap::new(),
         }
     }
 
@@ -196,9 +199,10 @@ impl Managers {
         self.endpoints.insert(node.into(), endpoints.to_vec());
         let eps: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
         let cfg = format!(
-            "{}\n[ha]\nendpoints = [{}]\nnode = \"{node}\"\nadvertise = \"{}\"\nlease_ttl_s = 2\n\
+            "{}\n{}\n[ha]\nendpoints = [{}]\nnode = \"{node}\"\nadvertise = \"{}\"\nlease_ttl_s = 2\n\
              timeout_ms = 500\n",
             POOL.replace("MODE", self.mode),
+            self.extra.get(node).map_or("", String::as_str),
             eps.join(", "),
             self.sock(node).display()
         );
@@ -802,4 +806,87 @@ fn a_redb_state_migrates_into_etcd_and_back() {
     assert_eq!(log["log"].as_array().map(Vec::len), Some(4), "{log}");
     s.kill().expect("stop");
     s.wait().expect("reap");
+}
+
+/// The client (`pcifab --manager URL,URL,...`, through `client::Remote`) given every
+/// manager's API follows the leader: its requests are served before and after the leader
+/// is killed, with no error in between.
+#[test]
+#[ignore = "real etcd and managers: make check-ha"]
+fn the_client_follows_the_leader_through_its_list_of_managers() {
+    use pcifab_manager::{client::Remote, protocol::Request};
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+    let dir = tempdir("follow");
+    let cluster = Cluster::start(&dir, 24700);
+    // A CA and the managers' certificate for 127.0.0.1; an admin with a token.
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("CA");
+    std::fs::write(dir.join("ca.crt"), ca_cert.pem()).expect("ca");
+    let issuer = Issuer::from_params(&ca, &ca_key);
+    let key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::new(vec!["pcifab-manager".to_string()]).expect("params");
+    p.subject_alt_names
+        .push(SanType::IpAddress("127.0.0.1".parse().expect("ip")));
+    let cert = p.signed_by(&key, &issuer).expect("server cert");
+    std::fs::write(dir.join("server.crt"), cert.pem()).expect("cert");
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).expect("key");
+    let token = "ha-token";
+    let out = Command::new("sh")
+        .args(["-c", &format!("printf %s '{token}' | sha256sum")])
+        .output()
+        .expect("sha256sum");
+    let digest = String::from_utf8_lossy(&out.stdout)[..64].to_string();
+    let mut m = Managers::new(&dir, "partition");
+    let nodes = ["a", "b", "c"];
+    let mut urls = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let port = 24790 + i as u16;
+        urls.push(format!("https://127.0.0.1:{port}"));
+        m.extra.insert(
+            n.to_string(),
+            format!(
+                "[api]\nlisten = \"127.0.0.1:{port}\"\ncert = \"{}\"\nkey = \"{}\"\n\n\
+                 [[principals]]\nname = \"ops\"\nrole = \"admin\"\ntoken_sha256 = \"{digest}\"\n",
+                dir.join("server.crt").display(),
+                dir.join("server.key").display()
+            ),
+        );
+        m.start(n, &cluster.endpoints());
+    }
+    let client = Remote {
+        url: urls.join(","),
+        ca: Some(dir.join("ca.crt")),
+        token: Some(token.into()),
+        timeout: Duration::from_secs(30),
+        ..Remote::default()
+    };
+    let grant = |host: u8| -> Value {
+        let spec = serde_json::from_value(vf(host)["spec"].clone()).expect("spec");
+        let (status, v) = client
+            .ask(&Request::Request { spec }, 0)
+            .unwrap_or_else(|f| panic!("the client failed: {}", f.msg));
+        assert_eq!(status, 201, "{v}");
+        v
+    };
+    // Wait for a leader once, through the socket, so the first request does not race the
+    // first election.
+    let first = m.leader(Duration::from_secs(30));
+    let a = grant(0);
+    assert_eq!(a["granted"], json!(true), "{a}");
+    m.kill9(&first);
+    let t = Instant::now();
+    let b = grant(1);
+    let took = t.elapsed();
+    assert_eq!(b["granted"], json!(true), "{b}");
+    let (_, l) = client.ask(&Request::Leases, 0).expect("leases");
+    let ids: Vec<Value> = l["leases"]
+        .as_array()
+        .expect("leases")
+        .iter()
+        .map(|x| x["id"].clone())
+        .collect();
+    assert_eq!(ids, vec![a["id"].clone(), b["id"].clone()], "{l}");
+    eprintln!("ha: the client's request across the leader's kill took {took:?}");
 }

@@ -47,7 +47,8 @@ pub struct Cli {
     )]
     pub manager_socket: String,
     /// The fabric manager's network API, https://HOST:PORT (instead of the local socket;
-    /// also PCIFAB_MANAGER or `manager` in /etc/pcifab/client.toml).
+    /// also PCIFAB_MANAGER or `manager` in /etc/pcifab/client.toml); several managers of a
+    /// highly available fabric, comma-separated: the leader among them is asked.
     #[arg(
         long,
         global = true,
