@@ -750,4 +750,32 @@ mod tests {
         assert!(bad("name = 'a'\nshare = 2").contains("unknown field"));
         assert!(bad("name = 'a'\n[[manager.tenants]]\nname = 'a'").contains("twice"));
     }
+
+    /// `[ha]`: its defaults, and each key's checks.
+    #[test]
+    fn ha_section_is_checked() {
+        let with = |ha: &str| Config::parse(&format!("[manager]\nhosts = 2\n[ha]\n{ha}"));
+        let ok = "endpoints = ['http://127.0.0.1:2379']\nnode = 'fm1'\nadvertise = 'x'\n";
+        let h = with(ok).expect("minimal [ha]").ha.expect("ha");
+        assert_eq!(
+            (h.lease_ttl_s, h.prefix.as_str(), h.timeout_ms),
+            (5, "/pcifab", 2000)
+        );
+        assert!(Config::parse("[manager]\nhosts = 2")
+            .expect("no ha")
+            .ha
+            .is_none());
+        let bad = |extra: &str, ha: &str| with(&format!("{ha}{extra}")).expect_err(extra);
+        assert!(bad("", "endpoints = []\nnode = 'a'\nadvertise = 'x'").contains("endpoints"));
+        assert!(bad(
+            "",
+            "endpoints = ['https://e:2379']\nnode = 'a'\nadvertise = 'x'"
+        )
+        .contains("TLS"));
+        assert!(bad("lease_ttl_s = 1", ok).contains("lease_ttl_s"));
+        assert!(bad("prefix = 'p/'", ok).contains("prefix"));
+        assert!(bad("timeout_ms = 10", ok).contains("timeout_ms"));
+        assert!(bad("leader = true", ok).contains("unknown field"));
+        assert!(bad("", &ok.replace("'fm1'", "''")).contains("node"));
+    }
 }

@@ -523,21 +523,6 @@ impl EtcdStore {
         json!({"key": b64(&self.leader_key), "target": "CREATE", "result": "EQUAL",
                "create_revision": rev.to_string()})
     }
-
-    /// Every key under the prefix but the leader's (tests, `migrate`).
-    pub fn is_empty(&self) -> Result<bool, String> {
-        let p = format!("{}/", self.prefix);
-        let v = self.etcd.range(
-            p.as_bytes(),
-            Some(&prefix_end(p.as_bytes())),
-            json!({"count_only": true}),
-        )?;
-        let n = num(&v["count"]);
-        let leader = self
-            .etcd
-            .range(&self.leader_key, None, json!({"count_only": true}))?;
-        Ok(n - num(&leader["count"]) == 0)
-    }
 }
 
 const RESERVED: [&str; 3] = ["format", "log", "state"];
