@@ -75,6 +75,10 @@ pub struct Daemon {
     /// available manager without an etcd quorum: the client is told the request failed, so
     /// it must not be carried out later).
     pub undo_failed_requests: bool,
+    /// With `undo_failed_requests`: a commit failed, and the store may hold it all the same
+    /// (etcd may still commit a transaction it did not confirm in time). Before the next
+    /// decision the state is read again from the store.
+    state_unknown: bool,
 }
 
 /// Scrub outcomes kept for the `pool` reply.
@@ -148,6 +152,7 @@ impl Daemon {
             notices: tokio::sync::watch::Sender::new(0),
             fabric_behind: false,
             undo_failed_requests: false,
+            state_unknown: false,
         };
         if !fix.is_empty() {
             eprintln!(
@@ -243,8 +248,31 @@ impl Daemon {
             max_entries: m.log_max_entries,
             max_age_s: m.log_max_age_s,
         };
-        self.store.commit(&delta.batch, entry, keep)?;
+        if let Err(e) = self.store.commit(&delta.batch, entry, keep) {
+            self.state_unknown = self.undo_failed_requests;
+            return Err(e);
+        }
         self.image.accept(delta);
+        Ok(())
+    }
+
+    /// Reads the state again from the store after a commit of unknown outcome; the fabric
+    /// is brought to it before the next action.
+    fn reload(&mut self) -> Result<(), String> {
+        let Some((mut s, image)) = persist::load(&*self.store)? else {
+            return Err("the store holds no state".into());
+        };
+        s.config.manager = self.sched.config.manager.clone();
+        s.config.failover = self.sched.config.failover.clone();
+        s.config.telemetry = self.sched.config.telemetry.clone();
+        self.sched = s;
+        self.image = image;
+        self.fabric_behind = true;
+        self.state_unknown = false;
+        eprintln!(
+            "pcifab-manager: the state was read again from the store (a commit's outcome was \
+             unknown)"
+        );
         Ok(())
     }
 
@@ -305,6 +333,19 @@ impl Daemon {
     }
 
     pub fn handle(&mut self, req: &Request) -> Value {
+        if self.state_unknown {
+            if let Err(e) = self.reload() {
+                if req.mutates() {
+                    return protocol::error(
+                        format!(
+                            "{e}; the state cannot be confirmed since a commit failed, so \
+                             nothing is decided: retry once the store (etcd) answers"
+                        ),
+                        false,
+                    );
+                }
+            }
+        }
         let before = (self.undo_failed_requests && req.mutates()).then(|| self.sched.clone());
         let now = (self.clock)();
         // Time first, so the answer reflects expiry and failover up to now; the links first
@@ -374,8 +415,9 @@ impl Daemon {
                 }
                 return protocol::error(
                     format!(
-                        "{e}; the request was not recorded, retry once the store (the disk, \
-                         or etcd) is fixed"
+                        "{e}; the request was not recorded, or its outcome is unknown if the \
+                         store did not answer in time: check the leases and the queue, then \
+                         retry once the store (the disk, or etcd) is fixed"
                     ),
                     false,
                 );
@@ -392,6 +434,9 @@ impl Daemon {
 
     /// Time passes: expiry, failover, time slices, telemetry.
     pub fn tick(&mut self) {
+        if self.state_unknown && self.reload().is_err() {
+            return;
+        }
         if self.fabric_behind {
             self.run_actions(Vec::new());
         }
