@@ -462,10 +462,11 @@ fn a_paused_leader_resumed_binds_nothing() {
     m.signal(&old, libc::SIGCONT);
     // The old leader learns it was deposed and stops (exit status 75); meanwhile it must
     // not have touched the fabric.
-    let mut child = m.procs.remove(&old).expect("old leader");
+    // (Polled in place, so that a failure leaves it to the managers' Drop to kill.)
     let status = wait_for("the old leader stops", Duration::from_secs(20), || {
-        child.try_wait().expect("wait")
+        m.procs.get_mut(&old)?.try_wait().expect("wait")
     });
+    m.procs.remove(&old);
     assert_eq!(status.code(), Some(75), "the deposed leader's exit status");
     let f = m.read_fabric();
     let after: Vec<_> = f.journal[before..]
@@ -605,10 +606,10 @@ fn a_leader_cut_off_from_etcd_is_replaced_and_changes_nothing() {
     for p in &proxies {
         p.set_cut(false);
     }
-    let mut child = m.procs.remove("a").expect("a");
     let status = wait_for("a learns it was deposed", Duration::from_secs(30), || {
-        child.try_wait().expect("wait")
+        m.procs.get_mut("a")?.try_wait().expect("wait")
     });
+    m.procs.remove("a");
     assert_eq!(status.code(), Some(75));
     let f = m.read_fabric();
     let by_a: Vec<_> = f.journal[before..]
