@@ -426,13 +426,29 @@ fn serve(port: &mut Port) {
     }
 }
 
+/// The command line: nothing but --help and --version (`/init` execs the agent without
+/// arguments).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "pcifab-agent",
+    version,
+    about = "The guest half of pcifab-harness's command channel",
+    long_about = "The guest half of pcifab-harness's command channel: runs as PID 1 of the \
+                  test initramfs, finds the virtio-serial port named pcifab-agent, announces \
+                  itself with `READY <kernel release>` and runs the harness's scripts \
+                  (RUN <id> <timeout_ms> <len>, PING) one at a time \
+                  (Documentation/testing.rst)."
+)]
+struct Cli {}
+
 fn main() {
-    if std::env::args()
-        .nth(1)
-        .is_some_and(|a| a == "--version" || a == "-V")
-    {
-        println!("{} {}", env!("CARGO_BIN_NAME"), env!("CARGO_PKG_VERSION"));
-        return;
+    if let Err(e) = <Cli as clap::Parser>::try_parse() {
+        // As PID 1 the agent must not exit (the guest kernel would panic): it says what was
+        // wrong and serves anyway.
+        if std::process::id() != 1 || !e.use_stderr() {
+            e.exit();
+        }
+        log(&format!("ignoring the command line: {e}"));
     }
     let file = open_port();
     let wr = match file.try_clone() {

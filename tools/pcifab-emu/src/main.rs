@@ -35,98 +35,49 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-const USAGE: &str = "\
-usage: pcifab-emu --config FILE --run-dir DIR [--qmp HOST=PATH]... [--dialect D] [--verbose]
-
-Emulates the management endpoint of a Switchtec PAX switch for each host in
-FILE, each on a vfio-user socket DIR/mep-<host>.sock for QEMU's
-vfio-user-pci device (and, with dma_endpoint_channels set, the switch's DMA
-endpoint on DIR/dmaep-<host>.sock), and answers test requests on
-DIR/control.sock.
-
-  --config FILE   fabric description (TOML; see fabric.toml)
-  --run-dir DIR   directory for the sockets (created if missing)
-  --qmp HOST=PATH QMP socket of HOST's QEMU, for hot-plugging bound
-                  functions (repeatable)
-  --dialect D     firmware dialect, pax or extended (overrides the
-                  configuration's `dialect` key)
-  --verbose       also log debug messages
-  --help          show this help
-";
-
+/// The command line (Documentation/emulator.rst).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "pcifab-emu",
+    version,
+    about = "Emulates the management endpoint of a Switchtec PAX switch",
+    long_about = "Emulates the management endpoint of a Switchtec PAX switch for each host \
+                  in --config, each on a vfio-user socket DIR/mep-<host>.sock for QEMU's \
+                  vfio-user-pci device (and, with dma_endpoint_channels set, the switch's DMA \
+                  endpoint on DIR/dmaep-<host>.sock), and answers test requests on \
+                  DIR/control.sock (Documentation/emulator.rst).",
+    after_help = "Exit status: 0 stopped, 1 failure, 2 bad command line."
+)]
 struct Args {
+    /// Fabric description (TOML; see tools/pcifab-harness/fabric.toml)
+    #[arg(long, value_name = "FILE")]
     config: PathBuf,
+    /// Directory for the sockets (created if missing)
+    #[arg(long, value_name = "DIR")]
     run_dir: PathBuf,
-    verbose: bool,
+    /// QMP socket of HOST's QEMU, for hot-plugging bound functions (repeatable)
+    #[arg(long, value_name = "HOST=PATH", value_parser = qmp_arg)]
     qmp: Vec<(String, PathBuf)>,
+    /// Firmware dialect, pax or extended (overrides the configuration's `dialect` key)
+    #[arg(long, value_name = "D", value_parser = config::Dialect::parse)]
     dialect: Option<config::Dialect>,
+    /// Also log debug messages
+    #[arg(long)]
+    verbose: bool,
 }
 
-enum Parsed {
-    Run(Args),
-    Help,
-}
-
-fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
-    let (mut config, mut run_dir, mut verbose) = (None, None, false);
-    let mut qmp = Vec::new();
-    let mut dialect = None;
-    while let Some(arg) = argv.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = |what: &str| {
-            inline
-                .clone()
-                .or_else(|| argv.next())
-                .ok_or_else(|| format!("{name} needs {what}"))
-        };
-        match name.as_str() {
-            "--config" => config = Some(PathBuf::from(value("a file name")?)),
-            "--run-dir" => run_dir = Some(PathBuf::from(value("a directory")?)),
-            "--qmp" => {
-                let v = value("HOST=PATH")?;
-                let (h, p) = v
-                    .split_once('=')
-                    .filter(|(h, p)| !h.is_empty() && !p.is_empty())
-                    .ok_or_else(|| format!("--qmp '{v}' is not HOST=PATH"))?;
-                qmp.push((h.to_owned(), PathBuf::from(p)));
-            }
-            "--dialect" => dialect = Some(config::Dialect::parse(&value("pax or extended")?)?),
-            "--verbose" if inline.is_none() => verbose = true,
-            "--help" | "-h" => return Ok(Parsed::Help),
-            _ => return Err(format!("unknown argument '{arg}'")),
-        }
-    }
-    Ok(Parsed::Run(Args {
-        config: config.ok_or("--config FILE is required")?,
-        run_dir: run_dir.ok_or("--run-dir DIR is required")?,
-        verbose,
-        qmp,
-        dialect,
-    }))
+/// `--qmp HOST=PATH`.
+fn qmp_arg(v: &str) -> Result<(String, PathBuf), String> {
+    let (h, p) = v
+        .split_once('=')
+        .filter(|(h, p)| !h.is_empty() && !p.is_empty())
+        .ok_or_else(|| format!("'{v}' is not HOST=PATH"))?;
+    Ok((h.to_owned(), PathBuf::from(p)))
 }
 
 fn main() {
-    if std::env::args()
-        .nth(1)
-        .is_some_and(|a| a == "--version" || a == "-V")
-    {
-        println!("{} {}", env!("CARGO_BIN_NAME"), env!("CARGO_PKG_VERSION"));
-        return;
-    }
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(Parsed::Run(a)) => a,
-        Ok(Parsed::Help) => {
-            print!("{USAGE}");
-            return;
-        }
-        Err(e) => {
-            eprintln!("pcifab-emu: error: {e}\n\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    // Bad usage exits with status 2, --help and --version with 0.
+    let args = <Args as clap::Parser>::parse();
     if let Err(e) = run(args) {
         eprintln!("pcifab-emu: error: {e}");
         std::process::exit(1);
@@ -309,32 +260,45 @@ fn run(args: Args) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::{CommandFactory, Parser};
 
-    fn parse(a: &[&str]) -> Result<Parsed, String> {
-        parse_args(a.iter().map(|s| s.to_string()))
+    fn parse(a: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("pcifab-emu").chain(a.iter().copied()))
     }
 
     #[test]
     fn arguments() {
-        let Ok(Parsed::Run(a)) = parse(&["--config", "f.toml", "--run-dir=/r", "--verbose"]) else {
-            panic!("valid arguments rejected");
-        };
+        Args::command().debug_assert();
+        let a = parse(&["--config", "f.toml", "--run-dir=/r", "--verbose"]).expect("valid");
         assert_eq!(a.config, PathBuf::from("f.toml"));
         assert_eq!(a.run_dir, PathBuf::from("/r"));
         assert!(a.verbose);
-        assert!(matches!(parse(&["--help"]), Ok(Parsed::Help)));
-        assert!(parse(&["--config"]).is_err_and(|e| e.contains("needs")));
-        assert!(parse(&["--config", "f"]).is_err_and(|e| e.contains("--run-dir")));
-        assert!(parse(&["--bogus"]).is_err_and(|e| e.contains("--bogus")));
-        let Ok(Parsed::Run(a)) = parse(&[
+        assert_eq!(
+            parse(&["--help"]).unwrap_err().kind(),
+            clap::error::ErrorKind::DisplayHelp
+        );
+        let usage = |a: &[&str], says: &str| {
+            let e = parse(a).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{a:?}");
+            assert!(e.to_string().contains(says), "{a:?}: {e}");
+        };
+        usage(&["--config"], "a value is required");
+        usage(&["--config", "f"], "--run-dir");
+        usage(&["--bogus"], "--bogus");
+        usage(
+            &["--config", "f", "--run-dir", "r", "--verbose=1"],
+            "--verbose",
+        );
+        let a = parse(&[
             "--config=c",
             "--run-dir=r",
             "--qmp",
             "h0=/q0",
             "--qmp=h1=/q1",
-        ]) else {
-            panic!("--qmp rejected");
-        };
+            "--dialect",
+            "pax",
+        ])
+        .expect("--qmp rejected");
         assert_eq!(
             a.qmp,
             [
@@ -342,6 +306,14 @@ mod tests {
                 ("h1".into(), PathBuf::from("/q1"))
             ]
         );
-        assert!(parse(&["--qmp", "h0"]).is_err_and(|e| e.contains("HOST=PATH")));
+        assert_eq!(a.dialect, Some(config::Dialect::Pax));
+        usage(
+            &["--config", "c", "--run-dir", "r", "--qmp", "h0"],
+            "HOST=PATH",
+        );
+        usage(
+            &["--config", "c", "--run-dir", "r", "--dialect", "gen3"],
+            "pax or extended",
+        );
     }
 }

@@ -417,9 +417,9 @@ fn bad_config_is_rejected() {
 
     let out = Command::new(EXE).arg("--frob").output().expect("run");
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("unknown argument '--frob'"));
+    assert!(text(&out.stderr).contains("unexpected argument '--frob'"));
     let out = Command::new(EXE).arg("--help").output().expect("run");
-    assert!(out.status.success() && text(&out.stdout).contains("--run-dir DIR"));
+    assert!(out.status.success() && text(&out.stdout).contains("--run-dir <DIR>"));
     let _ = std::fs::remove_dir_all(dir);
 }
 

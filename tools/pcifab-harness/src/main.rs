@@ -50,61 +50,153 @@ use config::Expected;
 use fabric::{CmdLog, Fabric, TempDir};
 use procs::Children;
 
-const USAGE: &str = "\
-usage: pcifab-harness <test|demo|bench|bench-scale|list|selftest>
-         --kernel BZIMAGE --module PCIFAB_KO [--switchtec SWITCHTEC_KO]
-         --guest-bin DIR --emu EMU_BIN --emu-config TOML
-         --qemu-root TRIXIE_DIR --results DIR
-         [--hosts N] [--filter SUBSTR] [--keep-going] [--debug-kernel] [--busybox PATH]
-         [--no-emu] [--dialect pax|extended] [--switchtec-user PATH]
-         [--kernel-modules DIR] [--smp N] [--cell NAME] [--exclude SUBSTR]
-       pcifab-harness summary DIR...
+/// The command line (Documentation/testing.rst, "The harness").
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "pcifab-harness",
+    version,
+    about = "Boots the emulated fabric under QEMU and runs scenarios in its guests",
+    after_help = "Exit status: 0 all passed, 1 a scenario failed, 2 bad command line or inputs."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
 
-  test        boot the fabric, run the scenarios, print `N passed, N failed`
-  demo        boot the fabric, load pcifab in every host, print `pcifab info`
-  bench       boot h0 and h1, measure h0 alone (MRPC echo through pcifab and
-              switchtec, bind/unbind, P2P), then requests made on h1 to the manager
-  bench-scale fabric scale: per size (--sizes 64,256,1024 functions) a generated
-              48-partition config (no --emu-config), h0 and h1 booted; h0's inventory
-              read, one bind event's MRPC cost, the view's memory, `pcifab list`
-  list        print the scenario names and exit
-  selftest    boot the fabric and check the harness and agent themselves
-  summary     read DIR/summary.json of several runs, print `<cell>: N passed, N failed`
-              per run (the cell is `KERNEL x DIALECT`, with the folder's name when two
-              runs share it) and the overall `N passed, N failed`; exit 1 if any failed
-  --dialect   the emulator's firmware dialect for the whole run (default: the config's
-              `dialect` key, else extended); written to RESULTS/summary.json
-  --switchtec-user  static switchtec-user CLI (tools/scripts/switchtec-user.sh builds
-              it); it goes to the guest's /bin/switchtec for the `pax client` scenarios
-  --switchtec the in-tree C driver built with the same kernel (the C-peer scenarios and
-              the MRPC benchmark load it); without it they fail and `bench` measures
-              only pcifab's side (Debian's kernel has no switchtec.ko)
-  --guest-bin directory of static guest binaries (pcifab, pcifab-agent,
-              pcifab-selftest); every file in it goes to the guest's /bin
-  --hosts N   boot the first N hosts of the config (default: all)
-  --filter S  run only scenarios whose name contains S (case-insensitive); S may list
-              alternatives separated by '|'. With bench: only the parts it names
-              (mrpc, compose, p2p, manager)
-  --exclude S leave out the scenarios whose name contains S (as --filter; both may be
-              given: the scenarios --filter picks, less those --exclude names)
-  --keep-going  run every scenario even after a failure (default: stop)
-  --debug-kernel  the kernel is the sanitizer (debug) kernel: require its checks
-              (KASAN, lockdep, kmemleak, ...) in every guest, give the guests 1 GiB
-              and the kernel parameters those checks need
-  --busybox   static busybox for the guest (default /bin/busybox)
-  --no-emu    development aid: no emulator, a pci-testdev stands in for the MEP
-  --smp N     virtual CPUs per guest (default 1); with N > 1 QEMU runs multi-threaded
-              TCG (`-accel tcg,thread=multi`), so guest CPUs really run at once, and
-              set-up checks that every guest sees N CPUs online
-  --slurm DIR Debian's Slurm and MUNGE for the guests (tools/scripts/slurm.sh makes it);
-              added to the guests only when a `slurm:` scenario is selected
-  --cell NAME the kernel's name in this run's cell, written to RESULTS/summary.json
-              (default: `debug` with --debug-kernel, else the kernel file's name)
-  --kernel-modules DIR  the kernel's module tree (/lib/modules/RELEASE): virtio_net.ko
-              (the management network), vfio-pci.ko and, with an nvme drive, nvme.ko,
-              with their dependencies, are loaded from there at boot (Debian's kernel has
-              them as modules; the test kernels built in)
-";
+#[derive(clap::Subcommand, Debug)]
+enum Cmd {
+    /// Boot the fabric, run the scenarios, print `N passed, N failed`
+    Test(RunArgs),
+    /// Boot the fabric, load pcifab in every host, print `pcifab info`
+    Demo(RunArgs),
+    /// Boot h0 and h1, measure h0 alone (MRPC echo through pcifab and switchtec,
+    /// bind/unbind, P2P), then requests made on h1 to the manager
+    Bench(RunArgs),
+    /// Fabric scale: per size (--sizes 64,256,1024 functions) a generated 48-partition
+    /// config (no --emu-config), h0 and h1 booted; h0's inventory read, one bind event's
+    /// MRPC cost, the view's memory, `pcifab list`
+    BenchScale(RunArgs),
+    /// Print the scenario names and exit
+    List(RunArgs),
+    /// Boot the fabric and check the harness and agent themselves
+    Selftest(RunArgs),
+    /// Read DIR/summary.json of several runs, print `<cell>: N passed, N failed` per run
+    /// (the cell is `KERNEL x DIALECT`, with the folder's name when two runs share it) and
+    /// the overall `N passed, N failed`; exit 1 if any failed
+    Summary {
+        /// Results folders of runs
+        #[arg(required = true, value_name = "DIR")]
+        dirs: Vec<String>,
+    },
+}
+
+/// The options of the modes that boot a fabric; which are required depends on the mode.
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The guest kernel (bzImage)
+    #[arg(long, value_name = "BZIMAGE")]
+    kernel: Option<PathBuf>,
+    /// pcifab.ko built for --kernel
+    #[arg(long, value_name = "PCIFAB_KO")]
+    module: Option<PathBuf>,
+    /// The in-tree C driver built with the same kernel (the C-peer scenarios and the MRPC
+    /// benchmark load it); without it they fail and `bench` measures only pcifab's side
+    /// (Debian's kernel has no switchtec.ko)
+    #[arg(long, value_name = "SWITCHTEC_KO")]
+    switchtec: Option<PathBuf>,
+    /// Directory of static guest binaries (pcifab, pcifab-agent, pcifab-selftest); every
+    /// file in it goes to the guest's /bin
+    #[arg(long, value_name = "DIR")]
+    guest_bin: Option<PathBuf>,
+    /// The emulator (pcifab-emu)
+    #[arg(long, value_name = "EMU_BIN")]
+    emu: Option<PathBuf>,
+    /// The fabric's configuration (TOML)
+    #[arg(long, value_name = "TOML")]
+    emu_config: Option<PathBuf>,
+    /// The Debian trixie tree of QEMU and the guests' userland (tools/scripts/deps.sh)
+    #[arg(long, value_name = "TRIXIE_DIR")]
+    qemu_root: Option<PathBuf>,
+    /// Where the logs and summary.json go
+    #[arg(long, value_name = "DIR")]
+    results: Option<PathBuf>,
+    /// Boot the first N hosts of the config (default: all)
+    #[arg(long, value_name = "N", value_parser = hosts_arg)]
+    hosts: Option<usize>,
+    /// Run only scenarios whose name contains S (case-insensitive); S may list
+    /// alternatives separated by '|'. With bench: only the parts it names (mrpc,
+    /// compose, p2p, manager)
+    #[arg(long, value_name = "S")]
+    filter: Option<String>,
+    /// Leave out the scenarios whose name contains S (as --filter; both may be given: the
+    /// scenarios --filter picks, less those --exclude names)
+    #[arg(long, value_name = "S")]
+    exclude: Option<String>,
+    /// Run every scenario even after a failure (default: stop)
+    #[arg(long)]
+    keep_going: bool,
+    /// The kernel is the sanitizer (debug) kernel: require its checks (KASAN, lockdep,
+    /// kmemleak, ...) in every guest, give the guests 1 GiB and the kernel parameters
+    /// those checks need
+    #[arg(long)]
+    debug_kernel: bool,
+    /// The trust scenarios at the full counts (`make soak`), not the shorter ones of
+    /// `make test` (Documentation/testing-trust.rst)
+    #[arg(long)]
+    soak: bool,
+    /// Static busybox for the guest
+    #[arg(long, value_name = "PATH", default_value = "/bin/busybox")]
+    busybox: PathBuf,
+    /// Development aid: no emulator, a pci-testdev stands in for the MEP
+    #[arg(long)]
+    no_emu: bool,
+    /// The emulator's firmware dialect for the whole run (default: the config's `dialect`
+    /// key, else extended); written to RESULTS/summary.json
+    #[arg(long, value_name = "pax|extended", value_parser = config::Dialect::parse)]
+    dialect: Option<config::Dialect>,
+    /// Static switchtec-user CLI (tools/scripts/switchtec-user.sh builds it); it goes to
+    /// the guest's /bin/switchtec for the `pax client` scenarios
+    #[arg(long, value_name = "PATH")]
+    switchtec_user: Option<PathBuf>,
+    /// The kernel's module tree (/lib/modules/RELEASE): virtio_net.ko (the management
+    /// network), vfio-pci.ko and, with an nvme drive, nvme.ko, with their dependencies, are
+    /// loaded from there at boot (Debian's kernel has them as modules; the test kernels
+    /// built in)
+    #[arg(long, value_name = "DIR")]
+    kernel_modules: Option<PathBuf>,
+    /// bench-scale: the function counts, e.g. 64,256,1024
+    #[arg(long, value_name = "N,N,...")]
+    sizes: Option<String>,
+    /// Virtual CPUs per guest (1 to 8); with N > 1 QEMU runs multi-threaded TCG (`-accel
+    /// tcg,thread=multi`), so guest CPUs really run at once, and set-up checks that every
+    /// guest sees N CPUs online
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = smp_arg)]
+    smp: u32,
+    /// The kernel's name in this run's cell, written to RESULTS/summary.json (default:
+    /// `debug` with --debug-kernel, else the kernel file's name)
+    #[arg(long, value_name = "NAME")]
+    cell: Option<String>,
+    /// Debian's Slurm and MUNGE for the guests (tools/scripts/slurm.sh makes it); added to
+    /// the guests only when a `slurm:` scenario is selected
+    #[arg(long, value_name = "DIR")]
+    slurm: Option<PathBuf>,
+}
+
+/// `--hosts N`: at least one.
+fn hosts_arg(v: &str) -> Result<usize, String> {
+    v.parse::<usize>()
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| "expected a number >= 1".into())
+}
+
+/// `--smp N`: 1 to 8.
+fn smp_arg(v: &str) -> Result<u32, String> {
+    v.parse::<u32>()
+        .ok()
+        .filter(|n| (1..=8).contains(n))
+        .ok_or_else(|| "expected a number from 1 to 8".into())
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Mode {
@@ -153,115 +245,94 @@ pub struct Opts {
     pub slurm: Option<PathBuf>,
 }
 
-fn parse_args(args: &[String]) -> Result<Opts, String> {
-    let mut it = args.iter();
-    let mode = match it.next().map(String::as_str) {
-        Some("test") => Mode::Test,
-        Some("demo") => Mode::Demo,
-        Some("bench") => Mode::Bench,
-        Some("bench-scale") => Mode::BenchScale,
-        Some("list") => Mode::List,
-        Some("selftest") => Mode::Selftest,
-        Some("-h" | "--help") | None => return Err(String::new()),
-        Some(m) => {
-            return Err(format!(
-                "unknown mode {m:?}: expected test, demo, bench, bench-scale, list or selftest"
-            ))
-        }
+/// The command line: `Ok(Err(summary folders))` for `summary`; `Err` is clap's error (exit
+/// status 2 for bad usage, 0 for --help and --version).
+fn parse_cli(
+    args: impl IntoIterator<Item = String>,
+) -> Result<Result<Opts, Vec<String>>, clap::Error> {
+    use clap::{error::ErrorKind, CommandFactory, Parser};
+    let cli = Cli::try_parse_from(std::iter::once("pcifab-harness".to_string()).chain(args))?;
+    let (mode, r) = match cli.cmd {
+        Cmd::Test(r) => (Mode::Test, r),
+        Cmd::Demo(r) => (Mode::Demo, r),
+        Cmd::Bench(r) => (Mode::Bench, r),
+        Cmd::BenchScale(r) => (Mode::BenchScale, r),
+        Cmd::List(r) => (Mode::List, r),
+        Cmd::Selftest(r) => (Mode::Selftest, r),
+        Cmd::Summary { dirs } => return Ok(Err(dirs)),
     };
-    let mut get = std::collections::HashMap::new();
-    let mut keep_going = false;
-    let mut no_emu = false;
-    let mut debug_kernel = false;
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--keep-going" => keep_going = true,
-            "--debug-kernel" => debug_kernel = true,
-            "--soak" => SOAK.store(true, std::sync::atomic::Ordering::Relaxed),
-            "--no-emu" => no_emu = true,
-            "-h" | "--help" => return Err(String::new()),
-            "--kernel" | "--module" | "--switchtec" | "--guest-bin" | "--emu" | "--emu-config"
-            | "--qemu-root" | "--results" | "--hosts" | "--filter" | "--busybox" | "--dialect"
-            | "--kernel-modules" | "--switchtec-user" | "--sizes" | "--smp" | "--cell"
-            | "--exclude" | "--slurm" => {
-                let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
-                get.insert(a.trim_start_matches('-').to_string(), v.clone());
-            }
-            _ => return Err(format!("unknown argument {a:?}")),
-        }
+    opts(mode, r)
+        .map(Ok)
+        .map_err(|e| Cli::command().error(ErrorKind::MissingRequiredArgument, e))
+}
+
+/// The options of `mode`, with the paths that mode needs present.
+fn opts(mode: Mode, r: RunArgs) -> Result<Opts, String> {
+    if r.soak {
+        SOAK.store(true, std::sync::atomic::Ordering::Relaxed);
     }
-    let switchtec = get.remove("switchtec").map(PathBuf::from);
-    let mut path = |k: &str| -> Result<PathBuf, String> {
-        match get.remove(k) {
-            Some(v) => Ok(PathBuf::from(v)),
+    let no_emu = r.no_emu;
+    let path = |v: Option<PathBuf>, k: &str| -> Result<PathBuf, String> {
+        match v {
+            Some(v) => Ok(v),
             None if mode == Mode::List => Ok(PathBuf::new()),
             None if no_emu && (k == "emu" || k == "emu-config") => Ok(PathBuf::new()),
             // bench-scale generates its configuration per size.
             None if mode == Mode::BenchScale && k == "emu-config" => Ok(PathBuf::new()),
-            None => Err(format!("--{k} is required")),
+            None => Err(format!("--{k} is required for {}", mode_name(mode))),
         }
-    };
-    let kernel = path("kernel")?;
-    let module = path("module")?;
-    let guest_bin = path("guest-bin")?;
-    let emu = path("emu")?;
-    let emu_config = path("emu-config")?;
-    let qemu_root = path("qemu-root")?;
-    let results = path("results")?;
-    let dialect = get
-        .remove("dialect")
-        .map(|d| config::Dialect::parse(&d).map_err(|e| format!("--dialect: {e}")))
-        .transpose()?;
-    let switchtec_user = get.remove("switchtec-user").map(PathBuf::from);
-    let kernel_modules = get.remove("kernel-modules").map(PathBuf::from);
-    let busybox = get
-        .remove("busybox")
-        .map_or_else(|| PathBuf::from("/bin/busybox"), PathBuf::from);
-    let hosts = match get.remove("hosts") {
-        // The benchmark boots h0 and h1; h1 is stopped while h0 is measured alone and
-        // started again for the manager requests it makes.
-        _ if mode == Mode::Bench => Some(2),
-        None => None,
-        Some(v) => Some(
-            v.parse::<usize>()
-                .ok()
-                .filter(|n| *n >= 1)
-                .ok_or_else(|| format!("--hosts {v:?}: expected a number >= 1"))?,
-        ),
-    };
-    let smp = match get.remove("smp") {
-        None => 1,
-        Some(v) => v
-            .parse::<u32>()
-            .ok()
-            .filter(|n| (1..=8).contains(n))
-            .ok_or_else(|| format!("--smp {v:?}: expected a number from 1 to 8"))?,
     };
     Ok(Opts {
         mode,
-        kernel,
-        module,
-        switchtec,
-        guest_bin,
-        emu,
-        emu_config,
-        qemu_root,
-        results,
-        busybox,
-        hosts,
-        filter: get.remove("filter"),
-        exclude: get.remove("exclude"),
-        keep_going,
+        kernel: path(r.kernel, "kernel")?,
+        module: path(r.module, "module")?,
+        switchtec: r.switchtec,
+        guest_bin: path(r.guest_bin, "guest-bin")?,
+        emu: path(r.emu, "emu")?,
+        emu_config: path(r.emu_config, "emu-config")?,
+        qemu_root: path(r.qemu_root, "qemu-root")?,
+        results: path(r.results, "results")?,
+        busybox: r.busybox,
+        // The benchmark boots h0 and h1; h1 is stopped while h0 is measured alone and
+        // started again for the manager requests it makes.
+        hosts: if mode == Mode::Bench {
+            Some(2)
+        } else {
+            r.hosts
+        },
+        filter: r.filter,
+        exclude: r.exclude,
+        keep_going: r.keep_going,
         no_emu,
-        debug_kernel,
-        dialect,
-        switchtec_user,
-        kernel_modules,
-        sizes: get.remove("sizes"),
-        smp,
-        cell: get.remove("cell"),
-        slurm: get.remove("slurm").map(PathBuf::from),
+        debug_kernel: r.debug_kernel,
+        dialect: r.dialect,
+        switchtec_user: r.switchtec_user,
+        kernel_modules: r.kernel_modules,
+        sizes: r.sizes,
+        smp: r.smp,
+        cell: r.cell,
+        slurm: r.slurm,
     })
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Test => "test",
+        Mode::Demo => "demo",
+        Mode::Bench => "bench",
+        Mode::BenchScale => "bench-scale",
+        Mode::List => "list",
+        Mode::Selftest => "selftest",
+    }
+}
+
+#[cfg(test)]
+fn parse_args(args: &[String]) -> Result<Opts, String> {
+    match parse_cli(args.iter().cloned()) {
+        Ok(Ok(o)) => Ok(o),
+        Ok(Err(_)) => Err("summary".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 static HARNESS_LOG: OnceLock<Mutex<File>> = OnceLock::new();
@@ -1154,11 +1225,6 @@ fn summary_lines(runs: &[RunSummary]) -> Vec<String> {
 
 /// `pcifab-harness summary DIR...`.
 fn summary(dirs: &[String]) -> ExitCode {
-    if dirs.is_empty() {
-        eprintln!("pcifab-harness: summary needs at least one results folder");
-        eprint!("{USAGE}");
-        return ExitCode::from(2);
-    }
     let mut runs = Vec::new();
     for d in dirs {
         match read_summary(Path::new(d)) {
@@ -1188,26 +1254,11 @@ fn summary(dirs: &[String]) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    if std::env::args()
-        .nth(1)
-        .is_some_and(|a| a == "--version" || a == "-V")
-    {
-        println!("{} {}", env!("CARGO_BIN_NAME"), env!("CARGO_PKG_VERSION"));
-        return ExitCode::SUCCESS;
-    }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("summary") {
-        return summary(&args[1..]);
-    }
-    let opts = match parse_args(&args) {
-        Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("pcifab-harness: {e}");
-            }
-            eprint!("{USAGE}");
-            return ExitCode::from(2);
-        }
+    let opts = match parse_cli(std::env::args().skip(1)) {
+        Ok(Ok(o)) => o,
+        Ok(Err(dirs)) => return summary(&dirs),
+        // Usage errors exit with status 2, --help and --version with 0.
+        Err(e) => e.exit(),
     };
     if opts.mode == Mode::List {
         for s in scenarios::all() {
@@ -1497,6 +1548,21 @@ mod tests {
         assert!(parse_args(&v(&["test", "--kernel"])).is_err());
         assert!(parse_args(&v(&["test", "--kernel", "k"])).is_err());
         assert!(parse_args(&v(&["bogus"])).is_err());
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        // `list` needs no paths; `summary` at least one folder.
+        assert_eq!(parse_args(&v(&["list"])).unwrap().mode, Mode::List);
+        assert_eq!(
+            parse_cli(v(&["summary", "a", "b"])).unwrap().unwrap_err(),
+            ["a", "b"]
+        );
+        assert_eq!(parse_cli(v(&["summary"])).unwrap_err().exit_code(), 2);
+        let e = parse_cli(v(&["demo", "--kernel", "k"])).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.to_string().contains("--module is required for demo"),
+            "{e}"
+        );
     }
 
     #[test]

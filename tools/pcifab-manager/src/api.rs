@@ -90,7 +90,7 @@ pub struct Page {
 
 /// The page `offset` and `limit` ask for (limit 1 to [`crate::protocol::MAX_PAGE`], that
 /// by default).
-fn page_of(q: &BTreeMap<&str, &str>) -> Result<Page, HttpError> {
+fn page_of(q: &BTreeMap<String, String>) -> Result<Page, HttpError> {
     let max = crate::protocol::MAX_PAGE;
     let limit: u64 = q
         .get("limit")
@@ -154,13 +154,36 @@ fn bad(msg: impl Into<String>) -> HttpError {
     HttpError(400, msg.into())
 }
 
-fn query_map(query: &str) -> Result<BTreeMap<&str, &str>, HttpError> {
+/// The parameters of `query`, percent-decoded (`form_urlencoded`, as browsers and HTTP
+/// clients encode them; `+` is a space). A parameter given twice, a `%` not followed by two
+/// hex digits, or bytes that are not UTF-8 once decoded are a 400 that says so.
+fn query_map(query: &str) -> Result<BTreeMap<String, String>, HttpError> {
+    let raw = query.as_bytes();
+    if let Some(at) = raw.iter().enumerate().find_map(|(i, b)| {
+        let hex = |j: usize| raw.get(j).is_some_and(u8::is_ascii_hexdigit);
+        (*b == b'%' && !(hex(i + 1) && hex(i + 2))).then_some(i)
+    }) {
+        let near: String = query[at..].chars().take(3).collect();
+        return Err(bad(format!(
+            "malformed percent-encoding '{near}' in the query: '%' is followed by two hex \
+             digits (encode a literal '%' as %25)"
+        )));
+    }
     let mut m = BTreeMap::new();
-    for kv in query.split('&').filter(|s| !s.is_empty()) {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        if m.insert(k, v).is_some() {
+    for (k, v) in form_urlencoded::parse(raw) {
+        // Decoding replaces bytes that are not UTF-8 with U+FFFD; refuse them rather than
+        // act on a changed value.
+        if (k.contains('\u{fffd}') || v.contains('\u{fffd}')) && !query.contains('\u{fffd}') {
+            return Err(bad(format!(
+                "query parameter '{}' is not UTF-8 once percent-decoded",
+                k.escape_default()
+            )));
+        }
+        let k = k.into_owned();
+        if m.contains_key(&k) {
             return Err(bad(format!("query parameter '{k}' is given twice")));
         }
+        m.insert(k, v.into_owned());
     }
     Ok(m)
 }
@@ -187,7 +210,7 @@ fn body_json<T: serde::de::DeserializeOwned>(what: &str, body: &[u8]) -> Result<
 pub fn route(method: &str, path: &str, query: &str, body: &[u8]) -> Result<Endpoint, HttpError> {
     let q = query_map(query)?;
     let allowed = |names: &[&str]| -> Result<(), HttpError> {
-        match q.keys().find(|k| !names.contains(k)) {
+        match q.keys().find(|k| !names.contains(&k.as_str())) {
             Some(k) => Err(bad(format!(
                 "unknown query parameter '{k}' (this route takes {names:?})"
             ))),

@@ -8,6 +8,8 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use clap::Parser;
+
 use pcifab_manager::{
     config::Config,
     daemon::{self, Daemon, Telemetry},
@@ -21,101 +23,72 @@ use pcifab_manager::{
     telemetry::{Judge, Source},
 };
 
-const USAGE: &str = "\
-usage: pcifab-manager --config FILE [options]
-
-Runs the fabric manager: leases GPUs and VFs of the pools in FILE to hosts, on the
-fabric-manager host of a pcifab fabric (Documentation/manager.rst).
-
-options:
-  --config FILE     the pools and rules (TOML)
-  --state DIR       the directory that holds the state database manager.redb (default
-                    /var/lib/pcifab-manager)
-  --socket PATH     the control socket (default /run/pcifab-manager.sock)
-  --executor KIND   driver (default: bind/unbind/move through --device) or sim (no fabric)
-  --device PATH     the pcifab device (default /dev/pcifab0)
-  --fabric FILE     with --executor sim: a simulated fabric in FILE, shared by several
-                    managers (tests of high availability)
-  --ask JSON        do not run: send one request to the manager at --socket, print the
-                    reply (exit 0 if it succeeded, 3 if refused, 1 otherwise)
-  --hash-password   do not run: read a password from standard input (its first line),
-                    print the password_pbkdf2 of a Redfish user (Documentation/manager-api.rst)
-  --iterations N    PBKDF2 iterations for --hash-password (default 600000, at least 10000)
-  -h, --help        this text
-";
-
+/// The command line (Documentation/manager.rst, "The daemon").
+#[derive(Parser, Debug)]
+#[command(
+    name = "pcifab-manager",
+    version,
+    about = "The fabric manager daemon of a pcifab fabric",
+    long_about = "Runs the fabric manager: leases GPUs and VFs of the pools in --config to \
+                  hosts, on the fabric-manager host of a pcifab fabric \
+                  (Documentation/manager.rst).\n\n\
+                  With --ask or --hash-password it runs no manager but does that one thing.",
+    after_help = "Exit status: 0 success, 1 failure, 2 bad command line; \
+                  --ask: 3 when the manager refused the request."
+)]
 struct Args {
+    /// The pools and rules (TOML); needed unless --ask or --hash-password is given
+    #[arg(long, value_name = "FILE", required_unless_present_any = ["ask", "hash_password"])]
     config: Option<String>,
+    /// The directory that holds the state database manager.redb (made when missing)
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/pcifab-manager",
+          value_parser = state_dir)]
     state: PathBuf,
+    /// The control socket
+    #[arg(long, value_name = "PATH", default_value = "/run/pcifab-manager.sock")]
     socket: PathBuf,
+    /// `driver`: bind/unbind/move through --device; `sim`: a simulated fabric (no device)
+    #[arg(long, value_name = "KIND", default_value = "driver",
+          value_parser = ["driver", "sim"])]
     executor: String,
+    /// The pcifab device (--executor driver)
+    #[arg(long, value_name = "PATH", default_value = "/dev/pcifab0")]
     device: String,
+    /// With --executor sim: a simulated fabric in FILE, shared by several managers (tests of
+    /// high availability)
+    #[arg(long, value_name = "FILE")]
     fabric: Option<PathBuf>,
+    /// Do not run: send one request to the manager at --socket, print the reply (exit 0 if
+    /// it succeeded, 3 if refused, 1 otherwise)
+    #[arg(long, value_name = "JSON")]
     ask: Option<String>,
+    /// Do not run: read a password from standard input (its first line), print the
+    /// password_pbkdf2 of a Redfish user (Documentation/manager-api.rst)
+    #[arg(long)]
     hash_password: bool,
+    /// PBKDF2 iterations for --hash-password (at least 10000)
+    #[arg(long, value_name = "N", default_value_t = pcifab_manager::redfish::users::ITERATIONS,
+          value_parser = iterations)]
     iterations: u32,
 }
 
-fn parse(args: &[String]) -> Result<Option<Args>, String> {
-    let mut a = Args {
-        config: None,
-        state: "/var/lib/pcifab-manager".into(),
-        socket: "/run/pcifab-manager.sock".into(),
-        executor: "driver".into(),
-        device: "/dev/pcifab0".into(),
-        fabric: None,
-        ask: None,
-        hash_password: false,
-        iterations: pcifab_manager::redfish::users::ITERATIONS,
-    };
-    let mut it = args.iter();
-    while let Some(o) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{o} needs a value"))
-        };
-        match o.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--config" => a.config = Some(val()?),
-            "--state" => a.state = val()?.into(),
-            "--socket" => a.socket = val()?.into(),
-            "--device" => a.device = val()?,
-            "--fabric" => a.fabric = Some(val()?.into()),
-            "--ask" => a.ask = Some(val()?),
-            "--hash-password" => a.hash_password = true,
-            "--iterations" => {
-                let v = val()?;
-                a.iterations = v
-                    .parse()
-                    .ok()
-                    .filter(|n| *n >= pcifab_manager::redfish::users::MIN_ITERATIONS)
-                    .ok_or_else(|| {
-                        format!("--iterations is a number of at least 10000, not '{v}'")
-                    })?;
-            }
-            "--executor" => {
-                a.executor = val()?;
-                if a.executor != "driver" && a.executor != "sim" {
-                    return Err(format!("--executor is driver or sim, not '{}'", a.executor));
-                }
-            }
-            other => return Err(format!("unexpected argument '{other}'")),
-        }
-    }
-    if a.fabric.is_some() && a.executor != "sim" {
-        return Err("--fabric FILE goes with --executor sim".into());
-    }
-    if a.config.is_none() && a.ask.is_none() && !a.hash_password {
-        return Err("--config FILE is needed".into());
-    }
-    state_dir(&a.state)?;
-    Ok(Some(a))
+/// `--iterations`: a number of at least [`MIN_ITERATIONS`](pcifab_manager::redfish::users::MIN_ITERATIONS).
+fn iterations(v: &str) -> Result<u32, String> {
+    v.parse()
+        .ok()
+        .filter(|n| *n >= pcifab_manager::redfish::users::MIN_ITERATIONS)
+        .ok_or_else(|| {
+            format!(
+                "a number of at least {} is needed",
+                pcifab_manager::redfish::users::MIN_ITERATIONS
+            )
+        })
 }
 
 /// Checks that `--state` names a directory (existing or to be made), not the database file:
 /// the database is `manager.redb` inside it (Documentation/manager.rst).
-fn state_dir(p: &std::path::Path) -> Result<(), String> {
+fn state_dir(v: &str) -> Result<PathBuf, String> {
+    let p = std::path::Path::new(v);
     let shown = p.display();
     if p.extension().is_some_and(|e| e == "redb") {
         return Err(format!(
@@ -130,7 +103,7 @@ fn state_dir(p: &std::path::Path) -> Result<(), String> {
         Ok(m) if !m.is_dir() => Err(format!(
             "--state {shown} is a file; --state is the directory that holds manager.redb"
         )),
-        _ => Ok(()),
+        _ => Ok(p.to_path_buf()),
     }
 }
 
@@ -421,7 +394,7 @@ fn migrate(args: &[String]) -> Result<String, String> {
     };
     let open = |spec: &str| -> Result<Box<dyn StateStore>, String> {
         if let Some(dir) = spec.strip_prefix("redb:") {
-            state_dir(std::path::Path::new(dir))?;
+            state_dir(dir)?;
             return Ok(Box::new(Store::open(std::path::Path::new(dir))?));
         }
         if let Some(eps) = spec.strip_prefix("etcd:") {
@@ -511,13 +484,6 @@ fn hash_password(iterations: u32) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    if std::env::args()
-        .nth(1)
-        .is_some_and(|a| a == "--version" || a == "-V")
-    {
-        println!("{} {}", env!("CARGO_BIN_NAME"), env!("CARGO_PKG_VERSION"));
-        return ExitCode::SUCCESS;
-    }
     // A handler that panics ends the process (a supervisor restarts it and the start
     // reconciles the fabric with the stored state) rather than poisoning the daemon's lock
     // and limping on.
@@ -527,6 +493,7 @@ fn main() -> ExitCode {
         eprintln!("pcifab-manager: a thread panicked; aborting so that a supervisor restarts it");
         std::process::abort();
     }));
+    // `pcifab-manager migrate ...` copies a stopped manager's state between stores.
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().is_some_and(|a| a == "migrate") {
         return match migrate(&args[1..]) {
@@ -540,23 +507,70 @@ fn main() -> ExitCode {
             }
         };
     }
-    match parse(&args) {
-        Ok(None) => {
-            print!("{USAGE}");
-            ExitCode::SUCCESS
-        }
+    // Bad usage exits with status 2, --help and --version with 0.
+    let a = Args::parse();
+    if a.fabric.is_some() && a.executor != "sim" {
+        eprintln!("pcifab-manager: --fabric FILE goes with --executor sim");
+        return ExitCode::from(2);
+    }
+    if a.hash_password {
+        return hash_password(a.iterations);
+    }
+    if let Some(request) = &a.ask {
+        return ask(&a.socket, request);
+    }
+    match run(a) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("pcifab-manager: {e}\n\n{USAGE}");
-            ExitCode::from(2)
+            eprintln!("pcifab-manager: {e}");
+            ExitCode::from(1)
         }
-        Ok(Some(a)) if a.hash_password => hash_password(a.iterations),
-        Ok(Some(a)) if a.ask.is_some() => ask(&a.socket, a.ask.as_deref().unwrap_or_default()),
-        Ok(Some(a)) => match run(a) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("pcifab-manager: {e}");
-                ExitCode::from(1)
-            }
-        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line() {
+        Args::command().debug_assert();
+        let p = |a: &[&str]| {
+            Args::try_parse_from(std::iter::once("pcifab-manager").chain(a.iter().copied()))
+        };
+        let a = p(&["--config", "m.toml"]).unwrap();
+        assert_eq!(a.state, PathBuf::from("/var/lib/pcifab-manager"));
+        assert_eq!(a.socket, PathBuf::from("/run/pcifab-manager.sock"));
+        assert_eq!(
+            (a.executor.as_str(), a.device.as_str()),
+            ("driver", "/dev/pcifab0")
+        );
+        assert_eq!(a.iterations, pcifab_manager::redfish::users::ITERATIONS);
+        // --ask and --hash-password need no --config; running does.
+        assert!(p(&["--ask", "{}"]).is_ok());
+        assert!(p(&["--hash-password", "--iterations", "10000"]).is_ok());
+        let e = p(&[]).unwrap_err();
+        assert_eq!(
+            (e.exit_code(), e.kind()),
+            (2, clap::error::ErrorKind::MissingRequiredArgument)
+        );
+        for bad in [
+            &["--config", "m", "--executor", "qemu"][..],
+            &["--hash-password", "--iterations", "9999"],
+            &["--config", "m", "--state", "/var/lib/x/state.redb"],
+            &["--config", "m", "--frob"],
+            &["--config"],
+        ] {
+            assert_eq!(p(bad).unwrap_err().exit_code(), 2, "{bad:?}");
+        }
+        let e = p(&["--config", "m", "--state", "/x/state.redb"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--state is the directory that holds manager.redb"),
+            "{e}"
+        );
+        assert!(e.contains("e.g. --state /x"), "{e}");
     }
 }

@@ -12,6 +12,10 @@ use std::{
 };
 
 use serde_json::{json, Value};
+use signal_hook::{
+    consts::{SIGHUP, SIGINT, SIGTERM},
+    iterator::Signals,
+};
 
 use crate::{
     auth::{Denied, Principal, Principals},
@@ -41,9 +45,9 @@ pub fn serve(daemon: Daemon, socket: &Path) -> Result<(), String> {
         Err(e) if crate::spool::no_unix_sockets(&e) => None,
         Err(e) => return Err(format!("cannot listen on {}: {e}", socket.display())),
     };
-    // SIGTERM, SIGINT and SIGHUP are taken by one thread (sigwait), so every thread spawned
-    // from here on has them blocked.
-    let signals = block_stop_signals()?;
+    // SIGTERM, SIGINT and SIGHUP are taken by one thread (signal-hook's handler wakes it).
+    let signals = Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .map_err(|e| format!("cannot take SIGTERM, SIGINT and SIGHUP: {e}"))?;
     let api = daemon.api.clone();
     let principals = daemon.principals.clone();
     let d = Arc::new(Mutex::new(daemon));
@@ -199,28 +203,6 @@ fn peer_uid(s: &UnixStream) -> Result<u32, String> {
     Ok(cred.uid)
 }
 
-/// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and the threads it starts); returns
-/// the set.
-fn block_stop_signals() -> Result<libc::sigset_t, String> {
-    // SAFETY: `set` is a valid sigset_t for sigemptyset/sigaddset to fill in; the mask
-    // change affects only the calling thread and the threads created after it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if rc != 0 {
-            return Err(format!(
-                "cannot block SIGTERM: {}",
-                std::io::Error::from_raw_os_error(rc)
-            ));
-        }
-        Ok(set)
-    }
-}
-
 /// Reads the configuration file again and takes its principals (names, roles, tokens,
 /// expiries, uids) in place of the running ones, for the API and the socket alike; the
 /// rest of the file is not reloaded. On an error the running principals stay.
@@ -248,16 +230,11 @@ pub fn reload_principals(d: &Mutex<Daemon>) -> Result<Vec<String>, String> {
 /// Waits for SIGTERM or SIGINT, then stops cleanly: takes the daemon's lock (so the request
 /// being served finishes and nothing is half-applied), commits the state, tells systemd,
 /// removes the socket and exits 0. SIGHUP reloads the principals and waits on.
-fn stop_on_signal(set: libc::sigset_t, d: &Arc<Mutex<Daemon>>, socket: &Path) {
-    let mut sig: libc::c_int = 0;
-    loop {
-        // SAFETY: `set` holds signals this thread has blocked; `sig` is valid for writing.
-        let rc = unsafe { libc::sigwait(&set, &mut sig) };
-        if rc != 0 {
-            eprintln!("pcifab-manager: sigwait failed ({rc}); SIGTERM will not stop it cleanly");
-            return;
-        }
-        if sig != libc::SIGHUP {
+fn stop_on_signal(mut signals: Signals, d: &Arc<Mutex<Daemon>>, socket: &Path) {
+    let mut stop = None;
+    for sig in signals.forever() {
+        if sig != SIGHUP {
+            stop = Some(sig);
             break;
         }
         crate::notify::reloading();
@@ -272,12 +249,12 @@ fn stop_on_signal(set: libc::sigset_t, d: &Arc<Mutex<Daemon>>, socket: &Path) {
         }
         crate::notify::ready();
     }
-    crate::notify::stopping();
-    let name = if sig == libc::SIGINT {
-        "SIGINT"
-    } else {
-        "SIGTERM"
+    let Some(sig) = stop else {
+        eprintln!("pcifab-manager: the signal thread ended; SIGTERM will not stop it cleanly");
+        return;
     };
+    crate::notify::stopping();
+    let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
     eprintln!("pcifab-manager: {name}: finishing the request in hand and stopping");
     let code = match d.lock() {
         Ok(mut d) => match d.commit(None) {

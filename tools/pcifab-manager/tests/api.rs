@@ -1276,6 +1276,20 @@ fn hostile_values_are_refused_and_lists_are_paged() {
     assert_eq!(ids, want);
     let (st, _) = ops_raw(&w, "GET", "/v1/hosts?limit=1001", "");
     assert_eq!(st, 400);
+    // Query parameters are percent-decoded: `%6Cimit=%32` is `limit=2`.
+    let (st, p) = ops_raw(&w, "GET", "/v1/leases?%6Cimit=%32", "");
+    assert_eq!(st, 200, "{p}");
+    assert_eq!(p["leases"].as_array().map(Vec::len), Some(2), "{p}");
+    // A malformed encoding is a 400 that says so.
+    let (st, v) = ops_raw(&w, "GET", "/v1/leases?limit=%zz", "");
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("malformed percent-encoding '%zz'"),
+        "{v}"
+    );
 }
 
 fn sample(m: &str, series: &str) -> f64 {

@@ -174,6 +174,72 @@ fn sigterm_stops_cleanly() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// systemd's notify protocol, as a Type=notify-reload unit with a watchdog sees it: READY=1
+/// once the socket answers, WATCHDOG=1 while it ticks, RELOADING=1 (with MONOTONIC_USEC)
+/// then READY=1 around a SIGHUP, STOPPING=1 at SIGTERM before a clean exit.
+#[test]
+fn systemd_hears_ready_watchdog_reload_and_stop() {
+    let dir = tempdir("notify");
+    std::fs::write(dir.join("manager.toml"), TWO_GPUS.replace("MODE", "hybrid")).expect("cfg");
+    let rx = std::os::unix::net::UnixDatagram::bind(dir.join("notify")).expect("bind");
+    rx.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pcifab-manager"))
+        .args(["--executor", "sim", "--config"])
+        .arg(dir.join("manager.toml"))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .arg("--socket")
+        .arg(dir.join("sock"))
+        .env("NOTIFY_SOCKET", dir.join("notify"))
+        .env("WATCHDOG_USEC", "30000000")
+        .env_remove("WATCHDOG_PID")
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start pcifab-manager");
+    let recv = || {
+        let mut buf = [0u8; 256];
+        let n = rx.recv(&mut buf).expect("a notice within 10 s");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    // The next notice other than WATCHDOG=1.
+    let next = || loop {
+        let m = recv();
+        if m != "WATCHDOG=1\n" {
+            return m;
+        }
+    };
+    assert_eq!(next(), "READY=1\n");
+    // READY=1 comes once the socket listens.
+    assert!(UnixStream::connect(dir.join("sock")).is_ok());
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGHUP) }, 0);
+    let r = next();
+    assert!(
+        r.starts_with("RELOADING=1\nMONOTONIC_USEC=") && r.ends_with('\n'),
+        "{r:?}"
+    );
+    assert_eq!(next(), "READY=1\n");
+    // The ticking thread feeds the watchdog once a second.
+    assert_eq!(recv(), "WATCHDOG=1\n");
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(next(), "STOPPING=1\n");
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 struct World {
     d: Daemon,
     clock: Arc<AtomicU64>,

@@ -423,6 +423,8 @@ fn the_protocol_parts_redfish_clients_rely_on_are_served() {
     let r = w.get("/redfish/v1/", &["OData-Version: 4.1".into()]);
     assert_eq!(r.status, 412);
     assert_eq!(w.get("/redfish/v1/?$expand=*", &[]).status, 501);
+    // Percent-encoded, `$expand` is still `$expand`.
+    assert_eq!(w.get("/redfish/v1/?%24expand=*", &[]).status, 501);
     assert_eq!(w.send("GET", FABRIC, &ops, "{}").status, 200);
     // A resource's ETag and If-None-Match.
     let e = w.get(FABRIC, &ops);

@@ -242,3 +242,45 @@ fn the_openapi_document_lists_the_paging_parameters() {
         (Some("n"), &json!(crate::protocol::MAX_PAGE))
     );
 }
+
+#[test]
+fn query_parameters_are_percent_decoded() {
+    let get = |p: &str, q: &str| route("GET", p, q, b"");
+    // Names and values as a client's URL encoder writes them.
+    assert_eq!(
+        get("/v1/events", "h%6Fst=%31&since=0x%32a&wait=%30").expect("encoded"),
+        Endpoint::Op(
+            Request::Events {
+                host: Some(1),
+                since: 0x2a
+            },
+            Duration::ZERO
+        )
+    );
+    assert_eq!(
+        get("/v1/log", "n=1%30").expect("n=10"),
+        Endpoint::Op(Request::Log { n: 10 }, Duration::ZERO)
+    );
+    let pg = page(&Request::Leases, "%6Cimit=2&offset=%31").expect("page");
+    assert_eq!(
+        pg,
+        Some(Page {
+            offset: 1,
+            limit: 2
+        })
+    );
+    // A parameter given twice is caught after decoding too.
+    let e = get("/v1/events", "since=1&%73ince=2").expect_err("twice");
+    assert!(e.1.contains("'since' is given twice"), "{e:?}");
+    // A decoded name is checked like any other: `x` is not a parameter of the log.
+    assert_eq!(get("/v1/log", "%78=1").expect_err("x").0, 400);
+    // Malformed encodings are a 400 that says what is wrong.
+    for q in ["n=%zz", "n=1%", "n=%3", "%zz=1"] {
+        let e = get("/v1/log", q).expect_err(q);
+        assert_eq!(e.0, 400, "{q}");
+        assert!(e.1.contains("malformed percent-encoding"), "{q}: {e:?}");
+    }
+    let e = get("/v1/log", "n=%ff%fe").expect_err("not UTF-8");
+    assert_eq!(e.0, 400);
+    assert!(e.1.contains("not UTF-8"), "{e:?}");
+}

@@ -22,7 +22,21 @@ mod charts;
 /// Environment variable naming the directory for the chart when `--charts` is not given.
 const CHARTS_ENV: &str = "PCIFAB_BENCH_CHARTS";
 
-const USAGE: &str = "usage: pcifab-manager-bench [--seed N] [--charts DIR]";
+/// The command line (Documentation/benchmarks.rst, "Fabric manager scheduling").
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "pcifab-manager-bench",
+    version,
+    about = "Measures the fabric manager's scheduling cost and prints `bench NAME VALUE` lines"
+)]
+struct Args {
+    /// Seed of the generated requests
+    #[arg(long, value_name = "N", default_value_t = 0x5eed)]
+    seed: u64,
+    /// Write the charts (SVG) into DIR (default: $PCIFAB_BENCH_CHARTS when set and not empty)
+    #[arg(long, value_name = "DIR", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    charts: Option<String>,
+}
 
 /// The scaling table as a chart: decisions per second, CPU time and ops per decision
 /// against the queue, one line per pool size.
@@ -65,33 +79,14 @@ fn scaling_panels(rows: &[bench::Rate]) -> Vec<charts::Panel> {
 }
 
 fn main() -> ExitCode {
-    if std::env::args()
-        .nth(1)
-        .is_some_and(|a| a == "--version" || a == "-V")
-    {
-        println!("{} {}", env!("CARGO_BIN_NAME"), env!("CARGO_PKG_VERSION"));
-        return ExitCode::SUCCESS;
-    }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut seed = 0x5eed_u64;
-    let mut charts_dir: Option<PathBuf> = std::env::var_os(CHARTS_ENV)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from);
-    let usage = || {
-        eprintln!("{USAGE}");
-        ExitCode::from(2)
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match (a.as_str(), it.next()) {
-            ("--seed", Some(v)) => match v.parse() {
-                Ok(v) => seed = v,
-                Err(_) => return usage(),
-            },
-            ("--charts", Some(v)) if !v.is_empty() => charts_dir = Some(PathBuf::from(v)),
-            _ => return usage(),
-        }
-    }
+    // Bad usage exits with status 2, --help and --version with 0.
+    let args = <Args as clap::Parser>::parse();
+    let seed = args.seed;
+    let charts_dir: Option<PathBuf> = args.charts.map(PathBuf::from).or_else(|| {
+        std::env::var_os(CHARTS_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
 
     // Scheduling cost.
     let r = bench::decisions_per_second(1000, 256, 20_000, seed);

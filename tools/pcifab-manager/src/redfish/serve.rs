@@ -292,11 +292,13 @@ pub async fn serve(
             ));
         }
     }
-    if let Some(q) = query.split('&').find(|kv| kv.starts_with('$')) {
+    // Percent-decoded, so that `%24expand` is `$expand` too.
+    if let Some((k, _)) = form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k.starts_with('$'))
+    {
         return fail(err(
             501,
             "QueryNotSupported",
-            format!("the query parameter {q} is not supported by this service"),
+            format!("the query parameter {k} is not supported by this service"),
         ));
     }
     // A refusal before the body is read closes the connection, so the unread body cannot be
