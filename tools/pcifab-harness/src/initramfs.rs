@@ -100,6 +100,9 @@ export PATH=/sbin:/usr/sbin:/bin:/usr/bin
 /bin/busybox mount -t devtmpfs devtmpfs /dev
 /bin/busybox --install -s
 mount -t tmpfs tmpfs /tmp
+# A FIFO nobody writes: the harness's scripts sleep by reading it with a timeout, in the
+# shell itself (fabric.rs, SLEEP_PRELUDE), instead of forking a sleep every 100 ms.
+mkfifo /run/nap || echo "pcifab-init: mkfifo /run/nap failed"
 # debugfs (kmemleak, dma-api, fault injection) where the kernel has it; a kernel without
 # CONFIG_DEBUG_FS has no /sys/kernel/debug and boots on without it.
 if [ -d /sys/kernel/debug ] && grep -qw debugfs /proc/filesystems; then
@@ -419,6 +422,7 @@ pub fn build(inp: &Inputs, out: &Path) -> Result<PathBuf, String> {
         "proc",
         "sys",
         "tmp",
+        "run",
         "lib",
         "lib/modules",
         "lib/modules/extra",

@@ -70,7 +70,7 @@ pub fn all() -> Vec<Scenario> {
             if soak {
                 "50 load/unload cycles leave dmesg clean"
             } else {
-                "10 load/unload cycles leave dmesg clean"
+                "4 load/unload cycles leave dmesg clean"
             },
             600,
             identity::load_unload_cycles,
@@ -427,7 +427,7 @@ pub fn all() -> Vec<Scenario> {
             if soak {
                 "nvme: Linux's nvme driver takes the composed drive; its data follows it host to host (10 round trips)"
             } else {
-                "nvme: Linux's nvme driver takes the composed drive; its data follows it host to host (4 round trips)"
+                "nvme: Linux's nvme driver takes the composed drive; its data follows it host to host (2 round trips)"
             },
             1500,
             nvme::data_follows,
@@ -463,7 +463,7 @@ pub fn all() -> Vec<Scenario> {
             if soak {
                 "fuzz: 100,000 hostile calls as an unprivileged user change nothing"
             } else {
-                "fuzz: 10,000 hostile calls as an unprivileged user change nothing"
+                "fuzz: 4,000 hostile calls as an unprivileged user change nothing"
             },
             1800,
             trust::fuzz_unpriv,
@@ -472,7 +472,7 @@ pub fn all() -> Vec<Scenario> {
             if soak {
                 "1,000 insmod/rmmod cycles with files open, commands in flight, events pending"
             } else {
-                "10 insmod/rmmod cycles with files open, commands in flight, events pending"
+                "4 insmod/rmmod cycles with files open, commands in flight, events pending"
             },
             3600,
             trust::unload_cycles,
@@ -481,7 +481,7 @@ pub fn all() -> Vec<Scenario> {
             if soak {
                 "fuzz: 100,000 hostile calls as root while h1 binds and unbinds"
             } else {
-                "fuzz: 10,000 hostile calls as root while h1 binds and unbinds"
+                "fuzz: 4,000 hostile calls as root while h1 binds and unbinds"
             },
             2700,
             trust::fuzz_root,

@@ -18,7 +18,8 @@ const DMESG_BAD: &str = "warning|bug:|oops|call trace|refcount|leak|general prot
 pub fn find_mep(h: &mut Host) -> Result<String, String> {
     let out = h.run_ok(
         r#"for d in /sys/bus/pci/devices/*; do
-  if [ "$(cat $d/vendor)" = 0x11f8 ] && [ "$(cat $d/class)" = 0x058000 ]; then echo "${d##*/}"; fi
+  read -r v <$d/vendor && read -r c <$d/class || continue
+  if [ "$v" = 0x11f8 ] && [ "$c" = 0x058000 ]; then echo "${d##*/}"; fi
 done"#,
     )?;
     let found: Vec<&str> = out.split_whitespace().collect();
@@ -265,9 +266,10 @@ pub struct CheckerState {
 /// Reads [`CheckerState`] in a guest of the debug kernel (`/proc/lockdep_stats`,
 /// debugfs `dma-api/error_count`); a file that is missing is an error, not a pass.
 pub fn checker_state(h: &mut Host) -> Result<CheckerState, String> {
+    // Shell built-ins only: this runs after every scenario in every host.
     let out = h.run_ok(&format!(
-        "echo locks $(sed -n 's/^ *debug_locks: *//p' /proc/lockdep_stats); \
-         echo dma $(cat {DMA_ERROR_COUNT})"
+        "while read -r k v; do [ \"$k\" = debug_locks: ] && echo locks $v; done \
+         </proc/lockdep_stats; read -r n <{DMA_ERROR_COUNT} && echo dma $n"
     ))?;
     parse_checker_state(&out).map_err(|e| format!("{}: {e}", h.name))
 }

@@ -24,12 +24,12 @@ const GPU0_SEED: u64 = 0x0a11_ce00;
 const RANDOM_SEED: u64 = 0x00c0_ffee;
 /// Requests per host in the random composition scenario (two hosts: twice as many in all;
 /// sized for TCG, see testing.rst).
-/// Rounds of the random composition: 100 with `--soak` (`make soak`), 24 in `make test`.
+/// Rounds of the random composition: 100 with `--soak` (`make soak`), 16 in `make test`.
 fn random_rounds() -> usize {
     if crate::soak() {
         100
     } else {
-        24
+        16
     }
 }
 

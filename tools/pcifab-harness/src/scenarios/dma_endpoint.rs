@@ -26,7 +26,8 @@ const RUNS: [(u32, u32); 1] = [(1 << 20, 24)];
 fn find_dmaep(h: &mut Host) -> Result<String, String> {
     let out = h.run_ok(
         r#"for d in /sys/bus/pci/devices/*; do
-  if [ "$(cat $d/vendor)" = 0x11f8 ] && [ "$(cat $d/class)" = 0x088000 ]; then echo "${d##*/}"; fi
+  read -r v <$d/vendor && read -r c <$d/class || continue
+  if [ "$v" = 0x11f8 ] && [ "$c" = 0x088000 ]; then echo "${d##*/}"; fi
 done"#,
     )?;
     let found: Vec<&str> = out.split_whitespace().collect();

@@ -137,13 +137,13 @@ pub fn ioctl_identity(f: &mut Fabric) -> Result<(), String> {
     })
 }
 
-/// Load/unload cycles of `load_unload_cycles`: 50 with `--soak` (`make soak`), 10 in
+/// Load/unload cycles of `load_unload_cycles`: 50 with `--soak` (`make soak`), 4 in
 /// `make test` (the busy cycles of `trust::unload_cycles` follow it there).
 fn load_cycles() -> u32 {
     if crate::soak() {
         50
     } else {
-        10
+        4
     }
 }
 

@@ -22,12 +22,12 @@ use crate::checks::{
 use crate::fabric::{Fabric, Host};
 
 /// Moves of the drive in the round-trip scenario (h0 -> h1 -> h0 is one round trip): 10
-/// with `--soak` (`make soak`), 4 in `make test`.
+/// with `--soak` (`make soak`), 2 in `make test`.
 fn round_trips() -> u32 {
     if crate::soak() {
         10
     } else {
-        4
+        2
     }
 }
 /// Longest wait for the writer to end once its drive is gone.

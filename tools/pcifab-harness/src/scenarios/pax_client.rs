@@ -299,7 +299,8 @@ fn bound_to(f: &Fabric, host: &str) -> Result<Vec<u64>, String> {
 fn guest_functions(h: &mut Host, vendor: u32, device: u32) -> Result<Vec<String>, String> {
     let out = h.run_ok(&format!(
         r#"for d in /sys/bus/pci/devices/*; do
-  if [ "$(cat $d/vendor)" = 0x{vendor:04x} ] && [ "$(cat $d/device)" = 0x{device:04x} ]; then echo "${{d##*/}}"; fi
+  read -r v <$d/vendor && read -r dv <$d/device || continue
+  if [ "$v" = 0x{vendor:04x} ] && [ "$dv" = 0x{device:04x} ]; then echo "${{d##*/}}"; fi
 done"#
     ))?;
     Ok(out.split_whitespace().map(str::to_string).collect())

@@ -17,12 +17,12 @@ use crate::checks::{
 };
 use crate::fabric::{EmuControl, Fabric, Host};
 
-/// ioctl calls per fuzz run: 100,000 with `--soak` (`make soak`), 10,000 in `make test`.
+/// ioctl calls per fuzz run: 100,000 with `--soak` (`make soak`), 4,000 in `make test`.
 fn fuzz_calls() -> u64 {
     if crate::soak() {
         100_000
     } else {
-        10_000
+        4_000
     }
 }
 /// Seeds of the two fuzz runs (printed, so a failure can be replayed with
@@ -32,13 +32,13 @@ pub const ROOT_SEED: u64 = 0x7a11_0002;
 /// Guest time one fuzz run may take: the root run took 388 s on the plain test kernel
 /// (274 calls/s), the unprivileged one 74 s; room for a debug kernel several times slower.
 const FUZZ_TIMEOUT: Duration = Duration::from_secs(2400);
-/// Load/unload cycles in all (1,000 with `--soak`, 10 in `make test`), and per agent round
+/// Load/unload cycles in all (1,000 with `--soak`, 4 in `make test`), and per agent round
 /// trip.
 fn cycles() -> u64 {
     if crate::soak() {
         1000
     } else {
-        10
+        4
     }
 }
 fn cycle_batch() -> u64 {
