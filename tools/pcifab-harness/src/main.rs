@@ -98,6 +98,9 @@ usage: pcifab-harness <test|demo|bench|bench-scale|list|selftest>
               set-up checks that every guest sees N CPUs online
   --slurm DIR Debian's Slurm and MUNGE for the guests (tools/scripts/slurm.sh makes it);
               added to the guests only when a `slurm:` scenario is selected
+  --switchtec-dma DIR  Microchip's fabric-mode DMA modules as a guest tree
+              (tools/scripts/switchtec-dma.sh makes it); added to the guests only when
+              the `fabric dma:` scenario is selected
   --cell NAME the kernel's name in this run's cell, written to RESULTS/summary.json
               (default: `debug` with --debug-kernel, else the kernel file's name)
   --kernel-modules DIR  the kernel's module tree (/lib/modules/RELEASE): virtio_net.ko
@@ -151,6 +154,9 @@ pub struct Opts {
     pub cell: Option<String>,
     /// `--slurm DIR`: the guests' Slurm tree (`tools/scripts/slurm.sh`).
     pub slurm: Option<PathBuf>,
+    /// `--switchtec-dma DIR`: Microchip's fabric-mode DMA modules as a guest tree
+    /// (`tools/scripts/switchtec-dma.sh`).
+    pub switchtec_dma: Option<PathBuf>,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -183,7 +189,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             "--kernel" | "--module" | "--switchtec" | "--guest-bin" | "--emu" | "--emu-config"
             | "--qemu-root" | "--results" | "--hosts" | "--filter" | "--busybox" | "--dialect"
             | "--kernel-modules" | "--switchtec-user" | "--sizes" | "--smp" | "--cell"
-            | "--exclude" | "--slurm" => {
+            | "--exclude" | "--slurm" | "--switchtec-dma" => {
                 let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
                 get.insert(a.trim_start_matches('-').to_string(), v.clone());
             }
@@ -261,6 +267,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         smp,
         cell: get.remove("cell"),
         slurm: get.remove("slurm").map(PathBuf::from),
+        switchtec_dma: get.remove("switchtec-dma").map(PathBuf::from),
     })
 }
 
@@ -376,6 +383,19 @@ impl Run {
         } else {
             None
         };
+        // Microchip's DMA modules likewise, for the fabric dma scenario.
+        let fabric_dma = if self.selected().contains(&scenarios::FABRIC_DMA_SCENARIO) {
+            o.switchtec_dma.as_deref()
+        } else {
+            None
+        };
+        if slurm.is_some() && fabric_dma.is_some() {
+            return Err(
+                "select the slurm: scenarios and the fabric dma one in separate runs (each \
+                 adds a tree of its own to the guests)"
+                    .into(),
+            );
+        }
         let initrd = initramfs::build(
             &initramfs::Inputs {
                 busybox: &o.busybox,
@@ -384,7 +404,7 @@ impl Run {
                 switchtec_ko: o.switchtec.as_deref(),
                 switchtec_user: o.switchtec_user.as_deref(),
                 extra_modules,
-                overlay: slurm,
+                overlay: slurm.or(fabric_dma),
             },
             &o.results.join("initramfs.cpio"),
         )?;
