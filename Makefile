@@ -31,7 +31,7 @@ TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
 	cargo-test qemu-test test soak demo bench help kernel-debian module-debian switchtec-debian test-debian switchtec-user pax-client \
-	check-dkms check-module-msrv test-nvme test-lane1 test-lane2 test-lane3 scenarios slurm
+	check-dkms check-module-msrv check-fabric-dma test-nvme test-lane1 test-lane2 test-lane3 scenarios slurm
 
 modules:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) modules
@@ -56,6 +56,7 @@ help:
 	@echo "make scenarios FILTER='a|b' [DIALECT=pax] [HOSTS=N]  some scenarios on the sanitizer kernel"
 	@echo "make slurm      Debian's Slurm and MUNGE for the guests (the slurm: scenarios)"
 	@echo "make check-dkms     dkms build of this checkout for Debian's kernel, loaded in a guest"
+	@echo "make check-fabric-dma SWITCHTEC_DMA_SRC=DIR  Microchip's fabric DMA driver and fabric_client in guests"
 	@echo "make check-module-msrv  the module with clippy on Linux's minimum rustc (1.85.0 for 7.3)"
 	@echo "DEMO_KERNEL=test: make demo on the fast test kernel instead of Debian's"
 
@@ -178,6 +179,8 @@ EXT_ONLY := p2p:|p2p grants|p2p trust
 # Slurm's jobs run on Debian's kernel only (the guests then carry Debian's Slurm; the kernel
 # paths they drive are the manager's, which debug-pax runs).
 DEBIAN_ONLY := slurm:
+# Microchip's fabric-mode DMA driver: make check-fabric-dma only.
+FABRIC_DMA_ONLY := fabric dma:
 DEBUG_PAX_2 := DMA MRPC|pax client|mrpc classes|sysfs: other|mrpc: an abandoned|events:|hostile firmware|firmware lies|fwctl|fuzz:|insmod/rmmod|probe|install:
 DEBUG_EXT_FILTER := agent answers|pcifab binds the MEP|p2p|sysfs: per-function|features|extensions|compose: move GPU0|bind and unbind reach h0|two hosts unbind|rmmod pcifab in every host|kmemleak
 DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|slurm:|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
@@ -221,8 +224,8 @@ test: deps kernel-debug kernel-debian check-module-debug module-debian tools swi
 # The first lane of make test: the sanitizer x pax cell without its second half.
 test-lane1:
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
-		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBIAN_ONLY)' $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
-		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax
+		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBIAN_ONLY)|$(FABRIC_DMA_ONLY)' $(DEBUG_SMP) \
+		$(DEBUG_HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax
 
 # The second lane of make test: the checks, then the sanitizer kernel's nvme and extended
 # cells and the second half of its pax cell, in a row.
@@ -265,6 +268,18 @@ scenarios: check-module-debug tools switchtec-user $(call SLURM_FOR,$(FILTER))
 		$(if $(HOSTS),--hosts $(HOSTS)) $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
 		--switchtec-user $(SWITCHTEC_USER) $(call SLURM_ARGS,$(FILTER)) \
 		--results $(RESULTS)/scenarios
+
+# Microchip's out-of-tree fabric-mode DMA driver and its fabric_client (h0 initiator, h1
+# target) against the emulated PAX DMA endpoint, on the sanitizer kernel
+# (Documentation/testing.rst, "fabric dma"). Not part of make test: the source is in no
+# package registry; SWITCHTEC_DMA_SRC names a checkout of github.com/Microsemi/switchtec-dma.
+check-fabric-dma: check-module-debug tools
+	@[ -n "$(SWITCHTEC_DMA_SRC)" ] || { echo "make check-fabric-dma needs \
+		SWITCHTEC_DMA_SRC=/path/to/switchtec-dma (github.com/Microsemi/switchtec-dma)"; exit 1; }
+	SWITCHTEC_DMA_SRC=$(SWITCHTEC_DMA_SRC) KDIR=$(DEBUG_KDIR) tools/scripts/switchtec-dma.sh
+	$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --hosts 2 \
+		--filter '$(FABRIC_DMA_ONLY)' $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
+		--switchtec-dma $(PCIFAB_CACHE)/switchtec-dma/tree --results $(RESULTS)/fabric-dma
 
 # The nvme cell of make test alone.
 test-nvme: deps kernel-debug check-module-debug tools

@@ -599,7 +599,7 @@ fn memcpy_bench(args: &[&str], fabric: &Fabric) -> Result<String, String> {
     ))
 }
 
-const DMAEP_USAGE: &str = "usage: dmaep <host> stats, or dmaep <host|all> <bad-status CODE|wrong-phase|drop-irq|short|stall|hostile SEED|clear>";
+const DMAEP_USAGE: &str = "usage: dmaep <host> stats, or dmaep <host|all> <bad-status CODE|wrong-phase|drop-irq|short|stall|hostile SEED|cmd-hang|drop-events|clear>";
 
 /// `dmaep`: the DMA endpoints' counters and injected faults.
 fn dmaep(args: &[&str], fabric: &Fabric) -> Result<String, String> {
@@ -636,12 +636,31 @@ fn dmaep(args: &[&str], fabric: &Fabric) -> Result<String, String> {
                 })
                 .collect();
             let faults: Vec<String> = d.faults().names().iter().map(|n| json_str(n)).collect();
+            let f = d.fabric_stats();
+            let bufs: Vec<String> = f
+                .buffers
+                .iter()
+                .map(|(peer, index, b)| {
+                    format!(
+                        "{{\"peer\":{},\"index\":{index},\"addr\":{},\"size\":{}}}",
+                        json_str(&fabric.meps[*peer].name),
+                        b.addr,
+                        b.size
+                    )
+                })
+                .collect();
             return Ok(format!(
-                "{{\"ok\":true,\"name\":{},\"connected\":{},\"faults\":[{}],\"channels\":[{}]}}",
+                "{{\"ok\":true,\"name\":{},\"connected\":{},\"faults\":[{}],\"channels\":[{}],\
+                 \"fabric\":{{\"hfid\":{},\"commands\":{},\"events\":{},\"rhis\":{},\"buffers\":[{}]}}}}",
                 json_str(&d.name),
                 d.connected.load(Ordering::Relaxed),
                 faults.join(","),
-                chans.join(",")
+                chans.join(","),
+                f.hfid,
+                f.commands,
+                f.events,
+                f.rhis,
+                bufs.join(",")
             ));
         }
         [who, "clear"] => (who, Box::new(|f| *f = DmaFaults::default())),
@@ -656,6 +675,8 @@ fn dmaep(args: &[&str], fabric: &Fabric) -> Result<String, String> {
         [who, "drop-irq"] => (who, Box::new(|f| f.drop_irq = true)),
         [who, "short"] => (who, Box::new(|f| f.short = true)),
         [who, "stall"] => (who, Box::new(|f| f.stall = true)),
+        [who, "cmd-hang"] => (who, Box::new(|f| f.cmd_hang = true)),
+        [who, "drop-events"] => (who, Box::new(|f| f.drop_events = true)),
         [who, "hostile", seed] => {
             let seed: u64 = parse_num(seed, "seed")?;
             (who, Box::new(move |f| f.hostile = Some(seed)))
@@ -851,7 +872,7 @@ mod tests {
         assert_eq!(handle("dmaep h1 stall", &f), "{\"ok\":true}");
         assert_eq!(
             handle("dmaep h1 stats", &f),
-            "{\"ok\":true,\"name\":\"dmaep-h1\",\"connected\":false,\"faults\":[\"bad-status 0x2\",\"stall\"],\"channels\":[{\"fetched\":0,\"bytes\":0,\"completions\":0,\"irqs\":0,\"enabled\":false,\"status\":0},{\"fetched\":0,\"bytes\":0,\"completions\":0,\"irqs\":0,\"enabled\":false,\"status\":0}]}"
+            "{\"ok\":true,\"name\":\"dmaep-h1\",\"connected\":false,\"faults\":[\"bad-status 0x2\",\"stall\"],\"channels\":[{\"fetched\":0,\"bytes\":0,\"completions\":0,\"irqs\":0,\"enabled\":false,\"status\":0},{\"fetched\":0,\"bytes\":0,\"completions\":0,\"irqs\":0,\"enabled\":false,\"status\":0}],\"fabric\":{\"hfid\":2562,\"commands\":0,\"events\":0,\"rhis\":0,\"buffers\":[]}}"
         );
         assert_eq!(handle("dmaep h1 clear", &f), "{\"ok\":true}");
         assert!(handle("dmaep h1 stats", &f).contains("\"faults\":[]"));

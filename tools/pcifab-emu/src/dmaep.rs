@@ -7,17 +7,21 @@
 //! from 0x160000 (enable, SQ/CQ base and size, interrupt vector, counters, current phase);
 //! BAR4 the MSI-X table. Copies run in basic mode: on a write that may let a channel move,
 //! the channel reads submission entries from the SQ in guest memory, copies, writes
-//! completion entries with the phase bit into the CQ and raises its vector.
-//! Documentation/emulator.rst, "The DMA endpoint", lists what is guessed.
+//! completion entries with the phase bit into the CQ and raises its vector. Entries with DFM
+//! set run in fabric mode (copies into buffers other hosts registered, RHIs) through the
+//! firmware all endpoints share (dmafab.rs), whose registers sit at 0x164000/0x165000.
+//! Documentation/emulator.rst, "The DMA endpoint" and "Fabric mode of the DMA endpoint",
+//! list what is guessed.
 
 use crate::config::Firmware;
 use crate::dma::{DmaTable, HostSpan, FLAG_READ, FLAG_WRITE};
+use crate::dmafab::{self, Dest, FabFaults, Hub, Port};
 use crate::hostile::{Rng, Stream};
 use crate::irq::{self, Irqs};
 use crate::mep::{REGION_BAR0, REGION_BAR4, REGION_CONFIG};
 use crate::pci::{self, ConfigSpace};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// BAR0: the channels' firmware blocks sit at 0x160000 and the fabric blocks of PAX parts
 /// at 0x164000/0x165000, so 2 MiB.
@@ -81,6 +85,7 @@ pub const STS_HALTED: u32 = 1 << 10;
 /// Why a channel paused on an error (bits 13..=29 as switchtec_dma.c names them).
 pub const STS_ERR_MASK: u32 = 0x3fff_e000;
 pub const STS_ERR_BAD_CONNID: u32 = 1 << 26;
+pub const STS_ERR_BAD_RHI: u32 = 1 << 27;
 pub const STS_ERR_RSVD_OPCODE: u32 = 1 << 28;
 pub const STS_ERR_SE_CPL: u32 = 1 << 29;
 
@@ -110,6 +115,7 @@ pub const SC_LEN_ERR: u32 = 1 << 0;
 pub const SC_UR: u32 = 1 << 1;
 pub const SC_D_RD_CTO: u32 = 1 << 8;
 pub const SC_D_BAD_CONNID: u32 = 1 << 14;
+pub const SC_D_BAD_RHI_ADDR: u32 = 1 << 15;
 pub const SC_D_INVD_CMD: u32 = 1 << 16;
 
 /// Largest queue the firmware takes, in entries (what switchtec_dma.c gives).
@@ -128,8 +134,13 @@ pub struct DmaFaults {
     pub short: bool,
     /// The channels fetch nothing: submissions never complete.
     pub stall: bool,
-    /// Hostile firmware with this seed: a quarter of the completions lie in one field.
+    /// Hostile firmware with this seed: a quarter of the completions lie in one field,
+    /// and in fabric mode a quarter of the command outputs and of the events.
     pub hostile: Option<u64>,
+    /// Fabric commands are taken but never complete.
+    pub cmd_hang: bool,
+    /// Fabric events are neither written nor raised.
+    pub drop_events: bool,
 }
 
 impl DmaFaults {
@@ -152,6 +163,12 @@ impl DmaFaults {
         }
         if let Some(s) = self.hostile {
             v.push(format!("hostile {s}"));
+        }
+        if self.cmd_hang {
+            v.push("cmd-hang".into());
+        }
+        if self.drop_events {
+            v.push("drop-events".into());
         }
         v
     }
@@ -240,8 +257,6 @@ struct State {
     cfg: ConfigSpace,
     bar4: Vec<u8>,
     chans: Vec<Chan>,
-    irqs: Irqs,
-    dma: DmaTable,
     faults: DmaFaults,
     /// Completions drawn so far in hostile mode (the generator's position).
     hostile_n: u64,
@@ -258,6 +273,17 @@ pub struct ChanStats {
     pub status: u32,
 }
 
+/// Fabric-mode counters of one host: commands run, events written to it, RHIs raised on
+/// it, and the buffers it registered as (peer host, index, buffer).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FabricStats {
+    pub hfid: u16,
+    pub commands: u64,
+    pub events: u64,
+    pub rhis: u64,
+    pub buffers: Vec<(usize, u8, dmafab::Buf)>,
+}
+
 /// One host's DMA endpoint.
 pub struct DmaEp {
     pub name: String,
@@ -265,6 +291,10 @@ pub struct DmaEp {
     fw: Firmware,
     channels: u8,
     inner: Mutex<State>,
+    /// The fabric-mode firmware all endpoints share, and this host's DMA table and
+    /// interrupts in it.
+    hub: Arc<Hub>,
+    port: Arc<Port>,
     pub connected: AtomicBool,
     /// Interrupts delivered (completion and channel-status vectors).
     pub irqs_fired: AtomicU64,
@@ -303,10 +333,28 @@ fn le16(b: &[u8], at: usize) -> u16 {
 }
 
 impl DmaEp {
+    /// An endpoint alone in its fabric (no peers).
+    #[cfg(test)]
     pub fn new(name: &str, host: u32, fw: &Firmware, channels: u8) -> DmaEp {
         let channels = channels.clamp(1, MAX_CHANNELS);
-        let vectors = u16::from(channels) + 1;
+        DmaEp::in_fabric(
+            name,
+            host,
+            fw,
+            channels,
+            Hub::new(vec![0; host as usize + 1], channels),
+        )
+    }
+
+    /// Host `host`'s endpoint in the fabric of `hub` (made for the same channel count).
+    pub fn in_fabric(name: &str, host: u32, fw: &Firmware, channels: u8, hub: Arc<Hub>) -> DmaEp {
+        let channels = channels.clamp(1, MAX_CHANNELS);
+        let vectors = hub.vectors() as u16;
+        let port = hub.port(host as usize);
+        *port.irqs() = Irqs::with_msix(u32::from(vectors));
         DmaEp {
+            hub,
+            port,
             name: name.to_owned(),
             host,
             fw: fw.clone(),
@@ -315,8 +363,6 @@ impl DmaEp {
                 cfg: ConfigSpace::dma_endpoint(fw.device_id, fw.revision, BAR0_SIZE, vectors),
                 bar4: new_bar4(usize::from(vectors)),
                 chans: new_chans(channels),
-                irqs: Irqs::with_msix(u32::from(vectors)),
-                dma: DmaTable::default(),
                 faults: DmaFaults::default(),
                 hostile_n: 0,
             }),
@@ -340,8 +386,27 @@ impl DmaEp {
         if st.faults.hostile.is_some() {
             st.hostile_n = 0;
         }
+        let fab = FabFaults {
+            cmd_hang: st.faults.cmd_hang,
+            drop_events: st.faults.drop_events,
+            hostile: st.faults.hostile,
+        };
+        self.hub.set_faults(self.host as usize, |f| *f = fab);
         for i in 0..st.chans.len() {
             self.run(&mut st, i);
+        }
+    }
+
+    /// This host's fabric-mode counters and the buffers it registered.
+    pub fn fabric_stats(&self) -> FabricStats {
+        let h = self.host as usize;
+        let (commands, events, rhis) = self.hub.counts(h);
+        FabricStats {
+            hfid: dmafab::hfid(h),
+            commands,
+            events,
+            rhis,
+            buffers: self.hub.buffers(h),
         }
     }
 
@@ -363,6 +428,9 @@ impl DmaEp {
     /// The dword of BAR0 at `off` (4-byte aligned) as the host reads it.
     fn read32(&self, st: &State, off: u64) -> u32 {
         let n = u64::from(self.channels);
+        if let Some(v) = self.hub.read32(self.host as usize, off) {
+            return v;
+        }
         match off {
             REG_FW_VER => self.fw.fw_version,
             // Guesses: protocol 1, hardware DMAC 1.0.
@@ -433,6 +501,9 @@ impl DmaEp {
     /// `v` holds them in place.
     fn write32(&self, st: &mut State, off: u64, v: u32, mask: u32) {
         let n = u64::from(self.channels);
+        if self.hub.write32(self.host as usize, off, v, mask) {
+            return;
+        }
         let merge = |old: u32| (old & !mask) | (v & mask);
         if (CHAN_HW_BASE..CHAN_HW_BASE + n * CHAN_HW_STRIDE).contains(&off) {
             let i = ((off - CHAN_HW_BASE) / CHAN_HW_STRIDE) as usize;
@@ -555,7 +626,8 @@ impl DmaEp {
             }
             let se_at = c.sq_base + u64::from(c.sq_head) * SE_SIZE;
             let mut se = [0u8; SE_SIZE as usize];
-            if let Err(e) = st.dma.read(se_at, &mut se) {
+            let fetched = self.port.dma().read(se_at, &mut se);
+            if let Err(e) = fetched {
                 note!("{}: channel {i}: SE fetch at {se_at:#x}: {e}", self.name);
                 self.error_pause(st, i, STS_ERR_SE_CPL);
                 return;
@@ -580,17 +652,20 @@ impl DmaEp {
     }
 
     /// Do what one SE asks: (completion status, bytes done, pause reason if any).
+    /// Without DFM the engine works in basic mode (the host's own memory); with DFM the
+    /// SE's DFIDs say whose memory it reads and writes (fabric mode, dmafab.rs).
     fn execute(&self, st: &mut State, i: usize, se: &[u8]) -> (u32, u32, u32) {
         let (opc, ctrl) = (se[0], se[1]);
         let len = le32(se, 8);
         let src = u64::from(le32(se, 12)) | u64::from(le32(se, 16)) << 32;
         let dst = u64::from(le32(se, 20)) | u64::from(le32(se, 24)) << 32;
+        let (dfid, sfid) = (le16(se, 28), le16(se, 30));
         match opc {
             OPC_NOP => return (0, 0, 0),
-            OPC_MEMCPY => {}
-            OPC_RDIMM | OPC_WRIMM | OPC_RHI => {
+            OPC_MEMCPY | OPC_WRIMM => {}
+            OPC_RDIMM | OPC_RHI => {
                 note!(
-                    "{}: channel {i}: opcode {opc:#x} needs fabric mode, not emulated",
+                    "{}: channel {i}: opcode {opc:#x} is not emulated",
                     self.name
                 );
                 return (SC_D_INVD_CMD, 0, STS_ERR_RSVD_OPCODE);
@@ -600,12 +675,43 @@ impl DmaEp {
                 return (SC_D_INVD_CMD, 0, STS_ERR_RSVD_OPCODE);
             }
         }
-        if ctrl & SE_DFM != 0 {
+        let fabric = ctrl & SE_DFM != 0;
+        let me = self.host as usize;
+        if fabric && sfid != dmafab::mem_dfid(me, me) && sfid != dmafab::rhi_dfid(me, me) {
             note!(
-                "{}: channel {i}: SE with DFM (fabric mode) in basic mode",
-                self.name
+                "{}: channel {i}: source DFID {sfid:#06x} is not this host's own ({:#06x} or {:#06x})",
+                self.name,
+                dmafab::mem_dfid(me, me),
+                dmafab::rhi_dfid(me, me)
             );
             return (SC_D_BAD_CONNID, 0, STS_ERR_BAD_CONNID);
+        }
+        if opc == OPC_WRIMM {
+            // Write immediate: the 4 or 8 bytes of the SE's source field.
+            if len != 4 && len != 8 {
+                note!("{}: channel {i}: write-immediate of {len} bytes", self.name);
+                return (SC_LEN_ERR, 0, STS_ERR_SE_CPL);
+            }
+            let data = src.to_le_bytes();
+            let n = len as usize;
+            let dsts = if fabric {
+                match self.hub.dest(me, dfid, dst, n) {
+                    Ok(Dest::Mem(d)) => d,
+                    Ok(Dest::Rhi) => return (0, len, 0),
+                    Err((sc, why)) => return (sc, 0, why),
+                }
+            } else {
+                match self.port.dma().resolve(dst, n, FLAG_WRITE) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        note!("{}: channel {i}: write-immediate: {e}", self.name);
+                        return (SC_UR, 0, STS_ERR_SE_CPL);
+                    }
+                }
+            };
+            write_spans(&dsts, &data[..n]);
+            st.chans[i].bytes += u64::from(len);
+            return (0, len, 0);
         }
         if len > SE_MAX_BYTES {
             note!(
@@ -619,18 +725,27 @@ impl DmaEp {
             return (0, 0, 0);
         }
         let n = len as usize;
-        let srcs = match st.dma.resolve(src, n, FLAG_READ) {
+        let srcs = match self.port.dma().resolve(src, n, FLAG_READ) {
             Ok(s) => s,
             Err(e) => {
                 note!("{}: channel {i}: copy source: {e}", self.name);
                 return (SC_D_RD_CTO, 0, STS_ERR_SE_CPL);
             }
         };
-        let dsts = match st.dma.resolve(dst, n, FLAG_WRITE) {
-            Ok(s) => s,
-            Err(e) => {
-                note!("{}: channel {i}: copy destination: {e}", self.name);
-                return (SC_UR, 0, STS_ERR_SE_CPL);
+        let dsts = if fabric {
+            match self.hub.dest(me, dfid, dst, n) {
+                Ok(Dest::Mem(d)) => d,
+                // An RHI window takes 4-byte writes only: dest() refused anything else.
+                Ok(Dest::Rhi) => return (0, len, 0),
+                Err((sc, why)) => return (sc, 0, why),
+            }
+        } else {
+            match self.port.dma().resolve(dst, n, FLAG_WRITE) {
+                Ok(s) => s,
+                Err(e) => {
+                    note!("{}: channel {i}: copy destination: {e}", self.name);
+                    return (SC_UR, 0, STS_ERR_SE_CPL);
+                }
             }
         };
         copy_spans(&srcs, &dsts, n);
@@ -682,7 +797,8 @@ impl DmaEp {
         ce[30..32].copy_from_slice(&u16::from(phase).to_le_bytes());
         let c = &st.chans[i];
         let at = c.cq_base + u64::from(c.cq_tail) * CE_SIZE;
-        if let Err(e) = st.dma.write(at, &ce) {
+        let written = self.port.dma().write(at, &ce);
+        if let Err(e) = written {
             note!("{}: channel {i}: CE write at {at:#x}: {e}", self.name);
             self.error_pause(st, i, STS_ERR_SE_CPL);
             return true;
@@ -718,7 +834,8 @@ impl DmaEp {
     }
 
     fn fire(&self, st: &State, vector: usize, why: &str) -> bool {
-        match st.irqs.fire(irq::MSIX, vector) {
+        let _ = st;
+        match self.port.irqs().fire(irq::MSIX, vector) {
             Ok(()) => {
                 self.irqs_fired.fetch_add(1, Ordering::Relaxed);
                 true
@@ -734,11 +851,27 @@ impl DmaEp {
     /// set-up stay.
     pub fn reset(&self) {
         let mut st = self.lock();
-        let vectors = u16::from(self.channels) + 1;
+        let vectors = self.hub.vectors() as u16;
+        self.hub.reset(self.host as usize);
         st.cfg = ConfigSpace::dma_endpoint(self.fw.device_id, self.fw.revision, BAR0_SIZE, vectors);
         st.bar4 = new_bar4(usize::from(vectors));
         st.chans = new_chans(self.channels);
         info!("{}: device reset", self.name);
+    }
+}
+
+/// Write `data` over the destination spans.
+fn write_spans(dsts: &[HostSpan], data: &[u8]) {
+    let mut at = 0;
+    for d in dsts {
+        let k = d.len().min(data.len() - at);
+        // SAFETY: resolve() returned spans inside live mappings of at least len() bytes;
+        // k stays within the span and within `data`.
+        unsafe { std::ptr::copy(data.as_ptr().add(at), d.ptr(), k) };
+        at += k;
+        if at == data.len() {
+            break;
+        }
     }
 }
 
@@ -813,8 +946,7 @@ impl crate::vfio_user::Device for DmaEp {
             }
             REGION_BAR4 => {
                 let o = usize::try_from(off).map_err(|_| format!("offset {off:#x}"))?;
-                let table_end =
-                    pci::MSIX_TABLE_OFFSET as usize + 16 * (usize::from(self.channels) + 1);
+                let table_end = pci::MSIX_TABLE_OFFSET as usize + 16 * self.hub.vectors();
                 let mut st = self.lock();
                 match o.checked_add(data.len()) {
                     Some(end) if end <= table_end => st.bar4[o..end].copy_from_slice(data),
@@ -835,14 +967,14 @@ impl crate::vfio_user::Device for DmaEp {
         DmaEp::reset(self)
     }
     fn irqs(&self, f: &mut dyn FnMut(&mut Irqs)) {
-        f(&mut self.lock().irqs)
+        f(&mut self.port.irqs())
     }
     fn dma(&self, f: &mut dyn FnMut(&mut DmaTable)) {
-        f(&mut self.lock().dma)
+        f(&mut self.port.dma())
     }
     fn irq_count(&self, index: usize) -> u32 {
         if index == irq::MSIX {
-            u32::from(self.channels) + 1
+            self.hub.vectors() as u32
         } else {
             irq::COUNTS.get(index).copied().unwrap_or(0)
         }
@@ -851,9 +983,9 @@ impl crate::vfio_user::Device for DmaEp {
         self.connected.store(on, Ordering::Relaxed);
     }
     fn disconnect(&self) {
-        let mut st = self.lock();
-        st.irqs.clear();
-        st.dma.clear();
+        let _st = self.lock();
+        self.port.irqs().clear();
+        self.port.dma().clear();
         self.connected.store(false, Ordering::Relaxed);
     }
 }

@@ -30,7 +30,11 @@ fn eventfd() -> OwnedFd {
 
 impl Rig {
     fn new(channels: u8) -> Rig {
-        let ep = DmaEp::new("dmaep-t", 0, &Firmware::default(), channels);
+        Rig::attach(DmaEp::new("dmaep-t", 0, &Firmware::default(), channels))
+    }
+
+    /// An eventfd per vector and 4 MiB of guest memory at IOVA for `ep`.
+    fn attach(ep: DmaEp) -> Rig {
         let mut efds = Vec::new();
         let vectors = ep.irq_count(irq::MSIX) as usize;
         for v in 0..vectors {
@@ -176,12 +180,9 @@ fn config_space_and_general_registers() {
     rig.ep
         .region_read(REGION_CONFIG, pci::CAP_MSIX as u64 + 2, &mut msix)
         .expect("msix");
-    assert_eq!(
-        u16::from_le_bytes(msix) & 0x7ff,
-        4,
-        "5 vectors: status + 4 channels"
-    );
-    assert_eq!(rig.ep.irq_count(irq::MSIX), 5);
+    // Status, 4 channels, fabric command and event, 6 RHI vectors for each of 8 peers.
+    assert_eq!(u16::from_le_bytes(msix) & 0x7ff, 54, "55 vectors");
+    assert_eq!(rig.ep.irq_count(irq::MSIX), 55);
     assert_eq!(rig.ep.region_size(REGION_BAR0), BAR0_SIZE);
     assert_eq!(rig.r(REG_CHAN_CNT), 4);
     assert_eq!(rig.r(REG_CHAN_STS_VEC) & 0xffff, 0);
@@ -486,3 +487,6 @@ fn copies_span_several_iommu_mappings() {
     }
     assert_eq!(back, data);
 }
+
+#[path = "dmafab_tests.rs"]
+mod fabric;

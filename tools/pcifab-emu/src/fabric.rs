@@ -159,16 +159,24 @@ impl Fabric {
         let dmaeps = if config.dma_endpoint_channels == 0 {
             Vec::new()
         } else {
+            // One fabric-mode firmware for all endpoints: copies cross between hosts.
+            let hub = crate::dmafab::Hub::new(
+                (0..config.hosts.len())
+                    .map(|i| config.host_port(i))
+                    .collect(),
+                config.dma_endpoint_channels,
+            );
             config
                 .hosts
                 .iter()
                 .enumerate()
                 .map(|(i, h)| {
-                    Arc::new(DmaEp::new(
+                    Arc::new(DmaEp::in_fabric(
                         &format!("dmaep-{}", h.name),
                         i as u32,
                         &config.firmware,
                         config.dma_endpoint_channels,
+                        Arc::clone(&hub),
                     ))
                 })
                 .collect()

@@ -10,6 +10,7 @@ mod config;
 mod control;
 mod dma;
 mod dmaep;
+mod dmafab;
 mod ep;
 mod fabric;
 #[cfg(test)]

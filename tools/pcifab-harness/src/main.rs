@@ -180,6 +180,10 @@ struct RunArgs {
     /// the guests only when a `slurm:` scenario is selected
     #[arg(long, value_name = "DIR")]
     slurm: Option<PathBuf>,
+    /// Microchip's fabric-mode DMA modules as a guest tree (tools/scripts/switchtec-dma.sh
+    /// makes it); added to the guests only when the `fabric dma:` scenario is selected
+    #[arg(long, value_name = "DIR")]
+    switchtec_dma: Option<PathBuf>,
 }
 
 /// `--hosts N`: at least one.
@@ -243,6 +247,9 @@ pub struct Opts {
     pub cell: Option<String>,
     /// `--slurm DIR`: the guests' Slurm tree (`tools/scripts/slurm.sh`).
     pub slurm: Option<PathBuf>,
+    /// `--switchtec-dma DIR`: Microchip's fabric-mode DMA modules as a guest tree
+    /// (`tools/scripts/switchtec-dma.sh`).
+    pub switchtec_dma: Option<PathBuf>,
 }
 
 /// The command line: `Ok(Err(summary folders))` for `summary`; `Err` is clap's error (exit
@@ -312,6 +319,7 @@ fn opts(mode: Mode, r: RunArgs) -> Result<Opts, String> {
         smp: r.smp,
         cell: r.cell,
         slurm: r.slurm,
+        switchtec_dma: r.switchtec_dma,
     })
 }
 
@@ -447,6 +455,19 @@ impl Run {
         } else {
             None
         };
+        // Microchip's DMA modules likewise, for the fabric dma scenario.
+        let fabric_dma = if self.selected().contains(&scenarios::FABRIC_DMA_SCENARIO) {
+            o.switchtec_dma.as_deref()
+        } else {
+            None
+        };
+        if slurm.is_some() && fabric_dma.is_some() {
+            return Err(
+                "select the slurm: scenarios and the fabric dma one in separate runs (each \
+                 adds a tree of its own to the guests)"
+                    .into(),
+            );
+        }
         let initrd = initramfs::build(
             &initramfs::Inputs {
                 busybox: &o.busybox,
@@ -455,7 +476,7 @@ impl Run {
                 switchtec_ko: o.switchtec.as_deref(),
                 switchtec_user: o.switchtec_user.as_deref(),
                 extra_modules,
-                overlay: slurm,
+                overlay: slurm.or(fabric_dma),
             },
             &o.results.join("initramfs.cpio"),
         )?;

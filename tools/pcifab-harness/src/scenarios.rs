@@ -17,6 +17,7 @@ mod compose_locks;
 mod compose_trust;
 mod dma_endpoint;
 mod driver_trust;
+mod fabric_dma;
 mod hotplug;
 mod identity;
 mod install;
@@ -530,6 +531,13 @@ pub fn all() -> Vec<Scenario> {
             900,
             dma_endpoint::linux_driver_passes_dmatest,
         ),
+        // `make check-fabric-dma` only (needs --switchtec-dma; a boot of its own, as
+        // Microchip's module has the name of Linux's).
+        s(
+            FABRIC_DMA_SCENARIO,
+            900,
+            fabric_dma::fabric_client_copies_into_peer_buffers,
+        ),
         s("rmmod pcifab in every host", 120, identity::rmmod_pcifab),
         // Before the hot removal: QEMU 11.1 aborts after the device_del of h0's MEP
         // (testing.rst), and a dead guest cannot be scanned.
@@ -551,6 +559,10 @@ pub fn all() -> Vec<Scenario> {
     }
     v
 }
+
+/// The scenario of Microchip's fabric-mode driver (`--switchtec-dma`).
+pub const FABRIC_DMA_SCENARIO: &str =
+    "fabric dma: Microchip's fabric_client copies from h0 into h1's buffers on every channel";
 
 /// Checks of the harness and agent themselves (`pcifab-harness selftest`).
 /// They need no driver; the last one leaves host 0 unusable on purpose.
