@@ -158,7 +158,7 @@ pax-client: kernel check-module tools switchtec-user
 # cells, one per lane), what needs pcifab's firmware extensions on the sanitizer kernel
 # under the extended dialect, and on Debian's kernel what can differ there:
 #   debug  x pax       debug-pax: every scenario but those that need the extensions
-#                      (EXT_ONLY), the drive's and DEBUG_PAX_2 (lane 1)
+#                      (EXT_ONLY), the drive's, DEBUG_PAX_2 and the manager's (lane 1)
 #   debug  x pax       debug-pax-2: DEBUG_PAX_2, DMA MRPC, the PAX client and what the
 #                      driver must survive (lane 2)
 #   debug  x pax       nvme: the NVMe drive (fabric-nvme.toml) (lane 2)
@@ -172,6 +172,8 @@ pax-client: kernel check-module tools switchtec-user
 #                      guests costs the cores nothing) (lane 3)
 #   debian x extended  debian-extended: the P2P copies (Debian's IOMMU and P2PDMA) (lane 3)
 #   debian, DKMS build dkms: the identity scenarios (lane 3)
+#   debug  x pax       debug-mgr: the manager's scenarios (MGR_ONLY), which mostly wait
+#                      on its timers and pciehp's (lane 3, after Debian's cells)
 # Every sanitizer cell ends with the kmemleak scan. Each run writes
 # RESULTS/<cell>/summary.json; a failed cell does not stop the others, and `pcifab-harness
 # summary` prints one line per cell and the final `N passed, N failed`.
@@ -179,13 +181,15 @@ EXT_ONLY := p2p:|p2p grants|p2p trust
 # Slurm's jobs run on Debian's kernel only (the guests then carry Debian's Slurm; the kernel
 # paths they drive are the manager's, which debug-pax runs).
 DEBIAN_ONLY := slurm:
+# The manager's scenarios: their own sanitizer x pax cell, in the third lane.
+MGR_ONLY := manager:
 # Microchip's fabric-mode DMA driver: make check-fabric-dma only.
 FABRIC_DMA_ONLY := fabric dma:
 DEBUG_PAX_2 := DMA MRPC|pax client|mrpc classes|sysfs: other|mrpc: an abandoned|events:|hostile firmware|firmware lies|fwctl|fuzz:|insmod/rmmod|probe|install:
 DEBUG_EXT_FILTER := agent answers|pcifab binds the MEP|p2p|sysfs: per-function|features|extensions|compose: move GPU0|bind and unbind reach h0|two hosts unbind|rmmod pcifab in every host|kmemleak
 DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|slurm:|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
 DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host
-MATRIX := debug-pax debug-pax-2 nvme debug-extended debian-pax debian-extended dkms
+MATRIX := debug-pax debug-pax-2 nvme debug-extended debian-pax debian-extended dkms debug-mgr
 
 # make test: first what the cells need (the kernels, the modules, the tools) and the cargo
 # tests; then three lanes at once. The machine has two cores: lanes 1 and 2 hold the
@@ -194,7 +198,8 @@ MATRIX := debug-pax debug-pax-2 nvme debug-extended debian-pax debian-extended d
 #   lane 1 (test-lane1, on the terminal): the debug-pax cell
 #   lane 2 (test-lane2): the checks that boot no guest (TEST_CHECKS), then the nvme,
 #          debug-extended and debug-pax-2 cells
-#   lane 3 (test-lane3): the debian-pax, debian-extended and dkms cells
+#   lane 3 (test-lane3): check-ha, the debian-pax, debian-extended and dkms cells, then
+#          the debug-mgr cell
 # Lanes 2 and 3 write RESULTS/lane2.log and RESULTS/lane3.log, printed when all lanes end.
 # A failed check stops its lane (its cells count as failed runs) and fails make test; a
 # failed cell does not stop the others. The summary prints one line per cell and the
@@ -209,8 +214,8 @@ test: deps kernel-debug kernel-debian check-module-debug module-debian tools swi
 	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX)) $(RESULTS)/lane2.log $(RESULTS)/lane3.log
 	@mkdir -p $(RESULTS)
 	@echo "# lane 2: $(TEST_CHECKS), then the nvme, debug-extended and debug-pax-2" \
-		"cells ($(RESULTS)/lane2.log); lane 3: the debian-pax, debian-extended and dkms" \
-		"cells ($(RESULTS)/lane3.log); both printed when all lanes end"
+		"cells ($(RESULTS)/lane2.log); lane 3: check-ha, the debian-pax, debian-extended," \
+		"dkms and debug-mgr cells ($(RESULTS)/lane3.log); both printed when all lanes end"
 	@$(MAKE) -s test-lane2 >$(RESULTS)/lane2.log 2>&1 & lane2=$$!; \
 	$(MAKE) -s test-lane3 >$(RESULTS)/lane3.log 2>&1 & lane3=$$!; \
 	$(MAKE) -s test-lane1; \
@@ -224,7 +229,8 @@ test: deps kernel-debug kernel-debian check-module-debug module-debian tools swi
 # The first lane of make test: the sanitizer x pax cell without its second half.
 test-lane1:
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
-		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBIAN_ONLY)|$(FABRIC_DMA_ONLY)' $(DEBUG_SMP) \
+		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBIAN_ONLY)|$(FABRIC_DMA_ONLY)|$(MGR_ONLY)' \
+		$(DEBUG_SMP) \
 		$(DEBUG_HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax
 
 # The second lane of make test: the checks, then the sanitizer kernel's nvme and extended
@@ -240,15 +246,19 @@ test-lane2: $(TEST_CHECKS)
 		--exclude '$(EXT_ONLY)' $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
 		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax-2
 
-# The third lane of make test: Debian's kernel (the module for it is built before the
-# lanes), under pax, then extended, then the DKMS build.
-test-lane3:
+# The third lane of make test: the HA checks (no guest), Debian's kernel (the module for it
+# is built before the lanes) under pax, then extended, then the DKMS build; last the
+# manager's scenarios on the sanitizer kernel, once Debian's guests are gone.
+test-lane3: check-ha
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(DEBIAN_PAX_FILTER)' \
 		--cell debian $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
 		--switchtec-user $(SWITCHTEC_USER) --slurm $(SLURM_GUEST) --results $(RESULTS)/debian-pax
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended --cell debian \
 		--filter '$(DEBIAN_EXT_FILTER)' $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-extended
 	-$(MAKE) -s check-dkms
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
+		--filter 'agent answers|pcifab binds the MEP|$(MGR_ONLY)|rmmod pcifab in every host|kmemleak' \
+		$(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) --results $(RESULTS)/debug-mgr
 
 # A few scenarios on the sanitizer kernel, for work on one part:
 #   make scenarios FILTER='compose|manager' [DIALECT=pax|extended] [HOSTS=N]
