@@ -161,7 +161,7 @@ pax-client: kernel check-module tools switchtec-user
 #                      (EXT_ONLY), the drive's, DEBUG_PAX_2 and the manager's (lane 1)
 #   debug  x pax       debug-pax-2: DEBUG_PAX_2, DMA MRPC, the PAX client and what the
 #                      driver must survive (lane 2)
-#   debug  x pax       nvme: the NVMe drive (fabric-nvme.toml) (lane 2)
+#   debug  x pax       nvme: the NVMe drive (fabric-nvme.toml) (lane 1, after debug-pax)
 #   debug  x extended  debug-extended: the extensions (P2P copies and grants, telemetry,
 #                      features) and the composition paths the firmware's unbind requests
 #                      change (lane 2)
@@ -195,8 +195,8 @@ MATRIX := debug-pax debug-pax-2 nvme debug-extended debian-pax debian-extended d
 # tests; then three lanes at once. The machine has two cores: lanes 1 and 2 hold the
 # sanitizer cells, which keep the cores busy; lane 3 the Debian cells, which mostly wait
 # (on pciehp, timers and the network) and cost little CPU.
-#   lane 1 (test-lane1, on the terminal): the debug-pax cell
-#   lane 2 (test-lane2): the checks that boot no guest (TEST_CHECKS), then the nvme,
+#   lane 1 (test-lane1, on the terminal): the debug-pax cell, then the nvme cell
+#   lane 2 (test-lane2): the checks that boot no guest (TEST_CHECKS), then the
 #          debug-extended and debug-pax-2 cells
 #   lane 3 (test-lane3): check-ha, the debian-pax, debian-extended and dkms cells, then
 #          the debug-mgr cell
@@ -213,7 +213,8 @@ test: deps kernel-debug kernel-debian check-module-debug module-debian tools swi
 	@tools/scripts/versions.sh $(DEBUG_KDIR) $(DEBIAN_KDIR)
 	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX)) $(RESULTS)/lane2.log $(RESULTS)/lane3.log
 	@mkdir -p $(RESULTS)
-	@echo "# lane 2: $(TEST_CHECKS), then the nvme, debug-extended and debug-pax-2" \
+	@echo "# lane 1: the debug-pax and nvme cells; lane 2: $(TEST_CHECKS), then the" \
+		"debug-extended and debug-pax-2" \
 		"cells ($(RESULTS)/lane2.log); lane 3: check-ha, the debian-pax, debian-extended," \
 		"dkms and debug-mgr cells ($(RESULTS)/lane3.log); both printed when all lanes end"
 	@$(MAKE) -s test-lane2 >$(RESULTS)/lane2.log 2>&1 & lane2=$$!; \
@@ -232,12 +233,12 @@ test-lane1:
 		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBIAN_ONLY)|$(FABRIC_DMA_ONLY)|$(MGR_ONLY)' \
 		$(DEBUG_SMP) \
 		$(DEBUG_HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax
-
-# The second lane of make test: the checks, then the sanitizer kernel's nvme and extended
-# cells and the second half of its pax cell, in a row.
-test-lane2: $(TEST_CHECKS)
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
 		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
+
+# The second lane of make test: the checks, then the sanitizer kernel's extended
+# cells and the second half of its pax cell, in a row.
+test-lane2: $(TEST_CHECKS)
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended \
 		--filter '$(DEBUG_EXT_FILTER)' $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
 		--results $(RESULTS)/debug-extended
