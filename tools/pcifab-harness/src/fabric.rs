@@ -127,9 +127,10 @@ impl Drop for Host {
 /// nobody writes (`/run/nap`, made by the guest's init), instead of forking and executing
 /// busybox. Under TCG with the sanitizer kernel a fork and exec costs tens of milliseconds of
 /// CPU, and the scripts' wait loops sleep 0.1 s at a time. Any other `sleep` (or no FIFO)
-/// runs the real one.
+/// runs the real one. The read's timeout status is swallowed, so `set -e` scripts live on.
 const SLEEP_PRELUDE: &str = "sleep() { case $#:$1 in 1:*[!0-9.]*|1:|1:*.*.*) ;; 1:*) \
-     [ -p /run/nap ] && { read -t \"$1\" _ <>/run/nap; return 0; } ;; esac; command sleep \"$@\"; }\n";
+     [ -p /run/nap ] && { read -t \"$1\" _ <>/run/nap || :; return 0; } ;; esac; \
+     command sleep \"$@\"; }\n";
 
 impl Host {
     /// Runs `script` with `/bin/sh -c` in the guest.
