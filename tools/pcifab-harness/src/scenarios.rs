@@ -341,6 +341,11 @@ pub fn all() -> Vec<Scenario> {
             slurm::ten_jobs,
         ),
         s(
+            "slurm: a node killed mid-job is marked down, its GPUs reclaimed, its job requeued and run again",
+            480,
+            slurm::node_killed,
+        ),
+        s(
             "features: the driver finds the firmware's extensions, PAX refuses the query",
             120,
             pax_driver::features,

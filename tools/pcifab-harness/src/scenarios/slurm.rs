@@ -27,7 +27,8 @@ const TASK_PROLOG: &str = include_str!("../../../../packaging/slurm/task-prolog"
 /// cgroups (the test kernels have none: cgroup.conf says `CgroupPlugin=disabled`) and no
 /// accounting database. `cred_expire=10`: a requeued job may start again 11 s after its
 /// requeue instead of Slurm's default 121 s. `config_overrides`: h1 is declared with two
-/// CPUs (two 1-GPU jobs at once) although its guest has one.
+/// CPUs (two 1-GPU jobs at once) although its guest has one. `SlurmdTimeout=20`: a killed
+/// node is marked down within about 20 s instead of 300.
 const SLURM_CONF_BASE: &str = "ClusterName=pcifab\n\
 SlurmctldHost=h0\n\
 SlurmUser=root\n\
@@ -47,6 +48,7 @@ MpiDefault=none\n\
 ReturnToService=2\n\
 AuthInfo=cred_expire=10\n\
 SlurmdParameters=config_overrides\n\
+SlurmdTimeout=20\n\
 Include /etc/slurm/pcifab.conf\n";
 
 /// The MUNGE key both hosts share (any 32 bytes or more).
@@ -297,6 +299,8 @@ fn job(f: &mut Fabric, g0: u16, g1: u16) -> Result<(), String> {
     crate::checks::expect_eq("leases before the job", vec![], leases(h0)?)?;
 
     // Submitted in h0 (the job runs in h1), asking for two GPUs on a node that has none.
+    f.hosts[1].run_ok(&format!("rm -f {JOB_GO} {JOB_OUT}"))?;
+    let h0 = &mut f.hosts[0];
     let sub = h0.run_ok(&format!(
         "{}rm -f {JOB_OUT}; sbatch --parsable --gres=gpu:2 -w h1 -o {JOB_OUT} /tmp/slurm-job.sh",
         put("/tmp/slurm-job.sh", "755", JOB_SCRIPT)
@@ -691,21 +695,23 @@ pub fn ten_jobs(f: &mut Fabric) -> Result<(), String> {
     let pool = [format!("{g0:#06x}"), format!("{g1:#06x}")];
     with_slurm(f, "whole", |f| {
         f.hosts[1].run_ok("rm -f /tmp/slurm-order /tmp/slurm-j*.out")?;
-        // Submitted held, so that Slurm sees all ten at once when they are released;
-        // every other one with a higher priority (nice -100).
+        // Submitted to the partition set DOWN, so that Slurm sees all ten at once when it
+        // is set UP (one change, unlike releasing held jobs one by one); every other one
+        // with a higher priority (nice -100).
         let h0 = &mut f.hosts[0];
+        h0.run_ok("scontrol update PartitionName=fabric State=DOWN")?;
         let mut jobs = Vec::new();
         for i in 0..10 {
             let high = i % 2 == 1;
             let nice = if high { "--nice=-100 " } else { "" };
             let id = sbatch(
                 h0,
-                &format!("--hold {nice}--gres=gpu:1 -w h1 -o /tmp/slurm-j{i}.out"),
+                &format!("{nice}--gres=gpu:1 -w h1 -o /tmp/slurm-j{i}.out"),
             )?;
             jobs.push((id, high, i));
         }
         let ids: Vec<String> = jobs.iter().map(|j| j.0.to_string()).collect();
-        h0.run_ok(&format!("scontrol release {}", ids.join(",")))?;
+        h0.run_ok("scontrol update PartitionName=fabric State=UP")?;
         let prio = h0.run_ok(&format!("squeue -h -j {} -o '%i %Q %T'", ids.join(",")))?;
         h0.log_note(&format!("released (job, priority, state):\n{prio}"));
         wait_in(
@@ -792,4 +798,120 @@ pub fn ten_jobs(f: &mut Fabric) -> Result<(), String> {
             "all ten jobs done, both GPUs back in the pool",
         )
     })
+}
+
+/// "slurm: a node killed mid-job is marked down, its GPUs reclaimed, its job requeued and run
+/// again".
+pub fn node_killed(f: &mut Fabric) -> Result<(), String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    let want_fns = vec![format!("{g0:#06x}"), format!("{g1:#06x}")];
+    let r = with_slurm(f, "whole", |f| {
+        // An earlier scenario's go file would let the job end at once.
+        f.hosts[1].run_ok(&format!("rm -f {JOB_GO} {JOB_OUT}"))?;
+        let h0 = &mut f.hosts[0];
+        let id = h0
+            .run_ok(&format!(
+                "{}rm -f {JOB_OUT}; sbatch --parsable --requeue --gres=gpu:2 -w h1 -o {JOB_OUT} /tmp/slurm-job.sh",
+                put("/tmp/slurm-job.sh", "755", JOB_SCRIPT)
+            ))?
+            .trim()
+            .lines()
+            .last()
+            .and_then(|l| l.split(';').next())
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or("h0: sbatch printed no job id")?;
+        wait_in(
+            &mut f.hosts[1],
+            &format!("grep -q READY {JOB_OUT} 2>/dev/null"),
+            120,
+            "the job printing READY",
+            &format!("cat {JOB_OUT}"),
+        )?;
+        check_world(f, &owners(&[(g0, 1), (g1, 1)]), "the job running on h1")?;
+        f.hosts[1].kill_qemu()?;
+        f.hosts[0].log_note("h1 killed while its job holds both GPUs");
+        // Slurm marks h1 down and requeues the job; the manager reclaims the GPUs.
+        let h0 = &mut f.hosts[0];
+        let snap = h0
+            .run_ok_timeout(
+                &format!(
+                    "end=$(($(date +%s) + 90))\n\
+                     while :; do\n  \
+                       s=$(echo \"NODE $(sinfo -h -N -n h1 -o %T)\"; scontrol show job {id}; pcifab leases --json)\n  \
+                       echo \"$s\" | grep -q '^NODE down' && echo \"$s\" | grep -q 'Restarts=1' && \
+                         echo \"$s\" | grep -q 'JobState=PENDING' && echo \"$s\" | grep -q '\"leases\":\\[\\]' && break\n  \
+                       [ $(date +%s) -lt $end ] || {{ echo 'not within 90 s: h1 down, the job requeued, no lease'; echo \"$s\"; {CTLD_DIAG}; exit 1; }}\n  \
+                       sleep 0.5\n\
+                     done\n\
+                     echo \"$s\""
+                ),
+                Duration::from_secs(150),
+            )
+            .map_err(|e| format!("h0: after h1 was killed: {e}"))?;
+        h0.log_note(&format!("after the kill:\n{snap}"));
+        let mut c = Checks::new(&format!("h1 killed while job {id} ran"));
+        c.eq(
+            "job PENDING again (requeued)",
+            true,
+            snap.contains("JobState=PENDING"),
+        );
+        c.eq("leases", vec![], leases(h0)?);
+        c.eq("queued requests", Vec::<u64>::new(), queued_hosts(h0)?);
+        c.finish()?;
+        check_world(f, &Owners::new(), "h1 dead, its GPUs reclaimed")?;
+
+        // h1 back: Slurm returns it to service and runs the job again, with both GPUs.
+        crate::scenarios::manager::start_again(f, 1)?;
+        compose_begin(f)?;
+        let hosts = "127.0.0.1 localhost\n10.77.1.1 h0\n10.77.1.2 h1\n";
+        install(&mut f.hosts[1], hosts)?;
+        f.hosts[1]
+            .run_ok("slurmd || { tail -20 /var/log/slurm/slurmd.log; exit 1; }")
+            .map_err(|e| format!("h1: starting slurmd again: {e}"))?;
+        wait_in(
+            &mut f.hosts[1],
+            &format!("grep -q READY {JOB_OUT} 2>/dev/null"),
+            180,
+            "the requeued job printing READY on the rebooted h1",
+            "tail -20 /var/log/slurm/slurmd.log",
+        )
+        .map_err(|e| {
+            let ctld = f.hosts[0]
+                .run(&format!("sinfo -N; scontrol show job {id}; {CTLD_DIAG}"))
+                .map(|o| o.out)
+                .unwrap_or_default();
+            format!("{e}\nh0:\n{ctld}")
+        })?;
+        let out = f.hosts[1].run_ok(&format!("cat {JOB_OUT}"))?;
+        let (_, told, mut seen) = job_output(&out);
+        check_world(f, &owners(&[(g0, 1), (g1, 1)]), "the requeued job running")?;
+        f.hosts[1].run_ok(&format!("touch {JOB_GO}"))?;
+        let h0 = &mut f.hosts[0];
+        wait_in(
+            h0,
+            &format!(
+                "scontrol show job {id} | grep -q 'JobState=COMPLETED' && \
+                 pcifab leases --json | grep -q '\"leases\":\\[\\]'"
+            ),
+            120,
+            "the requeued job COMPLETED and no lease left",
+            &format!("scontrol show job {id}; pcifab leases; {CTLD_DIAG}"),
+        )?;
+        let fin = h0.run_ok(&format!("scontrol show job {id}"))?;
+        let mut c = Checks::new(&format!("job {id} run again"));
+        c.eq("ExitCode", "0:0", &job_field(&fin, "ExitCode"));
+        c.eq("Restarts", "1", &job_field(&fin, "Restarts"));
+        let mut told: Vec<String> = told.split(',').map(str::to_string).collect();
+        told.sort();
+        c.eq("PCIFAB_FUNCTIONS in the job", want_fns.clone(), told);
+        seen.sort();
+        c.eq("fabric functions the job saw", want_fns, seen);
+        c.finish()?;
+        check_world(f, &Owners::new(), "the requeued job done, its GPUs back")
+    });
+    // h1 back for the scenarios after this one, whatever happened.
+    let reboot = crate::scenarios::manager::start_again(f, 1);
+    r?;
+    reboot?;
+    compose_begin(f)
 }
