@@ -327,6 +327,26 @@ pub fn all() -> Vec<Scenario> {
             slurm::two_gpu_job,
         ),
         s(
+            "slurm: a bind that times out requeues the job; one cancelled while its bind waits leaves nothing bound",
+            480,
+            slurm::bind_failures,
+        ),
+        s(
+            "slurm: a job asking for one VF (--gres=gpuvf:1) gets one SR-IOV VF bound to its node",
+            300,
+            slurm::vf_job,
+        ),
+        s(
+            "slurm: ten 1-GPU jobs at two priorities share the pool's two GPUs, higher priority first, all finish",
+            480,
+            slurm::ten_jobs,
+        ),
+        s(
+            "slurm: a node killed mid-job is marked down, its GPUs reclaimed, its job requeued and run again",
+            480,
+            slurm::node_killed,
+        ),
+        s(
             "features: the driver finds the firmware's extensions, PAX refuses the query",
             120,
             pax_driver::features,

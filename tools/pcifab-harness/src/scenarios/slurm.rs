@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::checks::{check_world, compose_begin, json_line, owners, run_with_manager, Owners};
+use crate::checks::{
+    check_world, compose_begin, json_line, owners, run_with_manager, Checks, Owners,
+};
 use crate::fabric::{Fabric, Host};
 
 /// The site configuration the scenario installs (packaging/slurm/).
@@ -23,7 +25,10 @@ const TASK_PROLOG: &str = include_str!("../../../../packaging/slurm/task-prolog"
 
 /// The test world's part of slurm.conf: one controller (h0), daemons and jobs as root, no
 /// cgroups (the test kernels have none: cgroup.conf says `CgroupPlugin=disabled`) and no
-/// accounting database.
+/// accounting database. `cred_expire=10`: a requeued job may start again 11 s after its
+/// requeue instead of Slurm's default 121 s. `config_overrides`: h1 is declared with two
+/// CPUs (two 1-GPU jobs at once) although its guest has one. `SlurmdTimeout=20`: a killed
+/// node is marked down within about 20 s instead of 300.
 const SLURM_CONF_BASE: &str = "ClusterName=pcifab\n\
 SlurmctldHost=h0\n\
 SlurmUser=root\n\
@@ -41,6 +46,9 @@ JobAcctGatherType=jobacct_gather/none\n\
 AccountingStorageType=accounting_storage/none\n\
 MpiDefault=none\n\
 ReturnToService=2\n\
+AuthInfo=cred_expire=10\n\
+SlurmdParameters=config_overrides\n\
+SlurmdTimeout=20\n\
 Include /etc/slurm/pcifab.conf\n";
 
 /// The MUNGE key both hosts share (any 32 bytes or more).
@@ -229,8 +237,28 @@ fn job_output(out: &str) -> (String, String, Vec<String>) {
     (field("LEASE "), field("FUNCTIONS "), seen)
 }
 
-/// "slurm: a 2-GPU job on a node with none runs once the manager binds two GPUs".
-pub fn two_gpu_job(f: &mut Fabric) -> Result<(), String> {
+/// The manager configuration of the Slurm scenarios: one pool `slurm` of mode `mode`
+/// holding gpu0 and gpu1.
+fn manager_cfg(f: &Fabric, mode: &str) -> Result<String, String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    Ok(format!(
+        "[manager]\nhosts = {}\nmax_priority = 9\naging_s = 1000\ndefault_lease_s = 600\n\
+         max_lease_s = 3600\nmax_functions_per_host = 4\n\n\
+         [failover]\nhost_timeout_s = 3\nreclaim_after_s = 2\n\n\
+         [telemetry]\ninterval_s = 0\nmax_temp_c = 90.0\nbad_samples = 2\n\n\
+         [[pools]]\nname = \"slurm\"\nmode = \"{mode}\"\n\n\
+         [[pools.devices]]\npf = {g0:#06x}\n[[pools.devices]]\npf = {g1:#06x}\n",
+        f.hosts.len()
+    ))
+}
+
+/// The frame of every Slurm scenario: the manager (pool `slurm` of `mode`) and Slurm up
+/// around `body`, both stopped after it, and every function free at the end.
+fn with_slurm(
+    f: &mut Fabric,
+    mode: &str,
+    body: impl FnOnce(&mut Fabric) -> Result<(), String>,
+) -> Result<(), String> {
     if !f.slurm {
         return Err(
             "the guests carry no Slurm: run the harness with --slurm DIR (made by \
@@ -242,19 +270,10 @@ pub fn two_gpu_job(f: &mut Fabric) -> Result<(), String> {
         return Err("needs h0 (controller and manager) and h1 (the node): --hosts 2".into());
     }
     compose_begin(f)?;
-    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
-    let cfg = format!(
-        "[manager]\nhosts = {}\nmax_priority = 9\naging_s = 1000\ndefault_lease_s = 600\n\
-         max_lease_s = 3600\nmax_functions_per_host = 4\n\n\
-         [failover]\nhost_timeout_s = 3\nreclaim_after_s = 2\n\n\
-         [telemetry]\ninterval_s = 0\nmax_temp_c = 90.0\nbad_samples = 2\n\n\
-         [[pools]]\nname = \"slurm\"\nmode = \"whole\"\n\n\
-         [[pools.devices]]\npf = {g0:#06x}\n[[pools.devices]]\npf = {g1:#06x}\n",
-        f.hosts.len()
-    );
-    run_with_manager(f, &cfg, 20, "every function free", |f| {
+    let cfg = manager_cfg(f, mode)?;
+    run_with_manager(f, &cfg, 30, "every function free", |f| {
         start_slurm(f)?;
-        let r = job(f, g0, g1);
+        let r = body(f);
         let stop = stop_slurm(f);
         r?;
         stop
@@ -266,6 +285,12 @@ pub fn two_gpu_job(f: &mut Fabric) -> Result<(), String> {
     )
 }
 
+/// "slurm: a 2-GPU job on a node with none runs once the manager binds two GPUs".
+pub fn two_gpu_job(f: &mut Fabric) -> Result<(), String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    with_slurm(f, "whole", |f| job(f, g0, g1))
+}
+
 fn job(f: &mut Fabric, g0: u16, g1: u16) -> Result<(), String> {
     let want_fns = vec![format!("{g0:#06x}"), format!("{g1:#06x}")];
     // Before: h1 holds none of the pool's GPUs, the manager no lease.
@@ -274,6 +299,8 @@ fn job(f: &mut Fabric, g0: u16, g1: u16) -> Result<(), String> {
     crate::checks::expect_eq("leases before the job", vec![], leases(h0)?)?;
 
     // Submitted in h0 (the job runs in h1), asking for two GPUs on a node that has none.
+    f.hosts[1].run_ok(&format!("rm -f {JOB_GO} {JOB_OUT}"))?;
+    let h0 = &mut f.hosts[0];
     let sub = h0.run_ok(&format!(
         "{}rm -f {JOB_OUT}; sbatch --parsable --gres=gpu:2 -w h1 -o {JOB_OUT} /tmp/slurm-job.sh",
         put("/tmp/slurm-job.sh", "755", JOB_SCRIPT)
@@ -310,7 +337,7 @@ fn job(f: &mut Fabric, g0: u16, g1: u16) -> Result<(), String> {
     // h1 and nowhere else; the job was told exactly them and sees exactly them.
     let h0 = &mut f.hosts[0];
     let l = leases(h0)?;
-    let mut c = crate::checks::Checks::new(&format!("job {id} running"));
+    let mut c = Checks::new(&format!("job {id} running"));
     c.eq("number of leases", 1, l.len());
     let lease = l.first().cloned().unwrap_or_default();
     c.eq("lease host", 1, lease.1);
@@ -334,9 +361,9 @@ fn job(f: &mut Fabric, g0: u16, g1: u16) -> Result<(), String> {
     c.eq("SLURM_JOB_GPUS (the node's two slots)", "0,1", &slots);
     let node = h0.run_ok("scontrol show node -d h1")?;
     c.eq(
-        "Slurm's allocation on h1 (GresUsed=gpu:2)",
+        "Slurm's allocation on h1 (GresUsed=gpu:2,gpuvf:0)",
         true,
-        node.lines().any(|l| l.trim() == "GresUsed=gpu:2"),
+        node.lines().any(|l| l.trim() == "GresUsed=gpu:2,gpuvf:0"),
     );
     let state = h0.run_ok(&format!("squeue -h -j {id} -o %T"))?;
     c.eq("job state", "RUNNING", state.trim());
@@ -355,7 +382,7 @@ fn job(f: &mut Fabric, g0: u16, g1: u16) -> Result<(), String> {
     )?;
     let h0 = &mut f.hosts[0];
     let fin = h0.run_ok(&format!("scontrol show job {id}"))?;
-    let mut c = crate::checks::Checks::new(&format!("job {id} ended"));
+    let mut c = Checks::new(&format!("job {id} ended"));
     c.eq(
         "JobState=COMPLETED",
         true,
@@ -375,4 +402,516 @@ fn job(f: &mut Fabric, g0: u16, g1: u16) -> Result<(), String> {
         &Owners::new(),
         "the job ended, its GPUs back in the pool",
     )
+}
+
+/// A short job: notes its id in /tmp/slurm-order (h1), prints what it was given and the
+/// fabric GPUs it sees (PDFIDs), then ends.
+const QUICK_JOB: &str = r#"#!/bin/sh
+echo "$SLURM_JOB_ID" >> /tmp/slurm-order
+echo "LEASE ${PCIFAB_LEASE:-none}"
+echo "FUNCTIONS ${PCIFAB_FUNCTIONS:-none}"
+for d in /sys/bus/pci/devices/*; do
+  [ "$(cat $d/vendor)" = 0x10de ] || continue
+  pcifab-selftest bar-id --device ${d##*/} 2>&1
+done
+echo DONE
+"#;
+
+/// `sbatch --parsable ARGS /tmp/slurm-quick.sh` in h0 (the script written first); the job id.
+fn sbatch(h0: &mut Host, args: &str) -> Result<u64, String> {
+    let sub = h0.run_ok(&format!(
+        "{}sbatch --parsable {args} /tmp/slurm-quick.sh",
+        put("/tmp/slurm-quick.sh", "755", QUICK_JOB)
+    ))?;
+    let id = sub
+        .trim()
+        .lines()
+        .last()
+        .and_then(|l| l.split(';').next())
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| format!("h0: sbatch {args} printed no job id: {sub:?}"))?;
+    h0.log_note(&format!("Slurm job {id} submitted: sbatch {args}"));
+    Ok(id)
+}
+
+/// `KEY=VALUE` of `scontrol show job` output (the value up to the next space).
+fn job_field(show: &str, key: &str) -> String {
+    show.split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A manager request in h0 (`pcifab request ARGS --json`): (id, granted at once).
+fn mgr_request(h0: &mut Host, args: &str) -> Result<(u64, bool), String> {
+    let o = h0.run_ok(&format!("pcifab request {args} --json"))?;
+    let v = json_line(&o).map_err(|e| format!("h0: `pcifab request {args}`: {e}"))?;
+    let id = v["id"]
+        .as_u64()
+        .ok_or_else(|| format!("h0: `pcifab request {args}`: no id in {o:?}"))?;
+    Ok((id, v["granted"].as_bool().unwrap_or(false)))
+}
+
+/// The hosts of the manager's queued requests, in queue order.
+fn queued_hosts(h0: &mut Host) -> Result<Vec<u64>, String> {
+    let o = h0.run("pcifab queue --json")?;
+    let v = json_line(&o.out).map_err(|e| format!("h0: `pcifab queue --json`: {e}"))?;
+    Ok(v["queue"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|q| q["host"].as_u64().unwrap_or(u64::MAX))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// Sets the hooks' `PCIFAB_BIND_TIMEOUT_S` (they read their configuration at every run).
+fn set_bind_timeout(h0: &mut Host, secs: u32) -> Result<(), String> {
+    h0.run_ok(&format!(
+        "sed -i 's/^PCIFAB_BIND_TIMEOUT_S=.*/PCIFAB_BIND_TIMEOUT_S={secs}/' /etc/slurm/pcifab-slurm.conf\n\
+         grep -qx 'PCIFAB_BIND_TIMEOUT_S={secs}' /etc/slurm/pcifab-slurm.conf"
+    ))
+    .map(|_| ())
+}
+
+/// "slurm: a bind that times out requeues the job; one cancelled while its bind waits
+/// leaves nothing bound".
+pub fn bind_failures(f: &mut Fabric) -> Result<(), String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    with_slurm(f, "whole", |f| {
+        timed_out_bind(f, g0, g1)?;
+        cancelled_bind(f, g0, g1)
+    })
+}
+
+/// Both GPUs held by a manager lease for h0: the job's request queues behind it, the
+/// prolog gives up after PCIFAB_BIND_TIMEOUT_S, Slurm requeues the job and says why; once
+/// the GPUs are free the job runs with them.
+fn timed_out_bind(f: &mut Fabric, g0: u16, g1: u16) -> Result<(), String> {
+    let want_fns = vec![format!("{g0:#06x}"), format!("{g1:#06x}")];
+    let h0 = &mut f.hosts[0];
+    set_bind_timeout(h0, 6)?;
+    let (holder, granted) = mgr_request(
+        h0,
+        "--gpus 2 --host 0 --priority 9 --duration 600 --pool slurm",
+    )?;
+    crate::checks::expect_eq(
+        "the holder's request (both GPUs, for h0) granted",
+        true,
+        granted,
+    )?;
+    check_world(f, &owners(&[(g0, 0), (g1, 0)]), "both GPUs held for h0")?;
+    let h0 = &mut f.hosts[0];
+    let id = sbatch(h0, "--requeue --gres=gpu:2 -w h1 -o /tmp/slurm-a.out")?;
+    // Requeued (Restarts=1; COMPLETING, then PENDING until it may start again 11 s later):
+    // a snapshot while it is PENDING.
+    let snap = h0
+        .run_ok_timeout(
+            &format!(
+                "end=$(($(date +%s) + 90))\n\
+                 while :; do\n  \
+                   s=$(scontrol show job {id}; echo; echo \"REASON $(squeue -h -j {id} -o %r)\")\n  \
+                   echo \"$s\" | grep -q 'Restarts=[1-9]' && echo \"$s\" | grep -q 'JobState=PENDING' && break\n  \
+                   [ $(date +%s) -lt $end ] || {{ echo 'not requeued (PENDING, Restarts=1) within 90 s'; echo \"$s\"; {CTLD_DIAG}; exit 1; }}\n  \
+                   sleep 0.2\n\
+                 done\n\
+                 echo \"$s\""
+            ),
+            Duration::from_secs(150),
+        )
+        .map_err(|e| format!("h0: job {id} requeued after its bind timed out: {e}"))?;
+    h0.log_note(&format!("job {id} requeued:\n{snap}"));
+    let mut c = Checks::new(&format!("job {id} requeued after its bind timed out"));
+    c.eq("JobState", "PENDING", &job_field(&snap, "JobState"));
+    c.eq("Restarts", "1", &job_field(&snap, "Restarts"));
+    c.eq(
+        "AdminComment names the time-out",
+        true,
+        snap.contains("AdminComment=pcifab: request ") && snap.contains("not granted within 6 s"),
+    );
+    c.finish()?;
+
+    // The GPUs free: the requeued job runs with them and ends; nothing stays bound.
+    let h0 = &mut f.hosts[0];
+    h0.run_ok(&format!("pcifab release {holder}"))?;
+    wait_in(
+        h0,
+        &format!("scontrol show job {id} | grep -q 'JobState=COMPLETED'"),
+        120,
+        "the requeued job COMPLETED",
+        &format!("scontrol show job {id}; pcifab leases; pcifab queue; {CTLD_DIAG}"),
+    )?;
+    wait_in(
+        h0,
+        "pcifab leases --json | grep -q '\"leases\":\\[\\]'",
+        30,
+        "no lease left",
+        "pcifab leases; pcifab queue",
+    )?;
+    let fin = h0.run_ok(&format!("scontrol show job {id}"))?;
+    let out = f.hosts[1].run_ok("cat /tmp/slurm-a.out")?;
+    let (_, told, mut seen) = job_output(&out);
+    let mut c = Checks::new(&format!("job {id} after its requeue"));
+    c.eq("ExitCode", "0:0", &job_field(&fin, "ExitCode"));
+    c.eq("Restarts", true, job_field(&fin, "Restarts") != "0");
+    let mut told: Vec<String> = told.split(',').map(str::to_string).collect();
+    told.sort();
+    c.eq("PCIFAB_FUNCTIONS in the job", want_fns.clone(), told);
+    seen.sort();
+    c.eq("fabric functions the job saw", want_fns, seen);
+    let h0 = &mut f.hosts[0];
+    c.eq("queued requests", Vec::<u64>::new(), queued_hosts(h0)?);
+    c.finish()?;
+    check_world(f, &Owners::new(), "the requeued job done, its GPUs back")
+}
+
+/// Both GPUs held for h0 again: a job's prolog waits for its request; the job is
+/// cancelled. The prolog stops waiting and withdraws the request, so when the GPUs come
+/// free nothing is bound to h1.
+fn cancelled_bind(f: &mut Fabric, g0: u16, g1: u16) -> Result<(), String> {
+    let h0 = &mut f.hosts[0];
+    set_bind_timeout(h0, 300)?;
+    let (holder, granted) = mgr_request(
+        h0,
+        "--gpus 2 --host 0 --priority 9 --duration 600 --pool slurm",
+    )?;
+    crate::checks::expect_eq(
+        "the holder's request (both GPUs, for h0) granted",
+        true,
+        granted,
+    )?;
+    check_world(
+        f,
+        &owners(&[(g0, 0), (g1, 0)]),
+        "both GPUs held for h0 again",
+    )?;
+    let h0 = &mut f.hosts[0];
+    let id = sbatch(h0, "--gres=gpu:2 -w h1 -o /tmp/slurm-b.out")?;
+    wait_in(
+        h0,
+        "pcifab queue --json | grep -q '\"host\":1'",
+        60,
+        "the request of the job queued in the manager",
+        &format!("scontrol show job {id}; pcifab queue; {CTLD_DIAG}"),
+    )?;
+    let state = h0.run_ok(&format!("squeue -h -j {id} -o %T"))?;
+    crate::checks::expect_eq(
+        "job state while its bind waits",
+        "CONFIGURING",
+        state.trim(),
+    )?;
+    h0.run_ok(&format!("scancel {id}"))?;
+    h0.log_note(&format!("job {id} cancelled while its prolog waits"));
+    // Within 20 s (the prolog would otherwise wait 300): the job gone, no prolog left, the
+    // request withdrawn.
+    wait_in(
+        h0,
+        &format!(
+            "[ -z \"$(squeue -h -j {id} 2>/dev/null)\" ] && \
+             ! ps | grep -v grep | grep -q prolog-slurmctld && \
+             ! pcifab queue --json | grep -q '\"host\":1'"
+        ),
+        20,
+        "the prolog of the cancelled job ended, its request withdrawn",
+        &format!("squeue; ps | grep slurm; pcifab queue; pcifab leases; {CTLD_DIAG}"),
+    )?;
+    h0.run_ok(&format!("pcifab release {holder}"))?;
+    let fin = h0.run_ok(&format!("scontrol show job {id}"))?;
+    let mut c = Checks::new(&format!("job {id} cancelled while its bind waited"));
+    c.eq("JobState", "CANCELLED", &job_field(&fin, "JobState"));
+    c.eq("leases", vec![], leases(h0)?);
+    c.eq("queued requests", Vec::<u64>::new(), queued_hosts(h0)?);
+    c.finish()?;
+    check_world(
+        f,
+        &Owners::new(),
+        "the cancelled job's GPUs back in the pool, none bound to h1",
+    )
+}
+
+/// "slurm: a job asking for one VF (--gres=gpuvf:1) gets one SR-IOV VF bound to its node".
+pub fn vf_job(f: &mut Fabric) -> Result<(), String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    with_slurm(f, "hybrid", |f| {
+        let h0 = &mut f.hosts[0];
+        let id = sbatch(h0, "--gres=gpuvf:1 -w h1 -o /tmp/slurm-vf.out")?;
+        wait_in(
+            h0,
+            &format!("scontrol show job {id} | grep -q 'JobState=COMPLETED'"),
+            120,
+            "the VF job COMPLETED",
+            &format!("scontrol show job {id}; pcifab leases; {CTLD_DIAG}"),
+        )?;
+        // The lease outlives the job until the epilog has run: its record is in the
+        // manager's log, the binding in the emulator's; both are checked from the job's
+        // own view (what it was told and what it saw) and the manager's notices.
+        let out = f.hosts[1].run_ok("cat /tmp/slurm-vf.out")?;
+        f.hosts[1].log_note(&format!("job {id} output:\n{out}"));
+        let (lease, told, seen) = job_output(&out);
+        let fin = f.hosts[0].run_ok(&format!("scontrol show job {id}"))?;
+        let vf: Option<u16> = told
+            .strip_prefix("0x")
+            .and_then(|h| u16::from_str_radix(h, 16).ok());
+        let mut c = Checks::new(&format!("VF job {id}"));
+        c.eq("ExitCode", "0:0", &job_field(&fin, "ExitCode"));
+        c.eq(
+            "PCIFAB_LEASE set",
+            true,
+            lease != "none" && !lease.is_empty(),
+        );
+        match vf {
+            Some(p) => c.eq(
+                "PCIFAB_FUNCTIONS: one VF of gpu0 or gpu1",
+                true,
+                p & 0xff != 0 && (p & !0xff == g0 || p & !0xff == g1),
+            ),
+            None => c.fail(format!(
+                "PCIFAB_FUNCTIONS: expected one function, got {told:?}"
+            )),
+        }
+        c.eq("fabric functions the job saw", vec![told.clone()], seen);
+        c.finish()?;
+        let h0 = &mut f.hosts[0];
+        wait_in(
+            h0,
+            "pcifab leases --json | grep -q '\"leases\":\\[\\]'",
+            30,
+            "the lease of the VF released",
+            "pcifab leases",
+        )?;
+        check_world(
+            f,
+            &Owners::new(),
+            "the VF job done, its VF back in the pool",
+        )
+    })
+}
+
+/// "slurm: ten 1-GPU jobs at two priorities share the pool's two GPUs, higher priority
+/// first, all finish".
+pub fn ten_jobs(f: &mut Fabric) -> Result<(), String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    let pool = [format!("{g0:#06x}"), format!("{g1:#06x}")];
+    with_slurm(f, "whole", |f| {
+        f.hosts[1].run_ok("rm -f /tmp/slurm-order /tmp/slurm-j*.out")?;
+        // Submitted to the partition set DOWN, so that Slurm sees all ten at once when it
+        // is set UP (one change, unlike releasing held jobs one by one); every other one
+        // with a higher priority (nice -100).
+        let h0 = &mut f.hosts[0];
+        h0.run_ok("scontrol update PartitionName=fabric State=DOWN")?;
+        let mut jobs = Vec::new();
+        for i in 0..10 {
+            let high = i % 2 == 1;
+            let nice = if high { "--nice=-100 " } else { "" };
+            let id = sbatch(
+                h0,
+                &format!("{nice}--gres=gpu:1 -w h1 -o /tmp/slurm-j{i}.out"),
+            )?;
+            jobs.push((id, high, i));
+        }
+        let ids: Vec<String> = jobs.iter().map(|j| j.0.to_string()).collect();
+        h0.run_ok("scontrol update PartitionName=fabric State=UP")?;
+        let prio = h0.run_ok(&format!("squeue -h -j {} -o '%i %Q %T'", ids.join(",")))?;
+        h0.log_note(&format!("released (job, priority, state):\n{prio}"));
+        wait_in(
+            h0,
+            "[ -z \"$(squeue -h 2>/dev/null)\" ] && pcifab leases --json | grep -q '\"leases\":\\[\\]'",
+            300,
+            "all ten jobs ended and no lease left",
+            &format!("squeue; pcifab leases; pcifab queue; {CTLD_DIAG}"),
+        )?;
+        let mut c = Checks::new("ten jobs on two GPUs");
+        let order: Vec<u64> = f.hosts[1]
+            .run_ok("cat /tmp/slurm-order")?
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        f.hosts[1].log_note(&format!("start order: {order:?}"));
+        let mut started = order.clone();
+        started.sort_unstable();
+        let mut all: Vec<u64> = jobs.iter().map(|j| j.0).collect();
+        all.sort_unstable();
+        c.eq("jobs that ran, each once", all, started);
+        // Slurm's order: the time it gave each job its allocation (StartTime, before the
+        // prolog; two jobs whose prologs wait for the GPUs may then begin in either order).
+        // No job of the default priority was given one before every nice -100 job had one.
+        let mut high_last = String::new();
+        let mut low_first = String::from("~");
+        for (id, high, i) in &jobs {
+            let fin = f.hosts[0].run_ok(&format!("scontrol show job {id}"))?;
+            let start = job_field(&fin, "StartTime");
+            if *high {
+                high_last = high_last.max(start);
+            } else {
+                low_first = low_first.min(start);
+            }
+            c.eq(
+                &format!("job {id}: JobState"),
+                "COMPLETED",
+                &job_field(&fin, "JobState"),
+            );
+            if job_field(&fin, "ExitCode") != "0:0" {
+                let ctld = f.hosts[0]
+                    .run(&format!(
+                        "grep -w 'JobId={id}' /var/log/slurm/slurmctld.log"
+                    ))
+                    .map(|o| o.out)
+                    .unwrap_or_default();
+                let slurmd = f.hosts[1]
+                    .run(&format!("grep -w 'JobId={id}' /var/log/slurm/slurmd.log"))
+                    .map(|o| o.out)
+                    .unwrap_or_default();
+                c.fail(format!(
+                    "job {id}: ExitCode: expected 0:0, got {}\nslurmctld:\n{ctld}\nslurmd:\n{slurmd}",
+                    job_field(&fin, "ExitCode")
+                ));
+            }
+            // Told one GPU of the pool; found it in h1 (beside, at most, the other job's).
+            let out = f.hosts[1].run_ok(&format!("cat /tmp/slurm-j{i}.out"))?;
+            let (_, told, seen) = job_output(&out);
+            c.eq(
+                &format!("job {id}: PCIFAB_FUNCTIONS one GPU of the pool"),
+                true,
+                pool.contains(&told),
+            );
+            c.eq(
+                &format!("job {id}: its GPU among the fabric functions it saw, all of the pool ({seen:?})"),
+                true,
+                seen.contains(&told) && seen.iter().all(|p| pool.contains(p)),
+            );
+        }
+        c.eq(
+            &format!(
+                "the last nice -100 job allocated ({high_last}) no later than the first \
+                 other one ({low_first})"
+            ),
+            true,
+            high_last <= low_first,
+        );
+        let h0 = &mut f.hosts[0];
+        c.eq("queued requests", Vec::<u64>::new(), queued_hosts(h0)?);
+        c.finish()?;
+        check_world(
+            f,
+            &Owners::new(),
+            "all ten jobs done, both GPUs back in the pool",
+        )
+    })
+}
+
+/// "slurm: a node killed mid-job is marked down, its GPUs reclaimed, its job requeued and run
+/// again".
+pub fn node_killed(f: &mut Fabric) -> Result<(), String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    let want_fns = vec![format!("{g0:#06x}"), format!("{g1:#06x}")];
+    let r = with_slurm(f, "whole", |f| {
+        // An earlier scenario's go file would let the job end at once.
+        f.hosts[1].run_ok(&format!("rm -f {JOB_GO} {JOB_OUT}"))?;
+        let h0 = &mut f.hosts[0];
+        let id = h0
+            .run_ok(&format!(
+                "{}rm -f {JOB_OUT}; sbatch --parsable --requeue --gres=gpu:2 -w h1 -o {JOB_OUT} /tmp/slurm-job.sh",
+                put("/tmp/slurm-job.sh", "755", JOB_SCRIPT)
+            ))?
+            .trim()
+            .lines()
+            .last()
+            .and_then(|l| l.split(';').next())
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or("h0: sbatch printed no job id")?;
+        wait_in(
+            &mut f.hosts[1],
+            &format!("grep -q READY {JOB_OUT} 2>/dev/null"),
+            120,
+            "the job printing READY",
+            &format!("cat {JOB_OUT}"),
+        )?;
+        check_world(f, &owners(&[(g0, 1), (g1, 1)]), "the job running on h1")?;
+        f.hosts[1].kill_qemu()?;
+        f.hosts[0].log_note("h1 killed while its job holds both GPUs");
+        // Slurm marks h1 down and requeues the job; the manager reclaims the GPUs.
+        let h0 = &mut f.hosts[0];
+        let snap = h0
+            .run_ok_timeout(
+                &format!(
+                    "end=$(($(date +%s) + 90))\n\
+                     while :; do\n  \
+                       s=$(echo \"NODE $(sinfo -h -N -n h1 -o %T)\"; scontrol show job {id}; pcifab leases --json)\n  \
+                       echo \"$s\" | grep -q '^NODE down' && echo \"$s\" | grep -q 'Restarts=1' && \
+                         echo \"$s\" | grep -q 'JobState=PENDING' && echo \"$s\" | grep -q '\"leases\":\\[\\]' && break\n  \
+                       [ $(date +%s) -lt $end ] || {{ echo 'not within 90 s: h1 down, the job requeued, no lease'; echo \"$s\"; {CTLD_DIAG}; exit 1; }}\n  \
+                       sleep 0.5\n\
+                     done\n\
+                     echo \"$s\""
+                ),
+                Duration::from_secs(150),
+            )
+            .map_err(|e| format!("h0: after h1 was killed: {e}"))?;
+        h0.log_note(&format!("after the kill:\n{snap}"));
+        let mut c = Checks::new(&format!("h1 killed while job {id} ran"));
+        c.eq(
+            "job PENDING again (requeued)",
+            true,
+            snap.contains("JobState=PENDING"),
+        );
+        c.eq("leases", vec![], leases(h0)?);
+        c.eq("queued requests", Vec::<u64>::new(), queued_hosts(h0)?);
+        c.finish()?;
+        check_world(f, &Owners::new(), "h1 dead, its GPUs reclaimed")?;
+
+        // h1 back: Slurm returns it to service and runs the job again, with both GPUs.
+        crate::scenarios::manager::start_again(f, 1)?;
+        compose_begin(f)?;
+        let hosts = "127.0.0.1 localhost\n10.77.1.1 h0\n10.77.1.2 h1\n";
+        install(&mut f.hosts[1], hosts)?;
+        f.hosts[1]
+            .run_ok("slurmd || { tail -20 /var/log/slurm/slurmd.log; exit 1; }")
+            .map_err(|e| format!("h1: starting slurmd again: {e}"))?;
+        wait_in(
+            &mut f.hosts[1],
+            &format!("grep -q READY {JOB_OUT} 2>/dev/null"),
+            180,
+            "the requeued job printing READY on the rebooted h1",
+            "tail -20 /var/log/slurm/slurmd.log",
+        )
+        .map_err(|e| {
+            let ctld = f.hosts[0]
+                .run(&format!("sinfo -N; scontrol show job {id}; {CTLD_DIAG}"))
+                .map(|o| o.out)
+                .unwrap_or_default();
+            format!("{e}\nh0:\n{ctld}")
+        })?;
+        let out = f.hosts[1].run_ok(&format!("cat {JOB_OUT}"))?;
+        let (_, told, mut seen) = job_output(&out);
+        check_world(f, &owners(&[(g0, 1), (g1, 1)]), "the requeued job running")?;
+        f.hosts[1].run_ok(&format!("touch {JOB_GO}"))?;
+        let h0 = &mut f.hosts[0];
+        wait_in(
+            h0,
+            &format!(
+                "scontrol show job {id} | grep -q 'JobState=COMPLETED' && \
+                 pcifab leases --json | grep -q '\"leases\":\\[\\]'"
+            ),
+            120,
+            "the requeued job COMPLETED and no lease left",
+            &format!("scontrol show job {id}; pcifab leases; {CTLD_DIAG}"),
+        )?;
+        let fin = h0.run_ok(&format!("scontrol show job {id}"))?;
+        let mut c = Checks::new(&format!("job {id} run again"));
+        c.eq("ExitCode", "0:0", &job_field(&fin, "ExitCode"));
+        c.eq("Restarts", "1", &job_field(&fin, "Restarts"));
+        let mut told: Vec<String> = told.split(',').map(str::to_string).collect();
+        told.sort();
+        c.eq("PCIFAB_FUNCTIONS in the job", want_fns.clone(), told);
+        seen.sort();
+        c.eq("fabric functions the job saw", want_fns, seen);
+        c.finish()?;
+        check_world(f, &Owners::new(), "the requeued job done, its GPUs back")
+    });
+    // h1 back for the scenarios after this one, whatever happened.
+    let reboot = crate::scenarios::manager::start_again(f, 1);
+    r?;
+    reboot?;
+    compose_begin(f)
 }
