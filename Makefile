@@ -161,15 +161,16 @@ pax-client: kernel check-module tools switchtec-user
 #                      (EXT_ONLY), the drive's, DEBUG_PAX_2 and the manager's (lane 1)
 #   debug  x pax       debug-pax-2: DEBUG_PAX_2, DMA MRPC, the PAX client and what the
 #                      driver must survive (lane 2)
-#   debug  x pax       nvme: the NVMe drive (fabric-nvme.toml) (lane 1, after debug-pax)
+#   debug  x pax       nvme: the NVMe drive (fabric-nvme.toml) (lane 2)
 #   debug  x extended  debug-extended: the extensions (P2P copies and grants, telemetry,
 #                      features) and the composition paths the firmware's unbind requests
 #                      change (lane 2)
 #   debian x pax       debian-pax: module load, interrupts, pciehp, IOMMU and DMA, ACS with
 #                      vfio-pci, lockdown, the network as modules and the manager over it,
-#                      Debian's switchtec.ko under the PAX client, and Slurm's jobs (their
-#                      kernel paths are the manager's; here the 29 MB Slurm tree in the
-#                      guests costs the cores nothing) (lane 3)
+#                      Debian's switchtec.ko under the PAX client (lane 3)
+#   debian x pax       debian-slurm: Slurm's jobs (their kernel paths are the manager's;
+#                      here the 29 MB Slurm tree in the guests costs the cores nothing)
+#                      (lane 1, after debug-pax)
 #   debian x extended  debian-extended: the P2P copies (Debian's IOMMU and P2PDMA) (lane 3)
 #   debian, DKMS build dkms: the identity scenarios (lane 3)
 #   debug  x pax       debug-mgr: the manager's scenarios (MGR_ONLY), which mostly wait
@@ -179,7 +180,7 @@ pax-client: kernel check-module tools switchtec-user
 # summary` prints one line per cell and the final `N passed, N failed`.
 EXT_ONLY := p2p:|p2p grants|p2p trust
 # Slurm's jobs run on Debian's kernel only (the guests then carry Debian's Slurm; the kernel
-# paths they drive are the manager's, which debug-pax runs).
+# paths they drive are the manager's, which debug-mgr runs), in a cell of their own.
 DEBIAN_ONLY := slurm:
 # The manager's scenarios: their own sanitizer x pax cell, in the third lane.
 MGR_ONLY := manager:
@@ -187,17 +188,18 @@ MGR_ONLY := manager:
 FABRIC_DMA_ONLY := fabric dma:
 DEBUG_PAX_2 := DMA MRPC|pax client|mrpc classes|sysfs: other|mrpc: an abandoned|events:|hostile firmware|firmware lies|fwctl|fuzz:|insmod/rmmod|probe|install:
 DEBUG_EXT_FILTER := agent answers|pcifab binds the MEP|p2p|sysfs: per-function|features|extensions|compose: move GPU0|bind and unbind reach h0|two hosts unbind|rmmod pcifab in every host|kmemleak
-DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|slurm:|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
+DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
 DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host
-MATRIX := debug-pax debug-pax-2 nvme debug-extended debian-pax debian-extended dkms debug-mgr
+MATRIX := debug-pax debug-pax-2 nvme debug-extended debian-pax debian-slurm debian-extended \
+	dkms debug-mgr
 
 # make test: first what the cells need (the kernels, the modules, the tools) and the cargo
 # tests; then three lanes at once. The machine has two cores: lanes 1 and 2 hold the
 # sanitizer cells, which keep the cores busy; lane 3 the Debian cells, which mostly wait
 # (on pciehp, timers and the network) and cost little CPU.
-#   lane 1 (test-lane1, on the terminal): the debug-pax cell, then the nvme cell
+#   lane 1 (test-lane1, on the terminal): the debug-pax cell, then debian-slurm
 #   lane 2 (test-lane2): the checks that boot no guest (TEST_CHECKS), then the
-#          debug-extended and debug-pax-2 cells
+#          debug-extended, debug-pax-2 and nvme cells
 #   lane 3 (test-lane3): check-ha, the debian-pax, debian-extended and dkms cells, then
 #          the debug-mgr cell
 # Lanes 2 and 3 write RESULTS/lane2.log and RESULTS/lane3.log, printed when all lanes end.
@@ -213,8 +215,8 @@ test: deps kernel-debug kernel-debian check-module-debug module-debian tools swi
 	@tools/scripts/versions.sh $(DEBUG_KDIR) $(DEBIAN_KDIR)
 	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX)) $(RESULTS)/lane2.log $(RESULTS)/lane3.log
 	@mkdir -p $(RESULTS)
-	@echo "# lane 1: the debug-pax and nvme cells; lane 2: $(TEST_CHECKS), then the" \
-		"debug-extended and debug-pax-2" \
+	@echo "# lane 1: the debug-pax and debian-slurm cells; lane 2: $(TEST_CHECKS), then" \
+		"the debug-extended, debug-pax-2 and nvme" \
 		"cells ($(RESULTS)/lane2.log); lane 3: check-ha, the debian-pax, debian-extended," \
 		"dkms and debug-mgr cells ($(RESULTS)/lane3.log); both printed when all lanes end"
 	@$(MAKE) -s test-lane2 >$(RESULTS)/lane2.log 2>&1 & lane2=$$!; \
@@ -233,11 +235,12 @@ test-lane1:
 		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBIAN_ONLY)|$(FABRIC_DMA_ONLY)|$(MGR_ONLY)' \
 		$(DEBUG_SMP) \
 		$(DEBUG_HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax
-	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
-		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
+		--filter 'agent answers|pcifab binds the MEP|$(DEBIAN_ONLY)|rmmod pcifab in every host' \
+		--cell debian $(DEBIAN_HARNESS_ARGS) --slurm $(SLURM_GUEST) --results $(RESULTS)/debian-slurm
 
-# The second lane of make test: the checks, then the sanitizer kernel's extended
-# cells and the second half of its pax cell, in a row.
+# The second lane of make test: the checks, then the sanitizer kernel's extended cell, the
+# second half of its pax cell and the NVMe cell, in a row.
 test-lane2: $(TEST_CHECKS)
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended \
 		--filter '$(DEBUG_EXT_FILTER)' $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
@@ -246,6 +249,8 @@ test-lane2: $(TEST_CHECKS)
 		--filter 'agent answers|pcifab binds the MEP|$(DEBUG_PAX_2)|rmmod pcifab in every host|kmemleak' \
 		--exclude '$(EXT_ONLY)' $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
 		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax-2
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
+		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
 
 # The third lane of make test: the HA checks (no guest), Debian's kernel (the module for it
 # is built before the lanes) under pax, then extended, then the DKMS build; last the
@@ -253,7 +258,7 @@ test-lane2: $(TEST_CHECKS)
 test-lane3: check-ha
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(DEBIAN_PAX_FILTER)' \
 		--cell debian $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
-		--switchtec-user $(SWITCHTEC_USER) --slurm $(SLURM_GUEST) --results $(RESULTS)/debian-pax
+		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debian-pax
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended --cell debian \
 		--filter '$(DEBIAN_EXT_FILTER)' $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-extended
 	-$(MAKE) -s check-dkms
