@@ -694,20 +694,10 @@ impl DmaEp {
             }
             let data = src.to_le_bytes();
             let n = len as usize;
-            let dsts = if fabric {
-                match self.hub.dest(me, dfid, dst, n) {
-                    Ok(Dest::Mem(d)) => d,
-                    Ok(Dest::Rhi) => return (0, len, 0),
-                    Err((sc, why)) => return (sc, 0, why),
-                }
-            } else {
-                match self.port.dma().resolve(dst, n, FLAG_WRITE) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        note!("{}: channel {i}: write-immediate: {e}", self.name);
-                        return (SC_UR, 0, STS_ERR_SE_CPL);
-                    }
-                }
+            let dsts = match self.destination(i, fabric, dfid, dst, n, "write-immediate") {
+                Ok(Some(d)) => d,
+                Ok(None) => return (0, len, 0),
+                Err((sc, why)) => return (sc, 0, why),
             };
             write_spans(&dsts, &data[..n]);
             st.chans[i].bytes += u64::from(len);
@@ -732,26 +722,44 @@ impl DmaEp {
                 return (SC_D_RD_CTO, 0, STS_ERR_SE_CPL);
             }
         };
-        let dsts = if fabric {
-            match self.hub.dest(me, dfid, dst, n) {
-                Ok(Dest::Mem(d)) => d,
-                // An RHI window takes 4-byte writes only: dest() refused anything else.
-                Ok(Dest::Rhi) => return (0, len, 0),
-                Err((sc, why)) => return (sc, 0, why),
-            }
-        } else {
-            match self.port.dma().resolve(dst, n, FLAG_WRITE) {
-                Ok(s) => s,
-                Err(e) => {
-                    note!("{}: channel {i}: copy destination: {e}", self.name);
-                    return (SC_UR, 0, STS_ERR_SE_CPL);
-                }
-            }
+        let dsts = match self.destination(i, fabric, dfid, dst, n, "copy destination") {
+            Ok(Some(d)) => d,
+            // An RHI window takes 4-byte writes only: dest() refused anything else.
+            Ok(None) => return (0, len, 0),
+            Err((sc, why)) => return (sc, 0, why),
         };
         copy_spans(&srcs, &dsts, n);
         let c = &mut st.chans[i];
         c.bytes += u64::from(len);
         (0, len, 0)
+    }
+
+    /// Where channel `i` writes `n` bytes at `dst`: with `fabric`, the peer buffer (or the RHI
+    /// window, `Ok(None)`: the interrupt is already raised) that `dfid` names; else this
+    /// host's own memory. `Err((status, error))` for the CE.
+    fn destination(
+        &self,
+        i: usize,
+        fabric: bool,
+        dfid: u16,
+        dst: u64,
+        n: usize,
+        what: &str,
+    ) -> Result<Option<Vec<HostSpan>>, (u32, u32)> {
+        if fabric {
+            return match self.hub.dest(self.host as usize, dfid, dst, n)? {
+                Dest::Mem(d) => Ok(Some(d)),
+                Dest::Rhi => Ok(None),
+            };
+        }
+        self.port
+            .dma()
+            .resolve(dst, n, FLAG_WRITE)
+            .map(Some)
+            .map_err(|e| {
+                note!("{}: channel {i}: {what}: {e}", self.name);
+                (SC_UR, STS_ERR_SE_CPL)
+            })
     }
 
     /// Write the CE of `se` into channel `i`'s CQ. True when the channel must stop (the
