@@ -338,9 +338,10 @@ impl Reservation<'_> {
     }
 
     /// Reserves the first logical port of this host that `h` shows free and no operation holds.
-    /// `Ok(None)` when every free port is held by another operation; `ENOSPC` when none is
-    /// free.
-    fn take_free_port(&mut self, h: &Hvd) -> Result<Option<u8>> {
+    /// `Ok(None)` when every free port is held by another operation: the caller is counted in
+    /// [`Compose::waiting`] through `waiting` then, and out again once it gets a port (or
+    /// `waiting` drops); `ENOSPC` when none is free.
+    fn take_free_port(&mut self, h: &Hvd, waiting: &mut Waiting<'_>) -> Result<Option<u8>> {
         self.release_port();
         let mut st = self.compose.lock.lock();
         if !st.alive {
@@ -355,6 +356,7 @@ impl Reservation<'_> {
             st.set_port_busy(p, true);
             self.port = Some(p);
         }
+        waiting.set(&mut st, pick.is_none());
         Ok(pick)
     }
 
@@ -362,6 +364,39 @@ impl Reservation<'_> {
         if let Some(p) = self.port.take() {
             self.compose.lock.lock().set_port_busy(p, false);
             self.compose.changed.notify_all();
+        }
+    }
+}
+
+/// An operation's place in [`Compose::waiting`]: counted in and out with [`Waiting::set`],
+/// out at the latest when it drops (on every return of a wait loop).
+struct Waiting<'a> {
+    compose: &'a Compose,
+    counted: bool,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(compose: &'a Compose) -> Self {
+        Self {
+            compose,
+            counted: false,
+        }
+    }
+
+    /// Counts the operation in (`true`) or out; `st` is the compose lock's state.
+    fn set(&mut self, st: &mut State, waiting: bool) {
+        if self.counted != waiting {
+            self.counted = waiting;
+            self.compose.set_waiting(st, waiting);
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            self.compose
+                .set_waiting(&mut self.compose.lock.lock(), false);
         }
     }
 }
@@ -546,6 +581,7 @@ impl Mep {
         // With no port given, take the first free one; another host may take it between our
         // look and our bind, so look again then.
         let mut tries = 0;
+        let mut waiting = Waiting::new(&self.compose);
         let (h, port) = loop {
             let h = hvd(self, host)?;
             let p = match (port, local) {
@@ -554,7 +590,7 @@ impl Mep {
                     p
                 }
                 (Some(p), false) => p,
-                (None, true) => match r.take_free_port(&h)? {
+                (None, true) => match r.take_free_port(&h, &mut waiting)? {
                     Some(p) => p,
                     None => {
                         // Every free port is being worked on by another operation here.
