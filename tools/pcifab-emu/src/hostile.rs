@@ -858,7 +858,11 @@ mod tests {
         for f in &mut m.functions {
             f.binding = Some((1, 0));
         }
-        m.functions.iter_mut().find(|f| f.pdfid == 0x0300).unwrap().binding = None;
+        m.functions
+            .iter_mut()
+            .find(|f| f.pdfid == 0x0300)
+            .unwrap()
+            .binding = None;
         assert!(bind_other_input(&m, mrpc::MRPC_GFMS_BIND_UNBIND, &bind).is_none());
     }
 

@@ -13,9 +13,8 @@ use serde_json::Value;
 
 use crate::checks::{
     begin, bind_here, compose_begin, dmesg_clean, emu_owners, ensure_pcifab, find_mep, free_all,
-    json_line,
-    one_mrpc, pcifab_cmd, pcifab_ok, recovered, refused_without_extensions, selftest_json,
-    stats_field, two_hosts, wait_for, with_fault, Checks, GPU0, MIB,
+    json_line, one_mrpc, pcifab_cmd, pcifab_ok, recovered, refused_without_extensions,
+    selftest_json, stats_field, two_hosts, wait_for, with_fault, Checks, GPU0, MIB,
 };
 use crate::config::Dialect;
 use crate::fabric::{EmuControl, Fabric, Host};
