@@ -842,6 +842,10 @@ mod tests {
         let mut m = crate::model::Model::new(
             &crate::config::Config::parse(include_str!("../fabric.toml")).expect("fabric.toml"),
         );
+        // The example fabric binds a VF of each GPU: free them, so their PFs can stand in.
+        for f in &mut m.functions {
+            f.binding = None;
+        }
         let mut bind = vec![mrpc::GFMS_BIND, 0, 0, 1];
         bind.extend_from_slice(&0x0300u16.to_le_bytes());
         bind.extend_from_slice(&[0, 0]);
