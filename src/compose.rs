@@ -34,6 +34,7 @@ use crate::{
             EXT_HOTPLUG_FAILED, EXT_UNBIND_TIMEOUT,
         },
         ext,
+        gfms::FUNCS_PER_LOG_PORT,
     },
     hotplug::{self, LOG_PORTS},
     kext::{self, signal::fatal_signal_pending},
@@ -337,9 +338,10 @@ impl Reservation<'_> {
     }
 
     /// Reserves the first logical port of this host that `h` shows free and no operation holds.
-    /// `Ok(None)` when every free port is held by another operation; `ENOSPC` when none is
-    /// free.
-    fn take_free_port(&mut self, h: &Hvd) -> Result<Option<u8>> {
+    /// `Ok(None)` when every free port is held by another operation: the caller is counted in
+    /// [`Compose::waiting`] through `waiting` then, and out again once it gets a port (or
+    /// `waiting` drops); `ENOSPC` when none is free.
+    fn take_free_port(&mut self, h: &Hvd, waiting: &mut Waiting<'_>) -> Result<Option<u8>> {
         self.release_port();
         let mut st = self.compose.lock.lock();
         if !st.alive {
@@ -354,6 +356,7 @@ impl Reservation<'_> {
             st.set_port_busy(p, true);
             self.port = Some(p);
         }
+        waiting.set(&mut st, pick.is_none());
         Ok(pick)
     }
 
@@ -361,6 +364,39 @@ impl Reservation<'_> {
         if let Some(p) = self.port.take() {
             self.compose.lock.lock().set_port_busy(p, false);
             self.compose.changed.notify_all();
+        }
+    }
+}
+
+/// An operation's place in [`Compose::waiting`]: counted in and out with [`Waiting::set`],
+/// out at the latest when it drops (on every return of a wait loop).
+struct Waiting<'a> {
+    compose: &'a Compose,
+    counted: bool,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(compose: &'a Compose) -> Self {
+        Self {
+            compose,
+            counted: false,
+        }
+    }
+
+    /// Counts the operation in (`true`) or out; `st` is the compose lock's state.
+    fn set(&mut self, st: &mut State, waiting: bool) {
+        if self.counted != waiting {
+            self.counted = waiting;
+            self.compose.set_waiting(st, waiting);
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            self.compose
+                .set_waiting(&mut self.compose.lock.lock(), false);
         }
     }
 }
@@ -379,6 +415,50 @@ impl Drop for Reservation<'_> {
             }
         }
         self.compose.changed.notify_all();
+    }
+}
+
+/// The functions logical port `port` of `host` holds, as the firmware's HVD shows them: in
+/// function order, function 0 first; `.1` of them are used.
+fn port_functions(mep: &Mep, host: u8, port: u8) -> Result<([u16; FUNCS_PER_LOG_PORT], usize)> {
+    let h = {
+        let _session = mep.fabric.session();
+        fw::gfms::hvd(mep, host)?
+    };
+    if h.log_ports() < usize::from(LOG_PORTS) {
+        return Err(EIO);
+    }
+    let mut list = [0u16; FUNCS_PER_LOG_PORT];
+    let mut n = 0;
+    for (slot, pdfid) in list.iter_mut().zip(h.bound(port)) {
+        *slot = pdfid;
+        n += 1;
+    }
+    Ok((list, n))
+}
+
+/// Whether a port holding `seen` holds exactly the functions `asked`, `asked[0]` as function 0.
+fn bound_as_asked(asked: &[u16], seen: &[u16]) -> bool {
+    asked.len() == seen.len()
+        && asked.first() == seen.first()
+        && asked.iter().all(|p| seen.contains(p))
+}
+
+/// A list of PDFIDs in a log line: `0x0300,0x0301`, or `none`.
+struct Pdfids<'a>(&'a [u16]);
+
+impl core::fmt::Display for Pdfids<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, p) in self.0.iter().enumerate() {
+            if i != 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{:#06x}", p)?;
+        }
+        Ok(())
     }
 }
 
@@ -501,6 +581,7 @@ impl Mep {
         // With no port given, take the first free one; another host may take it between our
         // look and our bind, so look again then.
         let mut tries = 0;
+        let mut waiting = Waiting::new(&self.compose);
         let (h, port) = loop {
             let h = hvd(self, host)?;
             let p = match (port, local) {
@@ -509,7 +590,7 @@ impl Mep {
                     p
                 }
                 (Some(p), false) => p,
-                (None, true) => match r.take_free_port(&h)? {
+                (None, true) => match r.take_free_port(&h, &mut waiting)? {
                     Some(p) => p,
                     None => {
                         // Every free port is being worked on by another operation here.
@@ -550,6 +631,7 @@ impl Mep {
             }
         };
         self.fabric.invalidate();
+        self.check_bound(&h, host, port, &list[..count], local)?;
         if !local || !wait_local {
             return Ok(Bound { port, local: None });
         }
@@ -589,6 +671,74 @@ impl Mep {
         );
         self.fabric.invalidate();
         Err(ETIMEDOUT.into())
+    }
+
+    /// Checks, after the firmware accepted a bind of `asked` to logical port `port` of `host`
+    /// (whose virtual switch is `h`), that the port holds exactly those functions, `asked[0]`
+    /// as function 0: one HVD dump. If it holds others (more, fewer, different), the firmware
+    /// lied about the bind: logs it, takes whatever the port holds away again (from this host
+    /// first, as an unbind does, when `local`; the caller holds the port) and fails with
+    /// `EIO`.
+    fn check_bound(
+        &self,
+        h: &Hvd,
+        host: u8,
+        port: u8,
+        asked: &[u16],
+        local: bool,
+    ) -> Result<(), Failure> {
+        let (list, n) = port_functions(self, host, port)?;
+        let seen = list.get(..n).ok_or(EIO)?;
+        if bound_as_asked(asked, seen) {
+            return Ok(());
+        }
+        fw::lie(
+            self,
+            format_args!(
+                "bind of {} to host {} port {} accepted, but the port holds {}; unbinding",
+                Pdfids(asked),
+                host,
+                port,
+                Pdfids(seen)
+            ),
+        );
+        let Some(&first) = seen.first() else {
+            return Err(EIO.into());
+        };
+        if local {
+            let removed = match self.compose.enter_hotplug() {
+                Ok(_admitted) => hotplug::remove(&self.pdev, port),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = removed {
+                dev_warn!(
+                    self.pdev,
+                    "could not remove the device on port {}: {:?}\n",
+                    port,
+                    e
+                );
+            }
+            self.compose.lock.lock().set_own_unbind(port, Some(first));
+        }
+        let res = bind_unbind(
+            self,
+            &unbind_cmd(self, h.usp_port, port, first),
+            DEFAULT_TIMEOUT_MS,
+        );
+        if let Err(Failure { fw_ret, .. }) = res {
+            if local && fw_ret != EXT_UNBIND_TIMEOUT && fw_ret != EXT_HOTPLUG_FAILED {
+                self.compose.lock.lock().set_own_unbind(port, None);
+            }
+            dev_warn!(
+                self.pdev,
+                "could not unbind port {} of host {} again ({:#x})\n",
+                port,
+                host,
+                fw_ret
+            );
+        }
+        self.fabric.invalidate();
+        Err(EIO.into())
     }
 
     /// Unbinds `pdfid` from the host holding it. Returns `(host, port)` it was bound to.

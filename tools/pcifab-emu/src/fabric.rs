@@ -637,10 +637,16 @@ impl Fabric {
             if f.delay_ms > 0 {
                 std::thread::sleep(Duration::from_millis(f.delay_ms));
             }
+            // A bind-other lie changes the bind request itself; it counts as told once the
+            // bind it made succeeded.
+            let mut bind_other = None;
             let (mut outcome, notices, deferred, access) = match f.error {
                 Some(ret) => (MrpcOutcome::error(ret), Vec::new(), None, None),
                 None => {
                     let mut model = self.model();
+                    if f.lie == Some(hostile::Lie::BindOther) {
+                        bind_other = hostile::bind_other_input(&model, job.cmd, &job.input);
+                    }
                     let mut x = Exec {
                         model: &mut model,
                         partition: idx,
@@ -649,7 +655,7 @@ impl Fabric {
                         deferred: None,
                         ep_access: None,
                     };
-                    let outcome = x.run(job.cmd, &job.input);
+                    let outcome = x.run(job.cmd, bind_other.as_deref().unwrap_or(&job.input));
                     (outcome, x.notices, x.deferred, x.ep_access)
                 }
             };
@@ -679,6 +685,11 @@ impl Fabric {
                     if hostile::corrupt_reply(&mut rng, job.cmd, &job.input, &mut outcome) {
                         mep.hostile_count(|c| c.mrpc_replies += 1);
                     }
+                }
+            }
+            if bind_other.is_some() && outcome.status == crate::gas::MRPC_STATUS_DONE {
+                if let Some(lie) = mep.take_lie(|l| l == hostile::Lie::BindOther) {
+                    mep.lie_told(lie);
                 }
             }
             if f.lie.is_some() {

@@ -662,6 +662,9 @@ pub enum Lie {
     UnbindRequest,
     /// A DMA descriptor's write-back claims more bytes done than it was given.
     DmaDone,
+    /// A bind answered DONE bound another free function to the port in place of the first
+    /// one asked for (see [`bind_other_input`]).
+    BindOther,
 }
 
 /// The unknown event code an [`Lie::EventCode`] entry carries.
@@ -673,12 +676,13 @@ pub const LIE_UNBIND_PDFID: u16 = 0x0fff;
 pub const LIE_UNBIND_PORT: u8 = 3;
 
 impl Lie {
-    pub const ALL: [Lie; 5] = [
+    pub const ALL: [Lie; 6] = [
         Lie::BindStatus,
         Lie::EventCode,
         Lie::EventCount,
         Lie::UnbindRequest,
         Lie::DmaDone,
+        Lie::BindOther,
     ];
 
     pub fn name(self) -> &'static str {
@@ -688,6 +692,7 @@ impl Lie {
             Lie::EventCount => "event-count",
             Lie::UnbindRequest => "unbind-request",
             Lie::DmaDone => "dma-done",
+            Lie::BindOther => "bind-other",
         }
     }
 
@@ -704,9 +709,57 @@ impl Lie {
             Lie::EventCode | Lie::EventCount | Lie::UnbindRequest => {
                 cmd == mrpc::MRPC_GFMS_EVENT && input.first() == Some(&1)
             }
-            Lie::DmaDone => false,
+            // Told by changing the request before it runs ([`bind_other_input`]).
+            Lie::DmaDone | Lie::BindOther => false,
         }
     }
+}
+
+/// The request a [`Lie::BindOther`] carries out in place of the GFMS bind request `input`:
+/// the same request with its first PDFID replaced by another function's, one the model could
+/// bind there (unbound, no operation in flight, not a VF, none of its VFs bound or busy, not
+/// asked for, not an nvme function), of the first function's endpoint if it has one, else
+/// of its kind (class), else any. `None` when `input` is no bind request or no function fits.
+pub fn bind_other_input(model: &crate::model::Model, cmd: u32, input: &[u8]) -> Option<Vec<u8>> {
+    if cmd != mrpc::MRPC_GFMS_BIND_UNBIND || input.first() != Some(&mrpc::GFMS_BIND) {
+        return None;
+    }
+    let mut asked = Vec::new();
+    for i in 0..8 {
+        let at = 4 + 4 * i;
+        let e = input.get(at..at + 4)?;
+        asked.push(u16::from_le_bytes([e[0], e[1]]));
+        if e[2] == 0 {
+            break;
+        }
+    }
+    let first = model.function(asked[0])?;
+    let free = |g: &&crate::model::Function| {
+        g.binding.is_none()
+            && g.op.is_none()
+            && g.vf_index == 0
+            && !g.nvme
+            && !asked.contains(&g.pdfid)
+            && !model.functions.iter().any(|v| {
+                v.pf_pdfid == g.pdfid && v.vf_index != 0 && (v.binding.is_some() || v.op.is_some())
+            })
+    };
+    let pick = model
+        .functions
+        .iter()
+        .filter(free)
+        .find(|g| g.endpoint == first.endpoint)
+        .or_else(|| {
+            model
+                .functions
+                .iter()
+                .filter(free)
+                .find(|g| g.class == first.class)
+        })
+        .or_else(|| model.functions.iter().find(free))?;
+    let mut out = input.to_vec();
+    out[4..6].copy_from_slice(&pick.pdfid.to_le_bytes());
+    Some(out)
 }
 
 /// Tells `lie` in the reply `o` to a command with `input`; `usp` is the host's upstream
@@ -770,7 +823,7 @@ pub fn tell(lie: Lie, input: &[u8], o: &mut MrpcOutcome, usp: u8) -> bool {
             o.output[..2].copy_from_slice(&req.saturating_add(7).to_le_bytes());
             true
         }
-        Lie::DmaDone => false,
+        Lie::DmaDone | Lie::BindOther => false,
     }
 }
 
@@ -783,6 +836,39 @@ pub fn overdone(len: u64) -> (u64, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bind_other_binds_a_free_function_in_place_of_the_first() {
+        let mut m = crate::model::Model::new(
+            &crate::config::Config::parse(include_str!("../fabric.toml")).expect("fabric.toml"),
+        );
+        // The example fabric binds a VF of each GPU: free them, so their PFs can stand in.
+        for f in &mut m.functions {
+            f.binding = None;
+        }
+        let mut bind = vec![mrpc::GFMS_BIND, 0, 0, 1];
+        bind.extend_from_slice(&0x0300u16.to_le_bytes());
+        bind.extend_from_slice(&[0, 0]);
+        bind.resize(36, 0);
+        let other = bind_other_input(&m, mrpc::MRPC_GFMS_BIND_UNBIND, &bind).expect("a function");
+        let pdfid = u16::from_le_bytes([other[4], other[5]]);
+        assert_ne!(pdfid, 0x0300);
+        assert_eq!(other[..4], bind[..4]);
+        assert_eq!(other[6..], bind[6..]);
+        let f = m.function(pdfid).expect("a configured function");
+        assert!(f.binding.is_none() && f.vf_index == 0 && !f.nvme);
+        // Not a bind, or no function left free: nothing to lie with.
+        assert!(bind_other_input(&m, mrpc::MRPC_GFMS_EVENT, &bind).is_none());
+        for f in &mut m.functions {
+            f.binding = Some((1, 0));
+        }
+        m.functions
+            .iter_mut()
+            .find(|f| f.pdfid == 0x0300)
+            .unwrap()
+            .binding = None;
+        assert!(bind_other_input(&m, mrpc::MRPC_GFMS_BIND_UNBIND, &bind).is_none());
+    }
 
     #[test]
     fn lies_are_never_the_truth() {

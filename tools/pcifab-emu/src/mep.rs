@@ -175,7 +175,7 @@ pub struct Mep {
     /// The hostile mode's streams and counts.
     hostile: Mutex<hostile::State>,
     /// Lies told (`fault <host> lie <kind>`), per kind in [`hostile::Lie::ALL`]'s order.
-    lies_told: Mutex<[u64; 5]>,
+    lies_told: Mutex<[u64; 6]>,
     /// BAR0 writes dropped while the MEP was gone (`fault <host> gone`).
     pub gone_writes: AtomicU64,
     jobs: Mutex<Option<Sender<Job>>>,
@@ -226,7 +226,7 @@ impl Mep {
             faults: Mutex::new(Faults::default()),
             hung: Mutex::new(None),
             hostile: Mutex::new(hostile::State::default()),
-            lies_told: Mutex::new([0; 5]),
+            lies_told: Mutex::new([0; 6]),
             gone_writes: AtomicU64::new(0),
             jobs: Mutex::new(None),
             next_seq: AtomicU64::new(0),
@@ -332,7 +332,7 @@ impl Mep {
     }
 
     /// Lies told since start, per kind in [`hostile::Lie::ALL`]'s order.
-    pub fn lies_told(&self) -> [u64; 5] {
+    pub fn lies_told(&self) -> [u64; 6] {
         *self.lies_told.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -422,6 +422,12 @@ pub fn all() -> Vec<Scenario> {
             driver_trust::firmware_lies,
         ),
         s(
+            "firmware lies: a bind that binds another function than asked fails with EIO and \
+             is undone",
+            120,
+            driver_trust::firmware_lies_bind_other,
+        ),
+        s(
             "events: an interrupt while the MEP reads all ones (surprise removal) is not serviced",
             120,
             driver_trust::gone_irq,

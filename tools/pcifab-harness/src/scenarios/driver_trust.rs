@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::checks::{
-    begin, bind_here, compose_begin, dmesg_clean, ensure_pcifab, find_mep, free_all, json_line,
-    one_mrpc, pcifab_cmd, pcifab_ok, recovered, refused_without_extensions, selftest_json,
-    stats_field, two_hosts, wait_for, with_fault, Checks, GPU0, MIB,
+    begin, bind_here, compose_begin, dmesg_clean, emu_owners, ensure_pcifab, find_mep, free_all,
+    json_line, one_mrpc, pcifab_cmd, pcifab_ok, recovered, refused_without_extensions,
+    selftest_json, stats_field, two_hosts, wait_for, with_fault, Checks, GPU0, MIB,
 };
 use crate::config::Dialect;
 use crate::fabric::{EmuControl, Fabric, Host};
@@ -967,6 +967,54 @@ pub fn firmware_lies(f: &mut Fabric) -> Result<(), String> {
     } else {
         crate::say("# firmware lies: dma-done needs the DMA engine (extended dialect): not told");
     }
+    recovered(h)
+}
+
+/// `EIO` as the CLI's JSON reports it.
+const EIO: i64 = 5;
+
+/// A bind the firmware answered with success but that left another function on the port
+/// than the one asked for (`fault HOST lie bind-other`): reported as bound before. The driver
+/// reads the host's HVD after the bind, must fail it with `EIO`, log the lie naming what it
+/// asked and what it saw, and take the port back (the emulator then shows nothing bound);
+/// a normal bind afterwards works.
+pub fn firmware_lies_bind_other(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let emu = f.emu();
+    let e = f.expected.clone();
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    let t = Instant::now();
+    let (code, v, out) = one_lie(
+        &emu,
+        h,
+        "bind-other",
+        &format!(
+            "bind of {GPU0:#06x} to host {} port [0-9]+ accepted, but the port holds 0x[0-9a-f]{{4}}; unbinding",
+            h.index
+        ),
+        |h| pcifab_cmd(h, &format!("bind {GPU0:#06x} --host {}", h.index)),
+    )?;
+    crate::say(&format!(
+        "# firmware lies: the lying bind failed after {} ms",
+        t.elapsed().as_millis()
+    ));
+    let mut c = Checks::new(&format!("{}: bind that bound another function", h.name));
+    if code == 0 || v.get("ok") == Some(&Value::Bool(true)) {
+        c.fail(format!(
+            "expected a failure, got exit {code}: {}",
+            out.trim()
+        ));
+    }
+    c.eq("errno", Some(EIO), v["error"]["errno"].as_i64());
+    let (owners, _) = emu_owners(&emu, &e)?;
+    c.eq(
+        "functions the emulator shows bound afterwards",
+        Vec::<u16>::new(),
+        owners.keys().copied().collect::<Vec<_>>(),
+    );
+    c.finish()?;
+    bind_here(h, &e, GPU0)?;
+    pcifab_ok(h, &format!("unbind {GPU0:#06x}"))?;
     recovered(h)
 }
 
