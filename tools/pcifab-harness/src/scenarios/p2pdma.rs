@@ -134,6 +134,7 @@ fn read_into_cmb(f: &mut Fabric, hi: usize) -> Result<(), String> {
             h.name
         ));
     }
+    let on = crate::fabric::iommu_host(hi);
     selftest_ok(
         h,
         &format!("blk-write --dev {data_dev} --seed {SEED} --blocks {BLOCKS}"),
@@ -153,7 +154,7 @@ fn read_into_cmb(f: &mut Fabric, hi: usize) -> Result<(), String> {
     );
     let acs =
         format!("nvme {data_bdf}: ACS redirect is set between the client and provider ({cmb_bdf})");
-    let outcome = if crate::fabric::iommu_host(hi) {
+    let outcome = if on {
         // With the IOMMU on, Linux enables ACS redirection on the switch's downstream
         // ports, so the path goes up through the host bridge, and q35's (8086:29c0) is
         // not on the P2PDMA whitelist: the pair is refused when the read is mapped, and
@@ -208,6 +209,37 @@ fn read_into_cmb(f: &mut Fabric, hi: usize) -> Result<(), String> {
         }
         format!("{BLOCKS} blocks read O_DIRECT from {data_bdf} into it and verified in {secs:.2} s")
     };
+    // pcifab's own view of the pair (PCIFAB_IOCTL_P2P_DISTANCE): the kernel's
+    // pci_p2pdma_distance() and whether a downstream port redirects peer requests. Asked
+    // after the read: the kernel computes a pair's verdict once and caches it, and only
+    // the first computation from the DMA mapping logs why it refused.
+    let d = pcifab_ok(
+        h,
+        &format!("p2p distance {cmb_pdfid:#06x} {data_pdfid:#06x}"),
+    )?;
+    let pci_distance = d.get("pci_distance").and_then(Value::as_i64);
+    let flags: Vec<&str> = d
+        .get("flags")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let local = flags.contains(&"a_local") && flags.contains(&"b_local");
+    let agrees = if on {
+        pci_distance == Some(-1) && flags.contains(&"acs_redirect")
+    } else {
+        pci_distance.is_some_and(|x| x > 0) && !flags.contains(&"acs_redirect")
+    };
+    if d.get("path").and_then(Value::as_str) != Some("switch") || !local || !agrees {
+        return Err(format!(
+            "h{hi} (IOMMU {iommu}): `pcifab p2p distance {cmb_pdfid:#06x} {data_pdfid:#06x}`: \
+             expected path switch, both local, {}; got {d}",
+            if on {
+                "pci_distance -1 and acs_redirect"
+            } else {
+                "a positive pci_distance and no acs_redirect"
+            }
+        ));
+    }
     // The mapping is gone with the process: what was free before is free again.
     let after = p2pmem(h, &cmb_bdf, "available")?;
     if after != available {
@@ -220,7 +252,8 @@ fn read_into_cmb(f: &mut Fabric, hi: usize) -> Result<(), String> {
     dmesg_clean(h)?;
     crate::say(&format!(
         "# p2pdma: h{hi} (IOMMU {iommu}): {cmb_bdf} published {size} bytes of CMB as p2pmem \
-         ({available} available); {outcome}"
+         ({available} available); pcifab p2p distance: pci_distance {}; {outcome}",
+        pci_distance.unwrap_or(-1)
     ));
     pcifab_ok(h, &format!("unbind {data_pdfid:#06x}"))?;
     pcifab_ok(h, &format!("unbind {cmb_pdfid:#06x}"))?;
