@@ -31,7 +31,8 @@ TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
 	cargo-test qemu-test test soak demo bench help kernel-debian module-debian switchtec-debian test-debian switchtec-user pax-client \
-	check-dkms check-module-msrv check-fabric-dma test-nvme test-lane1 test-lane2 test-lane3 scenarios slurm
+	check-dkms check-module-msrv check-fabric-dma test-nvme test-p2pdma test-lane1 test-lane2 \
+	test-lane3 scenarios slurm
 
 modules:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) modules
@@ -53,6 +54,7 @@ help:
 	@echo "make module-debian  build the module for Debian's kernel (in the trixie build tree)"
 	@echo "make test-debian    a few scenarios on Debian's own kernel with that module"
 	@echo "make test-nvme      the NVMe drive scenarios (make test's nvme cell) alone"
+	@echo "make test-p2pdma    Linux's P2PDMA between two fabric drives (not in make test)"
 	@echo "make scenarios FILTER='a|b' [DIALECT=pax] [HOSTS=N]  some scenarios on the sanitizer kernel"
 	@echo "make slurm      Debian's Slurm and MUNGE for the guests (the slurm: scenarios)"
 	@echo "make check-dkms     dkms build of this checkout for Debian's kernel, loaded in a guest"
@@ -131,6 +133,11 @@ NVME_GUEST_ARGS = --guest-bin $(GUEST_BIN) \
 	--qemu-root $(PCIFAB_CACHE)/trixie
 NVME_HARNESS_ARGS = $(DEBUG_KERNEL_ARGS) $(NVME_GUEST_ARGS)
 NVME_FILTER := agent answers|pcifab binds the MEP|nvme:|rmmod pcifab in every host|kmemleak
+# The p2pdma scenarios' fabric: two hosts and two NVMe drives, one with a CMB.
+P2PDMA_HARNESS_ARGS = $(DEBUG_KERNEL_ARGS) --guest-bin $(GUEST_BIN) \
+	--emu $(HOST_BIN)/pcifab-emu --emu-config $(CURDIR)/tools/pcifab-harness/fabric-p2pdma.toml \
+	--qemu-root $(PCIFAB_CACHE)/trixie
+P2PDMA_FILTER := agent answers|pcifab binds the MEP|p2pdma:|kmemleak
 # The sanitizer cells' guests have two CPUs (multi-threaded TCG), so that what races in
 # the driver can race in the kernel too.
 DEBUG_SMP := --smp 2
@@ -301,6 +308,11 @@ check-fabric-dma: check-module-debug tools
 test-nvme: deps kernel-debug check-module-debug tools
 	$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
 		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
+
+# Linux's P2PDMA between two fabric drives (fabric-p2pdma.toml) alone.
+test-p2pdma: deps kernel-debug check-module-debug tools
+	$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(P2PDMA_FILTER)' \
+		$(DEBUG_SMP) $(P2PDMA_HARNESS_ARGS) --results $(RESULTS)/p2pdma
 
 # The same scenarios with the trust scenarios at full size; hours on 2 cores under TCG.
 soak: deps kernel-debug check-module-debug tools

@@ -200,6 +200,9 @@ pub const NVME_CLASS: u32 = 0x01_0802;
 /// Default and largest capacity of an nvme endpoint's image, MiB.
 pub const DEFAULT_NVME_CAPACITY_MIB: u32 = 64;
 pub const MAX_NVME_CAPACITY_MIB: u32 = 65536;
+/// Smallest and largest controller memory buffer of an nvme endpoint, MiB.
+pub const MIN_NVME_CMB_MIB: u32 = 2;
+pub const MAX_NVME_CMB_MIB: u32 = 256;
 /// Longest serial number QEMU's nvme device keeps (the Identify field).
 pub const NVME_SERIAL_MAX: usize = 20;
 /// Prefix of an nvme function's serial number; the endpoint name follows.
@@ -237,6 +240,8 @@ pub struct Endpoint {
     pub capacity_mib: Option<u32>,
     /// Backing image file (nvme only); relative to the run directory.
     pub image: Option<String>,
+    /// Controller memory buffer of the drive, MiB (nvme only; None: no CMB).
+    pub cmb_mib: Option<u32>,
 }
 
 impl Endpoint {
@@ -561,6 +566,7 @@ fn validate_gpu(ep: &Endpoint, who: &str) -> Result<(), String> {
     for (key, given) in [
         ("capacity_mib", ep.capacity_mib.is_some()),
         ("image", ep.image.is_some()),
+        ("cmb_mib", ep.cmb_mib.is_some()),
     ] {
         if given {
             return Err(format!(
@@ -627,6 +633,13 @@ fn validate_nvme(ep: &Endpoint, who: &str) -> Result<(), String> {
         if !(1..=MAX_NVME_CAPACITY_MIB).contains(&c) {
             return Err(format!(
                 "{who}.capacity_mib = {c} is out of range; use 1 to {MAX_NVME_CAPACITY_MIB} (MiB)"
+            ));
+        }
+    }
+    if let Some(c) = ep.cmb_mib {
+        if !(MIN_NVME_CMB_MIB..=MAX_NVME_CMB_MIB).contains(&c) || !c.is_power_of_two() {
+            return Err(format!(
+                "{who}.cmb_mib = {c}: use a power of two from {MIN_NVME_CMB_MIB} to {MAX_NVME_CMB_MIB} (MiB; QEMU's CMB BAR is exactly that size, and Linux maps a CMB for P2PDMA in 2 MiB pieces), or leave it out for no CMB"
             ));
         }
     }
@@ -916,6 +929,11 @@ mod tests {
             ep.image_path(Path::new("/run")),
             PathBuf::from("/run/disks/a.raw")
         );
+        assert_eq!(ep.cmb_mib, None, "no CMB unless asked");
+        for ok in [2, 4, 256] {
+            let c = Config::parse(&nv(&format!("cmb_mib = {ok}\n"))).expect("a CMB");
+            assert_eq!(c.endpoints[0].cmb_mib, Some(ok));
+        }
         let c = Config::parse(&nv("image = \"/abs/b.img\"\n")).expect("absolute image");
         assert_eq!(
             c.endpoints[0].image_path(Path::new("/run")),
@@ -968,6 +986,22 @@ mod tests {
                 "image = \"\"\n",
                 "endpoints[0].image = \"\" is not a file name",
             ),
+            (
+                "cmb_mib = 0\n",
+                "endpoints[0].cmb_mib = 0: use a power of two from 2 to 256",
+            ),
+            (
+                "cmb_mib = 1\n",
+                "endpoints[0].cmb_mib = 1: use a power of two",
+            ),
+            (
+                "cmb_mib = 3\n",
+                "endpoints[0].cmb_mib = 3: use a power of two",
+            ),
+            (
+                "cmb_mib = 512\n",
+                "endpoints[0].cmb_mib = 512: use a power of two",
+            ),
             ("kind = \"ssd\"\n", "kind"),
         ] {
             let e = err(&nv(extra));
@@ -1008,6 +1042,10 @@ mod tests {
             (
                 "image = \"x.img\"\n",
                 "endpoints[0].image applies to kind = \"nvme\" only",
+            ),
+            (
+                "cmb_mib = 2\n",
+                "endpoints[0].cmb_mib applies to kind = \"nvme\" only",
             ),
         ] {
             let e = err(&gpu(&format!(

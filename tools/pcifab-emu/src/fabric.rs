@@ -207,14 +207,15 @@ impl Fabric {
 
     /// The image and serial number of function `pdfid` when it is an nvme function.
     /// Takes no lock: the configuration says which endpoint owns `pdfid`.
-    pub fn nvme(&self, pdfid: u16) -> Option<(PathBuf, String)> {
+    pub fn nvme(&self, pdfid: u16) -> Option<(PathBuf, String, Option<u32>)> {
         let e = self
             .config
             .endpoints
             .iter()
             .position(|ep| (0..=ep.vfs).any(|f| model::pdfid(ep.port, f) == pdfid))?;
         let image = self.images.get(e)?.clone()?;
-        Some((image, self.config.endpoints[e].nvme_serial()))
+        let ep = &self.config.endpoints[e];
+        Some((image, ep.nvme_serial(), ep.cmb_mib))
     }
 
     pub fn function_dev(&self, pdfid: u16) -> Option<&Arc<FnDevice>> {
@@ -411,10 +412,10 @@ impl Fabric {
         let id = format!("fn-{pdfid:04x}");
         let nvme = self.nvme(pdfid);
         let mut args = match &nvme {
-            Some((image, serial)) => {
+            Some((image, serial, cmb_mib)) => {
                 q.execute("blockdev-add", nvme::blockdev_add_args(pdfid, image))
                     .map_err(|e| format!("blockdev-add {}: {e}", nvme::node_name(pdfid)))?;
-                nvme::device_add_args(pdfid, bus, addr, serial)
+                nvme::device_add_args(pdfid, bus, addr, serial, *cmb_mib)
             }
             None => {
                 let mut a = serde_json::json!({

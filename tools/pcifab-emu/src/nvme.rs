@@ -72,8 +72,16 @@ pub fn blockdev_add_args(pdfid: u16, image: &Path) -> Value {
 }
 
 /// `device_add` arguments of QEMU's nvme device for function `pdfid`
-/// on `bus`, at `addr` when given.
-pub fn device_add_args(pdfid: u16, bus: &str, addr: Option<&str>, serial: &str) -> Value {
+/// on `bus`, at `addr` when given, with a controller memory buffer of
+/// `cmb_mib` MiB when given (QEMU's `cmb_size_mb`: BAR2, 64-bit
+/// prefetchable, exactly that size; the host enables it through CMBMSC).
+pub fn device_add_args(
+    pdfid: u16,
+    bus: &str,
+    addr: Option<&str>,
+    serial: &str,
+    cmb_mib: Option<u32>,
+) -> Value {
     let mut v = json!({
         "driver": "nvme",
         "id": format!("fn-{pdfid:04x}"),
@@ -83,6 +91,9 @@ pub fn device_add_args(pdfid: u16, bus: &str, addr: Option<&str>, serial: &str) 
     });
     if let Some(a) = addr {
         v["addr"] = Value::String(a.to_owned());
+    }
+    if let Some(c) = cmb_mib {
+        v["cmb_size_mb"] = Value::from(c);
     }
     v
 }
@@ -141,12 +152,20 @@ mod tests {
             json!({"driver": "raw", "node-name": "drv-0500",
                    "file": {"driver": "file", "filename": "/r/n.img"}})
         );
-        let d = device_add_args(0x0500, "dsp2", Some("0.1"), "pcifab-nvme0");
+        let d = device_add_args(0x0500, "dsp2", Some("0.1"), "pcifab-nvme0", None);
         assert_eq!(
             d,
             json!({"driver": "nvme", "id": "fn-0500", "bus": "dsp2", "addr": "0.1",
                    "drive": "drv-0500", "serial": "pcifab-nvme0"})
         );
-        assert!(device_add_args(1, "dsp0", None, "s").get("addr").is_none());
+        assert!(device_add_args(1, "dsp0", None, "s", None)
+            .get("addr")
+            .is_none());
+        let d = device_add_args(0x0500, "dsp1", None, "pcifab-cmb", Some(4));
+        assert_eq!(
+            d,
+            json!({"driver": "nvme", "id": "fn-0500", "bus": "dsp1", "drive": "drv-0500",
+                   "serial": "pcifab-cmb", "cmb_size_mb": 4})
+        );
     }
 }

@@ -81,6 +81,8 @@ pub struct Endpoint {
     /// `kind`: "gpu" (the emulator's register-file function, default) or "nvme" (QEMU's
     /// nvme device on the drive's image).
     pub kind: String,
+    /// Controller memory buffer of an nvme drive, MiB (0: none).
+    pub cmb_mib: u32,
 }
 
 impl Endpoint {
@@ -151,6 +153,7 @@ fn endpoint(i: usize, t: &toml::Value) -> Result<Endpoint, String> {
         power_limit_mw: opt("power_limit_mw", 300_000)?,
         utilisation: int(t, "utilisation", 0, 100)
             .map_err(|e| format!("[[endpoints]] {name}: {e}"))?,
+        cmb_mib: opt("cmb_mib", 0)?,
         name,
     })
 }

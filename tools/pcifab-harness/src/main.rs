@@ -603,13 +603,20 @@ impl Run {
         // The nvme scenarios need a drive in the fabric (fabric-nvme.toml); on a fabric
         // without one they are not part of the run, and the run says so.
         let drives = self.expected.endpoints.iter().any(|e| e.kind == "nvme");
-        let (all, absent): (Vec<_>, Vec<_>) = all
-            .into_iter()
-            .partition(|s| drives || !s.name.starts_with("nvme:"));
+        // The p2pdma scenarios need two drives, one with a CMB (fabric-p2pdma.toml).
+        let cmb = self
+            .expected
+            .endpoints
+            .iter()
+            .any(|e| e.kind == "nvme" && e.cmb_mib > 0);
+        let (all, absent): (Vec<_>, Vec<_>) = all.into_iter().partition(|s| {
+            (drives || !s.name.starts_with("nvme:")) && (cmb || !s.name.starts_with("p2pdma:"))
+        });
         if !absent.is_empty() && self.opts.mode != Mode::Selftest {
             say(&format!(
-                "# {} nvme scenarios are not in this run: the fabric configuration declares no \
-                 endpoint of kind \"nvme\" (they run on tools/pcifab-harness/fabric-nvme.toml)",
+                "# {} nvme or p2pdma scenarios are not in this run: the fabric configuration \
+                 declares no endpoint of kind \"nvme\" (or none with cmb_mib) (they run on \
+                 tools/pcifab-harness/fabric-nvme.toml, fabric-p2pdma.toml)",
                 absent.len()
             ));
         }

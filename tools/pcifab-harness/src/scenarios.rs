@@ -26,6 +26,7 @@ mod mgmt_net;
 mod nvme;
 mod nvme_pool;
 mod p2p_trust;
+mod p2pdma;
 mod pax_client;
 mod pax_driver;
 mod selftest;
@@ -483,6 +484,18 @@ pub fn all() -> Vec<Scenario> {
             "nvme: manager scrub pool erases the drive between holders; the next holder reads zeros",
             600,
             nvme_pool::scrub_between_holders,
+        ),
+        // Linux's P2PDMA between two drives, on fabric-p2pdma.toml only (`Run::scenarios`
+        // leaves out every "p2pdma:" scenario on a fabric without a drive with a CMB).
+        s(
+            "p2pdma: with the IOMMU on (h0) Linux refuses a drive's O_DIRECT read into another's CMB: ACS redirect, host bridge not whitelisted",
+            600,
+            p2pdma::iommu_on,
+        ),
+        s(
+            "p2pdma: an O_DIRECT read from one fabric drive lands in another's CMB, no CPU copy (IOMMU off, h1)",
+            600,
+            p2pdma::iommu_off,
         ),
         // What the driver must survive (trust.rs), before the scenarios that unload the
         // module or remove the MEP (they need both).

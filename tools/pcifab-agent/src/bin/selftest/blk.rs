@@ -28,10 +28,13 @@ pub const USAGE: &str = "\
         writes blocks 0..N (default: the whole device) with the pattern of SEED,
         direct I/O in chunks of B bytes (default 64K)
   blk-verify --dev PATH (--seed S | --zero) [--blocks N] [--acked A --old S2] [--buffered]
+             [--p2pmem FILE]
         reads blocks 0..N back and checks each one: all must be SEED's (or zero);
         with --acked: blocks below A must be SEED's, the rest SEED's or S2's (the
         writes in flight when the drive went away); --buffered: no O_DIRECT (for
-        an image file on a file system without it)
+        an image file on a file system without it); --p2pmem: the O_DIRECT reads
+        land in 64 KiB mapped from FILE (a device's sysfs p2pmem/allocate: PCI
+        peer-to-peer memory), poisoned with 0xA5 before each read
   blk-stream --dev PATH --seed S --ack FILE [--chunk B]
         writes SEED's blocks from block 0 on, wrapping at the end, until a write
         fails; after every completed write FILE holds the number of blocks whose
@@ -90,13 +93,51 @@ fn classify(b: &[u8]) -> Found {
     }
 }
 
-/// A block-aligned buffer for direct I/O.
+/// A block-aligned buffer for direct I/O: heap memory, or a shared mapping of a file
+/// (`mapped`: unmapped on drop instead of freed).
 struct Buf {
     ptr: *mut u8,
     len: usize,
+    mapped: bool,
 }
 
 impl Buf {
+    /// `len` bytes mapped shared, read-write, from offset 0 of `path` (a sysfs
+    /// `p2pmem/allocate` file hands out peer-to-peer memory this way). The file is
+    /// closed again; the mapping keeps the memory.
+    fn map(path: &str, len: usize) -> Res<Buf> {
+        use std::os::fd::AsRawFd;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| check(format!("cannot open {path}: {e}")))?;
+        // SAFETY: a fresh shared mapping of `len` bytes (no fixed address) of an open file;
+        // the result is checked before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(check(format!(
+                "cannot map {len} bytes of {path}: {}",
+                io_err(e)
+            )));
+        }
+        Ok(Buf {
+            ptr: ptr.cast(),
+            len,
+            mapped: true,
+        })
+    }
+
     fn new(len: usize) -> Res<Buf> {
         let layout = std::alloc::Layout::from_size_align(len, BLOCK)
             .map_err(|_| usage(format!("chunk of {len} bytes is not usable")))?;
@@ -105,7 +146,11 @@ impl Buf {
         if ptr.is_null() {
             return Err(check(format!("cannot allocate {len} bytes")));
         }
-        Ok(Buf { ptr, len })
+        Ok(Buf {
+            ptr,
+            len,
+            mapped: false,
+        })
     }
 
     fn bytes(&mut self) -> &mut [u8] {
@@ -116,6 +161,11 @@ impl Buf {
 
 impl Drop for Buf {
     fn drop(&mut self) {
+        if self.mapped {
+            // SAFETY: mapped in `map` with this length and not unmapped since.
+            unsafe { libc::munmap(self.ptr.cast(), self.len) };
+            return;
+        }
         // SAFETY: allocated in `new` with this layout (valid there, so valid here).
         unsafe {
             std::alloc::dealloc(
@@ -241,10 +291,17 @@ pub fn cmd_blk_verify(args: &[String]) -> Res<()> {
         return Err(usage("--acked and --old go together, with --seed"));
     }
     let direct = a.get("buffered").is_none();
+    let p2pmem = a.get("p2pmem");
+    if p2pmem.is_some() && !direct {
+        return Err(usage("--p2pmem reads with O_DIRECT; leave out --buffered"));
+    }
     let f = open(path, false, direct)?;
     let n = blocks_arg(&a, device_blocks(&f, path)?, path)?;
     let per = (65536 / BLOCK) as u64;
-    let mut buf = Buf::new(65536)?;
+    let mut buf = match p2pmem {
+        Some(m) => Buf::map(m, 65536)?,
+        None => Buf::new(65536)?,
+    };
     let t = Instant::now();
     let (mut good, mut in_flight_old, mut bad) = (0u64, 0u64, 0u64);
     let mut first_bad: Vec<String> = Vec::new();
@@ -253,6 +310,10 @@ pub fn cmd_blk_verify(args: &[String]) -> Res<()> {
     while i < n {
         let k = per.min(n - i);
         let b = &mut buf.bytes()[..k as usize * BLOCK];
+        if p2pmem.is_some() {
+            // What is there after the read came from the read, not from before.
+            b.fill(0xA5);
+        }
         f.read_exact_at(b, i * BLOCK as u64).map_err(|e| {
             check(format!(
                 "read of blocks {i}..{} of {path} failed: {}",
@@ -300,8 +361,9 @@ pub fn cmd_blk_verify(args: &[String]) -> Res<()> {
         i += k;
     }
     println!(
-        "{{\"dev\":{},\"blocks\":{n},\"good\":{good},\"old_after_acked\":{in_flight_old},\"bad\":{bad},\"ms\":{}}}",
+        "{{\"dev\":{},\"blocks\":{n},\"good\":{good},\"old_after_acked\":{in_flight_old},\"bad\":{bad},\"p2pmem\":{},\"ms\":{}}}",
         json_str(path),
+        p2pmem.map_or("null".to_string(), json_str),
         t.elapsed().as_millis()
     );
     if bad != 0 {
