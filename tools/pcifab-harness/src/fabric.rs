@@ -128,7 +128,7 @@ impl Drop for Host {
 /// busybox. Under TCG with the sanitizer kernel a fork and exec costs tens of milliseconds of
 /// CPU, and the scripts' wait loops sleep 0.1 s at a time. Any other `sleep` (or no FIFO)
 /// runs the real one. The read's timeout status is swallowed, so `set -e` scripts live on.
-const SLEEP_PRELUDE: &str = "sleep() { case $#:$1 in 1:*[!0-9.]*|1:|1:*.*.*) ;; 1:*) \
+const SLEEP_PRELUDE: &str = "sleep() { case $#:$1 in 1:*[!0-9.]*|1:|1:.*|1:*.*.*) ;; 1:*) \
      [ -p /run/nap ] && { read -t \"$1\" _ <>/run/nap || :; return 0; } ;; esac; \
      command sleep \"$@\"; }\n";
 
