@@ -443,9 +443,9 @@ struct Cli {}
 
 fn main() {
     if let Err(e) = <Cli as clap::Parser>::try_parse() {
-        // As PID 1 the agent must not exit (the guest kernel would panic): it says what was
-        // wrong and serves anyway.
-        if std::process::id() != 1 || !e.use_stderr() {
+        // As PID 1 the agent must not exit (the guest kernel would panic), not even for
+        // --help or --version: it says what it was given and serves anyway.
+        if std::process::id() != 1 {
             e.exit();
         }
         log(&format!("ignoring the command line: {e}"));
