@@ -368,6 +368,39 @@ impl Hub {
         };
     }
 
+    /// Host `host` is gone (its QEMU disconnected): the firmware drops every buffer it
+    /// registered and every one registered for it, tells each peer that lost one of the
+    /// host's buffers with an unregister event, and forgets the host's command and event
+    /// addresses (guess: what the firmware does when a host's link goes down). Otherwise a
+    /// peer's engine could write through an old registration, or an event land at an old
+    /// address, into whatever the host's next boot maps there. Owners of buffers that were
+    /// registered for the host hear nothing; their later UNREGISTER is refused.
+    pub fn forget(&self, host: usize) {
+        let mut st = self.lock();
+        let gone: Vec<(usize, usize, u8)> = st
+            .bufs
+            .keys()
+            .filter(|(o, p, _)| *o == host || *p == host)
+            .copied()
+            .collect();
+        for k in &gone {
+            st.bufs.remove(k);
+        }
+        st.ctrl[host] = Ctrl {
+            input: vec![0; FAB_CMD_INPUT_LEN as usize],
+            faults: st.ctrl[host].faults.clone(),
+            ..Ctrl::default()
+        };
+        for (o, p, i) in gone {
+            if o == host {
+                let mut ev = [0u8; 12];
+                ev[0..2].copy_from_slice(&hfid(host).to_le_bytes());
+                ev[2] = i;
+                self.event(&mut st, p, EVENT_UNREGISTER, ev);
+            }
+        }
+    }
+
     /// Run command `cmd` of host `host` and write its output.
     fn command(&self, st: &mut HubState, host: usize, cmd: u32) {
         st.ctrl[host].commands += 1;
