@@ -992,6 +992,8 @@ impl crate::vfio_user::Device for DmaEp {
     }
     fn disconnect(&self) {
         let _st = self.lock();
+        // Before the DMA table goes: no peer may write through the host's registrations.
+        self.hub.forget(self.host as usize);
         self.port.irqs().clear();
         self.port.dma().clear();
         self.connected.store(false, Ordering::Relaxed);

@@ -368,6 +368,39 @@ impl Hub {
         };
     }
 
+    /// Host `host` is gone (its QEMU disconnected): the firmware drops every buffer it
+    /// registered and every one registered for it, tells each peer that lost one of the
+    /// host's buffers with an unregister event, and forgets the host's command and event
+    /// addresses (guess: what the firmware does when a host's link goes down). Otherwise a
+    /// peer's engine could write through an old registration, or an event land at an old
+    /// address, into whatever the host's next boot maps there. Owners of buffers that were
+    /// registered for the host hear nothing; their later UNREGISTER is refused.
+    pub fn forget(&self, host: usize) {
+        let mut st = self.lock();
+        let gone: Vec<(usize, usize, u8)> = st
+            .bufs
+            .keys()
+            .filter(|(o, p, _)| *o == host || *p == host)
+            .copied()
+            .collect();
+        for k in &gone {
+            st.bufs.remove(k);
+        }
+        st.ctrl[host] = Ctrl {
+            input: vec![0; FAB_CMD_INPUT_LEN as usize],
+            faults: st.ctrl[host].faults.clone(),
+            ..Ctrl::default()
+        };
+        for (o, p, i) in gone {
+            if o == host {
+                let mut ev = [0u8; 12];
+                ev[0..2].copy_from_slice(&hfid(host).to_le_bytes());
+                ev[2] = i;
+                self.event(&mut st, p, EVENT_UNREGISTER, ev);
+            }
+        }
+    }
+
     /// Run command `cmd` of host `host` and write its output.
     fn command(&self, st: &mut HubState, host: usize, cmd: u32) {
         st.ctrl[host].commands += 1;
@@ -410,14 +443,23 @@ impl Hub {
             note!("dmaep h{host}: fabric command {cmd} with no output buffer set");
             return;
         }
+        // A guest-set address: refuse to write an output that wraps past 2^64.
+        let (Some(at_cmd), Some(at_data)) = (
+            addr.checked_add(4),
+            addr.checked_add(CMD_OUT_DATA)
+                .filter(|a| a.checked_add(out.len() as u64).is_some()),
+        ) else {
+            note!("dmaep h{host}: fabric command {cmd} output at {addr:#x} wraps past 2^64: not written");
+            return;
+        };
         let mut head = [0u8; 16];
         head[4..8].copy_from_slice(&cmd.to_le_bytes());
         head[12..16].copy_from_slice(&size.to_le_bytes());
         let port = &self.ports[host];
         let dma = port.dma();
         let res = dma
-            .write(addr + 4, &head[4..])
-            .and_then(|_| dma.write(addr + CMD_OUT_DATA, &out))
+            .write(at_cmd, &head[4..])
+            .and_then(|_| dma.write(at_data, &out))
             // The status last: the driver polls it.
             .and_then(|_| dma.write(addr, &status.to_le_bytes()));
         if let Err(e) = res {
@@ -612,10 +654,19 @@ impl Hub {
         let mut e = [0u8; EQ_ENTRY as usize];
         e[0..4].copy_from_slice(&kind.to_le_bytes());
         e[4..16].copy_from_slice(&data);
-        let at = c.event_addr + EQ_HEADER + u64::from(c.event_head) * EQ_ENTRY;
+        // A guest-set address: an entry that would wrap past 2^64 is lost, as one the
+        // DMA table refuses is.
+        let at = c
+            .event_addr
+            .checked_add(EQ_HEADER + u64::from(c.event_head) * EQ_ENTRY)
+            .filter(|a| a.checked_add(EQ_ENTRY).is_some());
         let addr = c.event_addr;
         c.event_head = next;
         c.events += 1;
+        let Some(at) = at else {
+            note!("dmaep h{to}: fabric event queue at {addr:#x} wraps past 2^64: event {kind} not written");
+            return true;
+        };
         let dma = self.ports[to].dma();
         if let Err(e) = dma
             .write(at, &e)

@@ -407,3 +407,47 @@ fn hostile_fabric_firmware_lies_in_outputs_and_events() {
         "a quarter lie, not all"
     );
 }
+
+/// A command output buffer or an event queue the guest put at the top of the address
+/// space: the firmware refuses to write what would wrap past 2^64 and goes on.
+#[test]
+fn output_and_event_addresses_near_the_top_are_refused() {
+    let p = pair(1);
+    let (i0, t1) = (&p.h[0], &p.h[1]);
+    let top = u64::MAX - 7;
+    i0.w(FAB_CTRL + FC_CMD_ADDR_LO, top as u32);
+    i0.w(FAB_CTRL + FC_CMD_ADDR_HI, (top >> 32) as u32);
+    i0.w(FAB_CMD_INPUT, u32::from(LOCAL_PAX));
+    i0.w(FAB_CMD, CMD_GET_HOST_LIST);
+    assert_eq!(i0.ep.hub.counts(0).0, 1, "the command was taken");
+    // h0's event queue at the top: h1's register still completes, h0's event is lost.
+    i0.w(FAB_CTRL + FC_EVENT_ADDR_LO, top as u32);
+    i0.w(FAB_CTRL + FC_EVENT_ADDR_HI, (top >> 32) as u32);
+    assert_eq!(t1.register(hfid(0), 0, TBUF, 0x100).0, CMD_STATUS_DONE);
+    assert_eq!(i0.ep.hub.counts(0).1, 1, "the event was taken");
+    // Back in range, commands answer again.
+    i0.fabric_init();
+    assert_eq!(i0.cmd(CMD_GET_HOST_LIST, &[LOCAL_PAX]).0, CMD_STATUS_DONE);
+}
+
+/// A host whose QEMU disconnects loses its registrations: the peer hears an unregister
+/// event and its copies through the old grant are refused.
+#[test]
+fn disconnect_drops_the_hosts_buffers() {
+    let p = pair(1);
+    let (i0, t1) = (&p.h[0], &p.h[1]);
+    i0.open(0, 16);
+    let (local, remote) = (mem_dfid(0, 0), mem_dfid(1, 0));
+    assert_eq!(t1.register(hfid(0), 3, TBUF, 0x100).0, CMD_STATUS_DONE);
+    assert_eq!(i0.register(hfid(1), 0, TBUF, 0x100).0, CMD_STATUS_DONE);
+    i0.fse(0, OPC_MEMCPY, 4, SRC, TBUF, remote, local);
+    i0.w16(Rig::hw(0, HW_SQ_TAIL), 1);
+    assert_eq!(i0.ce(0, 0).2, 0, "the copy through the grant works");
+    Device::disconnect(&t1.ep);
+    assert!(i0.ep.hub.buffers(1).is_empty() && i0.ep.hub.buffers(0).is_empty());
+    assert_eq!(i0.event(1), (2, (EVENT_UNREGISTER, hfid(1), 3, 0)));
+    i0.open(0, 16);
+    i0.fse(0, OPC_MEMCPY, 4, SRC, TBUF, remote, local);
+    i0.w16(Rig::hw(0, HW_SQ_TAIL), 1);
+    assert_eq!(i0.ce(0, 0).2, SC_D_BAD_CONNID, "the grant is gone");
+}
