@@ -165,7 +165,7 @@ pax-client: kernel check-module tools switchtec-user
 # cells, one per lane), what needs pcifab's firmware extensions on the sanitizer kernel
 # under the extended dialect, and on Debian's kernel what can differ there:
 #   debug  x pax       debug-pax: every scenario but those that need the extensions
-#                      (EXT_ONLY), the drive's, DEBUG_PAX_2 and the manager's (lane 1)
+#                      (EXT_ONLY), the drive's and DEBUG_PAX_2 (lane 1)
 #   debug  x pax       debug-pax-2: DEBUG_PAX_2, DMA MRPC, the PAX client and what the
 #                      driver must survive (lane 2)
 #   debug  x pax       nvme: the NVMe drive (fabric-nvme.toml) (lane 2)
@@ -177,20 +177,16 @@ pax-client: kernel check-module tools switchtec-user
 #                      Debian's switchtec.ko under the PAX client (lane 3)
 #   debian x pax       debian-slurm: Slurm's jobs (their kernel paths are the manager's;
 #                      here the 29 MB Slurm tree in the guests costs the cores nothing)
-#                      (lane 1, after debug-pax)
+#                      (lane 3)
 #   debian x extended  debian-extended: the P2P copies (Debian's IOMMU and P2PDMA) (lane 3)
 #   debian, DKMS build dkms: the identity scenarios (lane 3)
-#   debug  x pax       debug-mgr: the manager's scenarios (MGR_ONLY), which mostly wait
-#                      on its timers and pciehp's (lane 3, after Debian's cells)
 # Every sanitizer cell ends with the kmemleak scan. Each run writes
 # RESULTS/<cell>/summary.json; a failed cell does not stop the others, and `pcifab-harness
 # summary` prints one line per cell and the final `N passed, N failed`.
 EXT_ONLY := p2p:|p2p grants|p2p trust
 # Slurm's jobs run on Debian's kernel only (the guests then carry Debian's Slurm; the kernel
-# paths they drive are the manager's, which debug-mgr runs), in a cell of their own.
+# paths they drive are the manager's, which debug-pax runs), in a cell of their own.
 DEBIAN_ONLY := slurm:
-# The manager's scenarios: their own sanitizer x pax cell, in the third lane.
-MGR_ONLY := manager:
 # Microchip's fabric-mode DMA driver: make check-fabric-dma only.
 FABRIC_DMA_ONLY := fabric dma:
 DEBUG_PAX_2 := DMA MRPC|pax client|mrpc classes|sysfs: other|mrpc: an abandoned|events:|hostile firmware|firmware lies|fwctl|fuzz:|insmod/rmmod|probe|install:
@@ -198,17 +194,17 @@ DEBUG_EXT_FILTER := agent answers|pcifab binds the MEP|p2p|sysfs: per-function|f
 DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
 DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host
 MATRIX := debug-pax debug-pax-2 nvme debug-extended debian-pax debian-slurm debian-extended \
-	dkms debug-mgr
+	dkms
 
 # make test: first what the cells need (the kernels, the modules, the tools) and the cargo
 # tests; then three lanes at once. The machine has two cores: lanes 1 and 2 hold the
 # sanitizer cells, which keep the cores busy; lane 3 the Debian cells, which mostly wait
 # (on pciehp, timers and the network) and cost little CPU.
-#   lane 1 (test-lane1, on the terminal): the debug-pax cell, then debian-slurm
+#   lane 1 (test-lane1, on the terminal): the debug-pax cell
 #   lane 2 (test-lane2): the checks that boot no guest (TEST_CHECKS), then the
 #          debug-extended, debug-pax-2 and nvme cells
-#   lane 3 (test-lane3): the debian-pax, debian-extended and dkms cells, the debug-mgr
-#          cell, then check-ha
+#   lane 3 (test-lane3): the debian-pax, debian-slurm, debian-extended and dkms cells,
+#          then check-ha
 # Lanes 2 and 3 write RESULTS/lane2.log and RESULTS/lane3.log, printed when all lanes end.
 # A failed check stops its lane (its cells count as failed runs) and fails make test; a
 # failed cell does not stop the others. The summary prints one line per cell and the
@@ -222,10 +218,10 @@ test: deps kernel-debug kernel-debian check-module-debug module-debian tools swi
 	@tools/scripts/versions.sh $(DEBUG_KDIR) $(DEBIAN_KDIR)
 	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX)) $(RESULTS)/lane2.log $(RESULTS)/lane3.log
 	@mkdir -p $(RESULTS)
-	@echo "# lane 1: the debug-pax and debian-slurm cells; lane 2: $(TEST_CHECKS), then" \
+	@echo "# lane 1: the debug-pax cell; lane 2: $(TEST_CHECKS), then" \
 		"the debug-extended, debug-pax-2 and nvme" \
-		"cells ($(RESULTS)/lane2.log); lane 3: the debian-pax, debian-extended, dkms and" \
-		"debug-mgr cells, then check-ha ($(RESULTS)/lane3.log); both printed when all lanes end"
+		"cells ($(RESULTS)/lane2.log); lane 3: the debian-pax, debian-slurm, debian-extended" \
+		"and dkms cells, then check-ha ($(RESULTS)/lane3.log); both printed when all lanes end"
 	@$(MAKE) -s test-lane2 >$(RESULTS)/lane2.log 2>&1 & lane2=$$!; \
 	$(MAKE) -s test-lane3 >$(RESULTS)/lane3.log 2>&1 & lane3=$$!; \
 	$(MAKE) -s test-lane1; \
@@ -239,12 +235,8 @@ test: deps kernel-debug kernel-debian check-module-debug module-debian tools swi
 # The first lane of make test: the sanitizer x pax cell without its second half.
 test-lane1:
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
-		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBIAN_ONLY)|$(FABRIC_DMA_ONLY)|$(MGR_ONLY)' \
-		$(DEBUG_SMP) \
+		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBIAN_ONLY)|$(FABRIC_DMA_ONLY)' $(DEBUG_SMP) \
 		$(DEBUG_HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax
-	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
-		--filter 'agent answers|pcifab binds the MEP|$(DEBIAN_ONLY)|rmmod pcifab in every host' \
-		--cell debian $(DEBIAN_HARNESS_ARGS) --slurm $(SLURM_GUEST) --results $(RESULTS)/debian-slurm
 
 # The second lane of make test: the checks, then the sanitizer kernel's extended cell, the
 # second half of its pax cell and the NVMe cell, in a row.
@@ -260,19 +252,19 @@ test-lane2: $(TEST_CHECKS)
 		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
 
 # The third lane of make test: Debian's kernel (the module for it is built before the
-# lanes) under pax, then extended, then the DKMS build; then the manager's scenarios on the
-# sanitizer kernel, once Debian's guests are gone; last the HA checks (no guest), whose
-# failure fails the lane (and make test) without costing the cells before it.
+# lanes) under pax, Slurm's scenarios on it, then extended, then the DKMS build; last the HA
+# checks (no guest), whose failure fails the lane (and make test) without costing the cells
+# before it.
 test-lane3:
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(DEBIAN_PAX_FILTER)' \
 		--cell debian $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
 		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debian-pax
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
+		--filter 'agent answers|pcifab binds the MEP|$(DEBIAN_ONLY)|rmmod pcifab in every host' \
+		--cell debian $(DEBIAN_HARNESS_ARGS) --slurm $(SLURM_GUEST) --results $(RESULTS)/debian-slurm
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended --cell debian \
 		--filter '$(DEBIAN_EXT_FILTER)' $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-extended
 	-$(MAKE) -s check-dkms
-	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
-		--filter 'agent answers|pcifab binds the MEP|$(MGR_ONLY)|rmmod pcifab in every host|kmemleak' \
-		$(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) --results $(RESULTS)/debug-mgr
 	$(MAKE) -s check-ha
 
 # A few scenarios on the sanitizer kernel, for work on one part:
