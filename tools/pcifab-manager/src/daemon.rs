@@ -457,7 +457,16 @@ impl Daemon {
     }
 
     /// Starts a scrub thread for every device waiting for one (healthy, none running).
+    /// A scrub changes the fabric (it binds the device to this manager's host and erases
+    /// it): none starts while the state is unknown or the executor is not ready (a
+    /// highly available manager that cannot confirm it still leads must not erase a drive
+    /// a new leader may have granted).
     fn start_scrubs(&mut self, now: Secs) {
+        // The fence is asked only when a scrub is due (it reads etcd). Not logged: the
+        // actions held back are, at every tick.
+        if self.sched.scrubs_due().is_empty() || self.state_unknown || self.exec.ready().is_err() {
+            return;
+        }
         for pf in self.sched.scrubs_due() {
             if self.scrubbing.contains_key(&pf) {
                 continue;

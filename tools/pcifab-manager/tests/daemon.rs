@@ -21,7 +21,7 @@ use std::{
 use common::*;
 use pcifab_manager::{
     daemon::{Daemon, Telemetry},
-    executor::SimExecutor,
+    executor::{Fence, Fenced, SimExecutor},
     scrub::SimScrubber,
     store::Store,
     telemetry::{Judge, Sample, SimSource},
@@ -633,6 +633,86 @@ fn scrub_pool_erases_between_holders() {
     );
     let leases = ask(&mut d, json!({"op": "leases"}));
     assert_eq!(leases["leases"][0]["id"], a2["id"], "{leases}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A fence the test opens and closes.
+struct Gate(Arc<std::sync::atomic::AtomicBool>);
+
+impl Fence for Gate {
+    fn check(&self) -> Result<(), String> {
+        if self.0.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err("the test's fence is closed".into())
+        }
+    }
+}
+
+/// A scrub changes the fabric (it binds the drive to the manager's host and erases it): a
+/// manager whose fence refuses (a leader cut off from etcd) starts none, and starts it once
+/// the fence opens again.
+#[test]
+fn scrub_waits_for_the_fence() {
+    let dir = tempdir("scrub-fence");
+    let c = pcifab_manager::config::Config::parse(DRIVES).expect("configuration");
+    let sim = Arc::new(Mutex::new(sim_for(&c)));
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let clock = Arc::new(AtomicU64::new(1000));
+    let ck = clock.clone();
+    let mut d = Daemon::start(
+        c,
+        Store::open(&dir).expect("store"),
+        Box::new(Fenced {
+            inner: Box::new(sim.clone()),
+            fence: Box::new(Gate(open.clone())),
+        }),
+        Box::new(move || ck.load(Ordering::SeqCst)),
+    )
+    .expect("daemon");
+    let scrubber = SimScrubber {
+        fabric: Some(sim.clone()),
+        host: 0,
+        ..SimScrubber::default()
+    };
+    d.scrubber = Some(Arc::new(scrubber.clone()));
+    let ask = |d: &mut Daemon, v: Value| d.handle_line(&v.to_string());
+    let log = || sim.lock().expect("sim").log.clone();
+
+    let a = ask(&mut d, drive_req(0, "a", 1, true));
+    assert_eq!(a["lease"]["functions"], json!(["0x0500"]), "{a}");
+    assert_eq!(log(), vec![bind(0x500, 0)]);
+    // The fence closes; a releases: the drive waits for its scrub, which does not start,
+    // neither at the release nor at the ticks after it.
+    open.store(false, Ordering::SeqCst);
+    let r = ask(&mut d, json!({"op": "release", "id": a["id"]}));
+    assert_eq!(r["ok"], json!(true), "{r}");
+    for t in 1001..1004 {
+        clock.store(t, Ordering::SeqCst);
+        d.tick();
+    }
+    d.wait_scrubs();
+    let pool = ask(&mut d, json!({"op": "pool"}));
+    assert_eq!(pool["devices"][0]["scrub"], json!("pending"), "{pool}");
+    assert_eq!(pool["scrubbing"], json!([]), "{pool}");
+    assert!(scrubber.done.lock().expect("done").is_empty());
+    assert_eq!(log(), vec![bind(0x500, 0)]);
+    // The fence opens: the fabric catches up (the unbind), then the scrub runs.
+    open.store(true, Ordering::SeqCst);
+    clock.store(1004, Ordering::SeqCst);
+    d.tick();
+    d.wait_scrubs();
+    assert_eq!(*scrubber.done.lock().expect("done"), vec![0x500]);
+    assert_eq!(
+        log(),
+        vec![
+            bind(0x500, 0),
+            unbind(0x500, 0),
+            bind(0x500, 0),
+            unbind(0x500, 0)
+        ]
+    );
+    check(&d.sched, &sim.lock().expect("sim").bound);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
