@@ -372,26 +372,28 @@ fn standby_reply(me: &LeaderInfo, leader: Option<&LeaderInfo>) -> serde_json::Va
                        "leader": leader})
 }
 
+/// `pcifab-manager migrate`'s command line (Documentation/manager.rst, "High availability").
+#[derive(Parser, Debug)]
+#[command(
+    name = "pcifab-manager migrate",
+    about = "Copy a stopped manager's state from one store to another that holds none"
+)]
+struct MigrateArgs {
+    /// The store to copy from: redb:DIR or etcd:URL[,URL...]
+    #[arg(long, value_name = "STORE")]
+    from: String,
+    /// The store to copy to (it must hold no state): redb:DIR or etcd:URL[,URL...]
+    #[arg(long, value_name = "STORE")]
+    to: String,
+    /// The key prefix of the state in etcd
+    #[arg(long, value_name = "PREFIX", default_value = "/pcifab")]
+    prefix: String,
+}
+
 /// `migrate --from STORE --to STORE [--prefix P]`: copies the whole state of a stopped
 /// manager between its embedded database and etcd.
-fn migrate(args: &[String]) -> Result<String, String> {
-    let (mut from, mut to, mut prefix) = (None, None, "/pcifab".to_string());
-    let mut it = args.iter();
-    while let Some(o) = it.next() {
-        let v = it
-            .next()
-            .cloned()
-            .ok_or_else(|| format!("migrate: {o} needs a value"))?;
-        match o.as_str() {
-            "--from" => from = Some(v),
-            "--to" => to = Some(v),
-            "--prefix" => prefix = v,
-            other => return Err(format!("migrate: unexpected argument '{other}'")),
-        }
-    }
-    let (Some(from), Some(to)) = (from, to) else {
-        return Err("migrate needs --from and --to (redb:DIR or etcd:URL[,URL...])".into());
-    };
+fn migrate(m: MigrateArgs) -> Result<String, String> {
+    let MigrateArgs { from, to, prefix } = m;
     let open = |spec: &str| -> Result<Box<dyn StateStore>, String> {
         if let Some(dir) = spec.strip_prefix("redb:") {
             state_dir(dir)?;
@@ -496,7 +498,11 @@ fn main() -> ExitCode {
     // `pcifab-manager migrate ...` copies a stopped manager's state between stores.
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().is_some_and(|a| a == "migrate") {
-        return match migrate(&args[1..]) {
+        let m = MigrateArgs::try_parse_from(
+            std::iter::once("pcifab-manager migrate".to_string()).chain(args[1..].iter().cloned()),
+        )
+        .unwrap_or_else(|e| e.exit());
+        return match migrate(m) {
             Ok(m) => {
                 println!("pcifab-manager: {m}");
                 ExitCode::SUCCESS
@@ -532,6 +538,26 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn migrate_command_line() {
+        MigrateArgs::command().debug_assert();
+        let p = |a: &[&str]| {
+            MigrateArgs::try_parse_from(std::iter::once("migrate").chain(a.iter().copied()))
+        };
+        let m = p(&["--from", "redb:/x", "--to", "etcd:http://h:2379"]).unwrap();
+        assert_eq!(
+            (m.from.as_str(), m.to.as_str(), m.prefix.as_str()),
+            ("redb:/x", "etcd:http://h:2379", "/pcifab")
+        );
+        for bad in [
+            &["--from", "redb:/x"][..],
+            &["--to", "redb:/x"],
+            &["--frob", "1"],
+        ] {
+            assert_eq!(p(bad).unwrap_err().exit_code(), 2, "{bad:?}");
+        }
+    }
 
     #[test]
     fn command_line() {
