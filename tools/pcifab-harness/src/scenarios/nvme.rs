@@ -63,7 +63,7 @@ fn nvme_begin(f: &mut Fabric) -> Result<(u16, String), String> {
 }
 
 /// The one block device the CLI reported for a bind or move onto `h`.
-fn reported_block_device(h: &Host, what: &str, v: &Value) -> Result<String, String> {
+pub(super) fn reported_block_device(h: &Host, what: &str, v: &Value) -> Result<String, String> {
     let devs: Vec<&str> = v
         .get("block_devices")
         .and_then(Value::as_array)

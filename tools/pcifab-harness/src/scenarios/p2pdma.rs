@@ -55,18 +55,7 @@ fn drives(f: &Fabric) -> Result<(u16, u16), String> {
 fn bind(h: &mut Host, pdfid: u16) -> Result<String, String> {
     let what = format!("bind {pdfid:#06x} --host {}", h.index);
     let v = pcifab_ok(h, &what)?;
-    let devs: Vec<&str> = v
-        .get("block_devices")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    match devs.as_slice() {
-        [one] if one.starts_with("/dev/nvme") => Ok(one.to_string()),
-        _ => Err(format!(
-            "{}: `pcifab {what}`: expected block_devices with one /dev/nvme* device, got {v}",
-            h.name
-        )),
-    }
+    super::nvme::reported_block_device(h, &what, &v)
 }
 
 /// The PCI function (BDF) under block device `dev`.
