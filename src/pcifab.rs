@@ -551,13 +551,13 @@ kernel::prelude::module! {
         },
         removal_delay_ms: u32 {
             default: 0,
-            description: "Testing aid: a graceful removal of a function waits this many milliseconds (at most 10000) before asking the slot's hot-plug driver; 0 (the default): none",
+            description: "Testing aid: a graceful removal of a function waits this many milliseconds (at most 30000) before asking the slot's hot-plug driver; 0 (the default): none",
         },
     },
 }
 
 /// Longest [`removal_delay_ms`] honoured.
-const MAX_REMOVAL_DELAY_MS: u32 = 10_000;
+const MAX_REMOVAL_DELAY_MS: u32 = 30_000;
 
 /// The `removal_delay_ms` module parameter, capped at [`MAX_REMOVAL_DELAY_MS`].
 pub(crate) fn removal_delay_ms() -> u32 {

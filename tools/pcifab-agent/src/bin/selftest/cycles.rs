@@ -31,12 +31,15 @@ pub const USAGE: &str = "\
         N times: load the module, check the MEP is bound and /dev/pcifab0 answers, start
         an EVENTS waiter, an echo loop, a poll() waiter and an idle open file; unloading
         must fail (open files pin the module); unbind the MEP through sysfs within
-        --rmmod-ms (5000); the waiters end with an error within --end-ms (5000), the idle
+        --rmmod-ms (15000); the waiters end with an error within --end-ms (15000), the idle
         file's next ioctl gets ENODEV; with the files closed the module unloads within
         --rmmod-ms, nothing of the binding remains, no kernel splat; stops at the first
         cycle that breaks a rule
         (cycles are numbered from --first, for batches)
 ";
+
+/// Default of `--rmmod-ms` and `--end-ms`.
+const DEFAULT_WITHIN_MS: &str = "15000";
 
 /// The users of the device each cycle starts, and the system call each blocks in.
 const USERS: [(&str, i64); 4] = [
@@ -398,9 +401,18 @@ pub fn cmd_unload_cycles(args: &[String]) -> Res<()> {
     let cycles = num("--cycles", a.need("cycles")?)?;
     let first = num("--first", a.get("first").unwrap_or("0"))?;
     let path = a.need("module")?.to_string();
-    let rmmod_within =
-        Duration::from_millis(num("--rmmod-ms", a.get("rmmod-ms").unwrap_or("5000"))?);
-    let end_within = Duration::from_millis(num("--end-ms", a.get("end-ms").unwrap_or("5000"))?);
+    // The waiters have no time limit and the echo loop never stops, so an unbind (or a
+    // waiter's end) that depended on them would not end at all: the bounds only tell an end
+    // from a hang, and leave room for the sanitizer kernel on a loaded machine (unbinding the
+    // MEP took up to 6.7 s there).
+    let rmmod_within = Duration::from_millis(num(
+        "--rmmod-ms",
+        a.get("rmmod-ms").unwrap_or(DEFAULT_WITHIN_MS),
+    )?);
+    let end_within = Duration::from_millis(num(
+        "--end-ms",
+        a.get("end-ms").unwrap_or(DEFAULT_WITHIN_MS),
+    )?);
     let mut kmsg = Kmsg::open()?;
     let bdf = kmod::find_mep()?;
     if kmod::loaded() {
