@@ -694,13 +694,15 @@ impl DmaEp {
             }
             let data = src.to_le_bytes();
             let n = len as usize;
-            let dsts = match self.destination(i, fabric, dfid, dst, n, "write-immediate") {
-                Ok(Some(d)) => d,
-                Ok(None) => return (0, len, 0),
+            let written = self.destination((i, "write-immediate"), fabric, dfid, dst, n, |d| {
+                write_spans(d, &data[..n])
+            });
+            match written {
+                Ok(true) => st.chans[i].bytes += u64::from(len),
+                // An RHI: the interrupt is raised, no memory written.
+                Ok(false) => {}
                 Err((sc, why)) => return (sc, 0, why),
-            };
-            write_spans(&dsts, &data[..n]);
-            st.chans[i].bytes += u64::from(len);
+            }
             return (0, len, 0);
         }
         if len > SE_MAX_BYTES {
@@ -722,44 +724,43 @@ impl DmaEp {
                 return (SC_D_RD_CTO, 0, STS_ERR_SE_CPL);
             }
         };
-        let dsts = match self.destination(i, fabric, dfid, dst, n, "copy destination") {
-            Ok(Some(d)) => d,
+        let written = self.destination((i, "copy destination"), fabric, dfid, dst, n, |d| {
+            copy_spans(&srcs, d, n)
+        });
+        match written {
+            Ok(true) => st.chans[i].bytes += u64::from(len),
             // An RHI window takes 4-byte writes only: dest() refused anything else.
-            Ok(None) => return (0, len, 0),
+            Ok(false) => {}
             Err((sc, why)) => return (sc, 0, why),
-        };
-        copy_spans(&srcs, &dsts, n);
-        let c = &mut st.chans[i];
-        c.bytes += u64::from(len);
+        }
         (0, len, 0)
     }
 
-    /// Where channel `i` writes `n` bytes at `dst`: with `fabric`, the peer buffer (or the RHI
-    /// window, `Ok(None)`: the interrupt is already raised) that `dfid` names; else this
-    /// host's own memory. `Err((status, error))` for the CE.
+    /// Channel `i` (`what`: the descriptor's kind, for the log) writes `n` bytes at `dst` with `write`: with `fabric`, into the peer buffer
+    /// that `dfid` names (checked and written under the hub's lock, [`Hub::dest`]), or to the
+    /// RHI window (`Ok(false)`: the interrupt is raised, `write` not called); else into this
+    /// host's own memory. `Ok(true)` once written; `Err((status, error))` for the CE.
     fn destination(
         &self,
-        i: usize,
+        (i, what): (usize, &str),
         fabric: bool,
         dfid: u16,
         dst: u64,
         n: usize,
-        what: &str,
-    ) -> Result<Option<Vec<HostSpan>>, (u32, u32)> {
+        write: impl FnOnce(&[HostSpan]),
+    ) -> Result<bool, (u32, u32)> {
         if fabric {
-            return match self.hub.dest(self.host as usize, dfid, dst, n)? {
-                Dest::Mem(d) => Ok(Some(d)),
-                Dest::Rhi => Ok(None),
+            return match self.hub.dest(self.host as usize, dfid, dst, n, write)? {
+                Dest::Mem => Ok(true),
+                Dest::Rhi => Ok(false),
             };
         }
-        self.port
-            .dma()
-            .resolve(dst, n, FLAG_WRITE)
-            .map(Some)
-            .map_err(|e| {
-                note!("{}: channel {i}: {what}: {e}", self.name);
-                (SC_UR, STS_ERR_SE_CPL)
-            })
+        let d = self.port.dma().resolve(dst, n, FLAG_WRITE).map_err(|e| {
+            note!("{}: channel {i}: {what}: {e}", self.name);
+            (SC_UR, STS_ERR_SE_CPL)
+        })?;
+        write(&d);
+        Ok(true)
     }
 
     /// Write the CE of `se` into channel `i`'s CQ. True when the channel must stop (the
@@ -869,7 +870,7 @@ impl DmaEp {
 }
 
 /// Write `data` over the destination spans.
-fn write_spans(dsts: &[HostSpan], data: &[u8]) {
+pub(crate) fn write_spans(dsts: &[HostSpan], data: &[u8]) {
     let mut at = 0;
     for d in dsts {
         let k = d.len().min(data.len() - at);

@@ -169,11 +169,11 @@ pub struct Hub {
     st: Mutex<HubState>,
 }
 
-/// What a fabric descriptor's destination resolved to.
+/// What a fabric descriptor's destination was.
 pub enum Dest {
-    /// Memory of `owner` (spans resolved for writing).
-    Mem(Vec<HostSpan>),
-    /// An RHI raised (or refused with a status).
+    /// Memory of the owner, written.
+    Mem,
+    /// An RHI raised.
     Rhi,
 }
 
@@ -677,9 +677,19 @@ impl Hub {
         true
     }
 
-    /// Where `user`'s engine may write `len` bytes at `addr` through `dfid`: the user's own
-    /// memory, or inside one buffer its owner registered for the user.
-    pub fn dest(&self, user: usize, dfid: u16, addr: u64, len: usize) -> Result<Dest, Refusal> {
+    /// Writes `len` bytes at `addr` through `dfid` for `user`'s engine, when `dfid` lets it
+    /// (the user's own memory, or inside one buffer its owner registered for the user):
+    /// `write` gets the spans, and runs under the hub's lock, so a buffer's unregistration
+    /// (which takes that lock) completes either before the check or after the write, never
+    /// between them.
+    pub fn dest(
+        &self,
+        user: usize,
+        dfid: u16,
+        addr: u64,
+        len: usize,
+        write: impl FnOnce(&[HostSpan]),
+    ) -> Result<Dest, Refusal> {
         let bad_conn = (SC_D_BAD_CONNID, STS_ERR_BAD_CONNID);
         let Some((kind, owner, u)) = split_dfid(dfid, self.hosts()) else {
             note!("dmaep h{user}: DFID {dfid:#06x} names no connection");
@@ -731,9 +741,13 @@ impl Hub {
                 return Err((SC_UR, STS_ERR_SE_CPL));
             }
         }
-        drop(st);
-        match self.ports[owner].dma().resolve(addr, len, FLAG_WRITE) {
-            Ok(s) => Ok(Dest::Mem(s)),
+        let spans = self.ports[owner].dma().resolve(addr, len, FLAG_WRITE);
+        match spans {
+            Ok(s) => {
+                write(&s);
+                drop(st);
+                Ok(Dest::Mem)
+            }
             Err(e) => {
                 note!("dmaep h{user}: write to h{owner} at {addr:#x}: {e}");
                 Err((SC_UR, STS_ERR_SE_CPL))

@@ -451,3 +451,51 @@ fn disconnect_drops_the_hosts_buffers() {
     i0.w16(Rig::hw(0, HW_SQ_TAIL), 1);
     assert_eq!(i0.ce(0, 0).2, SC_D_BAD_CONNID, "the grant is gone");
 }
+
+/// A buffer's unregistration cannot complete between the engine's check of a peer's write
+/// and the write itself: the write runs under the hub's lock, so UNREGISTER waits for it.
+#[test]
+fn unregister_waits_for_a_write_already_admitted() {
+    use std::sync::mpsc;
+    let p = pair(1);
+    let (i0, t1) = (&p.h[0], &p.h[1]);
+    assert_eq!(t1.register(hfid(0), 3, TBUF, 0x100).0, CMD_STATUS_DONE);
+    let mut req = hfid(0).to_le_bytes().to_vec();
+    req.extend_from_slice(&[3, 0]);
+    let (inside_tx, inside_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel();
+    let hub = &i0.ep.hub;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let r = hub.dest(
+                0,
+                mem_dfid(1, 0),
+                TBUF,
+                4,
+                |spans: &[crate::dma::HostSpan]| {
+                    inside_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    crate::dmaep::write_spans(spans, &[0xa5; 4]);
+                },
+            );
+            assert!(
+                r.is_ok(),
+                "the write inside the registered buffer is admitted"
+            );
+        });
+        inside_rx.recv().unwrap();
+        let req = &req;
+        s.spawn(move || done_tx.send(t1.cmd(CMD_UNREGISTER_BUF, req).0).unwrap());
+        // While the admitted write has not landed, the unregistration must not complete.
+        let early = done_rx.recv_timeout(std::time::Duration::from_millis(300));
+        go_tx.send(()).unwrap();
+        assert_eq!(
+            early,
+            Err(mpsc::RecvTimeoutError::Timeout),
+            "UNREGISTER completed while an admitted write to the buffer was still pending"
+        );
+        assert_eq!(done_rx.recv().unwrap(), CMD_STATUS_DONE);
+    });
+    assert_eq!(t1.mem_read(TBUF, 4), [0xa5; 4]);
+}

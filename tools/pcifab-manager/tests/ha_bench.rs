@@ -51,13 +51,20 @@ fn vf() -> Value {
            "profile": "quarter"}, "priority": 1}})
 }
 
-struct Etcd(Vec<Child>);
+/// The members, and the directory of their data (removed when they stop, unless the
+/// bench failed: each member preallocates 120 MB of write-ahead log).
+struct Etcd(Vec<Child>, PathBuf);
 
 impl Drop for Etcd {
     fn drop(&mut self) {
         for c in &mut self.0 {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if !std::thread::panicking() {
+            for i in 0..self.0.len() {
+                let _ = std::fs::remove_dir_all(self.1.join(format!("etcd{i}")));
+            }
         }
     }
 }
@@ -103,7 +110,7 @@ fn etcd(dir: &Path, base: u16) -> (Etcd, Vec<String>) {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    (Etcd(kids), eps)
+    (Etcd(kids, dir.to_path_buf()), eps)
 }
 
 fn manager(dir: &Path, node: &str, eps: Option<&[String]>) -> Child {
