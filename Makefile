@@ -49,7 +49,7 @@ help:
 	@echo "make demo       boot the two-host fabric: what pcifab sees, GPUs composed, a drive moved"
 	@echo "make soak       the QEMU scenarios on the debug kernel with the trust scenarios at full"
 	@echo "                size (100,000 fuzz calls, 1,000 unload cycles, 5,000 hostile replies)"
-	@echo "make bench      MRPC echo vs switchtec, bind/unbind vs raw hot-plug, manager scheduling"
+	@echo "make bench      MRPC echo vs switchtec, bind/unbind vs raw hot-plug and switchtec-user, manager scheduling"
 	@echo "make kernel-debian  prepare Debian's kernel $(DEBIAN_KREL) for module builds (rust metadata)"
 	@echo "make module-debian  build the module for Debian's kernel (in the trixie build tree)"
 	@echo "make test-debian    a few scenarios on Debian's own kernel with that module"
@@ -376,19 +376,19 @@ demo: kernel check-module tools
 endif
 
 # One guest: MRPC echo through pcifab's ioctl vs the C driver's /dev/switchtec0, and
-# bind/unbind latency through pcifab vs raw QMP hot-plug. Documentation/benchmarks.rst
+# bind/unbind latency through pcifab vs raw QMP hot-plug and vs switchtec-user's gfms-bind. Documentation/benchmarks.rst
 # records the numbers.
 ifeq ($(BENCH_KERNEL),debian)
-bench: module-debian switchtec-debian tools
+bench: module-debian switchtec-debian tools switchtec-user
 	@tools/scripts/versions.sh $(DEBIAN_KDIR)
 	$(HOST_BIN)/pcifab-harness bench $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
-		--results $(RESULTS)
+		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)
 	$(HOST_BIN)/pcifab-harness bench-scale $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/scale
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
 else
-bench: kernel check-module tools
+bench: kernel check-module tools switchtec-user
 	@tools/scripts/versions.sh $(KDIR)
-	$(HOST_BIN)/pcifab-harness bench $(HARNESS_ARGS)
+	$(HOST_BIN)/pcifab-harness bench $(HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER)
 	$(HOST_BIN)/pcifab-harness bench-scale $(TEST_KERNEL_ARGS) --results $(RESULTS)/scale
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
 endif

@@ -14,6 +14,7 @@ use crate::checks::{
     back_to_pcifab, begin, check_bound_pcifab, dmesg_clean, emu_owners, ensure_pcifab, wait_for,
     GPU0, PCIFAB_KO, SWITCHTEC_KO,
 };
+use crate::config::Expected;
 use crate::fabric::{EmuControl, Fabric, Host};
 
 /// Firmware completion delays (us), payload sizes (bytes) and caller counts of the table.
@@ -594,6 +595,296 @@ pub fn compose(f: &mut Fabric) -> Result<ComposeBench, String> {
     Ok(r)
 }
 
+/// Measured alternations of pcifab and the switchtec-user peer; one unmeasured alternation
+/// comes first.
+pub const PEER_N: usize = 10;
+/// Bootstrap resamples of the 95 % intervals of the peer ratios.
+const BOOTSTRAP_RESAMPLES: usize = 10_000;
+
+/// Where switchtec-user's CLI and the C driver's character device are in the guest
+/// (`--switchtec-user`, `--switchtec`).
+const SWITCHTEC_CLI: &str = "/bin/switchtec";
+const SWITCHTEC_DEV: &str = "/dev/switchtec0";
+
+/// One operation timed in the guest, from the guest clock's stamps of its markers and of
+/// the kernel's hot-plug messages, in ms since its start marker.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stamps {
+    /// Start marker to end marker.
+    pub total_ms: f64,
+    /// The `cmd` marker: after `pcifab bind` or `switchtec fabric gfms-bind` returned
+    /// (the reader may still run), after `echo 0 > power` (before `gfms-unbind`).
+    pub cmd_ms: Option<f64>,
+    /// pciehp's first message between start and end: the slot's attention button or
+    /// presence change, i.e. the emulator's `device_add` has reached the guest.
+    pub card_ms: Option<f64>,
+    /// MRPC commands the host sent from before the operation until after its end (the
+    /// emulator's count).
+    pub mrpc: u64,
+}
+
+/// One alternation: pcifab (A), then switchtec.ko with switchtec-user (B).
+#[derive(Clone, Debug, Default)]
+pub struct PeerRound {
+    pub pcifab_bind: Stamps,
+    pub peer_bind: Stamps,
+    pub pcifab_unbind: Stamps,
+    pub peer_unbind: Stamps,
+    /// The CLI's `elapsed_ms` of pcifab's bind and unbind ioctls.
+    pub pcifab_bind_ioctl_ms: f64,
+    pub pcifab_unbind_ioctl_ms: f64,
+}
+
+/// The kernel log lines `[ secs] text` of `out` as (secs, text).
+fn kmsg_lines(out: &str) -> Vec<(f64, &str)> {
+    out.lines()
+        .filter_map(|l| {
+            let rest = l.trim_start().strip_prefix('[')?;
+            let (ts, text) = rest.split_once(']')?;
+            Some((ts.trim().parse().ok()?, text.trim_start()))
+        })
+        .collect()
+}
+
+/// The stamps of operation `tag` in the kernel log `out`: its markers `pcifab-bench <tag>
+/// start|cmd|end` and pciehp's first message between start and end.
+fn stamps_of(out: &str, tag: &str) -> Result<Stamps, String> {
+    let lines = kmsg_lines(out);
+    let marker = |name: &str| {
+        let want = format!("pcifab-bench {tag} {name}");
+        lines.iter().find(|(_, t)| *t == want).map(|(s, _)| *s)
+    };
+    let (Some(start), Some(end)) = (marker("start"), marker("end")) else {
+        return Err(format!(
+            "no start and end markers of {tag:?} in the guest's kernel log:\n{out}"
+        ));
+    };
+    let ms = |s: f64| (s - start) * 1000.0;
+    let card = lines
+        .iter()
+        .find(|(s, t)| *s >= start && *s <= end && t.contains("pciehp"))
+        .map(|(s, _)| ms(*s));
+    Ok(Stamps {
+        total_ms: ms(end),
+        cmd_ms: marker("cmd").map(ms),
+        card_ms: card,
+        mrpc: 0,
+    })
+}
+
+/// The shell function that writes a marker into the kernel log: a built-in `echo`, no
+/// process started; level 7, which the console does not print.
+const MARK: &str = "m() { echo \"<7>pcifab-bench $T $1\" > /dev/kmsg; }";
+/// The guest's kernel log lines [`stamps_of`] reads.
+const LOG_FILTER: &str = "dmesg | grep -E 'pcifab-bench|pciehp'";
+
+/// Times bind command `cmd` and the BAR0 reader of `bdf`, started as in
+/// [`bind_to_usable`], on the guest's clock from before the command's start until both
+/// have ended, after checking that BAR0 read GPU0's PDFID. Returns the stamps and the
+/// output.
+fn timed_bind(
+    h: &mut Host,
+    emu: &EmuControl,
+    tag: &str,
+    cmd: &str,
+    bdf: &str,
+) -> Result<(Stamps, String), String> {
+    let before = emu.mrpc_commands(&h.name)?;
+    let out = h.run_ok(&format!(
+        "T={tag}; {MARK}; m start; {cmd} & p=$!; \
+         pcifab-selftest bar-id --device {bdf} --wait 30000 & r=$!; \
+         if wait $p; then m cmd; wait $r; rc=$?; m end; exit $rc; else kill $r; false; fi"
+    ))?;
+    if !reads_gpu0(&out) {
+        return Err(format!(
+            "{tag}: BAR0 of {bdf}: expected pdfid {GPU0:#06x}, got {out}"
+        ));
+    }
+    let log = h.run_ok(LOG_FILTER)?;
+    let mut s = stamps_of(&log, tag)?;
+    s.mrpc = emu.mrpc_commands(&h.name)?.saturating_sub(before);
+    Ok((s, out))
+}
+
+/// Times unbind `script` (which may mark `cmd` with `m cmd`) on the guest's clock.
+fn timed_unbind(
+    h: &mut Host,
+    emu: &EmuControl,
+    tag: &str,
+    script: &str,
+) -> Result<(Stamps, String), String> {
+    let before = emu.mrpc_commands(&h.name)?;
+    let out = h.run_ok(&format!(
+        "T={tag}; {MARK}; m start; {script} || exit 1; m end"
+    ))?;
+    let log = h.run_ok(LOG_FILTER)?;
+    let mut s = stamps_of(&log, tag)?;
+    s.mrpc = emu.mrpc_commands(&h.name)?.saturating_sub(before);
+    Ok((s, out))
+}
+
+/// After an unbind: the guest has no function at `bdf` and the emulator shows GPU0 free.
+fn check_unbound(
+    h: &mut Host,
+    emu: &EmuControl,
+    e: &Expected,
+    what: &str,
+    bdf: &str,
+) -> Result<(), String> {
+    let (bound, _) = emu_owners(emu, e)?;
+    if bound.contains_key(&GPU0) {
+        return Err(format!("{GPU0:#06x} still bound after {what}: {bound:?}"));
+    }
+    if h.run(&format!("[ -e /sys/bus/pci/devices/{bdf} ]"))?.code == 0 {
+        return Err(format!("{}: {bdf} still present after {what}", h.name));
+    }
+    Ok(())
+}
+
+/// pcifab's bind/unbind against what a PAX user runs without it: switchtec.ko on the MEP,
+/// switchtec-user's `switchtec fabric gfms-bind` (then pciehp enumerates the function),
+/// and the slot's power-off through sysfs followed by `switchtec fabric gfms-unbind`.
+/// Host 0, GPU0 on logical port 1 as in [`compose`], the same BAR0 reader; the drivers
+/// alternate, one bind and one unbind each per turn, all timed on the guest's clock by
+/// markers in its kernel log. Leaves pcifab loaded.
+pub fn peer(f: &mut Fabric) -> Result<Vec<PeerRound>, String> {
+    let r = peer_inner(f);
+    let _ = back_to_pcifab(&mut f.hosts[0]);
+    let _ = f.hosts[0].run("echo ratelimit > /proc/sys/kernel/printk_devkmsg");
+    r
+}
+
+fn peer_inner(f: &mut Fabric) -> Result<Vec<PeerRound>, String> {
+    let emu = f.emu();
+    let e = f.expected.clone();
+    let port = *e.usp_ports.first().ok_or("the configuration has no host")?;
+    let h = &mut f.hosts[0];
+    if h.run(&format!("[ -x {SWITCHTEC_CLI} ] && [ -f {SWITCHTEC_KO} ]"))?
+        .code
+        != 0
+    {
+        return Err(format!(
+            "{}: the comparison with switchtec-user needs {SWITCHTEC_CLI} and {SWITCHTEC_KO} \
+             in the guest: give the harness --switchtec-user and --switchtec (make bench does)",
+            h.name
+        ));
+    }
+    begin(h)?;
+    let (bound, _) = emu_owners(&emu, &e)?;
+    for p in bound.keys() {
+        emu.request(&format!("unbind {p:#06x}"))?;
+    }
+    // The markers are kernel log lines; /dev/kmsg keeps only ten in five seconds otherwise.
+    h.run_ok("echo on > /proc/sys/kernel/printk_devkmsg")?;
+    let bdf = "0000:04:00.0";
+    let slot = slot_of(h, "0000:04:00")?;
+    let gfms = format!("{SWITCHTEC_CLI} fabric gfms");
+    let mut rounds = Vec::new();
+    for i in 0..=PEER_N {
+        let mut r = PeerRound::default();
+        // A: pcifab.
+        let (s, out) = timed_bind(
+            h,
+            &emu,
+            &format!("r{i}-pcifab-bind"),
+            &format!("pcifab --json bind {GPU0:#06x} --host 0 --port 1"),
+            bdf,
+        )?;
+        r.pcifab_bind = s;
+        r.pcifab_bind_ioctl_ms = elapsed_ms(&out, "bind")?;
+        let (s, out) = timed_unbind(
+            h,
+            &emu,
+            &format!("r{i}-pcifab-unbind"),
+            &format!("pcifab --json unbind {GPU0:#06x}"),
+        )?;
+        r.pcifab_unbind = s;
+        r.pcifab_unbind_ioctl_ms = elapsed_ms(&out, "unbind")?;
+        check_unbound(h, &emu, &e, "pcifab unbind", bdf)?;
+        // B: switchtec.ko and switchtec-user.
+        swap(h, true)?;
+        let (s, _) = timed_bind(
+            h,
+            &emu,
+            &format!("r{i}-peer-bind"),
+            &format!("{gfms}-bind {SWITCHTEC_DEV} -s 0 -p {port} -l 1 -f {GPU0:#x}"),
+            bdf,
+        )?;
+        r.peer_bind = s;
+        let (s, _) = timed_unbind(
+            h,
+            &emu,
+            &format!("r{i}-peer-unbind"),
+            &format!(
+                "echo 0 > {slot}/power && m cmd && \
+                 {gfms}-unbind {SWITCHTEC_DEV} -s 0 -p {port} -l 1"
+            ),
+        )?;
+        r.peer_unbind = s;
+        check_unbound(h, &emu, &e, "slot power-off and gfms-unbind", bdf)?;
+        swap(h, false)?;
+        let o = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.1}"));
+        h.log_note(&format!(
+            "bench peer round {i} (guest clock, ms since each start): pcifab bind: pciehp {}, \
+             pcifab returned {} (ioctl {:.0}), usable {:.1}; gfms-bind: pciehp {}, switchtec \
+             returned {}, usable {:.1}; pcifab unbind {:.1} (ioctl {:.0}); power-off {}, \
+             gfms-unbind returned {:.1}; MRPC commands: pcifab bind {}, unbind {}; \
+             gfms-bind {}, gfms-unbind {}",
+            o(r.pcifab_bind.card_ms),
+            o(r.pcifab_bind.cmd_ms),
+            r.pcifab_bind_ioctl_ms,
+            r.pcifab_bind.total_ms,
+            o(r.peer_bind.card_ms),
+            o(r.peer_bind.cmd_ms),
+            r.peer_bind.total_ms,
+            r.pcifab_unbind.total_ms,
+            r.pcifab_unbind_ioctl_ms,
+            o(r.peer_unbind.cmd_ms),
+            r.peer_unbind.total_ms,
+            r.pcifab_bind.mrpc,
+            r.pcifab_unbind.mrpc,
+            r.peer_bind.mrpc,
+            r.peer_unbind.mrpc
+        ));
+        if i > 0 {
+            rounds.push(r);
+        }
+    }
+    dmesg_clean(h)?;
+    Ok(rounds)
+}
+
+/// A 95 % percentile-bootstrap interval of median(a) / median(b) over paired samples: the
+/// pairs (one alternation each) are resampled together, [`BOOTSTRAP_RESAMPLES`] times,
+/// with a fixed seed, so a run's interval can be recomputed from its samples.
+pub fn ratio_interval(a: &[f64], b: &[f64]) -> (f64, f64) {
+    let n = a.len().min(b.len());
+    if n == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    // xorshift64*: enough to draw indices.
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    let mut ratios = Vec::with_capacity(BOOTSTRAP_RESAMPLES);
+    let (mut ra, mut rb) = (vec![0.0; n], vec![0.0; n]);
+    for _ in 0..BOOTSTRAP_RESAMPLES {
+        for k in 0..n {
+            let j = (next() % n as u64) as usize;
+            ra[k] = a[j];
+            rb[k] = b[j];
+        }
+        ratios.push(median(&ra) / median(&rb));
+    }
+    ratios.sort_by(f64::total_cmp);
+    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+    (at(0.025), at(0.975))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -609,6 +900,50 @@ mod tests {
         assert!(combine(&[], 60).is_err());
         let e = combine(&[serde_json::json!({"test": "echo"})], 1).unwrap_err();
         assert!(e.contains("secs"), "{e}");
+    }
+
+    #[test]
+    fn stamps_from_the_kernel_log() {
+        let log = "[   30.298345] pcifab-bench r0-pcifab-bind start\n\
+                   [   30.335103] pcieport 0000:02:01.0: pciehp: Slot(1-1): Button press: will power on in 5 sec\n\
+                   [   30.335482] pcieport 0000:02:01.0: pciehp: Slot(1-1): Card present\n\
+                   [   30.509942] pcifab-bench r0-pcifab-bind cmd\n\
+                   [   30.512217] pcifab-bench r0-pcifab-bind end\n\
+                   [   30.545124] pcifab-bench r0-pcifab-unbind start\n\
+                   [   31.676134] pcifab-bench r0-pcifab-unbind end\n\
+                   [   32.111145] pcieport 0000:02:01.0: pciehp: Slot(1-1): Button press\n\
+                   [   33.601097] pcifab-bench r10-pcifab-bind start\n";
+        let s = stamps_of(log, "r0-pcifab-bind").unwrap();
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        assert!(near(s.total_ms, 213.872), "{s:?}");
+        assert!(near(s.cmd_ms.unwrap(), 211.597), "{s:?}");
+        assert!(near(s.card_ms.unwrap(), 36.758), "{s:?}");
+        // pciehp's messages outside an operation's markers are not its own.
+        let u = stamps_of(log, "r0-pcifab-unbind").unwrap();
+        assert!(near(u.total_ms, 1131.01), "{u:?}");
+        assert_eq!((u.cmd_ms, u.card_ms), (None, None));
+        // r1 is not r10, and an operation without its end is an error.
+        assert!(stamps_of(log, "r1-pcifab-bind").is_err());
+        assert!(stamps_of(log, "r10-pcifab-bind").is_err());
+    }
+
+    #[test]
+    fn bootstrap_interval_of_a_ratio() {
+        let a = [
+            210.0, 227.0, 201.0, 202.0, 215.0, 273.0, 227.0, 205.0, 235.0, 226.0,
+        ];
+        let b = [
+            206.0, 212.0, 218.0, 264.0, 217.0, 280.0, 213.0, 232.0, 206.0, 229.0,
+        ];
+        let (lo, hi) = ratio_interval(&a, &b);
+        let r = median(&a) / median(&b);
+        assert!(lo <= r && r <= hi && lo < hi, "{lo} {r} {hi}");
+        assert!(lo > 0.8 && hi < 1.2, "{lo} {hi}");
+        // The same samples give the same interval (fixed seed).
+        assert_eq!(ratio_interval(&a, &b), (lo, hi));
+        // Identical sides: every resample's ratio is 1.
+        assert_eq!(ratio_interval(&a, &a), (1.0, 1.0));
+        assert!(ratio_interval(&[], &[]).0.is_nan());
     }
 
     #[test]

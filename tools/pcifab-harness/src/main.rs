@@ -884,6 +884,16 @@ impl Run {
                 "bench unbind_latency_ratio_vs_raw_poweroff {:.3}",
                 m(&c.unbind_ms) / m(&c.raw_del_ms)
             ));
+            // The floor: what pcifab adds to QEMU's and pciehp's own hot-plug (host clock on
+            // both sides).
+            say(&format!(
+                "bench bind_overhead_ms_pcifab_vs_raw_hotplug {:.0}",
+                m(&c.bind_ms) - m(&c.raw_add_ms)
+            ));
+            say(&format!(
+                "bench unbind_overhead_ms_pcifab_vs_raw_poweroff {:.0}",
+                m(&c.unbind_ms) - m(&c.raw_del_ms)
+            ));
             // The driver's share alone: the same bind without starting the CLI.
             say(&format!(
                 "bench bind_sysfs_latency_ms_pcifab {:.0}",
@@ -902,6 +912,10 @@ impl Run {
                 m(&c.agent_rt_ms),
                 m(&c.cli_rt_ms)
             ));
+            fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
+            let r = bench::peer(fabric);
+            fabric.set_deadline(None);
+            Self::say_peer(&r?);
         }
         if want("p2p") {
             // The P2P set-up unbinds every host's functions first: h1 runs again (idle) from here.
@@ -1004,6 +1018,92 @@ impl Run {
             Ok(())
         } else {
             Err(chart_errors.join("\n"))
+        }
+    }
+
+    /// The figures of pcifab against switchtec.ko with switchtec-user (`bench::peer`).
+    fn say_peer(rounds: &[bench::PeerRound]) {
+        let m = bench::median;
+        let col = |f: &dyn Fn(&bench::PeerRound) -> f64| rounds.iter().map(f).collect::<Vec<_>>();
+        let opt = |f: &dyn Fn(&bench::PeerRound) -> Option<f64>| {
+            let v: Vec<f64> = rounds.iter().filter_map(f).collect();
+            if v.len() == rounds.len() {
+                format!("{:.1}", m(&v))
+            } else {
+                format!("- (in {} of {})", v.len(), rounds.len())
+            }
+        };
+        let fmt = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.1}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let pb = col(&|r| r.pcifab_bind.total_ms);
+        let sb = col(&|r| r.peer_bind.total_ms);
+        let pu = col(&|r| r.pcifab_unbind.total_ms);
+        let su = col(&|r| r.peer_unbind.total_ms);
+        say(&format!(
+            "# {} alternations pcifab / switchtec.ko + switchtec-user, 0x0300 on logical port 1, \
+             guest clock (ms): pcifab bind {}; gfms-bind to usable {}; pcifab unbind {}; \
+             power-off + gfms-unbind {}",
+            rounds.len(),
+            fmt(&pb),
+            fmt(&sb),
+            fmt(&pu),
+            fmt(&su)
+        ));
+        say(&format!(
+            "# where the time goes (ms since the start, median): pcifab bind: pciehp sees the \
+             card {}, pcifab returned {} (its ioctl {:.1}), usable {:.1}; gfms-bind: pciehp \
+             sees the card {}, switchtec returned {}, usable {:.1}; from pciehp's first \
+             message to usable: pcifab {}, switchtec-user {}",
+            opt(&|r| r.pcifab_bind.card_ms),
+            opt(&|r| r.pcifab_bind.cmd_ms),
+            m(&col(&|r| r.pcifab_bind_ioctl_ms)),
+            m(&pb),
+            opt(&|r| r.peer_bind.card_ms),
+            opt(&|r| r.peer_bind.cmd_ms),
+            m(&sb),
+            opt(&|r| r.pcifab_bind.card_ms.map(|c| r.pcifab_bind.total_ms - c)),
+            opt(&|r| r.peer_bind.card_ms.map(|c| r.peer_bind.total_ms - c))
+        ));
+        say(&format!(
+            "# where the time goes (ms since the start, median): pcifab unbind {:.1} (its \
+             ioctl {:.1}); power-off {}, then gfms-unbind, {:.1} in all",
+            m(&pu),
+            m(&col(&|r| r.pcifab_unbind_ioctl_ms)),
+            opt(&|r| r.peer_unbind.cmd_ms),
+            m(&su)
+        ));
+        say(&format!(
+            "# MRPC commands of the host per operation (median): pcifab bind {:.0}, unbind \
+             {:.0}; gfms-bind {:.0}, power-off + gfms-unbind {:.0}",
+            m(&col(&|r| r.pcifab_bind.mrpc as f64)),
+            m(&col(&|r| r.pcifab_unbind.mrpc as f64)),
+            m(&col(&|r| r.peer_bind.mrpc as f64)),
+            m(&col(&|r| r.peer_unbind.mrpc as f64))
+        ));
+        for (what, a, b) in [("bind", &pb, &sb), ("unbind", &pu, &su)] {
+            let (lo, hi) = bench::ratio_interval(a, b);
+            say(&format!(
+                "bench {what}_latency_ms_pcifab_guest_clock {:.1}",
+                m(a)
+            ));
+            say(&format!(
+                "bench {what}_latency_ms_switchtec_user {:.1}",
+                m(b)
+            ));
+            say(&format!(
+                "bench {what}_latency_ratio_vs_switchtec_user {:.3}",
+                m(a) / m(b)
+            ));
+            say(&format!(
+                "bench {what}_latency_ratio_vs_switchtec_user_ci95_low {lo:.3}"
+            ));
+            say(&format!(
+                "bench {what}_latency_ratio_vs_switchtec_user_ci95_high {hi:.3}"
+            ));
         }
     }
 
