@@ -376,8 +376,8 @@ demo: kernel check-module tools
 endif
 
 # One guest: MRPC echo through pcifab's ioctl vs the C driver's /dev/switchtec0, and
-# bind/unbind latency through pcifab vs raw QMP hot-plug and vs switchtec-user's gfms-bind. Documentation/benchmarks.rst
-# records the numbers.
+# bind/unbind latency through pcifab vs raw QMP hot-plug and vs switchtec-user's gfms-bind.
+# Documentation/benchmarks.rst records the numbers.
 ifeq ($(BENCH_KERNEL),debian)
 bench: module-debian switchtec-debian tools switchtec-user
 	@tools/scripts/versions.sh $(DEBIAN_KDIR)
