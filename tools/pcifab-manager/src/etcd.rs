@@ -153,15 +153,21 @@ impl Etcd {
             }
         }
         let r = self.call_members(path, body);
+        self.note(&r);
+        r
+    }
+
+    /// Remembers whether etcd answered: after no member did, [`Etcd::call`] fails at once
+    /// for twice the timeout.
+    fn note(&self, r: &Result<Value, String>) {
         if let Ok(mut g) = self.down.lock() {
-            *g = match &r {
+            *g = match r {
                 Err(e) if e.starts_with(NO_MEMBER) => {
                     Some((Instant::now() + self.timeout * 2, e.clone()))
                 }
                 _ => None,
             };
         }
-        r
     }
 
     fn call_members(&self, path: &str, body: &Value) -> Result<Value, String> {
@@ -259,10 +265,13 @@ impl Etcd {
         }
     }
 
-    /// Renews a lease; its remaining TTL, 0 when it is gone.
+    /// Renews a lease; its remaining TTL, 0 when it is gone. Always asks etcd, even right
+    /// after a call no member answered: a leader's lease must not be lost to that shortcut
+    /// while etcd is back (its outcome is remembered for the other calls all the same).
     pub fn lease_keepalive(&self, id: i64) -> Result<i64, String> {
-        let v = self.call("/v3/lease/keepalive", &json!({"ID": id.to_string()}))?;
-        Ok(num(&v["result"]["TTL"]))
+        let r = self.call_members("/v3/lease/keepalive", &json!({"ID": id.to_string()}));
+        self.note(&r);
+        Ok(num(&r?["result"]["TTL"]))
     }
 
     pub fn lease_revoke(&self, id: i64) -> Result<(), String> {
@@ -426,20 +435,35 @@ impl Elector {
         }
     }
 
-    /// Renews the lease of `l` every third of its TTL in a thread. A lease etcd says is
-    /// gone calls `deposed`; while etcd cannot be reached the leader keeps trying (the
-    /// fence and the commits fail meanwhile, so the fabric does not change).
+    /// How often the leader renews its lease: every third of the TTL, or more often so that
+    /// a keepalive that waits out a member that does not answer (the timeout) still leaves
+    /// another a whole timeout before the TTL ends (the configuration makes sure twice the
+    /// timeout is less than the TTL, `config::HaConfig`).
+    fn renew_every(&self) -> Duration {
+        let ttl = Duration::from_secs(self.ttl_s);
+        (ttl / 3)
+            .min(ttl.saturating_sub(self.etcd.timeout * 2))
+            .max(Duration::from_millis(10))
+    }
+
+    /// Renews the lease of `l` in a thread ([`Elector::renew_every`]). A lease etcd says is
+    /// gone calls `deposed`. A keepalive that fails is tried again at once, and again until
+    /// etcd answers (the fence and the commits fail meanwhile, so the fabric does not
+    /// change): etcd back before the TTL has passed, the leader keeps its lease.
     pub fn keep(self: &Arc<Self>, l: Leadership, deposed: Deposed) {
         let me = self.clone();
-        let every = Duration::from_millis(me.ttl_s * 1000 / 3);
+        let every = me.renew_every();
         std::thread::spawn(move || {
             let mut last_ok = Instant::now();
             let mut said = false;
+            let mut wait = every;
             loop {
-                std::thread::sleep(every);
+                std::thread::sleep(wait);
+                let sent = Instant::now();
                 match me.etcd.lease_keepalive(l.lease) {
                     Ok(ttl) if ttl > 0 => {
-                        last_ok = Instant::now();
+                        last_ok = sent;
+                        wait = every;
                         if said {
                             eprintln!("pcifab-manager: etcd reached again; still the leader");
                             said = false;
@@ -453,6 +477,10 @@ impl Elector {
                         return;
                     }
                     Err(e) => {
+                        // Each failed keepalive tried every member for twice the timeout;
+                        // a short pause keeps an etcd that refuses at once from being
+                        // hammered.
+                        wait = Duration::from_millis(100);
                         if !said && last_ok.elapsed() >= Duration::from_secs(me.ttl_s) {
                             eprintln!(
                                 "pcifab-manager: cannot renew the leader lease for {} s: {e}; \
@@ -869,5 +897,25 @@ mod tests {
             e.contains("last entry number") && e.contains("18446744073709551615"),
             "{e}"
         );
+    }
+
+    /// After a call no member answered, calls fail at once for a while, but a keepalive
+    /// still asks etcd (and its answer ends the shortcut for the other calls).
+    #[test]
+    fn a_keepalive_is_not_short_circuited_by_an_earlier_failure() {
+        let url = gateway(|_, _| json!({"result": {"ID": "7", "TTL": "5"}}));
+        let etcd = Etcd::new(&[url], Duration::from_millis(500));
+        // As a call no member answered leaves it: the next ones fail at once for a while.
+        *etcd.down.lock().expect("down") = Some((
+            Instant::now() + Duration::from_secs(600),
+            format!("{NO_MEMBER} (etcd was down)"),
+        ));
+        // Still within the shortcut's time: a plain call fails without asking.
+        assert!(etcd
+            .call("/v3/kv/range", &json!({}))
+            .expect_err("short-circuited")
+            .starts_with(NO_MEMBER));
+        assert_eq!(etcd.lease_keepalive(7), Ok(5));
+        assert!(etcd.call("/v3/kv/range", &json!({})).is_ok());
     }
 }
