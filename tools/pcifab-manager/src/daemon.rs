@@ -15,7 +15,7 @@ use crate::{
     protocol::{self, Request},
     scheduler::persist::{self, Image},
     scheduler::{Action, Host, Pdfid, Scheduler, Scrub, Secs},
-    scrub::{Report, Scrubber},
+    scrub::{Report, ScrubError, Scrubber},
     store::{LogEntry, Retention, StateStore},
     telemetry::{Judge, Sample, Source, Verdict},
 };
@@ -51,7 +51,7 @@ pub struct Daemon {
     /// Erases devices of scrub pools between holders (none: such a device fails its scrub).
     pub scrubber: Option<Arc<dyn Scrubber>>,
     /// Scrubs running, one thread each.
-    scrubbing: BTreeMap<Pdfid, std::thread::JoinHandle<Result<Report, String>>>,
+    scrubbing: BTreeMap<Pdfid, std::thread::JoinHandle<Result<Report, ScrubError>>>,
     /// The last scrubs' outcomes, most recent last (the `pool` reply's `scrubs`).
     pub scrubs: Vec<Value>,
     /// Who may do what (the configuration's `[[principals]]`).
@@ -488,9 +488,15 @@ impl Daemon {
                 continue;
             };
             eprintln!("pcifab-manager: scrubbing {pf:#06x} before it is granted again");
+            // The scrub binds the drive in its thread, later: it asks the fence again right
+            // before (a leader deposed meanwhile must not bind it).
+            let fence = self.exec.fence();
             let spawned = std::thread::Builder::new()
                 .name(format!("scrub-{pf:#06x}"))
-                .spawn(move || s.scrub(pf));
+                .spawn(move || {
+                    let ready = || fence.as_ref().map_or(Ok(()), |f| f.check());
+                    s.scrub(pf, &ready)
+                });
             match spawned {
                 Ok(h) => {
                     self.scrubbing.insert(pf, h);
@@ -516,8 +522,15 @@ impl Daemon {
             };
             let r = h
                 .join()
-                .unwrap_or_else(|_| Err("the scrub thread panicked".into()));
-            self.scrub_finished(pf, r, now);
+                .unwrap_or_else(|_| Err(ScrubError::Failed("the scrub thread panicked".into())));
+            match r {
+                // Nothing was done: the device still waits, and a scrub starts again once
+                // the fence passes.
+                Err(ScrubError::NotStarted(e)) => {
+                    eprintln!("pcifab-manager: the scrub of {pf:#06x} did not start: {e}");
+                }
+                r => self.scrub_finished(pf, r.map_err(|e| e.to_string()), now),
+            }
         }
     }
 

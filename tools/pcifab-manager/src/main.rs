@@ -247,7 +247,7 @@ fn run(a: Args) -> Result<(), String> {
     let exec: Box<dyn Executor + Send> = match ha_fence {
         Some((elector, leadership, deposed)) => Box::new(Fenced {
             inner: exec,
-            fence: Box::new(EtcdFence {
+            fence: Arc::new(EtcdFence {
                 elector,
                 leadership,
                 deposed,

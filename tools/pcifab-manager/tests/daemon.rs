@@ -665,7 +665,7 @@ fn scrub_waits_for_the_fence() {
         Store::open(&dir).expect("store"),
         Box::new(Fenced {
             inner: Box::new(sim.clone()),
-            fence: Box::new(Gate(open.clone())),
+            fence: Arc::new(Gate(open.clone())),
         }),
         Box::new(move || ck.load(Ordering::SeqCst)),
     )
@@ -1193,4 +1193,59 @@ fn a_read_whose_reload_fails_commits_nothing() {
     assert_eq!(r["ok"], json!(true), "{r}");
     assert_eq!(leases_of(&mut d), vec![]);
     check(&d.sched, &sim.lock().expect("sim").bound);
+}
+
+/// A fence that refuses in the scrub threads only: the leader deposed between the daemon's
+/// check before it starts a scrub and the scrub's bind.
+struct RefusedInScrubThreads;
+
+impl Fence for RefusedInScrubThreads {
+    fn check(&self) -> Result<(), String> {
+        match std::thread::current().name() {
+            Some(n) if n.starts_with("scrub-") => Err("deposed (the test's fence)".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A scrub asks the fence again right before its bind: refused there, it binds nothing,
+/// the drive still waits for its scrub (it is not marked failed).
+#[test]
+fn a_scrub_asks_the_fence_right_before_its_bind() {
+    let dir = tempdir("scrub-refence");
+    let c = pcifab_manager::config::Config::parse(DRIVES).expect("configuration");
+    let sim = Arc::new(Mutex::new(sim_for(&c)));
+    let mut d = Daemon::start(
+        c,
+        Store::open(&dir).expect("store"),
+        Box::new(Fenced {
+            inner: Box::new(sim.clone()),
+            fence: Arc::new(RefusedInScrubThreads),
+        }),
+        Box::new(|| 1000),
+    )
+    .expect("daemon");
+    let scrubber = SimScrubber {
+        fabric: Some(sim.clone()),
+        host: 0,
+        ..SimScrubber::default()
+    };
+    d.scrubber = Some(Arc::new(scrubber.clone()));
+    let ask = |d: &mut Daemon, v: Value| d.handle_line(&v.to_string());
+    let a = ask(&mut d, drive_req(0, "a", 1, true));
+    assert_eq!(a["lease"]["functions"], json!(["0x0500"]), "{a}");
+    let r = ask(&mut d, json!({"op": "release", "id": a["id"]}));
+    assert_eq!(r["ok"], json!(true), "{r}");
+    d.wait_scrubs();
+    assert_eq!(
+        sim.lock().expect("sim").log,
+        vec![bind(0x500, 0), unbind(0x500, 0)],
+        "the scrub bound the drive past a fence that refused"
+    );
+    assert!(scrubber.done.lock().expect("done").is_empty());
+    let pool = ask(&mut d, json!({"op": "pool"}));
+    assert_eq!(pool["devices"][0]["scrub"], json!("pending"), "{pool}");
+    assert_eq!(pool["devices"][0]["healthy"], json!(true), "{pool}");
+    assert_eq!(pool["scrubs"], json!([]), "{pool}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
