@@ -392,6 +392,21 @@ impl Config {
             if h.timeout_ms < 100 {
                 return Err("[ha] timeout_ms is at least 100".into());
             }
+            // A keepalive may wait out one member that does not answer (timeout_ms) and must
+            // still reach another within the lease's TTL.
+            let ttl_ms = h.lease_ttl_s.saturating_mul(1000);
+            if h.timeout_ms.saturating_mul(2) >= ttl_ms {
+                return Err(format!(
+                    "[ha] timeout_ms ({}) must be less than half of lease_ttl_s ({} s): a \
+                     keepalive that waits out an etcd member that does not answer would leave \
+                     no time to renew the leader's lease on another; lower timeout_ms to {} \
+                     or less, or raise lease_ttl_s to {} or more",
+                    h.timeout_ms,
+                    h.lease_ttl_s,
+                    (ttl_ms - 1) / 2,
+                    h.timeout_ms.saturating_mul(2) / 1000 + 1
+                ));
+            }
         }
         let m = &self.manager;
         if m.hosts == 0 {
@@ -775,6 +790,20 @@ mod tests {
         assert!(bad("lease_ttl_s = 1", ok).contains("lease_ttl_s"));
         assert!(bad("prefix = 'p/'", ok).contains("prefix"));
         assert!(bad("timeout_ms = 10", ok).contains("timeout_ms"));
+        // Twice the timeout must fit in the lease's TTL, with room to spare.
+        let e = bad("lease_ttl_s = 2\ntimeout_ms = 1000", ok);
+        assert!(
+            e.contains("timeout_ms (1000)")
+                && e.contains("lease_ttl_s (2 s)")
+                && e.contains("lower timeout_ms to 999 or less, or raise lease_ttl_s to 3 or more"),
+            "{e}"
+        );
+        assert!(bad("timeout_ms = 2500", ok).contains("raise lease_ttl_s to 6"));
+        let h = with(&format!("{ok}lease_ttl_s = 2\ntimeout_ms = 999"))
+            .expect("just under half the TTL")
+            .ha
+            .expect("ha");
+        assert_eq!((h.lease_ttl_s, h.timeout_ms), (2, 999));
         assert!(bad("leader = true", ok).contains("unknown field"));
         assert!(bad("", &ok.replace("'fm1'", "''")).contains("node"));
     }

@@ -15,7 +15,7 @@ use crate::{
     protocol::{self, Request},
     scheduler::persist::{self, Image},
     scheduler::{Action, Host, Pdfid, Scheduler, Scrub, Secs},
-    scrub::{Report, Scrubber},
+    scrub::{Report, ScrubError, Scrubber},
     store::{LogEntry, Retention, StateStore},
     telemetry::{Judge, Sample, Source, Verdict},
 };
@@ -51,7 +51,7 @@ pub struct Daemon {
     /// Erases devices of scrub pools between holders (none: such a device fails its scrub).
     pub scrubber: Option<Arc<dyn Scrubber>>,
     /// Scrubs running, one thread each.
-    scrubbing: BTreeMap<Pdfid, std::thread::JoinHandle<Result<Report, String>>>,
+    scrubbing: BTreeMap<Pdfid, std::thread::JoinHandle<Result<Report, ScrubError>>>,
     /// The last scrubs' outcomes, most recent last (the `pool` reply's `scrubs`).
     pub scrubs: Vec<Value>,
     /// Who may do what (the configuration's `[[principals]]`).
@@ -71,13 +71,14 @@ pub struct Daemon {
     /// manager that could not confirm it still leads): once it is, the fabric is brought to
     /// the scheduler's state as at a start.
     fabric_behind: bool,
-    /// A request whose commit fails leaves the scheduler as it was before it (a highly
-    /// available manager without an etcd quorum: the client is told the request failed, so
-    /// it must not be carried out later).
-    pub undo_failed_requests: bool,
-    /// With `undo_failed_requests`: a commit failed, and the store may hold it all the same
-    /// (etcd may still commit a transaction it did not confirm in time). Before the next
-    /// decision the state is read again from the store.
+    /// A commit that failed may be stored all the same (etcd may still commit a transaction
+    /// it did not confirm in time): after one, the state is read again from the store
+    /// before the next decision (a highly available manager). Either way a request whose
+    /// commit fails leaves the scheduler as it was before it: the client is told it failed,
+    /// so it must not be carried out later.
+    pub reload_after_failed_commit: bool,
+    /// With `reload_after_failed_commit`: a commit failed, and the store may hold it all
+    /// the same. Before the next decision the state is read again from the store.
     state_unknown: bool,
 }
 
@@ -151,7 +152,7 @@ impl Daemon {
             config_path: None,
             notices: tokio::sync::watch::Sender::new(0),
             fabric_behind: false,
-            undo_failed_requests: false,
+            reload_after_failed_commit: false,
             state_unknown: false,
         };
         if !fix.is_empty() {
@@ -249,7 +250,7 @@ impl Daemon {
             max_age_s: m.log_max_age_s,
         };
         if let Err(e) = self.store.commit(&delta.batch, entry, keep) {
-            self.state_unknown = self.undo_failed_requests;
+            self.state_unknown = self.reload_after_failed_commit;
             return Err(e);
         }
         self.image.accept(delta);
@@ -333,6 +334,9 @@ impl Daemon {
     }
 
     pub fn handle(&mut self, req: &Request) -> Value {
+        // A read while the state cannot be read again: answered from memory, which may not
+        // be what the store holds, so nothing of it is committed or carried out.
+        let mut unconfirmed = false;
         if self.state_unknown {
             if let Err(e) = self.reload() {
                 if req.mutates() {
@@ -344,9 +348,10 @@ impl Daemon {
                         false,
                     );
                 }
+                unconfirmed = true;
             }
         }
-        let before = (self.undo_failed_requests && req.mutates()).then(|| self.sched.clone());
+        let before = req.mutates().then(|| self.sched.clone());
         let now = (self.clock)();
         // Time first, so the answer reflects expiry and failover up to now; the links first
         // of all, so a host is not timed out for the time this daemon spent on other work.
@@ -393,6 +398,9 @@ impl Daemon {
             }
             r => protocol::handle(&mut self.sched, r, now),
         };
+        if unconfirmed {
+            return reply;
+        }
         // Commit the decision before acting on it: after a crash the start reconciles the
         // fabric with what was committed.
         let entry = req.mutates().then(|| LogEntry {
@@ -480,9 +488,15 @@ impl Daemon {
                 continue;
             };
             eprintln!("pcifab-manager: scrubbing {pf:#06x} before it is granted again");
+            // The scrub binds the drive in its thread, later: it asks the fence again right
+            // before (a leader deposed meanwhile must not bind it).
+            let fence = self.exec.fence();
             let spawned = std::thread::Builder::new()
                 .name(format!("scrub-{pf:#06x}"))
-                .spawn(move || s.scrub(pf));
+                .spawn(move || {
+                    let ready = || fence.as_ref().map_or(Ok(()), |f| f.check());
+                    s.scrub(pf, &ready)
+                });
             match spawned {
                 Ok(h) => {
                     self.scrubbing.insert(pf, h);
@@ -508,8 +522,15 @@ impl Daemon {
             };
             let r = h
                 .join()
-                .unwrap_or_else(|_| Err("the scrub thread panicked".into()));
-            self.scrub_finished(pf, r, now);
+                .unwrap_or_else(|_| Err(ScrubError::Failed("the scrub thread panicked".into())));
+            match r {
+                // Nothing was done: the device still waits, and a scrub starts again once
+                // the fence passes.
+                Err(ScrubError::NotStarted(e)) => {
+                    eprintln!("pcifab-manager: the scrub of {pf:#06x} did not start: {e}");
+                }
+                r => self.scrub_finished(pf, r.map_err(|e| e.to_string()), now),
+            }
         }
     }
 

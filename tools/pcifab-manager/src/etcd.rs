@@ -50,6 +50,23 @@ fn num(v: &Value) -> i64 {
     }
 }
 
+/// A revision or lease id etcd must give: a positive number. A reply without one, or with
+/// 0, a negative number or text, is not etcd's (or is corrupt): an error, never an epoch.
+fn positive(v: &Value, what: &str) -> Result<i64, String> {
+    let n = match v {
+        Value::String(s) => s.parse::<i64>().ok(),
+        Value::Number(n) => n.as_i64(),
+        _ => None,
+    };
+    match n {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "etcd's reply gives no valid {what} ({v}; a positive number was expected): is \
+             every endpoint an etcd v3 gateway?"
+        )),
+    }
+}
+
 /// The end of the range of keys that start with `prefix`.
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -136,15 +153,21 @@ impl Etcd {
             }
         }
         let r = self.call_members(path, body);
+        self.note(&r);
+        r
+    }
+
+    /// Remembers whether etcd answered: after no member did, [`Etcd::call`] fails at once
+    /// for twice the timeout.
+    fn note(&self, r: &Result<Value, String>) {
         if let Ok(mut g) = self.down.lock() {
-            *g = match &r {
+            *g = match r {
                 Err(e) if e.starts_with(NO_MEMBER) => {
                     Some((Instant::now() + self.timeout * 2, e.clone()))
                 }
                 _ => None,
             };
         }
-        r
     }
 
     fn call_members(&self, path: &str, body: &Value) -> Result<Value, String> {
@@ -242,10 +265,13 @@ impl Etcd {
         }
     }
 
-    /// Renews a lease; its remaining TTL, 0 when it is gone.
+    /// Renews a lease; its remaining TTL, 0 when it is gone. Always asks etcd, even right
+    /// after a call no member answered: a leader's lease must not be lost to that shortcut
+    /// while etcd is back (its outcome is remembered for the other calls all the same).
     pub fn lease_keepalive(&self, id: i64) -> Result<i64, String> {
-        let v = self.call("/v3/lease/keepalive", &json!({"ID": id.to_string()}))?;
-        Ok(num(&v["result"]["TTL"]))
+        let r = self.call_members("/v3/lease/keepalive", &json!({"ID": id.to_string()}));
+        self.note(&r);
+        Ok(num(&r?["result"]["TTL"]))
     }
 
     pub fn lease_revoke(&self, id: i64) -> Result<(), String> {
@@ -316,13 +342,19 @@ impl Elector {
     /// The leader now (linearizable read), with its epoch and lease.
     pub fn leader(&self) -> Result<Option<(LeaderInfo, i64, i64)>, String> {
         let v = self.etcd.range(&self.key, None, json!({}))?;
-        Ok(kvs_of(&v).into_iter().next().map(|kv| {
-            let info = serde_json::from_slice(&kv.value).unwrap_or(LeaderInfo {
-                node: "?".into(),
-                advertise: String::from_utf8_lossy(&kv.value).into_owned(),
-            });
-            (info, kv.create_revision, kv.lease)
-        }))
+        let Some(kv) = kvs_of(&v).into_iter().next() else {
+            return Ok(None);
+        };
+        // The epoch: the key's create revision, which etcd always gives a key that exists.
+        let epoch = positive(
+            &v["kvs"][0]["create_revision"],
+            "create revision of the leader key",
+        )?;
+        let info = serde_json::from_slice(&kv.value).unwrap_or(LeaderInfo {
+            node: "?".into(),
+            advertise: String::from_utf8_lossy(&kv.value).into_owned(),
+        });
+        Ok(Some((info, epoch, kv.lease)))
     }
 
     /// Waits until this manager is the leader; `waiting` hears of the leader meanwhile
@@ -368,10 +400,10 @@ impl Elector {
                                          "lease": lease.to_string()}});
         let (won, v) = self.etcd.txn(vec![created], vec![put], vec![])?;
         if won {
-            return Ok(Ok(Leadership {
-                epoch: num(&v["header"]["revision"]),
-                lease,
-            }));
+            // Without a valid revision there is no epoch to guard commits with: the next
+            // attempt finds this node's key and revokes its lease.
+            let epoch = positive(&v["header"]["revision"], "revision of the won election")?;
+            return Ok(Ok(Leadership { epoch, lease }));
         }
         let _ = self.etcd.lease_revoke(lease);
         match self.leader()? {
@@ -403,20 +435,35 @@ impl Elector {
         }
     }
 
-    /// Renews the lease of `l` every third of its TTL in a thread. A lease etcd says is
-    /// gone calls `deposed`; while etcd cannot be reached the leader keeps trying (the
-    /// fence and the commits fail meanwhile, so the fabric does not change).
+    /// How often the leader renews its lease: every third of the TTL, or more often so that
+    /// a keepalive that waits out a member that does not answer (the timeout) still leaves
+    /// another a whole timeout before the TTL ends (the configuration makes sure twice the
+    /// timeout is less than the TTL, `config::HaConfig`).
+    fn renew_every(&self) -> Duration {
+        let ttl = Duration::from_secs(self.ttl_s);
+        (ttl / 3)
+            .min(ttl.saturating_sub(self.etcd.timeout * 2))
+            .max(Duration::from_millis(10))
+    }
+
+    /// Renews the lease of `l` in a thread ([`Elector::renew_every`]). A lease etcd says is
+    /// gone calls `deposed`. A keepalive that fails is tried again at once, and again until
+    /// etcd answers (the fence and the commits fail meanwhile, so the fabric does not
+    /// change): etcd back before the TTL has passed, the leader keeps its lease.
     pub fn keep(self: &Arc<Self>, l: Leadership, deposed: Deposed) {
         let me = self.clone();
-        let every = Duration::from_millis(me.ttl_s * 1000 / 3);
+        let every = me.renew_every();
         std::thread::spawn(move || {
             let mut last_ok = Instant::now();
             let mut said = false;
+            let mut wait = every;
             loop {
-                std::thread::sleep(every);
+                std::thread::sleep(wait);
+                let sent = Instant::now();
                 match me.etcd.lease_keepalive(l.lease) {
                     Ok(ttl) if ttl > 0 => {
-                        last_ok = Instant::now();
+                        last_ok = sent;
+                        wait = every;
                         if said {
                             eprintln!("pcifab-manager: etcd reached again; still the leader");
                             said = false;
@@ -430,6 +477,10 @@ impl Elector {
                         return;
                     }
                     Err(e) => {
+                        // Each failed keepalive tried every member for twice the timeout;
+                        // a short pause keeps an etcd that refuses at once from being
+                        // hammered.
+                        wait = Duration::from_millis(100);
                         if !said && last_ok.elapsed() >= Duration::from_secs(me.ttl_s) {
                             eprintln!(
                                 "pcifab-manager: cannot renew the leader lease for {} s: {e}; \
@@ -484,7 +535,7 @@ impl EtcdStore {
         )?;
         if let Some(kv) = kvs_of(&v).first() {
             let seq = s.seq_of(&kv.key)?;
-            s.next_log.store(seq + 1, Ordering::Relaxed);
+            s.next_log.store(s.after(seq)?, Ordering::Relaxed);
         }
         Ok(s)
     }
@@ -509,6 +560,18 @@ impl EtcdStore {
                     self.prefix
                 )
             })
+    }
+
+    /// The log entry number after `seq`; none after the last a u64 holds.
+    fn after(&self, seq: u64) -> Result<u64, String> {
+        seq.checked_add(1).ok_or_else(|| {
+            format!(
+                "etcd key {}: the request log is at its last entry number ({seq}); copy the \
+                 state out with `pcifab-manager migrate` and back into an empty prefix to \
+                 number it afresh",
+                String::from_utf8_lossy(&self.log_key(seq))
+            )
+        })
     }
 
     fn record_key(&self, table: &str, key: &str) -> Vec<u8> {
@@ -583,6 +646,7 @@ impl StateStore for EtcdStore {
             ));
         }
         let seq = self.next_log.load(Ordering::Relaxed);
+        let next = entry.map(|_| self.after(seq)).transpose()?;
         if let Some(e) = entry {
             let e = serde_json::to_vec(e).map_err(|e| format!("etcd store: encode: {e}"))?;
             ops.push(put(&self.log_key(seq), &e));
@@ -590,7 +654,7 @@ impl StateStore for EtcdStore {
             if seq > keep {
                 ops.push(delete(
                     &self.log_key(0),
-                    Some(&self.log_key(seq + 1 - keep)),
+                    Some(&self.log_key(seq - (keep - 1))),
                 ));
             }
         }
@@ -613,8 +677,8 @@ impl StateStore for EtcdStore {
             }
             return Err(why);
         }
-        if entry.is_some() {
-            self.next_log.store(seq + 1, Ordering::Relaxed);
+        if let Some(n) = next {
+            self.next_log.store(n, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -700,4 +764,158 @@ pub fn records_of(
         .into_iter()
         .flat_map(|(t, m)| m.into_iter().map(move |(k, v)| ((t.to_string(), k), v)))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Read, Write};
+
+    /// A fake etcd gateway on loopback: every POST is answered with 200 and what `answer`
+    /// gives for its path and body. Its URL.
+    fn gateway(answer: impl Fn(&str, &Value) -> Value + Send + 'static) -> String {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let url = format!("http://{}", l.local_addr().expect("addr"));
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut r = BufReader::new(conn.try_clone().expect("clone"));
+                let mut line = String::new();
+                if r.read_line(&mut line).is_err() {
+                    continue;
+                }
+                let path = line.split(' ').nth(1).unwrap_or("").to_string();
+                let mut len = 0;
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).is_err() || h.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':') {
+                        if k.eq_ignore_ascii_case("content-length") {
+                            len = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                }
+                let mut body = vec![0; len];
+                let _ = r.read_exact(&mut body);
+                let req = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let reply = answer(&path, &req).to_string();
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{reply}",
+                    reply.len()
+                );
+            }
+        });
+        url
+    }
+
+    fn client(url: String) -> Arc<Etcd> {
+        Arc::new(Etcd::new(&[url], Duration::from_millis(500)))
+    }
+
+    fn me() -> LeaderInfo {
+        LeaderInfo {
+            node: "fm1".into(),
+            advertise: "x".into(),
+        }
+    }
+
+    /// A leader key whose create revision is missing, 0, negative or not a number is no
+    /// leadership: the read fails as an etcd error, and the fence with it (it does not
+    /// call `deposed`, nor take the key for someone else's).
+    #[test]
+    fn a_leader_key_without_a_valid_create_revision_is_an_etcd_error() {
+        for rev in [
+            json!(null),
+            json!("0"),
+            json!("-3"),
+            json!("seven"),
+            json!(0),
+        ] {
+            let r = rev.clone();
+            let url = gateway(move |_, _| {
+                let mut kv = json!({"key": b64(b"/p/leader"), "lease": "9",
+                                    "value": b64(br#"{"node":"fm2","advertise":"y"}"#)});
+                if !r.is_null() {
+                    kv["create_revision"] = r.clone();
+                }
+                json!({"header": {"revision": "12"}, "kvs": [kv], "count": "1"})
+            });
+            let e = Elector::new(client(url), "/p", me(), 5);
+            let err = e.leader().expect_err("no valid create revision");
+            assert!(
+                err.contains("create revision of the leader key"),
+                "{rev}: {err}"
+            );
+            let called = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let c = called.clone();
+            let deposed: Deposed = Arc::new(move |_| c.store(true, Ordering::SeqCst));
+            let l = Leadership { epoch: 5, lease: 9 };
+            assert!(e.check(l, &deposed).is_err(), "{rev}");
+            assert!(
+                !called.load(Ordering::SeqCst),
+                "{rev}: deposed on a bad reply"
+            );
+        }
+    }
+
+    /// An election whose transaction etcd reports won, but with no valid revision (so no
+    /// epoch), is not won.
+    #[test]
+    fn a_won_election_without_a_valid_revision_is_an_etcd_error() {
+        for rev in [json!(null), json!("0"), json!("-1"), json!("x")] {
+            let r = rev.clone();
+            let url = gateway(move |path, _| match path {
+                "/v3/kv/range" => json!({"header": {"revision": "3"}}),
+                "/v3/lease/grant" => json!({"ID": "77", "TTL": "5"}),
+                "/v3/kv/txn" => json!({"header": {"revision": r.clone()}, "succeeded": true}),
+                _ => json!({}),
+            });
+            let e = Elector::new(client(url), "/p", me(), 5);
+            let err = e.try_once().expect_err("no epoch");
+            assert!(err.contains("revision of the won election"), "{rev}: {err}");
+        }
+    }
+
+    /// A log whose last key has the last number a u64 holds: the store refuses to open,
+    /// saying so, instead of overflowing the next number.
+    #[test]
+    fn a_log_at_its_last_number_is_refused() {
+        let url = gateway(|path, _| match path {
+            "/v3/kv/range" => json!({"header": {"revision": "3"}, "kvs": [
+                {"key": b64(format!("/p/log/{}", u64::MAX).as_bytes()),
+                 "create_revision": "2", "mod_revision": "2"}]}),
+            _ => json!({}),
+        });
+        let Err(e) = EtcdStore::open(client(url), "/p", Guard::Leader(2), None) else {
+            panic!("opened a store whose log has no number left");
+        };
+        assert!(
+            e.contains("last entry number") && e.contains("18446744073709551615"),
+            "{e}"
+        );
+    }
+
+    /// After a call no member answered, calls fail at once for a while, but a keepalive
+    /// still asks etcd (and its answer ends the shortcut for the other calls).
+    #[test]
+    fn a_keepalive_is_not_short_circuited_by_an_earlier_failure() {
+        let url = gateway(|_, _| json!({"result": {"ID": "7", "TTL": "5"}}));
+        let etcd = Etcd::new(&[url], Duration::from_millis(500));
+        // As a call no member answered leaves it: the next ones fail at once for a while.
+        *etcd.down.lock().expect("down") = Some((
+            Instant::now() + Duration::from_secs(600),
+            format!("{NO_MEMBER} (etcd was down)"),
+        ));
+        // Still within the shortcut's time: a plain call fails without asking.
+        assert!(etcd
+            .call("/v3/kv/range", &json!({}))
+            .expect_err("short-circuited")
+            .starts_with(NO_MEMBER));
+        assert_eq!(etcd.lease_keepalive(7), Ok(5));
+        assert!(etcd.call("/v3/kv/range", &json!({})).is_ok());
+    }
 }

@@ -20,18 +20,23 @@ pub trait Executor {
     fn ready(&mut self) -> Result<(), String> {
         Ok(())
     }
+    /// The fence [`Executor::ready`] asks, for changes of the fabric made beside the
+    /// executor (a scrub's bind, in its own thread); none: always ready.
+    fn fence(&self) -> Option<std::sync::Arc<dyn Fence>> {
+        None
+    }
 }
 
 /// The check a leader passes before each change of the fabric (Documentation/manager.rst,
 /// "Fencing").
-pub trait Fence: Send {
+pub trait Fence: Send + Sync {
     fn check(&self) -> Result<(), String>;
 }
 
 /// An executor that changes the fabric only while its fence says so.
 pub struct Fenced {
     pub inner: Box<dyn Executor + Send>,
-    pub fence: Box<dyn Fence>,
+    pub fence: std::sync::Arc<dyn Fence>,
 }
 
 impl Executor for Fenced {
@@ -50,6 +55,10 @@ impl Executor for Fenced {
     fn ready(&mut self) -> Result<(), String> {
         self.fence.check()?;
         self.inner.ready()
+    }
+
+    fn fence(&self) -> Option<std::sync::Arc<dyn Fence>> {
+        Some(self.fence.clone())
     }
 }
 

@@ -247,7 +247,7 @@ fn run(a: Args) -> Result<(), String> {
     let exec: Box<dyn Executor + Send> = match ha_fence {
         Some((elector, leadership, deposed)) => Box::new(Fenced {
             inner: exec,
-            fence: Box::new(EtcdFence {
+            fence: Arc::new(EtcdFence {
                 elector,
                 leadership,
                 deposed,
@@ -257,7 +257,7 @@ fn run(a: Args) -> Result<(), String> {
     };
     let ha = config.ha.is_some();
     let mut d = Daemon::start(config, store, exec, daemon::steady_clock())?;
-    d.undo_failed_requests = ha;
+    d.reload_after_failed_commit = ha;
     d.config_path = a.config.as_deref().map(PathBuf::from);
     d.telemetry = telemetry;
     d.liveness = liveness;

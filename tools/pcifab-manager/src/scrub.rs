@@ -51,11 +51,37 @@ pub struct Report {
     pub secs: f64,
 }
 
+/// Why a scrub did not end well.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScrubError {
+    /// This manager may not change the fabric now (its fence refused right before the
+    /// bind): nothing was done, and the device still waits for its scrub.
+    NotStarted(String),
+    /// The scrub failed; the message says how, and where it left the drive.
+    Failed(String),
+}
+
+impl std::fmt::Display for ScrubError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotStarted(e) => write!(f, "not started: {e}"),
+            Self::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
 /// Erases a pool device between holders.
 pub trait Scrubber: Send + Sync {
     /// Erases every block device of function `pf`; the fabric is as before when it returns
-    /// (the function unbound), unless the error says otherwise.
-    fn scrub(&self, pf: Pdfid) -> Result<Report, String>;
+    /// (the function unbound), unless the error says otherwise. `ready` is asked right
+    /// before each change of the fabric (the bind, the unbind), as the daemon asks its
+    /// executor before each action: a deposed leader must not bind a drive a new leader
+    /// may have granted.
+    fn scrub(
+        &self,
+        pf: Pdfid,
+        ready: &dyn Fn() -> Result<(), String>,
+    ) -> Result<Report, ScrubError>;
 }
 
 // ---- erasing ---------------------------------------------------------------------------
@@ -251,11 +277,19 @@ pub struct DriverScrubber {
 }
 
 impl Scrubber for DriverScrubber {
-    fn scrub(&self, pf: Pdfid) -> Result<Report, String> {
-        let drv = Driver::open(&self.device)?;
-        let me = drv.own_host()?;
+    fn scrub(
+        &self,
+        pf: Pdfid,
+        ready: &dyn Fn() -> Result<(), String>,
+    ) -> Result<Report, ScrubError> {
+        let failed = |e: String| ScrubError::Failed(e);
+        let drv = Driver::open(&self.device).map_err(failed)?;
+        let me = drv.own_host().map_err(failed)?;
+        ready().map_err(ScrubError::NotStarted)?;
         let start = Instant::now();
-        let bdf = drv.bind_here(pf, me, 0).map_err(|e| e.to_string())?;
+        let bdf = drv
+            .bind_here(pf, me, 0)
+            .map_err(|e| failed(e.to_string()))?;
         let erased = wait_disks(&self.roots, &bdf, self.appear).and_then(|nodes| {
             let mut bytes = 0u64;
             for n in &nodes {
@@ -264,7 +298,7 @@ impl Scrubber for DriverScrubber {
             }
             Ok((nodes, bytes))
         });
-        let unbound = drv.unbind(pf).map_err(|e| e.to_string());
+        let unbound = ready().and_then(|()| drv.unbind(pf).map_err(|e| e.to_string()));
         let secs = start.elapsed().as_secs_f64();
         match (erased, unbound) {
             (Ok((nodes, bytes)), Ok(())) => Ok(Report {
@@ -272,13 +306,13 @@ impl Scrubber for DriverScrubber {
                 bytes,
                 secs,
             }),
-            (Err(e), Ok(())) => Err(e),
-            (Ok(_), Err(u)) => Err(format!(
+            (Err(e), Ok(())) => Err(failed(e)),
+            (Ok(_), Err(u)) => Err(failed(format!(
                 "erased, but {u}; the drive stays bound to the manager's host {me}"
-            )),
-            (Err(e), Err(u)) => Err(format!(
+            ))),
+            (Err(e), Err(u)) => Err(failed(format!(
                 "{e}; then {u}; the drive stays bound to the manager's host {me}"
-            )),
+            ))),
         }
     }
 }
@@ -295,27 +329,37 @@ pub struct SimScrubber {
 }
 
 impl Scrubber for SimScrubber {
-    fn scrub(&self, pf: Pdfid) -> Result<Report, String> {
-        let lock = "simulated scrubber lock poisoned";
+    fn scrub(
+        &self,
+        pf: Pdfid,
+        ready: &dyn Fn() -> Result<(), String>,
+    ) -> Result<Report, ScrubError> {
+        let lock = || ScrubError::Failed("simulated scrubber lock poisoned".into());
         let fabric = |a: Action| match &self.fabric {
-            Some(f) => f.clone().apply(&a),
+            Some(f) => f.clone().apply(&a).map_err(ScrubError::Failed),
             None => Ok(()),
         };
+        ready().map_err(ScrubError::NotStarted)?;
         fabric(Action::Bind {
             pdfid: pf,
             host: self.host,
         })?;
         let failed = {
-            let mut f = self.fail.lock().map_err(|_| lock.to_string())?;
+            let mut f = self.fail.lock().map_err(|_| lock())?;
             f.iter().position(|x| *x == pf).map(|i| f.remove(i))
         };
+        ready().map_err(|e| {
+            ScrubError::Failed(format!("{e}; the drive stays bound to host {}", self.host))
+        })?;
         fabric(Action::Unbind {
             pdfid: pf,
             host: self.host,
         })?;
-        self.done.lock().map_err(|_| lock.to_string())?.push(pf);
+        self.done.lock().map_err(|_| lock())?.push(pf);
         if failed.is_some() {
-            return Err(format!("simulated scrub failure of {pf:#06x}"));
+            return Err(ScrubError::Failed(format!(
+                "simulated scrub failure of {pf:#06x}"
+            )));
         }
         Ok(Report {
             disks: vec![format!("sim-{pf:#06x}")],
@@ -494,11 +538,19 @@ mod tests {
             ..SimScrubber::default()
         };
         s.fail.lock().expect("fail").push(0x500);
+        let go = || Ok(());
         assert!(s
-            .scrub(0x500)
+            .scrub(0x500, &go)
             .unwrap_err()
+            .to_string()
             .contains("simulated scrub failure"));
-        assert!(s.scrub(0x500).is_ok());
+        assert!(s.scrub(0x500, &go).is_ok());
+        // Refused right before the bind: nothing done, and said so.
+        let refused = || Err("deposed".to_string());
+        assert_eq!(
+            s.scrub(0x500, &refused),
+            Err(ScrubError::NotStarted("deposed".into()))
+        );
         let log = fabric.lock().expect("fabric").log.clone();
         assert_eq!(log.len(), 4);
         assert!(fabric.lock().expect("fabric").bound.is_empty());

@@ -382,11 +382,18 @@ impl StateStore for RedbStore {
                 let mut log = tx
                     .open_table(LOG)
                     .map_err(|e| err(&self.path, "open log", e))?;
-                let next = log
-                    .last()
-                    .map_err(|e| err(&self.path, "read log", e))?
-                    .map(|(k, _)| k.value() + 1)
-                    .unwrap_or(1);
+                let next = match log.last().map_err(|e| err(&self.path, "read log", e))? {
+                    None => 1,
+                    Some((k, _)) => k.value().checked_add(1).ok_or_else(|| {
+                        err(
+                            &self.path,
+                            "write log",
+                            "the request log is at its last entry number; move the \
+                             directory away (or migrate the state out and back) to number it \
+                             afresh",
+                        )
+                    })?,
+                };
                 let e = serde_json::to_vec(entry).map_err(|e| err(&self.path, "encode", e))?;
                 log.insert(next, e.as_slice())
                     .map_err(|e| err(&self.path, "write log", e))?;
@@ -539,6 +546,40 @@ mod tests {
             .commit(&Batch::default(), Some(&entry(13)), young)
             .expect("commit");
         assert_eq!(ats(&store), vec![10, 11, 13]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A log whose last entry has the last number a u64 holds: the next commit with an
+    /// entry fails with the reason, and stores nothing.
+    #[test]
+    fn a_log_at_its_last_number_refuses_the_next_entry() {
+        let dir = tempdir("log-end");
+        let store = Store::open(&dir).expect("store");
+        let tx = store.db.begin_write().expect("tx");
+        tx.open_table(LOG)
+            .expect("log")
+            .insert(
+                u64::MAX,
+                br#"{"at":0,"request":null,"ok":true,"summary":"ok"}"#.as_slice(),
+            )
+            .expect("insert");
+        tx.commit().expect("commit");
+        let entry = LogEntry {
+            at: 1,
+            request: serde_json::json!({"op": "queue"}),
+            ok: true,
+            summary: "ok".into(),
+        };
+        let b = Batch {
+            puts: vec![put("a", "k", "v")],
+            ..Batch::default()
+        };
+        let e = store
+            .commit(&b, Some(&entry), KEEP)
+            .expect_err("no number left");
+        assert!(e.contains("last entry number"), "{e}");
+        assert_eq!(store.log_len().expect("len"), 1);
+        assert_eq!(store.load(&["a"]).expect("load"), Stored::default());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -12,7 +12,7 @@ use std::{
     path::Path,
     process::{Child, Command, Stdio},
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
     time::{Duration, Instant},
@@ -665,7 +665,7 @@ fn scrub_waits_for_the_fence() {
         Store::open(&dir).expect("store"),
         Box::new(Fenced {
             inner: Box::new(sim.clone()),
-            fence: Box::new(Gate(open.clone())),
+            fence: Arc::new(Gate(open.clone())),
         }),
         Box::new(move || ck.load(Ordering::SeqCst)),
     )
@@ -965,6 +965,10 @@ struct MemStore {
     log: Arc<Mutex<Vec<pcifab_manager::store::LogEntry>>>,
     /// Records written or removed by each commit.
     commits: Arc<Mutex<Vec<usize>>>,
+    /// Commits fail (and store nothing) while set, as a store that cannot be reached.
+    fail_commits: Arc<AtomicBool>,
+    /// Loads fail while set.
+    fail_loads: Arc<AtomicBool>,
 }
 
 impl pcifab_manager::store::StateStore for MemStore {
@@ -972,6 +976,9 @@ impl pcifab_manager::store::StateStore for MemStore {
         &self,
         tables: &[pcifab_manager::store::Table],
     ) -> Result<pcifab_manager::store::Stored, String> {
+        if self.fail_loads.load(Ordering::SeqCst) {
+            return Err("the test's store cannot be read".into());
+        }
         let mut s = pcifab_manager::store::Stored {
             version: *self.version.lock().expect("version"),
             ..Default::default()
@@ -990,6 +997,9 @@ impl pcifab_manager::store::StateStore for MemStore {
         entry: Option<&pcifab_manager::store::LogEntry>,
         _: pcifab_manager::store::Retention,
     ) -> Result<(), String> {
+        if self.fail_commits.load(Ordering::SeqCst) {
+            return Err("the test's store refuses the commit".into());
+        }
         let mut r = self.records.lock().expect("records");
         for (t, k) in &batch.deletes {
             r.remove(&(t.to_string(), k.clone()));
@@ -1070,4 +1080,172 @@ fn requests_write_only_the_records_they_change() {
     let mut d = start(store.clone());
     assert_eq!(d.handle_line(r#"{"op":"state"}"#), state);
     assert_eq!(store.log.lock().expect("log").len(), 4202);
+}
+
+/// The leases as a daemon answers them: (id, host, functions).
+fn leases_of(d: &mut Daemon) -> Vec<(Value, Value, Value)> {
+    let r = d.handle_line(r#"{"op":"leases"}"#);
+    assert_eq!(r["ok"], json!(true), "{r}");
+    r["leases"]
+        .as_array()
+        .expect("leases")
+        .iter()
+        .map(|l| (l["id"].clone(), l["host"].clone(), l["functions"].clone()))
+        .collect()
+}
+
+/// One manager with its own store (no `[ha]`): a request whose commit fails is answered
+/// with an error and leaves nothing in memory either, so neither a later commit stores it
+/// nor the fabric gets it, and memory stays what is stored.
+#[test]
+fn a_failed_commit_leaves_no_request_in_memory() {
+    let c = config("hybrid");
+    let store = MemStore::default();
+    let sim = Arc::new(Mutex::new(sim_for(&c)));
+    let start = |store: MemStore, sim: Arc<Mutex<SimExecutor>>| {
+        Daemon::start(c.clone(), store, Box::new(sim), Box::new(|| 1000)).expect("daemon")
+    };
+    let mut d = start(store.clone(), sim.clone());
+    let req = json!({"op": "request", "spec": {"host": 1, "want": {"kind": "gpus", "count": 1},
+                     "priority": 1, "duration_s": 600}});
+    let r = d.handle_line(&req.to_string());
+    assert_eq!(r["granted"], json!(true), "{r}");
+    let held = leases_of(&mut d);
+    store.fail_commits.store(true, Ordering::SeqCst);
+    let mut other = req.clone();
+    other["spec"]["host"] = json!(2);
+    let r = d.handle_line(&other.to_string());
+    assert_eq!(r["ok"], json!(false), "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("refuses the commit")),
+        "{r}"
+    );
+    assert_eq!(
+        leases_of(&mut d),
+        held,
+        "the failed request stayed in memory"
+    );
+    // The store works again: the next commit (a heartbeat) does not carry the failed
+    // request with it, and a daemon started on the store has the same state.
+    store.fail_commits.store(false, Ordering::SeqCst);
+    let r = d.handle_line(r#"{"op":"heartbeat","host":0}"#);
+    assert_eq!(r["ok"], json!(true), "{r}");
+    let state = d.handle_line(r#"{"op":"state"}"#);
+    let bound = sim.lock().expect("sim").bound.clone();
+    check(&d.sched, &bound);
+    drop(d);
+    let mut d = start(store.clone(), Arc::new(Mutex::new(sim_for(&c))));
+    assert_eq!(d.handle_line(r#"{"op":"state"}"#), state);
+    assert_eq!(leases_of(&mut d), held);
+}
+
+/// A highly available manager after a commit of unknown outcome: a read while the state
+/// cannot be read again is answered, but what it changed in memory (a lease that ended
+/// meanwhile) is neither committed nor carried out on the fabric.
+#[test]
+fn a_read_whose_reload_fails_commits_nothing() {
+    let c = config("hybrid");
+    let store = MemStore::default();
+    let sim = Arc::new(Mutex::new(sim_for(&c)));
+    let clock = Arc::new(AtomicU64::new(1000));
+    let ck = clock.clone();
+    let mut d = Daemon::start(
+        c,
+        store.clone(),
+        Box::new(sim.clone()),
+        Box::new(move || ck.load(Ordering::SeqCst)),
+    )
+    .expect("daemon");
+    d.reload_after_failed_commit = true;
+    let req = json!({"op": "request", "spec": {"host": 1, "want": {"kind": "gpus", "count": 1},
+                     "priority": 1, "duration_s": 10}});
+    let r = d.handle_line(&req.to_string());
+    assert_eq!(r["granted"], json!(true), "{r}");
+    // A commit fails (its outcome unknown), then the store cannot be read.
+    store.fail_commits.store(true, Ordering::SeqCst);
+    let r = d.handle_line(r#"{"op":"heartbeat","host":0}"#);
+    assert_eq!(r["ok"], json!(false), "{r}");
+    store.fail_commits.store(false, Ordering::SeqCst);
+    store.fail_loads.store(true, Ordering::SeqCst);
+    let commits = store.commits.lock().expect("commits").len();
+    let records = store.records.lock().expect("records").clone();
+    let fabric = sim.lock().expect("sim").log.len();
+    // The lease ends meanwhile.
+    clock.store(1020, Ordering::SeqCst);
+    let r = d.handle_line(r#"{"op":"leases"}"#);
+    assert_eq!(r["ok"], json!(true), "a read is answered: {r}");
+    assert_eq!(
+        store.commits.lock().expect("commits").len(),
+        commits,
+        "a read committed what it changed in a state it could not confirm"
+    );
+    assert_eq!(*store.records.lock().expect("records"), records);
+    assert_eq!(
+        sim.lock().expect("sim").log.len(),
+        fabric,
+        "the fabric changed"
+    );
+    // The store readable again: the next request reads it, and the lease ends for real.
+    store.fail_loads.store(false, Ordering::SeqCst);
+    let r = d.handle_line(r#"{"op":"heartbeat","host":0}"#);
+    assert_eq!(r["ok"], json!(true), "{r}");
+    assert_eq!(leases_of(&mut d), vec![]);
+    check(&d.sched, &sim.lock().expect("sim").bound);
+}
+
+/// A fence that refuses in the scrub threads only: the leader deposed between the daemon's
+/// check before it starts a scrub and the scrub's bind.
+struct RefusedInScrubThreads;
+
+impl Fence for RefusedInScrubThreads {
+    fn check(&self) -> Result<(), String> {
+        match std::thread::current().name() {
+            Some(n) if n.starts_with("scrub-") => Err("deposed (the test's fence)".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A scrub asks the fence again right before its bind: refused there, it binds nothing,
+/// the drive still waits for its scrub (it is not marked failed).
+#[test]
+fn a_scrub_asks_the_fence_right_before_its_bind() {
+    let dir = tempdir("scrub-refence");
+    let c = pcifab_manager::config::Config::parse(DRIVES).expect("configuration");
+    let sim = Arc::new(Mutex::new(sim_for(&c)));
+    let mut d = Daemon::start(
+        c,
+        Store::open(&dir).expect("store"),
+        Box::new(Fenced {
+            inner: Box::new(sim.clone()),
+            fence: Arc::new(RefusedInScrubThreads),
+        }),
+        Box::new(|| 1000),
+    )
+    .expect("daemon");
+    let scrubber = SimScrubber {
+        fabric: Some(sim.clone()),
+        host: 0,
+        ..SimScrubber::default()
+    };
+    d.scrubber = Some(Arc::new(scrubber.clone()));
+    let ask = |d: &mut Daemon, v: Value| d.handle_line(&v.to_string());
+    let a = ask(&mut d, drive_req(0, "a", 1, true));
+    assert_eq!(a["lease"]["functions"], json!(["0x0500"]), "{a}");
+    let r = ask(&mut d, json!({"op": "release", "id": a["id"]}));
+    assert_eq!(r["ok"], json!(true), "{r}");
+    d.wait_scrubs();
+    assert_eq!(
+        sim.lock().expect("sim").log,
+        vec![bind(0x500, 0), unbind(0x500, 0)],
+        "the scrub bound the drive past a fence that refused"
+    );
+    assert!(scrubber.done.lock().expect("done").is_empty());
+    let pool = ask(&mut d, json!({"op": "pool"}));
+    assert_eq!(pool["devices"][0]["scrub"], json!("pending"), "{pool}");
+    assert_eq!(pool["devices"][0]["healthy"], json!(true), "{pool}");
+    assert_eq!(pool["scrubs"], json!([]), "{pool}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
