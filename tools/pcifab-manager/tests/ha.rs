@@ -657,10 +657,10 @@ fn a_leader_cut_off_from_etcd_is_replaced_and_changes_nothing() {
 
 /// An etcd outage shorter than the leader's lease TTL costs the leader nothing: it renews
 /// its lease as soon as etcd answers again and goes on serving, with the same epoch. The
-/// leader reaches etcd through proxies the test cuts right after a keepalive, for 3.4 s of
-/// its 4 s TTL: longer than a keepalive's tries (twice timeout_ms, 0.8 s) after the next
-/// one is due (a third of the TTL), so one fails meanwhile, and short enough that the lease
-/// is renewed before it expires if the leader keeps trying.
+/// leader reaches etcd through proxies the test cuts right after a keepalive, for 4.5 s of
+/// its 6 s TTL: longer than the time to the next keepalive (a third of the TTL), so one
+/// fails meanwhile, and short enough that the lease is renewed before it expires if the
+/// leader keeps trying (1.5 s to spare on a loaded machine).
 #[test]
 #[ignore = "real etcd and managers: make check-ha"]
 fn an_etcd_outage_shorter_than_the_ttl_keeps_the_leader() {
@@ -675,14 +675,17 @@ fn an_etcd_outage_shorter_than_the_ttl_keeps_the_leader() {
         proxies.iter().map(|p| f(p).load(Ordering::SeqCst)).sum()
     };
     let mut m = Managers::new(&dir, "partition");
-    m.timing = (4, 800);
+    // TTL 6 s, etcd timeout 2 s: the outage below leaves the fixed keepalive 1.5 s to reach
+    // etcd after it (a loaded machine needs that), while the old one, whose calls failed
+    // at once for twice the timeout after a failure, came back too late in most runs.
+    m.timing = (6, 2000);
     m.start("a", &proxies.iter().map(Proxy::url).collect::<Vec<_>>());
     assert_eq!(m.leader(Duration::from_secs(30)), "a");
     let (_, r) = m.ask_leader(&vf(0), Duration::from_secs(10));
     assert_eq!(r["granted"], json!(true), "{r}");
     let epoch = m.read_fabric().epoch;
     assert!(epoch > 0, "{:?}", m.read_fabric());
-    // Right after a keepalive went out (the lease runs 4 s from then at least), cut.
+    // Right after a keepalive went out (the lease runs 6 s from then at least), cut.
     let sent = count(|p| &p.keepalives);
     wait_for("a keepalive", Duration::from_secs(10), || {
         (count(|p| &p.keepalives) > sent).then_some(())
@@ -692,7 +695,7 @@ fn an_etcd_outage_shorter_than_the_ttl_keeps_the_leader() {
         p.set_cut(true);
     }
     // The outage itself (its length is the test, not a wait for something).
-    std::thread::sleep(Duration::from_millis(3400).saturating_sub(t.elapsed()));
+    std::thread::sleep(Duration::from_millis(4500).saturating_sub(t.elapsed()));
     let ttls = count(|p| &p.ttls);
     for p in &proxies {
         p.set_cut(false);
