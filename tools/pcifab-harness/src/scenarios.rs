@@ -343,6 +343,16 @@ pub fn all() -> Vec<Scenario> {
             slurm::ten_jobs,
         ),
         s(
+            "slurm: slurmctld restarted mid-job loses nothing",
+            300,
+            slurm::ctld_restart,
+        ),
+        s(
+            "slurm: pcifab-manager restarted mid-job loses nothing",
+            300,
+            slurm::manager_restart,
+        ),
+        s(
             "slurm: a node killed mid-job is marked down, its GPUs reclaimed, its job requeued and run again",
             480,
             slurm::node_killed,

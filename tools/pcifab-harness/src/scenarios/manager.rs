@@ -447,7 +447,7 @@ pub fn time_sliced(f: &mut Fabric) -> Result<(), String> {
 }
 
 /// The parts of the daemon's state that must survive a restart unchanged.
-fn durable_state(h0: &mut Host) -> Result<Value, String> {
+pub fn durable_state(h0: &mut Host) -> Result<Value, String> {
     let v = ask(h0, "{\"op\":\"state\"}")?;
     let s = &v["state"];
     Ok(serde_json::json!({

@@ -11,9 +11,11 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::checks::{
-    check_world, compose_begin, json_line, owners, run_with_manager, Checks, Owners,
+    check_world, compose_begin, json_line, owners, run_with_manager, start_manager, stop_manager,
+    Checks, Owners, LOG,
 };
 use crate::fabric::{Fabric, Host};
+use crate::scenarios::manager::durable_state;
 
 /// The site configuration the scenario installs (packaging/slurm/).
 const SLURM_CONF_PCIFAB: &str = include_str!("../../../../packaging/slurm/slurm.conf");
@@ -914,4 +916,314 @@ pub fn node_killed(f: &mut Fabric) -> Result<(), String> {
     r?;
     reboot?;
     compose_begin(f)
+}
+
+/// The held job (JOB_SCRIPT, `--gres=gpu:2 -w h1`) submitted in h0 and running: it printed
+/// READY. Checked: one lease of the pool for h1 with both GPUs, the job told that lease and
+/// those functions and seeing exactly them, both bound to h1 and nowhere else. The job id
+/// and that lease.
+fn held_job_running(f: &mut Fabric, g0: u16, g1: u16) -> Result<(u64, Lease), String> {
+    let want_fns = vec![format!("{g0:#06x}"), format!("{g1:#06x}")];
+    f.hosts[1].run_ok(&format!("rm -f {JOB_GO} {JOB_OUT}"))?;
+    let h0 = &mut f.hosts[0];
+    let sub = h0.run_ok(&format!(
+        "{}sbatch --parsable --gres=gpu:2 -w h1 -o {JOB_OUT} /tmp/slurm-job.sh",
+        put("/tmp/slurm-job.sh", "755", JOB_SCRIPT)
+    ))?;
+    let id: u64 = sub
+        .trim()
+        .lines()
+        .last()
+        .and_then(|l| l.split(';').next())
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| format!("h0: sbatch printed no job id: {sub:?}"))?;
+    h0.log_note(&format!("Slurm job {id} submitted"));
+    wait_in(
+        &mut f.hosts[1],
+        &format!("grep -q READY {JOB_OUT} 2>/dev/null"),
+        120,
+        "the job printing READY",
+        &format!("cat {JOB_OUT}; tail -20 /var/log/slurm/slurmd.log"),
+    )
+    .map_err(|e| {
+        let ctld = f.hosts[0]
+            .run(&format!("squeue; scontrol show job {id}; {CTLD_DIAG}"))
+            .map(|o| o.out)
+            .unwrap_or_default();
+        format!("{e}\nh0:\n{ctld}")
+    })?;
+    let out = f.hosts[1].run_ok(&format!("cat {JOB_OUT}"))?;
+    let l = leases(&mut f.hosts[0])?;
+    let mut c = Checks::new(&format!("job {id} running"));
+    c.eq("number of leases", 1, l.len());
+    let lease = l.first().cloned().unwrap_or_default();
+    c.eq("lease host", 1, lease.1);
+    c.eq("lease pool", "slurm", &lease.2);
+    let mut lease_fns = lease.3.clone();
+    lease_fns.sort();
+    c.eq("lease functions", want_fns.clone(), lease_fns);
+    let (job_lease, _, mut seen) = job_output(&out);
+    c.eq("PCIFAB_LEASE in the job", lease.0.to_string(), job_lease);
+    seen.sort();
+    c.eq("fabric functions the job sees", want_fns, seen);
+    c.finish()?;
+    check_world(f, &owners(&[(g0, 1), (g1, 1)]), "the job running")?;
+    Ok((id, lease))
+}
+
+/// The hooks' record of job `id`'s leases in h0 (the prolog's state file; the epilog removes
+/// it once it released them all): its lease ids, or None when there is no such file.
+fn hook_state(h0: &mut Host, id: u64) -> Result<Option<Vec<u64>>, String> {
+    let o = h0.run(&format!("cat /var/spool/slurmctld/pcifab/{id}"))?;
+    if o.code != 0 {
+        return Ok(None);
+    }
+    Ok(Some(
+        o.out
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .filter_map(|w| w.parse().ok())
+            .collect(),
+    ))
+}
+
+/// The held job `id` let go: it ends COMPLETED 0:0 having printed DONE, its epilog released
+/// its leases (the hooks' state file gone, which the epilog removes only when every
+/// release succeeded), the manager has no lease and no queued request, nothing is bound.
+fn held_job_ends(f: &mut Fabric, id: u64) -> Result<(), String> {
+    f.hosts[1].run_ok(&format!("touch {JOB_GO}"))?;
+    let h0 = &mut f.hosts[0];
+    wait_in(
+        h0,
+        &format!(
+            "[ -z \"$(squeue -h -j {id} 2>/dev/null)\" ] && \
+             pcifab leases --json | grep -q '\"leases\":\\[\\]'"
+        ),
+        120,
+        "the job gone and no lease left",
+        &format!("squeue; scontrol show job {id}; pcifab leases; {CTLD_DIAG}"),
+    )?;
+    let fin = h0.run_ok(&format!("scontrol show job {id}"))?;
+    let mut c = Checks::new(&format!("job {id} ended"));
+    c.eq("JobState", "COMPLETED", &job_field(&fin, "JobState"));
+    c.eq("ExitCode", "0:0", &job_field(&fin, "ExitCode"));
+    c.eq(
+        "the hooks' state file of the job (removed by a successful epilog)",
+        None,
+        hook_state(h0, id)?,
+    );
+    c.eq("leases", vec![], leases(h0)?);
+    c.eq("queued requests", Vec::<u64>::new(), queued_hosts(h0)?);
+    let out = f.hosts[1].run_ok(&format!("cat {JOB_OUT}"))?;
+    c.eq(
+        "the job printed DONE",
+        true,
+        out.lines().any(|l| l == "DONE"),
+    );
+    c.finish()?;
+    check_world(
+        f,
+        &Owners::new(),
+        "the job ended, its GPUs back in the pool",
+    )
+}
+
+/// The fields of `scontrol show job` that a restart must not change while the job runs.
+fn job_record(show: &str) -> Vec<(&'static str, String)> {
+    [
+        "JobState",
+        "Restarts",
+        "StartTime",
+        "NodeList",
+        "AdminComment",
+    ]
+    .into_iter()
+    .map(|k| (k, job_field(show, k)))
+    .collect()
+}
+
+/// "slurm: slurmctld restarted mid-job loses nothing".
+pub fn ctld_restart(f: &mut Fabric) -> Result<(), String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    with_slurm(f, "whole", |f| {
+        let (id, lease) = held_job_running(f, g0, g1)?;
+        let h0 = &mut f.hosts[0];
+        let before = h0.run_ok(&format!("scontrol show job {id}"))?;
+        // Stopped as a site stops it (SIGTERM: it saves its state to StateSaveLocation,
+        // which persists) and started again without -c, so it recovers that state.
+        h0.run_ok(
+            "p=$(cat /run/slurmctld.pid); kill $p\n\
+             i=0; while kill -0 $p 2>/dev/null && [ $i -lt 150 ]; do sleep 0.2; i=$((i+1)); done\n\
+             if kill -0 $p 2>/dev/null; then echo \"slurmctld (pid $p) still running 30 s after SIGTERM\"; exit 1; fi",
+        )
+        .map_err(|e| format!("h0: stopping slurmctld: {e}"))?;
+        h0.log_note(&format!(
+            "slurmctld stopped while job {id} holds lease {}",
+            lease.0
+        ));
+        // Without slurmctld, the job's GPUs stay where they are.
+        let mut c = Checks::new("slurmctld stopped");
+        c.eq("leases", vec![lease.clone()], leases(h0)?);
+        c.eq(
+            "the job's output (still running, not let go)",
+            false,
+            f.hosts[1]
+                .run_ok(&format!("cat {JOB_OUT}"))?
+                .lines()
+                .any(|l| l == "DONE"),
+        );
+        c.finish()?;
+        check_world(f, &owners(&[(g0, 1), (g1, 1)]), "slurmctld stopped")?;
+        let h0 = &mut f.hosts[0];
+        h0.run_ok("slurmctld || { tail -20 /var/log/slurm/slurmctld.log; exit 1; }")
+            .map_err(|e| format!("h0: starting slurmctld again: {e}"))?;
+        wait_in(
+            h0,
+            "scontrol ping 2>/dev/null | grep -q UP",
+            60,
+            "the restarted slurmctld answers",
+            CTLD_DIAG,
+        )?;
+        h0.log_note("slurmctld started again");
+        let after = h0.run_ok(&format!("scontrol show job {id}"))?;
+        let mut c = Checks::new(&format!("job {id} after slurmctld's restart"));
+        c.eq("job record", job_record(&before), job_record(&after));
+        c.eq("JobState", "RUNNING", &job_field(&after, "JobState"));
+        c.eq("leases", vec![lease.clone()], leases(h0)?);
+        c.eq(
+            "hooks' state file",
+            Some(vec![lease.0]),
+            hook_state(h0, id)?,
+        );
+        c.finish()?;
+        check_world(
+            f,
+            &owners(&[(g0, 1), (g1, 1)]),
+            "slurmctld restarted, the job running",
+        )?;
+        held_job_ends(f, id)?;
+
+        // A job submitted after the restart gets a GPU through the restarted slurmctld's
+        // prolog and gives it back through its epilog (one GPU: the hooks' path is the same
+        // for two, each GPU costs a bind and an unbind).
+        let h0 = &mut f.hosts[0];
+        let id2 = sbatch(h0, "--gres=gpu:1 -w h1 -o /tmp/slurm-after.out")?;
+        wait_in(
+            h0,
+            &format!(
+                "scontrol show job {id2} | grep -q 'JobState=COMPLETED' && \
+                 pcifab leases --json | grep -q '\"leases\":\\[\\]'"
+            ),
+            120,
+            "the job submitted after the restart COMPLETED and no lease left",
+            &format!("scontrol show job {id2}; pcifab leases; pcifab queue; {CTLD_DIAG}"),
+        )?;
+        let fin = h0.run_ok(&format!("scontrol show job {id2}"))?;
+        let out = f.hosts[1].run_ok("cat /tmp/slurm-after.out")?;
+        let (lease2, told, seen) = job_output(&out);
+        let pool = [format!("{g0:#06x}"), format!("{g1:#06x}")];
+        let mut c = Checks::new(&format!("job {id2}, submitted after the restart"));
+        c.eq("ExitCode", "0:0", &job_field(&fin, "ExitCode"));
+        c.eq(
+            "PCIFAB_LEASE: a new lease",
+            true,
+            lease2.parse::<u64>().is_ok_and(|l| l > lease.0),
+        );
+        c.eq(
+            &format!("PCIFAB_FUNCTIONS ({told}): one GPU of the pool"),
+            true,
+            pool.contains(&told),
+        );
+        c.eq("fabric functions the job saw", vec![told.clone()], seen);
+        c.eq("hooks' state file", None, hook_state(&mut f.hosts[0], id2)?);
+        c.finish()?;
+        check_world(f, &Owners::new(), "the second job done, its GPUs back")
+    })
+}
+
+/// "slurm: pcifab-manager restarted mid-job loses nothing".
+pub fn manager_restart(f: &mut Fabric) -> Result<(), String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    with_slurm(f, "whole", |f| {
+        let (id, lease) = held_job_running(f, g0, g1)?;
+        let h0 = &mut f.hosts[0];
+        let state_before = durable_state(h0)?;
+        stop_manager(h0, "KILL")?;
+        h0.log_note(&format!(
+            "pcifab-manager killed (SIGKILL) while job {id} holds lease {}",
+            lease.0
+        ));
+        check_world(f, &owners(&[(g0, 1), (g1, 1)]), "the manager killed")?;
+        let h0 = &mut f.hosts[0];
+        start_manager(h0, None, true)?;
+        let restarted = h0.run_ok("date +%s")?;
+        h0.log_note("pcifab-manager started again with its state");
+        let mut c = Checks::new("the manager restarted");
+        c.eq_json("durable state", state_before, durable_state(h0)?);
+        c.eq("leases", vec![lease.clone()], leases(h0)?);
+        // The fabric was as the stored state says: the restart had nothing to repair.
+        let fixed = h0.run(&format!("grep -c 'differs from the stored state' {LOG}"))?;
+        c.eq(
+            "restarts that had to fix the fabric (log lines)",
+            "0",
+            fixed.out.trim(),
+        );
+        c.finish()?;
+        check_world(f, &owners(&[(g0, 1), (g1, 1)]), "the manager restarted")?;
+        // Not handed to anybody else: a higher-priority request for one GPU of the pool
+        // queues behind the job's lease; withdrawn, it leaves nothing behind.
+        let h0 = &mut f.hosts[0];
+        let (other, granted) = mgr_request(
+            h0,
+            "--gpus 1 --host 0 --priority 9 --duration 60 --pool slurm",
+        )?;
+        let mut c = Checks::new("another request after the restart");
+        c.eq("granted", false, granted);
+        c.eq("queued requests (hosts)", vec![0], queued_hosts(h0)?);
+        c.eq("leases", vec![lease.clone()], leases(h0)?);
+        c.finish()?;
+        h0.run_ok(&format!("pcifab release {other}"))?;
+        crate::checks::expect_eq(
+            "queued requests after withdrawing the other request",
+            Vec::<u64>::new(),
+            queued_hosts(h0)?,
+        )?;
+        check_world(
+            f,
+            &owners(&[(g0, 1), (g1, 1)]),
+            "the other request withdrawn",
+        )?;
+        // Not reclaimed: the lease is still there once the failover's host time-out and
+        // reclaim delay (3 s + 2 s) have passed since the restart, watched until then.
+        h0_watch_lease(&mut f.hosts[0], &lease, restarted.trim(), 6)?;
+        held_job_ends(f, id)
+    })
+}
+
+/// Watches (in h0) that the manager's leases stay exactly `lease` until `secs` seconds after
+/// `since` (seconds since the epoch, by h0's clock).
+fn h0_watch_lease(h0: &mut Host, lease: &Lease, since: &str, secs: u32) -> Result<(), String> {
+    let since: u64 = since
+        .parse()
+        .map_err(|_| format!("h0: `date +%s` printed {since:?}"))?;
+    // The listing without its clock fields (`now`, `remaining_s`), which move.
+    const LIST: &str = "pcifab leases --json | sed -E 's/\"(now|remaining_s)\":[0-9]*//g'";
+    let want = h0.run_ok(LIST)?;
+    let first = leases(h0)?;
+    crate::checks::expect_eq("leases when the watch begins", vec![lease.clone()], first)?;
+    h0.run_ok_timeout(
+        &format!(
+            "want=$(cat <<'PCIFAB_EOF'\n{}\nPCIFAB_EOF\n)\n\
+             end=$(({since} + {secs}))\n\
+             while [ $(date +%s) -le $end ]; do\n  \
+               now=$({LIST})\n  \
+               [ \"$now\" = \"$want\" ] || {{ echo \"the leases changed: $now\"; exit 1; }}\n  \
+               sleep 0.5\n\
+             done",
+            want.trim()
+        ),
+        Duration::from_secs(u64::from(secs) + 60),
+    )
+    .map(|_| ())
+    .map_err(|e| format!("h0: watching the job's lease after the restart: {e}"))
 }
