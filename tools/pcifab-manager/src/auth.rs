@@ -195,7 +195,7 @@ impl Principals {
     pub fn by_uid(&self, uid: u32) -> Result<Principal, Denied> {
         if uid == ROOT_UID {
             return Ok(Principal {
-                name: "root".into(),
+                name: crate::config::ROOT_PRINCIPAL.into(),
                 role: Role::Admin,
                 hosts: Vec::new(),
                 tenant: None,

@@ -70,6 +70,7 @@ pub fn pool_config(gpus: u16, hosts: u8, first: u16) -> Config {
             slice_s: 60,
             max_sharers: 4,
             scrub: false,
+            principals: Vec::new(),
             devices,
         }],
         ..Config::default()

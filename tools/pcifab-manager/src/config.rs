@@ -63,7 +63,28 @@ pub struct PoolConfig {
     /// anyone else may have it (whole pools only; `Documentation/manager.rst`, "Scrubbing").
     #[serde(default)]
     pub scrub: bool,
+    /// The principals that alone may lease from this pool; a principal named here leases
+    /// from no pool that does not name it (`Documentation/manager.rst`, "Reserved pools").
+    /// Empty: any principal may, and none is bound to it. Like `[[principals]]`, taken from
+    /// the file at every start, never stored with the state.
+    #[serde(default, skip_serializing)]
+    pub principals: Vec<String>,
     pub devices: Vec<DeviceConfig>,
+}
+
+/// The local socket's root user, as a principal (always `admin`; `auth`).
+pub const ROOT_PRINCIPAL: &str = "root";
+
+/// Gives the pools of a stored state the `principals` of the configuration's pools of the
+/// same name (the reservation is the file's, as the principals are).
+pub fn take_pool_principals(stored: &mut [PoolConfig], file: &[PoolConfig]) {
+    for p in stored {
+        p.principals = file
+            .iter()
+            .find(|f| f.name == p.name)
+            .map(|f| f.principals.clone())
+            .unwrap_or_default();
+    }
 }
 
 fn default_slice() -> u64 {
@@ -490,6 +511,15 @@ impl Config {
                     p.name
                 ));
             }
+            for n in &p.principals {
+                if n != ROOT_PRINCIPAL && !self.principals.iter().any(|q| q.name == *n) {
+                    return Err(format!(
+                        "pool '{}': principals names '{n}', who is not one of [[principals]] \
+                         (nor '{ROOT_PRINCIPAL}', the local socket's root)",
+                        p.name
+                    ));
+                }
+            }
             if p.scrub && p.mode != Mode::Whole {
                 return Err(format!(
                     "pool '{}': scrub needs mode = \"whole\" (a device is erased between \
@@ -806,5 +836,32 @@ mod tests {
         assert_eq!((h.lease_ttl_s, h.timeout_ms), (2, 999));
         assert!(bad("leader = true", ok).contains("unknown field"));
         assert!(bad("", &ok.replace("'fm1'", "''")).contains("node"));
+    }
+
+    /// `[[pools]] principals`: names of `[[principals]]` or root; not stored with the state
+    /// but taken from the file's pools by name.
+    #[test]
+    fn pool_principals_are_checked_and_taken_from_the_file() {
+        let pool = |p: &str| {
+            Config::parse(&format!(
+                "[[pools]]\nname = 'slurm'\nmode = 'whole'\nprincipals = {p}\n\
+                 [[pools.devices]]\npf = 0x100\n\
+                 [[principals]]\nname = 'slurm'\nrole = 'tenant'\nhosts = [1]\n"
+            ))
+        };
+        let c = pool("['slurm', 'root']").expect("known names");
+        assert_eq!(c.pools[0].principals, ["slurm", "root"]);
+        let e = pool("['slrum']").expect_err("unknown name");
+        assert!(
+            e.contains("pool 'slurm': principals names 'slrum'")
+                && e.contains("not one of [[principals]]"),
+            "{e}"
+        );
+        assert!(pool("[]").expect("empty").pools[0].principals.is_empty());
+        let stored: Config = toml::from_str(&toml::to_string(&c).expect("ser")).expect("de");
+        let mut pools = stored.pools;
+        assert!(pools[0].principals.is_empty(), "stored with the state");
+        take_pool_principals(&mut pools, &c.pools);
+        assert_eq!(pools, c.pools);
     }
 }

@@ -107,6 +107,7 @@ impl Daemon {
         let api = config.api.clone();
         let (sched, image) = match persist::load(&store)? {
             Some((mut s, image)) => {
+                crate::config::take_pool_principals(&mut s.config.pools, &config.pools);
                 if image.migrating() {
                     eprintln!(
                         "pcifab-manager: the state is of an older format; it is stored again \
@@ -263,6 +264,7 @@ impl Daemon {
         let Some((mut s, image)) = persist::load(&*self.store)? else {
             return Err("the store holds no state".into());
         };
+        crate::config::take_pool_principals(&mut s.config.pools, &self.sched.config.pools);
         s.config.manager = self.sched.config.manager.clone();
         s.config.failover = self.sched.config.failover.clone();
         s.config.telemetry = self.sched.config.telemetry.clone();

@@ -20,7 +20,8 @@ use std::ops::Bound;
 use super::{Host, RequestSpec, Secs, Want};
 
 /// What requests of one shape ask for, and where.
-pub(super) type ShapeKey = (Want, Option<String>);
+/// (what, the pool asked for, the admission class: `Scheduler::admission_class`)
+pub(super) type ShapeKey = (Want, Option<String>, Option<String>);
 
 /// Where a queued request is and what it is.
 #[derive(Clone, Copy, Debug)]
@@ -57,7 +58,7 @@ pub(super) struct QueueIndex {
     pub max_enq: Secs,
     pub meta: HashMap<u64, Meta>,
     pub shape_ids: HashMap<ShapeKey, usize>,
-    /// One request of each shape (its `want` and `pool` are the shape).
+    /// One request of each shape (its `want`, `pool` and admission class are the shape).
     pub shape_spec: Vec<RequestSpec>,
     /// The pools each shape may use, in order.
     pub shape_pools: Vec<Vec<usize>>,
@@ -104,8 +105,12 @@ impl QueueIndex {
         Some(enq.saturating_add(steps.saturating_mul(self.aging)))
     }
 
-    pub fn shape_id(&mut self, spec: &RequestSpec) -> usize {
-        let key = (spec.want.clone(), spec.pool.clone());
+    pub fn shape_id(&mut self, spec: &RequestSpec, class: Option<&str>) -> usize {
+        let key = (
+            spec.want.clone(),
+            spec.pool.clone(),
+            class.map(str::to_string),
+        );
         if let Some(&s) = self.shape_ids.get(&key) {
             return s;
         }

@@ -260,11 +260,12 @@ impl Holds {
     }
 }
 
-fn shape_of(spec: &RequestSpec) -> u64 {
+fn shape_of(spec: &RequestSpec, class: Option<&str>) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     spec.want.hash(&mut h);
     spec.pool.hash(&mut h);
+    class.hash(&mut h);
     h.finish()
 }
 
@@ -539,7 +540,7 @@ impl Scheduler {
     }
 
     fn meta_of(&self, index: &mut QueueIndex, q: &Queued, pos: usize, hidden: bool) -> Meta {
-        let shape = index.shape_id(&q.spec);
+        let shape = index.shape_id(&q.spec, self.admission_class(q.spec.owner.as_deref()));
         if index.shape_pools.len() <= shape {
             index.shape_pools.push(self.pools_for(&q.spec));
         }
@@ -642,6 +643,27 @@ impl Scheduler {
 
     // ---- requests ---------------------------------------------------------------------
 
+    /// Whether pool `p` admits requests of principal `owner` (`[[pools]] principals`): a
+    /// pool that names principals admits only them; a principal named by any pool leases
+    /// only from the pools that name it. No owner is no principal.
+    fn admits(&self, p: &crate::config::PoolConfig, owner: Option<&str>) -> bool {
+        if !p.principals.is_empty() {
+            return owner.is_some_and(|o| p.principals.iter().any(|n| n == o));
+        }
+        self.admission_class(owner).is_none()
+    }
+
+    /// The principal `owner` if some pool names it (then it may use only those pools), else
+    /// none: what besides the request's shape decides which pools it may use.
+    fn admission_class<'a>(&self, owner: Option<&'a str>) -> Option<&'a str> {
+        owner.filter(|o| {
+            self.config
+                .pools
+                .iter()
+                .any(|p| p.principals.iter().any(|n| n == o))
+        })
+    }
+
     /// Pools a request may use, in configuration order.
     fn pools_for(&self, spec: &RequestSpec) -> Vec<usize> {
         self.pools_iter(spec).collect()
@@ -654,6 +676,7 @@ impl Scheduler {
             .iter()
             .enumerate()
             .filter(|(_, p)| spec.pool.as_ref().is_none_or(|n| *n == p.name))
+            .filter(|(_, p)| self.admits(p, spec.owner.as_deref()))
             .filter(|(_, p)| match spec.want {
                 Want::Gpus { .. } => p.mode.whole(),
                 Want::Vfs { .. } => p.mode.vfs(),
@@ -758,9 +781,25 @@ impl Scheduler {
                 )));
             }
         }
+        let who = spec.owner.as_deref();
         if let Some(p) = &spec.pool {
-            if !self.config.pools.iter().any(|c| c.name == *p) {
+            let Some(c) = self.config.pools.iter().find(|c| c.name == *p) else {
                 return Err(Refused(format!("no pool named '{p}'")));
+            };
+            if !self.admits(c, who) {
+                let who = who.map_or("a request without a principal".into(), |o| format!("'{o}'"));
+                return Err(Refused(if c.principals.is_empty() {
+                    format!(
+                        "{who} leases only from the pools reserved to it ([[pools]] principals \
+                         names it), and pool '{p}' is not one of them"
+                    )
+                } else {
+                    format!(
+                        "pool '{p}' is reserved to principals {:?} ([[pools]] principals): \
+                         {who} may not lease from it; ask another pool",
+                        c.principals
+                    )
+                }));
             }
         }
         if self.pools_iter(spec).next().is_none() {
@@ -768,7 +807,16 @@ impl Scheduler {
                 Want::Gpus { .. } => "whole GPUs (mode whole, time-slice or hybrid)",
                 Want::Vfs { .. } => "VFs (mode partition or hybrid)",
             };
-            return Err(Refused(format!("no pool gives {what}")));
+            let reserved = self.config.pools.iter().any(|p| !p.principals.is_empty());
+            return Err(Refused(if reserved {
+                format!(
+                    "no pool that {} may lease from gives {what} (some pools are reserved: \
+                     [[pools]] principals)",
+                    who.map_or("a request without a principal".into(), |o| format!("'{o}'"))
+                )
+            } else {
+                format!("no pool gives {what}")
+            }));
         }
         let fits_somewhere = self
             .pools_iter(spec)
@@ -1272,7 +1320,11 @@ impl Scheduler {
             if self.host_down(spec.host) || holds.holds(spec.host, spec.tenant_name()) {
                 continue;
             }
-            let key = (shape_of(spec), spec.host, spec.tenant_name().to_string());
+            let key = (
+                shape_of(spec, self.admission_class(spec.owner.as_deref())),
+                spec.host,
+                spec.tenant_name().to_string(),
+            );
             if !no_fit.contains(&key) {
                 let spec = spec.clone();
                 if let Some((pool, units)) = self.place(&spec, &BTreeSet::new()) {

@@ -37,6 +37,7 @@ fn random_config(rng: &mut Rng) -> Config {
             slice_s: 1 + rng.below(20),
             max_sharers: 1 + rng.below(3) as usize,
             scrub: mode == Mode::Whole && rng.below(2) == 0,
+            principals: Vec::new(),
             devices,
         });
     }
