@@ -30,7 +30,7 @@ CARGO := cargo
 TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
-	cargo-test qemu-test test soak demo bench help kernel-debian module-debian switchtec-debian test-debian switchtec-user pax-client \
+	cargo-test qemu-test test soak demo bench bench-slurm help kernel-debian module-debian switchtec-debian test-debian switchtec-user pax-client \
 	check-dkms check-module-msrv check-fabric-dma test-nvme test-p2pdma test-lane1 test-lane2 \
 	test-lane3 scenarios slurm
 
@@ -187,6 +187,8 @@ EXT_ONLY := p2p:|p2p grants|p2p trust
 # Slurm's jobs run on Debian's kernel only (the guests then carry Debian's Slurm; the kernel
 # paths they drive are the manager's, which debug-pax runs), in a cell of their own.
 DEBIAN_ONLY := slurm:
+# The Slurm figures of `make bench` (a `slurm:` scenario, so Debian's only; not a test).
+SLURM_BENCH := slurm: bench:
 # The inventory-stall scenario needs userfaultfd, which only Debian's kernel has (the
 # sanitizer kernel's config is frozen without it): it runs in the Debian x pax cell.
 UFFD_ONLY := inventory copy stalled
@@ -265,6 +267,7 @@ test-lane3:
 		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debian-pax
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
 		--filter 'agent answers|pcifab binds the MEP|$(DEBIAN_ONLY)|rmmod pcifab in every host' \
+		--exclude '$(SLURM_BENCH)' \
 		--cell debian $(DEBIAN_HARNESS_ARGS) --slurm $(SLURM_GUEST) --results $(RESULTS)/debian-slurm
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended --cell debian \
 		--filter '$(DEBIAN_EXT_FILTER)' $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/debian-extended
@@ -379,11 +382,12 @@ endif
 # bind/unbind latency through pcifab vs raw QMP hot-plug and vs switchtec-user's gfms-bind.
 # Documentation/benchmarks.rst records the numbers.
 ifeq ($(BENCH_KERNEL),debian)
-bench: module-debian switchtec-debian tools switchtec-user
+bench: module-debian switchtec-debian tools switchtec-user slurm
 	@tools/scripts/versions.sh $(DEBIAN_KDIR)
 	$(HOST_BIN)/pcifab-harness bench $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
 		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)
 	$(HOST_BIN)/pcifab-harness bench-scale $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/scale
+	$(MAKE) -s bench-slurm
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
 else
 bench: kernel check-module tools switchtec-user
@@ -392,6 +396,12 @@ bench: kernel check-module tools switchtec-user
 	$(HOST_BIN)/pcifab-harness bench-scale $(TEST_KERNEL_ARGS) --results $(RESULTS)/scale
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
 endif
+
+# The Slurm figures alone (Documentation/benchmarks.rst, "Slurm"): Debian's kernel and
+# Slurm, whichever BENCH_KERNEL is; `make bench` runs it on Debian's.
+bench-slurm: module-debian tools slurm
+	$(HOST_BIN)/pcifab-harness test --dialect pax --filter '$(SLURM_BENCH)' --cell debian \
+		$(DEBIAN_HARNESS_ARGS) --slurm $(SLURM_GUEST) --results $(RESULTS)/slurm-bench
 
 # ---- install, packages (Documentation/install.rst) ------------------------------------------
 # make install [PREFIX=/usr/local] [DESTDIR=]: the module of src/ for KDIR's kernel (+ depmod

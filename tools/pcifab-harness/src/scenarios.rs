@@ -31,6 +31,7 @@ mod pax_client;
 mod pax_driver;
 mod selftest;
 mod slurm;
+mod slurm_trace;
 mod telemetry;
 mod trust;
 
@@ -351,6 +352,12 @@ pub fn all() -> Vec<Scenario> {
             "slurm: pcifab-manager restarted mid-job loses nothing",
             300,
             slurm::manager_restart,
+        ),
+        // `make bench` only (lane 3 excludes it): figures, not a test.
+        s(
+            "slurm: bench: sbatch to running on a composed node and on one holding the GPUs; the trace utilisation",
+            600,
+            slurm::bench_figures,
         ),
         s(
             "slurm: a node killed mid-job is marked down, its GPUs reclaimed, its job requeued and run again",

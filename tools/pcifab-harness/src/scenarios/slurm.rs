@@ -53,6 +53,9 @@ SlurmdParameters=config_overrides\n\
 SlurmdTimeout=20\n\
 Include /etc/slurm/pcifab.conf\n";
 
+/// Local user `nobody`: the manager's principal `alice`, who is not Slurm.
+const NOBODY: u32 = 65534;
+
 /// The MUNGE key both hosts share (any 32 bytes or more).
 const MUNGE_KEY: &str = "pcifab-test-world-munge-key-0123456789abcdef";
 
@@ -96,7 +99,7 @@ fn put(path: &str, mode: &str, text: &str) -> String {
 
 /// Configuration, MUNGE key and directories of every Slurm host; then munged, checked
 /// with a credential round trip.
-fn install(h: &mut Host, hosts: &str) -> Result<(), String> {
+fn install(h: &mut Host, hosts: &str, pcifab_conf: &str) -> Result<(), String> {
     let mut s = String::from(
         "set -e\n\
          mkdir -p /etc/slurm/pcifab /etc/munge /var/lib/munge /var/log/munge /run/munge \
@@ -105,12 +108,20 @@ fn install(h: &mut Host, hosts: &str) -> Result<(), String> {
          chmod 700 /etc/munge /var/lib/munge /var/log/munge; chmod 755 /run/munge\n\
          for k in 0 1; do [ -e /dev/pcifab-slot$k ] || mknod -m 666 /dev/pcifab-slot$k c 1 3; done\n",
     );
-    s += &put("/etc/passwd", "644", "root:x:0:0:root:/root:/bin/sh\n");
-    s += &put("/etc/group", "644", "root:x:0:\n");
+    s += &put(
+        "/etc/passwd",
+        "644",
+        &format!("root:x:0:0:root:/root:/bin/sh\nnobody:x:{NOBODY}:{NOBODY}:nobody:/:/bin/sh\n"),
+    );
+    s += &put(
+        "/etc/group",
+        "644",
+        &format!("root:x:0:\nnogroup:x:{NOBODY}:\n"),
+    );
     s += &put("/etc/hosts", "644", hosts);
     s += &put("/etc/munge/munge.key", "400", MUNGE_KEY);
     s += &put("/etc/slurm/slurm.conf", "644", SLURM_CONF_BASE);
-    s += &put("/etc/slurm/pcifab.conf", "644", SLURM_CONF_PCIFAB);
+    s += &put("/etc/slurm/pcifab.conf", "644", pcifab_conf);
     s += &put("/etc/slurm/gres.conf", "644", GRES_CONF);
     // The test kernels have no cgroups; slurmd refuses to start unless told not to use them.
     s += &put("/etc/slurm/cgroup.conf", "644", "CgroupPlugin=disabled\n");
@@ -143,9 +154,14 @@ const CTLD_DIAG: &str = "tail -20 /var/log/slurm/slurmctld.log";
 
 /// Starts slurmctld in h0 and slurmd in h1; waits until h0 sees h1 idle.
 fn start_slurm(f: &mut Fabric) -> Result<(), String> {
+    start_slurm_with(f, SLURM_CONF_PCIFAB)
+}
+
+/// [`start_slurm`] with `pcifab_conf` as pcifab's part of slurm.conf.
+fn start_slurm_with(f: &mut Fabric, pcifab_conf: &str) -> Result<(), String> {
     let hosts = "127.0.0.1 localhost\n10.77.1.1 h0\n10.77.1.2 h1\n";
-    install(&mut f.hosts[0], hosts)?;
-    install(&mut f.hosts[1], hosts)?;
+    install(&mut f.hosts[0], hosts, pcifab_conf)?;
+    install(&mut f.hosts[1], hosts, pcifab_conf)?;
     let h0 = &mut f.hosts[0];
     h0.run_ok("slurmctld || { tail -20 /var/log/slurm/slurmctld.log; exit 1; }")
         .map_err(|e| format!("h0: starting slurmctld: {e}"))?;
@@ -240,7 +256,8 @@ fn job_output(out: &str) -> (String, String, Vec<String>) {
 }
 
 /// The manager configuration of the Slurm scenarios: one pool `slurm` of mode `mode`
-/// holding gpu0 and gpu1.
+/// holding gpu0 and gpu1, reserved to the hooks' principal (`root` here: the test world's
+/// SlurmUser); `alice` (local user nobody) is a tenant of h0 and h1 who is not Slurm.
 fn manager_cfg(f: &Fabric, mode: &str) -> Result<String, String> {
     let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
     Ok(format!(
@@ -248,8 +265,10 @@ fn manager_cfg(f: &Fabric, mode: &str) -> Result<String, String> {
          max_lease_s = 3600\nmax_functions_per_host = 4\n\n\
          [failover]\nhost_timeout_s = 3\nreclaim_after_s = 2\n\n\
          [telemetry]\ninterval_s = 0\nmax_temp_c = 90.0\nbad_samples = 2\n\n\
-         [[pools]]\nname = \"slurm\"\nmode = \"{mode}\"\n\n\
-         [[pools.devices]]\npf = {g0:#06x}\n[[pools.devices]]\npf = {g1:#06x}\n",
+         [[pools]]\nname = \"slurm\"\nmode = \"{mode}\"\nprincipals = [\"root\"]\n\n\
+         [[pools.devices]]\npf = {g0:#06x}\n[[pools.devices]]\npf = {g1:#06x}\n\n\
+         [[principals]]\nname = \"alice\"\nrole = \"tenant\"\nhosts = [0, 1]\n\
+         uids = [{NOBODY}]\n",
         f.hosts.len()
     ))
 }
@@ -299,6 +318,7 @@ fn job(f: &mut Fabric, g0: u16, g1: u16) -> Result<(), String> {
     check_world(f, &Owners::new(), "Slurm up, before the job")?;
     let h0 = &mut f.hosts[0];
     crate::checks::expect_eq("leases before the job", vec![], leases(h0)?)?;
+    not_slurm_refused(h0)?;
 
     // Submitted in h0 (the job runs in h1), asking for two GPUs on a node that has none.
     f.hosts[1].run_ok(&format!("rm -f {JOB_GO} {JOB_OUT}"))?;
@@ -466,6 +486,29 @@ fn queued_hosts(h0: &mut Host) -> Result<Vec<u64>, String> {
                 .collect()
         })
         .unwrap_or_default())
+}
+
+/// Another principal than Slurm's (`alice`, local user nobody) asks the manager for a GPU of
+/// the pool `slurm` on the control socket: refused (exit 3) with the reservation named;
+/// no lease made.
+fn not_slurm_refused(h0: &mut Host) -> Result<(), String> {
+    // The socket the manager and the hooks use (PCIFAB_SOCKET), open to every local user:
+    // the manager tells them apart by their uid.
+    let o = h0.run(
+        "chmod 666 /run/pcifab-manager.sock; su -s /bin/sh nobody -c 'pcifab request \
+         --gpus 1 --host 1 --priority 1 --duration 60 --pool slurm --json'",
+    )?;
+    let mut c = Checks::new("a request of principal alice (not Slurm) for the slurm pool");
+    c.eq("exit code (3: refused)", 3, o.code);
+    c.eq(
+        "names the reservation and the principal",
+        true,
+        o.out.contains("pool 'slurm' is reserved to principals")
+            && o.out.contains("'alice' may not lease from it"),
+    );
+    c.eq("leases", vec![], leases(h0)?);
+    c.finish()
+        .map_err(|e| format!("{e}\n`pcifab request` as nobody printed: {}", o.out))
 }
 
 /// Sets the hooks' `PCIFAB_BIND_TIMEOUT_S` (they read their configuration at every run).
@@ -866,7 +909,7 @@ pub fn node_killed(f: &mut Fabric) -> Result<(), String> {
         crate::scenarios::manager::start_again(f, 1)?;
         compose_begin(f)?;
         let hosts = "127.0.0.1 localhost\n10.77.1.1 h0\n10.77.1.2 h1\n";
-        install(&mut f.hosts[1], hosts)?;
+        install(&mut f.hosts[1], hosts, SLURM_CONF_PCIFAB)?;
         f.hosts[1]
             .run_ok("slurmd || { tail -20 /var/log/slurm/slurmd.log; exit 1; }")
             .map_err(|e| format!("h1: starting slurmd again: {e}"))?;
@@ -1226,4 +1269,175 @@ fn h0_watch_lease(h0: &mut Host, lease: &Lease, since: &str, secs: u32) -> Resul
     )
     .map(|_| ())
     .map_err(|e| format!("h0: watching the job's lease after the restart: {e}"))
+}
+
+// ---- figures (`make bench`, Documentation/benchmarks.rst) --------------------------------
+
+/// Jobs of each kind whose start times the overhead figure takes the median of.
+pub const BENCH_JOBS: usize = 7;
+
+/// The benchmark's job, run in h1: prints when its script starts, by h1's
+/// `/proc/uptime` (busybox's date has no %N; 10 ms resolution), and ends.
+const BENCH_JOB: &str = "#!/bin/sh\necho START $(cut -d' ' -f1 /proc/uptime)\n";
+const BENCH_OUT: &str = "/tmp/slurm-bench.out";
+
+/// pcifab's part of slurm.conf without the controller hooks: a node whose GPUs are its own,
+/// as a site without pcifab has it (the task prolog stays, so both kinds of job run it).
+fn static_conf() -> String {
+    SLURM_CONF_PCIFAB
+        .lines()
+        .filter(|l| !l.starts_with("PrologSlurmctld=") && !l.starts_with("EpilogSlurmctld="))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// A number printed by a guest, e.g. `/proc/uptime`'s seconds.
+fn secs_of(h: &str, what: &str, text: &str) -> Result<f64, String> {
+    text.trim()
+        .parse::<f64>()
+        .map_err(|_| format!("{h}: {what}: expected seconds, got {text:?}"))
+}
+
+/// One 2-GPU job submitted in h1 to h1: the time (ms, by h1's clock) from just before
+/// `sbatch` to the job's script running. Then waits until the job has ended, its epilog
+/// (if any) has released its lease and the fabric is as `after` says.
+fn timed_job(f: &mut Fabric, after: &Owners, step: &str) -> Result<f64, String> {
+    let h1 = &mut f.hosts[1];
+    let sub = h1.run_ok(&format!(
+        "rm -f {BENCH_OUT}; t0=$(cut -d' ' -f1 /proc/uptime)\n\
+         id=$(sbatch --parsable --gres=gpu:2 -w h1 -o {BENCH_OUT} /tmp/slurm-bench.sh) || exit 1\n\
+         echo \"$t0 ${{id%%;*}}\""
+    ))?;
+    let mut w = sub.split_whitespace();
+    let t0 = secs_of("h1", "the time before sbatch", w.next().unwrap_or(""))?;
+    let id: u64 = w
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("h1: sbatch printed no job id: {sub:?}"))?;
+    wait_in(
+        h1,
+        &format!("grep -q '^START ' {BENCH_OUT} 2>/dev/null"),
+        120,
+        "the benchmark job script starting",
+        &format!("cat {BENCH_OUT}; tail -20 /var/log/slurm/slurmd.log"),
+    )?;
+    let start = h1.run_ok(&format!("sed -n 's/^START //p' {BENCH_OUT}"))?;
+    let t1 = secs_of("h1", "the job's start", &start)?;
+    // Ended, and the epilog (when there is one) done: the hooks' state file is gone.
+    wait_in(
+        &mut f.hosts[0],
+        &format!(
+            "[ \"$(squeue -h -t all -j {id} -o %T 2>/dev/null)\" = COMPLETED ] && \
+             [ ! -e /var/spool/slurmctld/pcifab/{id} ]"
+        ),
+        120,
+        "the benchmark job completed and its leases released",
+        &format!("scontrol show job {id}; {CTLD_DIAG}"),
+    )?;
+    check_world(f, after, step)?;
+    Ok((t1 - t0) * 1000.0)
+}
+
+/// The start times of the benchmark: `BENCH_JOBS` 2-GPU jobs on h1 holding no GPU (the
+/// prolog has the manager compose both), then as many on h1 already holding both (bound by
+/// a manager lease; Slurm without the controller hooks). Both by h1's clock.
+pub struct StartTimes {
+    pub composed_ms: Vec<f64>,
+    pub held_ms: Vec<f64>,
+}
+
+fn start_times(f: &mut Fabric) -> Result<StartTimes, String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    let mut t = StartTimes {
+        composed_ms: Vec::new(),
+        held_ms: Vec::new(),
+    };
+    with_slurm(f, "whole", |f| {
+        f.hosts[1].run_ok(&put("/tmp/slurm-bench.sh", "755", BENCH_JOB))?;
+        for i in 0..BENCH_JOBS {
+            let ms = timed_job(f, &Owners::new(), "a composed benchmark job ended")?;
+            f.hosts[0].log_note(&format!("composed job {i}: {ms:.0} ms"));
+            t.composed_ms.push(ms);
+        }
+        // The same node holding both GPUs for good: Slurm without the hooks.
+        stop_slurm(f)?;
+        let (lease, granted) = mgr_request(
+            &mut f.hosts[0],
+            "--gpus 2 --host 1 --priority 9 --duration 3600 --pool slurm",
+        )?;
+        crate::checks::expect_eq("the static lease granted at once", true, granted)?;
+        let held = owners(&[(g0, 1), (g1, 1)]);
+        check_world(f, &held, "both GPUs bound to h1 for the static jobs")?;
+        start_slurm_with(f, &static_conf())?;
+        for i in 0..BENCH_JOBS {
+            let ms = timed_job(f, &held, "a benchmark job on the static node ended")?;
+            f.hosts[0].log_note(&format!("static job {i}: {ms:.0} ms"));
+            t.held_ms.push(ms);
+        }
+        f.hosts[0].run_ok(&format!("pcifab release {lease}"))?;
+        Ok(())
+    })?;
+    Ok(t)
+}
+
+/// "slurm: bench: ..." (`make bench`, not `make test`): the start overhead of a composed
+/// node, measured, and the trace utilisation it implies, computed (`slurm_trace`).
+pub fn bench_figures(f: &mut Fabric) -> Result<(), String> {
+    let t = start_times(f)?;
+    let fmt = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (c, h) = (
+        crate::bench::median(&t.composed_ms),
+        crate::bench::median(&t.held_ms),
+    );
+    let span = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lo, hi)
+    };
+    let ((cl, ch), (hl, hh)) = (span(&t.composed_ms), span(&t.held_ms));
+    crate::say(&format!(
+        "# Slurm: sbatch to the job's script running, {} 2-GPU jobs each on h1, by h1's clock \
+         (ms): composed {} (median {c:.0}, {cl:.0}-{ch:.0}); held {} (median {h:.0}, \
+         {hl:.0}-{hh:.0})",
+        BENCH_JOBS,
+        fmt(&t.composed_ms),
+        fmt(&t.held_ms)
+    ));
+    let overhead = c - h;
+    crate::say(&format!("bench slurm_start_ms_composed {c:.0}"));
+    crate::say(&format!("bench slurm_start_ms_held {h:.0}"));
+    crate::say(&format!(
+        "bench slurm_compose_start_overhead_ms {overhead:.0} (spread {:.0} to {:.0}; goal <= 1000)",
+        cl - hh,
+        ch - hl
+    ));
+    // The trace charges each composed job the whole composed start time, before it runs
+    // and again after it ends: an upper bound of the overhead (the held start time not
+    // taken off), so that a noisy difference cannot flatter composition.
+    let r = super::slurm_trace::replay_both(
+        &super::slurm_trace::Cluster::BENCH,
+        super::slurm_trace::SEED,
+        c / 1000.0,
+    );
+    crate::say(&format!(
+        "# Slurm trace ({} jobs, {} nodes, {} GPUs, one day computed, {c:.0} ms held idle \
+         before and after each composed job): GPU busy fraction composed on demand {:.3}, \
+         best static split {:?} {:.3}",
+        r.jobs,
+        super::slurm_trace::Cluster::BENCH.nodes,
+        super::slurm_trace::Cluster::BENCH.gpus,
+        r.on_demand,
+        r.best_split,
+        r.best_static
+    ));
+    crate::say(&format!(
+        "bench slurm_trace_utilisation_vs_static {:.3} (goal >= 1.3)",
+        r.on_demand / r.best_static
+    ));
+    Ok(())
 }
