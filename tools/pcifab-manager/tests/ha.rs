@@ -1106,11 +1106,12 @@ fn a_request_committed_by_a_leader_killed_before_it_answered_is_applied_once() {
         .filter(|e| matches!(e.action, pcifab_manager::scheduler::Action::Bind { .. }))
         .count();
     assert_eq!(binds, 6, "one bind per grant");
-    assert_eq!(
-        replayed,
-        vec![hooked.clone()],
+    // The stopped leader may also have committed an earlier request whose reply it had not
+    // sent yet: that one is replayed too, and counted once like the others above.
+    assert!(
+        replayed.contains(&hooked),
         "the request the old leader committed ({hooked}) was not answered with its recorded \
-         reply by the new leader"
+         reply by the new leader (replayed: {replayed:?})"
     );
     eprintln!(
         "ha: 6 grants from 3 clients, the leader killed after committing {hooked}: all \
