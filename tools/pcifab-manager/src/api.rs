@@ -69,6 +69,9 @@ const LISTEN_BACKLOG: libc::c_int = 4096;
 
 pub use crate::protocol::{status_of, MAX_EVENT_WAIT_S};
 
+/// The header of a request's idempotency key (Documentation/manager-api.rst).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
 /// The array of a list route's reply, which `offset` and `limit` page.
 pub fn list_key(req: &Request) -> Option<&'static str> {
     Some(match req {
@@ -796,6 +799,25 @@ async fn handle(
             ),
         ))
     };
+    let key = match req.headers().get(IDEMPOTENCY_KEY).map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(k)) => match crate::store::check_key(k) {
+            Ok(()) => Some(k.to_string()),
+            Err(e) => {
+                return closing(error_reply(
+                    400,
+                    &format!("the Idempotency-Key header: {e}"),
+                ))
+            }
+        },
+        Some(Err(_)) => {
+            return closing(error_reply(
+                400,
+                "the Idempotency-Key header is not text: send 1 to 128 characters of A-Z a-z \
+                 0-9 . _ : -",
+            ))
+        }
+    };
     let announced = req.body().size_hint().upper().unwrap_or(0);
     if announced > ctx.max_body as u64 {
         return too_large();
@@ -854,10 +876,10 @@ async fn handle(
         // Seen before the daemon is asked: a notice added after this wakes the wait below.
         notices.borrow_and_update();
         let d = ctx.daemon.clone();
-        let (p, op2) = (principal.clone(), op.clone());
+        let (p, op2, key2) = (principal.clone(), op.clone(), key.clone());
         let r = tokio::task::spawn_blocking(move || {
             let mut d = d.lock().ok()?;
-            Some(d.serve(&p, op2))
+            Some(d.serve_keyed(&p, op2, key2.as_deref()))
         })
         .await;
         let (status, v) = match r {

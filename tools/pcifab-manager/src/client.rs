@@ -176,41 +176,93 @@ impl Remote {
     }
 
     /// Sends `req` to the manager; returns the HTTP status and the JSON reply. `wait_s`
-    /// lets an events request wait for a notice.
-    ///
-    /// `url` may list several managers, comma-separated (the managers of a highly available
-    /// fabric, Documentation/manager.rst): the request goes to the first that takes the
-    /// connection and is not a standby. While none does (a failover), the list is tried
-    /// again for up to [`FOLLOW_FOR`]. A request whose connection was taken is never sent
-    /// twice.
+    /// lets an events request wait for a notice. A request that changes something is sent
+    /// with a new idempotency key ([`new_key`]), so that it may be sent again safely
+    /// ([`Remote::ask_keyed`]).
     pub fn ask(
         &self,
         req: &crate::protocol::Request,
         wait_s: u64,
     ) -> Result<(u16, serde_json::Value), Failure> {
+        let key = req.mutates().then(new_key).transpose()?;
+        self.ask_keyed(req, wait_s, key.as_deref())
+    }
+
+    /// [`Remote::ask`] with the idempotency key `key` (`Idempotency-Key`; a request that
+    /// changes nothing ignores it).
+    ///
+    /// `url` may list several managers, comma-separated (the managers of a highly available
+    /// fabric, Documentation/manager.rst): the request goes to the first that takes the
+    /// connection and is not a standby. While none does (a failover), the list is tried
+    /// again for up to [`FOLLOW_FOR`]. A request sent without a key is never sent twice.
+    /// One with a key whose outcome is unknown (the connection dropped after it was sent,
+    /// no reply in time, or a reply of 500 or 503: the leader died, was deposed or lost
+    /// etcd) is sent again with the same key, to the list, up to [`MAX_SENDS`] times within
+    /// [`FOLLOW_FOR`]: the manager carries it out once and answers a repeat with the reply
+    /// it recorded.
+    pub fn ask_keyed(
+        &self,
+        req: &crate::protocol::Request,
+        wait_s: u64,
+        key: Option<&str>,
+    ) -> Result<(u16, serde_json::Value), Failure> {
         let urls: Vec<&str> = self.url.split(',').map(str::trim).collect();
-        if urls.len() == 1 {
-            return self.ask_one(urls[0], req, wait_s).map_err(|(f, _)| f);
-        }
-        let until = std::time::Instant::now() + FOLLOW_FOR.min(self.timeout);
+        let key = key.filter(|_| req.mutates());
+        let start = std::time::Instant::now();
+        let until = start + FOLLOW_FOR.min(self.timeout);
+        let mut sends = 0;
         loop {
             let mut tried = Vec::new();
+            let mut unknown = false;
             for u in &urls {
-                match self.ask_one(u, req, wait_s) {
+                if sends >= MAX_SENDS {
+                    break;
+                }
+                match self.ask_one(u, req, wait_s, key) {
                     Ok((_, v))
-                        if v.get("standby").and_then(serde_json::Value::as_bool) == Some(true) =>
+                        if urls.len() > 1
+                            && v.get("standby").and_then(serde_json::Value::as_bool)
+                                == Some(true) =>
                     {
                         tried.push(format!("{u}: a standby"));
                     }
+                    Ok((status, v))
+                        if key.is_some()
+                            && (status == 500 || status == 503)
+                            && v.get("replayed").is_none() =>
+                    {
+                        sends += 1;
+                        unknown = true;
+                        let e = v.get("error").and_then(serde_json::Value::as_str);
+                        tried.push(format!("{u}: {status} {}", e.unwrap_or("")));
+                    }
                     Ok(r) => return Ok(r),
-                    Err((f, true)) => tried.push(f.msg),
-                    Err((f, false)) => return Err(f),
+                    Err(One::Refused(f)) => tried.push(f.msg),
+                    Err(One::Unknown(f)) if key.is_some() => {
+                        sends += 1;
+                        unknown = true;
+                        tried.push(f.msg);
+                    }
+                    Err(One::Unknown(f) | One::Final(f)) => return Err(f),
                 }
             }
-            if std::time::Instant::now() >= until {
+            if urls.len() == 1 && !unknown {
+                return Err(plain(tried.join("; ")));
+            }
+            if std::time::Instant::now() >= until || sends >= MAX_SENDS {
+                let Some(k) = key.filter(|_| sends > 0) else {
+                    return Err(plain(format!(
+                        "no manager of {} leads: {}",
+                        self.url,
+                        tried.join("; ")
+                    )));
+                };
                 return Err(plain(format!(
-                    "no manager of {} leads: {}",
-                    self.url,
+                    "gave up after sending the request {sends} time(s) in {:.1} s with \
+                     idempotency key {k}, without a reply (last: {}); it may or may not have \
+                     been carried out: check `pcifab leases` and `pcifab queue` before asking \
+                     again",
+                    start.elapsed().as_secs_f64(),
                     tried.join("; ")
                 )));
             }
@@ -218,65 +270,90 @@ impl Remote {
         }
     }
 
-    /// One manager: the reply, or the failure and whether the connection was refused
-    /// (nothing was sent, so another manager may be asked).
+    /// One manager: the reply, or the failure and whether the request may have been
+    /// received ([`One`]).
     fn ask_one(
         &self,
         base: &str,
         req: &crate::protocol::Request,
         wait_s: u64,
-    ) -> Result<(u16, serde_json::Value), (Failure, bool)> {
+        key: Option<&str>,
+    ) -> Result<(u16, serde_json::Value), One> {
         let one = Remote {
             url: base.to_string(),
             ..self.clone()
         };
-        let agent = one.agent().map_err(|f| (f, false))?;
+        let agent = one.agent().map_err(One::Final)?;
         let (method, path, body) = crate::api::http_of(req, wait_s);
         let url = format!("{}{path}", base.trim_end_matches('/'));
         let mut b = ureq::http::Request::builder().method(method).uri(&url);
         if let Some(t) = &self.token {
             b = b.header("Authorization", format!("Bearer {t}"));
         }
+        if let Some(k) = key {
+            b = b.header("Idempotency-Key", k);
+        }
         let body = body.map(|v| v.to_string()).unwrap_or_default();
         if !body.is_empty() {
             b = b.header("Content-Type", "application/json");
         }
-        let request = b.body(body).map_err(|e| {
-            (
-                plain(format!("cannot make the request for {url}: {e}")),
-                false,
-            )
-        })?;
+        let request = b
+            .body(body)
+            .map_err(|e| One::Final(plain(format!("cannot make the request for {url}: {e}"))))?;
         let mut resp = agent.run(request).map_err(|e| {
-            let refused = match &e {
-                ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => true,
-                ureq::Error::Io(io) => io.kind() == std::io::ErrorKind::ConnectionRefused,
-                _ => false,
-            };
             let f = plain(format!(
                 "cannot reach the manager at {base}: {e}; check the URL, that the manager \
                  runs with [api], and the CA file"
             ));
-            (f, refused)
+            match &e {
+                ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => One::Refused(f),
+                ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    One::Refused(f)
+                }
+                ureq::Error::Io(_) | ureq::Error::Timeout(_) => One::Unknown(f),
+                _ => One::Final(f),
+            }
         })?;
         let status = resp.status().as_u16();
         let text = resp.body_mut().read_to_string().map_err(|e| {
-            (
-                plain(format!("no reply from the manager at {base}: {e}")),
-                false,
-            )
+            One::Unknown(plain(format!("no reply from the manager at {base}: {e}")))
         })?;
         let v = serde_json::from_str(&text).map_err(|e| {
-            (
-                plain(format!(
-                    "the manager at {base} answered {status} with something that is not JSON \
-                     ({e}): {text:?}"
-                )),
-                false,
-            )
+            One::Final(plain(format!(
+                "the manager at {base} answered {status} with something that is not JSON \
+                 ({e}): {text:?}"
+            )))
         })?;
         Ok((status, v))
     }
+}
+
+/// How one manager failed to answer.
+enum One {
+    /// The connection was refused: nothing was sent, another manager may be asked.
+    Refused(Failure),
+    /// The request may have been received (the connection dropped, no reply in time):
+    /// sent again only with an idempotency key.
+    Unknown(Failure),
+    /// Anything else (TLS, a bad URL, a reply that is not JSON): not tried again.
+    Final(Failure),
+}
+
+/// Most times [`Remote::ask_keyed`] sends one request whose outcome stayed unknown.
+pub const MAX_SENDS: u32 = 8;
+
+/// A new idempotency key: 128 random bits from the kernel, in hex.
+pub fn new_key() -> Result<String, Failure> {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .map_err(|e| {
+            failed(
+                format!("cannot read /dev/urandom for a request id: {e}"),
+                &e,
+            )
+        })?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 #[cfg(test)]

@@ -80,6 +80,12 @@ pub struct Daemon {
     /// With `reload_after_failed_commit`: a commit failed, and the store may hold it all
     /// the same. Before the next decision the state is read again from the store.
     state_unknown: bool,
+    /// For the tests of high availability only (`PCIFAB_MANAGER_TEST_STOP_AFTER_KEYED=N`,
+    /// read by `main`): after the Nth request with an idempotency key is committed, and
+    /// before it is carried out or answered, the manager says so on stderr and stops itself
+    /// with SIGSTOP, so a test can kill it at exactly that point.
+    pub stop_after_keyed: Option<u64>,
+    keyed_commits: u64,
 }
 
 /// Scrub outcomes kept for the `pool` reply.
@@ -155,6 +161,8 @@ impl Daemon {
             fabric_behind: false,
             reload_after_failed_commit: false,
             state_unknown: false,
+            stop_after_keyed: None,
+            keyed_commits: 0,
         };
         if !fix.is_empty() {
             eprintln!(
@@ -297,8 +305,23 @@ impl Daemon {
     /// Serves `req` for principal `p`: checked (crate::auth), answered, and filtered to
     /// what `p` may see. Returns the request as served (with its owner) and the reply.
     pub fn serve(&mut self, p: &Principal, req: Request) -> Result<(Request, Value), Denied> {
+        self.serve_keyed(p, req, None)
+    }
+
+    /// [`Daemon::serve`] with the client's idempotency key (checked with
+    /// [`crate::store::check_key`]): a request that changes something is carried out once
+    /// per key and principal; a repeat gets the recorded reply (see [`Daemon::handle_keyed`]).
+    pub fn serve_keyed(
+        &mut self,
+        p: &Principal,
+        req: Request,
+        key: Option<&str>,
+    ) -> Result<(Request, Value), Denied> {
         let t = std::time::Instant::now();
-        let (req, reply) = self.serve_uncounted(p, req)?;
+        let req = p.authorize(req, &self.sched)?;
+        let key = key.map(|k| crate::store::scoped_key(k, &p.name));
+        let reply = self.handle_keyed(&req, key.as_deref());
+        let reply = p.filter(&req, reply);
         self.stats.record(&req, &reply, t.elapsed());
         Ok((req, reply))
     }
@@ -317,11 +340,11 @@ impl Daemon {
 
     /// Answers one request line of principal `p` (the control socket).
     pub fn serve_line(&mut self, p: &Principal, line: &str) -> Value {
-        let req = match protocol::parse(line) {
+        let (req, key) = match protocol::parse_keyed(line) {
             Ok(r) => r,
             Err(reply) => return reply,
         };
-        match self.serve(p, req) {
+        match self.serve_keyed(p, req, key.as_deref()) {
             Ok((_, v)) => v,
             Err(d) => {
                 eprintln!(
@@ -336,6 +359,16 @@ impl Daemon {
     }
 
     pub fn handle(&mut self, req: &Request) -> Value {
+        self.handle_keyed(req, None)
+    }
+
+    /// Answers `req`; `key`, the scoped idempotency key ([`crate::store::scoped_key`]) of a
+    /// request that changes something, is stored with its log entry and reply in the same
+    /// commit. A key the log still holds is not carried out again: the same request gets
+    /// the recorded reply with `"replayed": true`, another request under the same key is
+    /// refused with status 422.
+    pub fn handle_keyed(&mut self, req: &Request, key: Option<&str>) -> Value {
+        let key = key.filter(|_| req.mutates());
         // A read while the state cannot be read again: answered from memory, which may not
         // be what the store holds, so nothing of it is committed or carried out.
         let mut unconfirmed = false;
@@ -351,6 +384,11 @@ impl Daemon {
                     );
                 }
                 unconfirmed = true;
+            }
+        }
+        if let Some(k) = key {
+            if let Some(reply) = self.recorded_reply(req, k) {
+                return reply;
             }
         }
         let before = req.mutates().then(|| self.sched.clone());
@@ -414,6 +452,8 @@ impl Daemon {
                 .and_then(Value::as_str)
                 .map(String::from)
                 .unwrap_or_else(|| "ok".into()),
+            key: key.map(String::from),
+            reply: key.map(|_| reply.clone()),
         });
         if let Err(e) = self.commit(entry.as_ref()) {
             // A read is answered all the same (what time changed is committed later).
@@ -433,6 +473,17 @@ impl Daemon {
                 );
             }
         }
+        if let Some(k) = key {
+            self.keyed_commits += 1;
+            if self.stop_after_keyed == Some(self.keyed_commits) {
+                eprintln!(
+                    "pcifab-manager: test hook: request with key {k} committed; stopping \
+                     (SIGSTOP) before carrying it out and answering"
+                );
+                // SAFETY: raise(3) of a signal whose default action stops the process.
+                unsafe { libc::raise(libc::SIGSTOP) };
+            }
+        }
         let actions = self.sched.take_actions();
         self.run_actions(actions);
         if let Err(e) = self.commit(None) {
@@ -440,6 +491,50 @@ impl Daemon {
         }
         self.start_scrubs(now);
         reply
+    }
+
+    /// The reply to a repeat of idempotency key `key`: the recorded one if `req` is the
+    /// request recorded with it, a refusal (422) if it is another, an error if the store
+    /// cannot tell; none if the key is new.
+    fn recorded_reply(&self, req: &Request, key: &str) -> Option<Value> {
+        let client_key = key.rsplit_once('@').map_or(key, |(k, _)| k);
+        match self.store.recorded(key) {
+            Ok(None) => None,
+            Ok(Some(e)) if e.request == serde_json::to_value(req).unwrap_or(Value::Null) => {
+                let mut r = e.reply.unwrap_or_else(|| {
+                    protocol::error(
+                        format!(
+                            "the request with idempotency key {client_key} was carried out \
+                             before (log: {}) but its reply was not kept",
+                            e.summary
+                        ),
+                        false,
+                    )
+                });
+                r["replayed"] = json!(true);
+                Some(r)
+            }
+            Ok(Some(e)) => {
+                let mut r = protocol::error(
+                    format!(
+                        "the idempotency key {client_key} was already used for another request \
+                         ({}); a key names one request: send a new key for a new request",
+                        e.request
+                    ),
+                    true,
+                );
+                r["status"] = json!(422);
+                Some(r)
+            }
+            Err(e) => Some(protocol::error(
+                format!(
+                    "{e}; whether the request with idempotency key {client_key} was carried \
+                     out before cannot be read, so nothing is decided: retry with the same \
+                     key once the store (etcd) answers"
+                ),
+                false,
+            )),
+        }
     }
 
     /// Time passes: expiry, failover, time slices, telemetry.

@@ -12,6 +12,9 @@
 //! - `P/format`: the records' format version.
 //! - `P/r/TABLE/KEY`: one record of the scheduler (`scheduler::persist`).
 //! - `P/log/SEQ`: the request log, SEQ as 20 digits so keys sort as numbers.
+//! - `P/keys/HEX`: a request's idempotency key (`KEY@PRINCIPAL`, in hex) -> the SEQ of the
+//!   log entry that has it; written in the entry's transaction, deleted in the one that
+//!   trims the entry.
 //!
 //! Every commit of a leader is one etcd transaction guarded by a compare of the leader
 //! key's create revision with the epoch: a manager that is no longer the leader cannot
@@ -574,6 +577,11 @@ impl EtcdStore {
         })
     }
 
+    fn idem_key(&self, key: &str) -> Vec<u8> {
+        let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("{}/keys/{hex}", self.prefix).into_bytes()
+    }
+
     fn record_key(&self, table: &str, key: &str) -> Vec<u8> {
         format!("{}/r/{table}/{key}", self.prefix).into_bytes()
     }
@@ -588,7 +596,10 @@ impl EtcdStore {
     }
 }
 
-const RESERVED: [&str; 3] = ["format", "log", "state"];
+const RESERVED: [&str; 4] = ["format", "log", "state", "keys"];
+
+/// Most log entries one commit reads to trim them (see [`EtcdStore::commit`]).
+const TRIM_READ: u64 = 1000;
 
 impl StateStore for EtcdStore {
     fn load(&self, tables: &[Table]) -> Result<Stored, String> {
@@ -647,15 +658,44 @@ impl StateStore for EtcdStore {
         }
         let seq = self.next_log.load(Ordering::Relaxed);
         let next = entry.map(|_| self.after(seq)).transpose()?;
-        if let Some(e) = entry {
-            let e = serde_json::to_vec(e).map_err(|e| format!("etcd store: encode: {e}"))?;
+        if let Some(entry) = entry {
+            let e = serde_json::to_vec(entry).map_err(|e| format!("etcd store: encode: {e}"))?;
             ops.push(put(&self.log_key(seq), &e));
+            if let Some(k) = &entry.key {
+                ops.push(put(&self.idem_key(k), seq.to_string().as_bytes()));
+            }
             let keep = retention.max_entries.max(1);
             if seq > keep {
-                ops.push(delete(
+                // The entries trimmed, read first for their idempotency keys, which go
+                // with them (one entry per commit once the log is full; at most TRIM_READ
+                // at a time after `log_max_entries` was lowered, the rest by later commits).
+                let end = self.log_key(seq - (keep - 1));
+                let v = self.etcd.range(
                     &self.log_key(0),
-                    Some(&self.log_key(seq - (keep - 1))),
-                ));
+                    Some(&end),
+                    json!({"limit": TRIM_READ.to_string()}),
+                )?;
+                let old = kvs_of(&v);
+                let end = match (v["more"].as_bool(), old.last()) {
+                    (Some(true), Some(last)) => {
+                        let mut e = last.key.clone();
+                        e.push(0);
+                        e
+                    }
+                    _ => end,
+                };
+                let mut gone = std::collections::BTreeSet::new();
+                for kv in &old {
+                    if let Ok(LogEntry { key: Some(k), .. }) = serde_json::from_slice(&kv.value) {
+                        if Some(&k) != entry.key.as_ref() {
+                            gone.insert(k);
+                        }
+                    }
+                }
+                for k in gone {
+                    ops.push(delete(&self.idem_key(&k), None));
+                }
+                ops.push(delete(&self.log_key(0), Some(&end)));
             }
         }
         if ops.is_empty() {
@@ -707,6 +747,29 @@ impl StateStore for EtcdStore {
             .collect::<Result<Vec<LogEntry>, String>>()?;
         out.reverse();
         Ok(out)
+    }
+
+    fn recorded(&self, key: &str) -> Result<Option<LogEntry>, String> {
+        let v = self.etcd.range(&self.idem_key(key), None, json!({}))?;
+        let Some(kv) = kvs_of(&v).into_iter().next() else {
+            return Ok(None);
+        };
+        let seq: u64 = std::str::from_utf8(&kv.value)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| {
+                format!(
+                    "etcd key {}: not a log entry's number",
+                    String::from_utf8_lossy(&kv.key)
+                )
+            })?;
+        let v = self.etcd.range(&self.log_key(seq), None, json!({}))?;
+        match kvs_of(&v).into_iter().next() {
+            None => Ok(None),
+            Some(kv) => serde_json::from_slice(&kv.value)
+                .map(Some)
+                .map_err(|e| format!("etcd log entry {seq}: {e}")),
+        }
     }
 }
 
@@ -810,6 +873,83 @@ mod tests {
             }
         });
         url
+    }
+
+    /// etcd's key-value calls, in memory, as far as the store uses them: `range` (one key or
+    /// `[key, range_end)`, `limit`, `sort_order`, `count_only`; `more`) and `txn` (compares
+    /// of `create_revision`, puts, range deletes).
+    fn kv_gateway() -> String {
+        let kv = std::sync::Mutex::new(BTreeMap::<Vec<u8>, Vec<u8>>::new());
+        let range_of = |m: &BTreeMap<Vec<u8>, Vec<u8>>, r: &Value| -> Vec<(Vec<u8>, Vec<u8>)> {
+            let key = unb64(&r["key"]);
+            match r.get("range_end") {
+                None => m.get(&key).map(|v| (key, v.clone())).into_iter().collect(),
+                Some(e) => {
+                    let end = unb64(e);
+                    m.range(key..end)
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                }
+            }
+        };
+        gateway(move |path, req| {
+            let mut m = kv.lock().expect("kv");
+            match path {
+                "/v3/kv/range" => {
+                    let mut all = range_of(&m, req);
+                    let count = all.len();
+                    if req["sort_order"] == json!("DESCEND") {
+                        all.reverse();
+                    }
+                    let limit = num(&req["limit"]) as usize;
+                    let more = limit > 0 && all.len() > limit;
+                    if limit > 0 {
+                        all.truncate(limit);
+                    }
+                    if req["count_only"] == json!(true) {
+                        all.clear();
+                    }
+                    let kvs: Vec<Value> = all
+                        .iter()
+                        .map(|(k, v)| {
+                            json!({"key": b64(k), "value": b64(v), "create_revision": "1"})
+                        })
+                        .collect();
+                    json!({"kvs": kvs, "count": count.to_string(), "more": more})
+                }
+                "/v3/kv/txn" => {
+                    let holds = req["compare"].as_array().into_iter().flatten().all(|c| {
+                        let there = m.contains_key(&unb64(&c["key"]));
+                        let rev = num(&c["create_revision"]);
+                        there == (rev != 0)
+                    });
+                    let ops = if holds {
+                        &req["success"]
+                    } else {
+                        &req["failure"]
+                    };
+                    for op in ops.as_array().into_iter().flatten() {
+                        if let Some(p) = op.get("request_put") {
+                            m.insert(unb64(&p["key"]), unb64(&p["value"]));
+                        } else if let Some(d) = op.get("request_delete_range") {
+                            for (k, _) in range_of(&m, d) {
+                                m.remove(&k);
+                            }
+                        }
+                    }
+                    json!({"succeeded": holds})
+                }
+                _ => json!({}),
+            }
+        })
+    }
+
+    /// The store's checks of idempotency keys (`store::tests`) on the etcd store.
+    #[test]
+    fn idempotency_keys_are_kept_with_their_log_entries() {
+        let store =
+            EtcdStore::open(client(kv_gateway()), "/p", Guard::NoLeader, None).expect("open");
+        crate::store::tests::keys_are_kept_with_their_log_entries(&store);
     }
 
     fn client(url: String) -> Arc<Etcd> {

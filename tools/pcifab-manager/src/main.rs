@@ -258,6 +258,10 @@ fn run(a: Args) -> Result<(), String> {
     let ha = config.ha.is_some();
     let mut d = Daemon::start(config, store, exec, daemon::steady_clock())?;
     d.reload_after_failed_commit = ha;
+    // The tests of high availability only (Documentation/manager.rst, "Request ids").
+    d.stop_after_keyed = std::env::var("PCIFAB_MANAGER_TEST_STOP_AFTER_KEYED")
+        .ok()
+        .and_then(|n| n.parse().ok());
     d.config_path = a.config.as_deref().map(PathBuf::from);
     d.telemetry = telemetry;
     d.liveness = liveness;

@@ -83,6 +83,10 @@ pub const MAX_EVENT_WAIT_S: u64 = 60;
 /// The HTTP status of a protocol reply: 200 (201 for a new request), 409 when the manager
 /// refused it (a conflict with the pool, the queue or its rules), 500 when it failed.
 pub fn status_of(req: &Request, reply: &Value) -> u16 {
+    if reply.get("status").and_then(Value::as_u64) == Some(422) {
+        // An idempotency key already used for another request (Daemon::handle_keyed).
+        return 422;
+    }
     match (reply.get("ok"), reply.get("refused")) {
         (Some(Value::Bool(true)), _) if matches!(req, Request::Request { .. }) => 201,
         (Some(Value::Bool(true)), _) => 200,
@@ -413,9 +417,63 @@ pub fn parse(line: &str) -> Result<Request, Value> {
     })
 }
 
+/// The control socket's name of a request's idempotency key (the API's is the
+/// `Idempotency-Key` header).
+pub const KEY_FIELD: &str = "idempotency_key";
+
+/// [`parse`], with the line's idempotency key ([`KEY_FIELD`]) taken off and checked.
+pub fn parse_keyed(line: &str) -> Result<(Request, Option<String>), Value> {
+    if !line.contains(KEY_FIELD) {
+        return parse(line).map(|r| (r, None));
+    }
+    let mut v: Value = serde_json::from_str(line).map_err(|e| {
+        error(
+            format!("bad request: {e}; send one JSON object per line"),
+            true,
+        )
+    })?;
+    let key = match v.as_object_mut().and_then(|o| o.remove(KEY_FIELD)) {
+        None => None,
+        Some(Value::String(k)) => {
+            crate::store::check_key(&k).map_err(|e| error(format!("bad request: {e}"), true))?;
+            Some(k)
+        }
+        Some(k) => {
+            return Err(error(
+                format!("bad request: {KEY_FIELD} is a string, got {k}"),
+                true,
+            ))
+        }
+    };
+    parse(&v.to_string()).map(|r| (r, key))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_idempotency_key_is_taken_off_the_line() {
+        let (r, k) =
+            parse_keyed(r#"{"op":"release","id":3,"idempotency_key":"a-1"}"#).expect("keyed");
+        assert_eq!((r, k.as_deref()), (Request::Release { id: 3 }, Some("a-1")));
+        let (r, k) = parse_keyed(r#"{"op":"release","id":3}"#).expect("plain");
+        assert_eq!((r, k), (Request::Release { id: 3 }, None));
+        for bad in [
+            r#"{"op":"release","id":3,"idempotency_key":""}"#,
+            r#"{"op":"release","id":3,"idempotency_key":"a b"}"#,
+            r#"{"op":"release","id":3,"idempotency_key":"a@b"}"#,
+            r#"{"op":"release","id":3,"idempotency_key":7}"#,
+        ] {
+            let e = parse_keyed(bad).expect_err(bad);
+            assert_eq!(e["refused"], json!(true), "{bad}: {e}");
+        }
+        let long = format!(
+            r#"{{"op":"release","id":3,"idempotency_key":"{}"}}"#,
+            "k".repeat(129)
+        );
+        assert!(parse_keyed(&long).is_err());
+    }
 
     #[test]
     fn wait_is_taken_off_events_lines_only() {

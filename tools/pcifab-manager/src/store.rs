@@ -84,6 +84,41 @@ pub struct LogEntry {
     pub request: serde_json::Value,
     pub ok: bool,
     pub summary: String,
+    /// The request's idempotency key and its principal, `KEY@PRINCIPAL` (see [`scoped_key`]);
+    /// none for a request sent without one. Stored in the same commit as the request's
+    /// changes, and kept as long as this entry is: a repeat of the key is answered
+    /// [`LogEntry::reply`] instead of being carried out again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The reply as the manager gave it (a request with a key only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<serde_json::Value>,
+}
+
+/// The longest idempotency key a client may send.
+pub const MAX_KEY_LEN: usize = 128;
+
+/// Checks a client's idempotency key: 1 to [`MAX_KEY_LEN`] characters of `A-Z a-z 0-9 . _
+/// : -` (a UUID fits).
+pub fn check_key(key: &str) -> Result<(), String> {
+    let ok = (1..=MAX_KEY_LEN).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "the idempotency key {key:?} is not 1 to {MAX_KEY_LEN} characters of A-Z a-z 0-9 \
+             . _ : - (a UUID is one): send a valid key, or none"
+        ))
+    }
+}
+
+/// The key under which a principal's idempotency key is stored: `KEY@PRINCIPAL` (a key has
+/// no `@`, so two principals' keys never meet).
+pub fn scoped_key(key: &str, principal: &str) -> String {
+    format!("{key}@{principal}")
 }
 
 /// Where the manager keeps its state. A second implementation (e.g. one on etcd, for a
@@ -108,11 +143,17 @@ pub trait StateStore: Send {
 
     /// The last `n` log entries, oldest first.
     fn log_tail(&self, n: u64) -> Result<Vec<LogEntry>, String>;
+
+    /// The log entry that recorded the idempotency key `key` ([`LogEntry::key`]), while the
+    /// log keeps it; none when no kept entry has it.
+    fn recorded(&self, key: &str) -> Result<Option<LogEntry>, String>;
 }
 
 const FORMAT: TableDefinition<&str, &[u8]> = TableDefinition::new("format");
 const FORMAT_KEY: &str = "version";
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+/// Idempotency keys ([`LogEntry::key`]) -> the number of the log entry that has them.
+const KEYS: TableDefinition<&str, u64> = TableDefinition::new("keys");
 /// Formats 1 and 2: the whole scheduler under `scheduler`, the format under `version`.
 const WHOLE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
 const WHOLE_KEY: &str = "scheduler";
@@ -131,7 +172,7 @@ fn records(t: Table) -> TableDefinition<'static, &'static str, &'static [u8]> {
 }
 
 /// Tables the records may not use: the store's own.
-const RESERVED: [&str; 3] = ["format", "log", "state"];
+const RESERVED: [&str; 4] = ["format", "log", "state", "keys"];
 
 /// False when the kernel has no file locking at all (`flock` is ENOSYS).
 fn file_locks_work(path: &Path) -> bool {
@@ -397,6 +438,13 @@ impl StateStore for RedbStore {
                 let e = serde_json::to_vec(entry).map_err(|e| err(&self.path, "encode", e))?;
                 log.insert(next, e.as_slice())
                     .map_err(|e| err(&self.path, "write log", e))?;
+                let mut keys = tx
+                    .open_table(KEYS)
+                    .map_err(|e| err(&self.path, "open keys", e))?;
+                if let Some(k) = &entry.key {
+                    keys.insert(k.as_str(), next)
+                        .map_err(|e| err(&self.path, "write keys", e))?;
+                }
                 // Retention: at most max_entries, none older than max_age_s.
                 let keep_from = next.saturating_sub(retention.max_entries.max(1)) + 1;
                 let mut drop_to = keep_from.saturating_sub(1);
@@ -417,6 +465,28 @@ impl StateStore for RedbStore {
                     }
                 }
                 if drop_to > 0 {
+                    // The keys of the entries dropped go with them.
+                    let mut gone = Vec::new();
+                    for r in log
+                        .range(..=drop_to)
+                        .map_err(|e| err(&self.path, "read log", e))?
+                    {
+                        let (n, v) = r.map_err(|e| err(&self.path, "read log", e))?;
+                        if let Ok(LogEntry { key: Some(k), .. }) = serde_json::from_slice(v.value())
+                        {
+                            gone.push((k, n.value()));
+                        }
+                    }
+                    for (k, n) in gone {
+                        let held = keys
+                            .get(k.as_str())
+                            .map_err(|e| err(&self.path, "read keys", e))?
+                            .map(|v| v.value());
+                        if held == Some(n) {
+                            keys.remove(k.as_str())
+                                .map_err(|e| err(&self.path, "trim keys", e))?;
+                        }
+                    }
                     log.retain_in(..=drop_to, |_, _| false)
                         .map_err(|e| err(&self.path, "trim log", e))?;
                 }
@@ -464,6 +534,40 @@ impl StateStore for RedbStore {
         }
         Ok(out)
     }
+
+    fn recorded(&self, key: &str) -> Result<Option<LogEntry>, String> {
+        self.recorded_entry(key)
+    }
+}
+
+impl RedbStore {
+    fn recorded_entry(&self, key: &str) -> Result<Option<LogEntry>, String> {
+        let tx = self
+            .db
+            .begin_read()
+            .map_err(|e| err(&self.path, "read", e))?;
+        let keys = match tx.open_table(KEYS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(err(&self.path, "open keys", e)),
+        };
+        let Some(n) = keys
+            .get(key)
+            .map_err(|e| err(&self.path, "read keys", e))?
+            .map(|v| v.value())
+        else {
+            return Ok(None);
+        };
+        let log = tx
+            .open_table(LOG)
+            .map_err(|e| err(&self.path, "open log", e))?;
+        let Some(v) = log.get(n).map_err(|e| err(&self.path, "read log", e))? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(v.value())
+            .map(Some)
+            .map_err(|e| err(&self.path, "log entry", e))
+    }
 }
 
 impl<S: StateStore + ?Sized> StateStore for Box<S> {
@@ -487,11 +591,92 @@ impl<S: StateStore + ?Sized> StateStore for Box<S> {
     fn log_tail(&self, n: u64) -> Result<Vec<LogEntry>, String> {
         (**self).log_tail(n)
     }
+
+    fn recorded(&self, key: &str) -> Result<Option<LogEntry>, String> {
+        (**self).recorded(key)
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The checks of idempotency keys every store must pass: a key is stored with its entry
+    /// in one commit (none by a commit that fails), found under its principal only, and
+    /// gone once the log no longer keeps its entry.
+    pub(crate) fn keys_are_kept_with_their_log_entries(s: &dyn StateStore) {
+        let three = Retention {
+            max_entries: 3,
+            max_age_s: 0,
+        };
+        let entry = |n: u64, key: Option<&str>| LogEntry {
+            at: 1000 + n,
+            request: serde_json::json!({"op": "heartbeat", "host": n}),
+            ok: true,
+            summary: "ok".into(),
+            key: key.map(|k| scoped_key(k, "ops")),
+            reply: key.map(|_| serde_json::json!({"ok": true, "n": n})),
+        };
+        let batch = Batch {
+            puts: vec![("leases", "1".into(), b"{}".to_vec())],
+            version: Some(3),
+            ..Batch::default()
+        };
+        s.commit(&batch, Some(&entry(1, Some("k1"))), three)
+            .expect("commit");
+        let got = s.recorded(&scoped_key("k1", "ops")).expect("recorded");
+        assert_eq!(got, Some(entry(1, Some("k1"))));
+        assert_eq!(
+            s.load(&["leases"]).expect("load").records["leases"]["1"],
+            b"{}".to_vec(),
+            "the key and the records are one commit"
+        );
+        assert_eq!(s.recorded(&scoped_key("k1", "other")).expect("other"), None);
+        // A commit that fails stores no key.
+        let bad = Batch {
+            puts: vec![("log", "x".into(), b"{}".to_vec())],
+            ..Batch::default()
+        };
+        assert!(s.commit(&bad, Some(&entry(2, Some("k2"))), three).is_err());
+        assert_eq!(s.recorded(&scoped_key("k2", "ops")).expect("k2"), None);
+        s.commit(&Batch::default(), Some(&entry(2, Some("k2"))), three)
+            .expect("commit");
+        s.commit(&Batch::default(), Some(&entry(3, None)), three)
+            .expect("commit");
+        assert!(s.recorded(&scoped_key("k1", "ops")).expect("k1").is_some());
+        // The fourth entry pushes the first out of the log, and its key with it.
+        s.commit(&Batch::default(), Some(&entry(4, Some("k4"))), three)
+            .expect("commit");
+        assert_eq!(s.recorded(&scoped_key("k1", "ops")).expect("k1"), None);
+        assert_eq!(
+            s.recorded(&scoped_key("k2", "ops")).expect("k2"),
+            Some(entry(2, Some("k2")))
+        );
+        assert_eq!(
+            s.recorded(&scoped_key("k4", "ops")).expect("k4"),
+            Some(entry(4, Some("k4")))
+        );
+        assert_eq!(s.log_len().expect("len"), 3);
+        // The key may be used again once it expired.
+        s.commit(&Batch::default(), Some(&entry(5, Some("k1"))), three)
+            .expect("commit");
+        assert_eq!(
+            s.recorded(&scoped_key("k1", "ops")).expect("k1"),
+            Some(entry(5, Some("k1")))
+        );
+        s.commit(&Batch::default(), Some(&entry(6, None)), three)
+            .expect("commit");
+        assert_eq!(s.recorded(&scoped_key("k2", "ops")).expect("k2"), None);
+    }
+
+    #[test]
+    fn idempotency_keys_are_kept_with_their_log_entries() {
+        let dir = tempdir("keys");
+        let store = Store::open(&dir).expect("store");
+        keys_are_kept_with_their_log_entries(&store);
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn tempdir(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("pcifab-store-{name}-{}", std::process::id()));
@@ -518,6 +703,8 @@ mod tests {
             request: serde_json::json!({"op": "heartbeat", "host": at}),
             ok: true,
             summary: "ok".into(),
+            key: None,
+            reply: None,
         };
         let five = Retention {
             max_entries: 5,
@@ -569,6 +756,8 @@ mod tests {
             request: serde_json::json!({"op": "queue"}),
             ok: true,
             summary: "ok".into(),
+            key: None,
+            reply: None,
         };
         let b = Batch {
             puts: vec![put("a", "k", "v")],

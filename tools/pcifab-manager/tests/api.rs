@@ -364,6 +364,84 @@ fn malformed_and_oversized_bodies_change_nothing() {
     assert!(!r.starts_with("HTTP/1.1 200"), "{r}");
 }
 
+/// `Idempotency-Key` over HTTPS: a repeated `POST /v1/requests` gets the recorded reply
+/// (201, `replayed`, the same lease), another body under the key is 422, a malformed key is
+/// 400 before the body is read; nothing of these makes a second lease.
+#[test]
+fn an_idempotency_key_is_answered_once_over_https() {
+    let w = start("api-idem");
+    let keyed = |key: &str, body: &str| {
+        format!(
+            "POST /v1/requests HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {OPS_TOKEN}\r\n\
+             Idempotency-Key: {key}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let body_of = |r: &str| -> Value {
+        serde_json::from_str(r.split("\r\n\r\n").nth(1).unwrap_or("")).expect("JSON body")
+    };
+    let first = raw(&w, None, &keyed("job-7", &spec_json(1)));
+    assert_eq!(status(&first), 201, "{first}");
+    let again = raw(&w, None, &keyed("job-7", &spec_json(1)));
+    assert_eq!(status(&again), 201, "{again}");
+    let (first, again) = (body_of(&first), body_of(&again));
+    assert_eq!(again["replayed"], json!(true), "{again}");
+    assert_eq!(again["id"], first["id"], "{again}");
+    let other = raw(&w, None, &keyed("job-7", &spec_json(2)));
+    assert_eq!(status(&other), 422, "{other}");
+    assert!(body_of(&other)["error"]
+        .as_str()
+        .is_some_and(|e| e.contains("job-7") && e.contains("already used")));
+    let bad = raw(&w, None, &keyed("job 7", &spec_json(2)));
+    assert_eq!(status(&bad), 400, "{bad}");
+    assert_eq!(w.lease_ids().len(), 1, "a repeat made a lease");
+}
+
+/// A client whose request's outcome stays unknown (every manager of its list takes the
+/// connection and drops it) sends it again with the same key, at most `MAX_SENDS` times,
+/// then gives up saying so; a request without a key is sent once.
+#[test]
+fn the_client_gives_up_after_its_sends_saying_the_outcome_is_unknown() {
+    let w = start("api-giveup");
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let addr = l.local_addr().expect("addr");
+    let taken = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let t2 = taken.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            // Read what the client sends, then drop the connection unanswered.
+            let Ok(mut c) = c else { continue };
+            let _ = c.set_read_timeout(Some(Duration::from_millis(200)));
+            let _ = c.read(&mut [0; 512]);
+            t2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let mut c = w.client(None, Some(OPS_TOKEN));
+    c.url = format!("https://{addr},https://{addr}");
+    let req = Request::Release { id: 1 };
+    let f = c.ask(&req, 0).expect_err("no answer");
+    assert!(
+        f.msg.contains(&format!(
+            "gave up after sending the request {} time(s)",
+            pcifab_manager::client::MAX_SENDS
+        )) && f.msg.contains("may or may not have been carried out"),
+        "{}",
+        f.msg
+    );
+    assert_eq!(
+        taken.load(std::sync::atomic::Ordering::SeqCst),
+        pcifab_manager::client::MAX_SENDS
+    );
+    let f = c.ask_keyed(&req, 0, None).expect_err("no answer");
+    assert!(!f.msg.contains("gave up"), "{}", f.msg);
+    assert_eq!(
+        taken.load(std::sync::atomic::Ordering::SeqCst),
+        pcifab_manager::client::MAX_SENDS + 1,
+        "a request without a key was sent twice"
+    );
+}
+
 #[test]
 fn metrics_and_events_are_served() {
     let w = start("api-metrics");

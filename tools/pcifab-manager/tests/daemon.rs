@@ -1026,6 +1026,94 @@ impl pcifab_manager::store::StateStore for MemStore {
         let l = self.log.lock().expect("log");
         Ok(l[l.len().saturating_sub(n as usize)..].to_vec())
     }
+
+    fn recorded(&self, key: &str) -> Result<Option<pcifab_manager::store::LogEntry>, String> {
+        let l = self.log.lock().expect("log");
+        Ok(l.iter()
+            .rev()
+            .find(|e| e.key.as_deref() == Some(key))
+            .cloned())
+    }
+}
+
+/// A request sent again with its idempotency key (over the control socket's line, as the
+/// API's header does) is carried out once: the repeat gets the recorded reply, also from a
+/// manager started again on the same redb store; another request under the same key is
+/// refused with 422; the same key of another principal is another request.
+#[test]
+fn a_repeated_idempotency_key_is_carried_out_once() {
+    let dir = tempdir("idem");
+    let c = config("hybrid");
+    let sim = Arc::new(Mutex::new(sim_for(&c)));
+    let start = |sim: Arc<Mutex<SimExecutor>>| {
+        Daemon::start(
+            c.clone(),
+            Store::open(&dir).expect("store"),
+            Box::new(sim),
+            Box::new(|| 1000),
+        )
+        .expect("daemon")
+    };
+    let mut d = start(sim.clone());
+    let root = d.principals.by_uid(0).expect("root");
+    let grant = json!({"op": "request", "idempotency_key": "k-1", "spec": {"host": 1,
+                       "want": {"kind": "gpus", "count": 1}, "priority": 1}});
+    let first = d.serve_line(&root, &grant.to_string());
+    assert_eq!(first["granted"], json!(true), "{first}");
+    let binds = sim.lock().expect("sim").log.len();
+    let again = d.serve_line(&root, &grant.to_string());
+    assert_eq!(again["replayed"], json!(true), "{again}");
+    assert_eq!(again["id"], first["id"], "{again}");
+    assert_eq!(leases_of(&mut d).len(), 1, "the repeat was granted again");
+    drop(d);
+    let mut d = start(sim.clone());
+    let again = d.serve_line(&root, &grant.to_string());
+    assert_eq!(
+        (&again["replayed"], &again["lease"]),
+        (&json!(true), &first["lease"]),
+        "{again}"
+    );
+    assert_eq!(sim.lock().expect("sim").log.len(), binds, "acted again");
+    let mut other = grant.clone();
+    other["spec"]["host"] = json!(2);
+    let r = d.serve_line(&root, &other.to_string());
+    assert_eq!(
+        (&r["ok"], &r["status"]),
+        (&json!(false), &json!(422)),
+        "{r}"
+    );
+    assert!(
+        r["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("already used")),
+        "{r}"
+    );
+    let served: pcifab_manager::protocol::Request =
+        serde_json::from_value(other.as_object().map_or(json!({}), |o| {
+            let mut o = o.clone();
+            o.remove("idempotency_key");
+            Value::Object(o)
+        }))
+        .expect("request");
+    assert_eq!(pcifab_manager::protocol::status_of(&served, &r), 422);
+    // Another principal's key of the same name is another request.
+    let r = d.handle_keyed(
+        &serde_json::from_value(grant["spec"].clone())
+            .map(|spec| pcifab_manager::protocol::Request::Request { spec })
+            .expect("spec"),
+        Some("k-1@someone-else"),
+    );
+    assert_eq!(r["granted"], json!(true), "{r}");
+    assert!(r.get("replayed").is_none(), "{r}");
+    assert_eq!(leases_of(&mut d).len(), 2);
+    // Reads ignore a key; a bad key is refused before anything is decided.
+    let r = d.serve_line(&root, r#"{"op":"leases","idempotency_key":"k-1"}"#);
+    assert_eq!(r["ok"], json!(true), "{r}");
+    let r = d.serve_line(&root, r#"{"op":"release","id":1,"idempotency_key":"a b"}"#);
+    assert_eq!(r["refused"], json!(true), "{r}");
+    assert_eq!(leases_of(&mut d).len(), 2);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// With the notices' ring full (4,096) and thousands of requests logged, a grant or a

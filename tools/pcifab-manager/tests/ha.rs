@@ -184,6 +184,8 @@ struct Managers {
     /// `[ha]` lease_ttl_s and timeout_ms: failovers in about 2 s; a timeout under half the
     /// TTL, as the configuration requires.
     timing: (u64, u64),
+    /// Environment variables, by node.
+    env: BTreeMap<String, Vec<(String, String)>>,
 }
 
 impl Managers {
@@ -195,6 +197,7 @@ impl Managers {
             endpoints: BTreeMap::new(),
             extra: BTreeMap::new(),
             timing: (2, 800),
+            env: BTreeMap::new(),
         }
     }
 
@@ -237,6 +240,7 @@ impl Managers {
             .arg(self.sock(node))
             .stdout(Stdio::null())
             .stderr(log)
+            .envs(self.env.get(node).cloned().unwrap_or_default())
             .spawn()
             .expect("start pcifab-manager");
         self.procs.insert(node.into(), child);
@@ -962,50 +966,17 @@ fn a_redb_state_migrates_into_etcd_and_back() {
 #[ignore = "real etcd and managers: make check-ha"]
 fn the_client_follows_the_leader_through_its_list_of_managers() {
     use pcifab_manager::{client::Remote, protocol::Request};
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
     let dir = tempdir("follow");
     let cluster = Cluster::start(&dir, 24700);
-    // A CA and the managers' certificate for 127.0.0.1; an admin with a token.
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca.self_signed(&ca_key).expect("CA");
-    std::fs::write(dir.join("ca.crt"), ca_cert.pem()).expect("ca");
-    let issuer = Issuer::from_params(&ca, &ca_key);
-    let key = KeyPair::generate().expect("key");
-    let mut p = CertificateParams::new(vec!["pcifab-manager".to_string()]).expect("params");
-    p.subject_alt_names
-        .push(SanType::IpAddress("127.0.0.1".parse().expect("ip")));
-    let cert = p.signed_by(&key, &issuer).expect("server cert");
-    std::fs::write(dir.join("server.crt"), cert.pem()).expect("cert");
-    std::fs::write(dir.join("server.key"), key.serialize_pem()).expect("key");
-    let token = "ha-token";
-    let out = Command::new("sh")
-        .args(["-c", &format!("printf %s '{token}' | sha256sum")])
-        .output()
-        .expect("sha256sum");
-    let digest = String::from_utf8_lossy(&out.stdout)[..64].to_string();
     let mut m = Managers::new(&dir, "partition");
-    let nodes = ["a", "b", "c"];
-    let mut urls = Vec::new();
-    for (i, n) in nodes.iter().enumerate() {
-        let port = 24790 + i as u16;
-        urls.push(format!("https://127.0.0.1:{port}"));
-        m.extra.insert(
-            n.to_string(),
-            format!(
-                "[api]\nlisten = \"127.0.0.1:{port}\"\ncert = \"{}\"\nkey = \"{}\"\n\n\
-                 [[principals]]\nname = \"ops\"\nrole = \"admin\"\ntoken_sha256 = \"{digest}\"\n",
-                dir.join("server.crt").display(),
-                dir.join("server.key").display()
-            ),
-        );
+    let (urls, token) = with_api(&mut m, &dir, 24790);
+    for n in ["a", "b", "c"] {
         m.start(n, &cluster.endpoints());
     }
     let client = Remote {
         url: urls.join(","),
         ca: Some(dir.join("ca.crt")),
-        token: Some(token.into()),
+        token: Some(token),
         timeout: Duration::from_secs(30),
         ..Remote::default()
     };
@@ -1036,4 +1007,162 @@ fn the_client_follows_the_leader_through_its_list_of_managers() {
         .collect();
     assert_eq!(ids, vec![a["id"].clone(), b["id"].clone()], "{l}");
     eprintln!("ha: the client's request across the leader's kill took {took:?}");
+}
+
+/// Requests in flight when their leader is killed: the leader stops itself (SIGSTOP, the
+/// test hook `PCIFAB_MANAGER_TEST_STOP_AFTER_KEYED`) right after committing the fourth of
+/// six grants that three clients send at once, before it carries it out or answers, and
+/// is killed with SIGKILL there. Every client (`client::Remote`, the CLI's) sends each
+/// request again with its idempotency key to the list of managers: the request the dead
+/// leader committed is answered by the new leader with its recorded reply (`replayed`),
+/// the others are granted; every acknowledged grant is a lease exactly once, no grant was
+/// applied twice (six leases, one bind each on the fabric).
+#[test]
+#[ignore = "real etcd and managers: make check-ha"]
+fn a_request_committed_by_a_leader_killed_before_it_answered_is_applied_once() {
+    use pcifab_manager::{client::Remote, protocol::Request};
+    let dir = tempdir("inflight");
+    let cluster = Cluster::start(&dir, 24900);
+    let mut m = Managers::new(&dir, "partition");
+    let (urls, token) = with_api(&mut m, &dir, 24990);
+    m.env.insert(
+        "a".into(),
+        vec![("PCIFAB_MANAGER_TEST_STOP_AFTER_KEYED".into(), "4".into())],
+    );
+    m.start("a", &cluster.endpoints());
+    assert_eq!(m.leader(Duration::from_secs(30)), "a");
+    m.start("b", &cluster.endpoints());
+    m.start("c", &cluster.endpoints());
+    let client = Remote {
+        url: urls.join(","),
+        ca: Some(dir.join("ca.crt")),
+        token: Some(token),
+        timeout: Duration::from_secs(30),
+        ..Remote::default()
+    };
+    let t = Instant::now();
+    let (hooked, results) = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..3u8)
+            .map(|c| {
+                let client = &client;
+                s.spawn(move || {
+                    (0..2)
+                        .map(|i| {
+                            let key = format!("c{c}-{i}");
+                            let spec = serde_json::from_value(vf(c)["spec"].clone()).expect("spec");
+                            let r = client.ask_keyed(&Request::Request { spec }, 0, Some(&key));
+                            (key, r.map_err(|f| f.msg))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let hooked = wait_for(
+            "the leader stops after a commit",
+            Duration::from_secs(30),
+            || {
+                let log = std::fs::read_to_string(dir.join("a.log")).ok()?;
+                let k = log.split("test hook: request with key ").nth(1)?;
+                let k = k.split('@').next()?.to_string();
+                let stat =
+                    std::fs::read_to_string(format!("/proc/{}/stat", m.procs["a"].id())).ok()?;
+                let state = stat.rsplit_once(") ")?.1.chars().next()?;
+                (state == 'T').then_some(k)
+            },
+        );
+        m.kill9("a");
+        let results: Vec<_> = clients
+            .into_iter()
+            .flat_map(|h| h.join().expect("client"))
+            .collect();
+        (hooked, results)
+    });
+    let mut ids = BTreeSet::new();
+    let mut replayed = Vec::new();
+    for (key, r) in &results {
+        let (status, v) = r
+            .as_ref()
+            .unwrap_or_else(|e| panic!("request {key} failed: {e}"));
+        assert_eq!((*status, &v["granted"]), (201, &json!(true)), "{key}: {v}");
+        assert!(
+            ids.insert(v["id"].as_u64().expect("id")),
+            "{key}: id twice: {v}"
+        );
+        if v["replayed"] == json!(true) {
+            replayed.push(key.clone());
+        }
+    }
+    let got = leases(&m);
+    assert_eq!(
+        got.keys().copied().collect::<BTreeSet<_>>(),
+        ids,
+        "the leases are not the acknowledged grants"
+    );
+    fabric_matches(&m, &got);
+    let binds = m
+        .read_fabric()
+        .journal
+        .iter()
+        .filter(|e| matches!(e.action, pcifab_manager::scheduler::Action::Bind { .. }))
+        .count();
+    assert_eq!(binds, 6, "one bind per grant");
+    // The stopped leader may also have committed an earlier request whose reply it had not
+    // sent yet: that one is replayed too, and counted once like the others above.
+    assert!(
+        replayed.contains(&hooked),
+        "the request the old leader committed ({hooked}) was not answered with its recorded \
+         reply by the new leader (replayed: {replayed:?})"
+    );
+    eprintln!(
+        "ha: 6 grants from 3 clients, the leader killed after committing {hooked}: all \
+         answered once in {:?}",
+        t.elapsed()
+    );
+    drop(cluster);
+    if !std::thread::panicking() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The HTTPS API for managers a, b and c on `port`, `port` + 1, `port` + 2: a CA and the
+/// managers' certificate for 127.0.0.1 in `dir`, an admin `ops` with a token. The URLs and
+/// the token.
+fn with_api(m: &mut Managers, dir: &Path, port: u16) -> (Vec<String>, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+    // A CA and the managers' certificate for 127.0.0.1; an admin with a token.
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("CA");
+    std::fs::write(dir.join("ca.crt"), ca_cert.pem()).expect("ca");
+    let issuer = Issuer::from_params(&ca, &ca_key);
+    let key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::new(vec!["pcifab-manager".to_string()]).expect("params");
+    p.subject_alt_names
+        .push(SanType::IpAddress("127.0.0.1".parse().expect("ip")));
+    let cert = p.signed_by(&key, &issuer).expect("server cert");
+    std::fs::write(dir.join("server.crt"), cert.pem()).expect("cert");
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).expect("key");
+    let token = "ha-token";
+    let out = Command::new("sh")
+        .args(["-c", &format!("printf %s '{token}' | sha256sum")])
+        .output()
+        .expect("sha256sum");
+    let digest = String::from_utf8_lossy(&out.stdout)[..64].to_string();
+    let nodes = ["a", "b", "c"];
+    let mut urls = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let port = port + i as u16;
+        urls.push(format!("https://127.0.0.1:{port}"));
+        m.extra.insert(
+            n.to_string(),
+            format!(
+                "[api]\nlisten = \"127.0.0.1:{port}\"\ncert = \"{}\"\nkey = \"{}\"\n\n\
+                 [[principals]]\nname = \"ops\"\nrole = \"admin\"\ntoken_sha256 = \"{digest}\"\n",
+                dir.join("server.crt").display(),
+                dir.join("server.key").display()
+            ),
+        );
+    }
+    (urls, token.to_string())
 }
