@@ -712,13 +712,15 @@ fn state(fabric: &Fabric) -> String {
         .iter()
         .map(|m| {
             format!(
-                "{{\"name\":{},\"partition\":{},\"connected\":{},\"mrpc_commands\":{},\"irqs_fired\":{},\"ext_block_accesses\":{}}}",
+                "{{\"name\":{},\"partition\":{},\"connected\":{},\"mrpc_commands\":{},\"irqs_fired\":{},\"ext_block_accesses\":{},\"bar_reads\":{},\"bar_writes\":{}}}",
                 json_str(&m.name),
                 m.partition,
                 m.connected.load(Ordering::Relaxed),
                 m.mrpc_commands.load(Ordering::Relaxed),
                 m.irqs_fired.load(Ordering::Relaxed),
-                m.ext_block_accesses.load(Ordering::Relaxed)
+                m.ext_block_accesses.load(Ordering::Relaxed),
+                m.bar_reads.load(Ordering::Relaxed),
+                m.bar_writes.load(Ordering::Relaxed)
             )
         })
         .collect();
@@ -929,7 +931,7 @@ mod tests {
         );
         assert!(s.contains("\"product_id\":\"PAX 28XG4\""), "{s}");
         assert!(
-            s.contains("{\"name\":\"h1\",\"partition\":1,\"connected\":false,\"mrpc_commands\":0,\"irqs_fired\":0,\"ext_block_accesses\":0}"),
+            s.contains("{\"name\":\"h1\",\"partition\":1,\"connected\":false,\"mrpc_commands\":0,\"irqs_fired\":0,\"ext_block_accesses\":0,\"bar_reads\":0,\"bar_writes\":0}"),
             "{s}"
         );
         assert_eq!(
@@ -937,6 +939,33 @@ mod tests {
             "{\"ok\":false,\"error\":\"unknown request 'x'; try ping or state\"}"
         );
         assert!(handle("ping 1", &f).contains("takes no arguments"));
+    }
+
+    #[test]
+    fn state_counts_the_hosts_bar_accesses() {
+        use crate::mep::{REGION_BAR0, REGION_BAR4, REGION_CONFIG};
+        let f = fabric();
+        let m = &f.meps[0];
+        let mut b = [0u8; 4];
+        // Two BAR0 reads (the MRPC input buffer and the status), one BAR4 read, one BAR0
+        // write of the input buffer (no command); config space is not a BAR.
+        m.region_read(REGION_BAR0, 0, &mut b).unwrap();
+        m.region_read(REGION_BAR0, crate::gas::MRPC_STATUS, &mut b)
+            .unwrap();
+        m.region_read(REGION_BAR4, 0, &mut b).unwrap();
+        m.region_write(REGION_BAR0, 0, &[1, 2, 3, 4]).unwrap();
+        m.region_read(REGION_CONFIG, 0, &mut b).unwrap();
+        m.region_write(REGION_CONFIG, 0x4, &[0, 0]).unwrap();
+        let s = handle("state", &f);
+        assert!(
+            s.contains("\"ext_block_accesses\":0,\"bar_reads\":3,\"bar_writes\":1}"),
+            "{s}"
+        );
+        // The other host's counts are its own.
+        assert!(
+            s.contains("\"name\":\"h1\",\"partition\":1,\"connected\":false,\"mrpc_commands\":0,\"irqs_fired\":0,\"ext_block_accesses\":0,\"bar_reads\":0,\"bar_writes\":0}"),
+            "{s}"
+        );
     }
 
     #[test]

@@ -169,6 +169,11 @@ pub struct Mep {
     /// Host reads and writes of the extension register block while the firmware has none
     /// (the PAX dialect): a driver that speaks PAX never makes one.
     pub ext_block_accesses: AtomicU64,
+    /// The host's reads and writes of the MEP's BARs (0, 2 and 4; not its config space) that
+    /// reached the emulator, whatever they touched: what a driver's MMIO costs, counted in
+    /// accesses rather than time (`pcifab-harness bench`'s `mrpc_mmio_per_command`).
+    pub bar_reads: AtomicU64,
+    pub bar_writes: AtomicU64,
     pub faults: Mutex<Faults>,
     /// The command an `mrpc-hang` or `firmware-dead` fault swallowed, still INPROGRESS.
     hung: Mutex<Option<Job>>,
@@ -223,6 +228,8 @@ impl Mep {
             mrpc_commands: AtomicU64::new(0),
             irqs_fired: AtomicU64::new(0),
             ext_block_accesses: AtomicU64::new(0),
+            bar_reads: AtomicU64::new(0),
+            bar_writes: AtomicU64::new(0),
             faults: Mutex::new(Faults::default()),
             hung: Mutex::new(None),
             hostile: Mutex::new(hostile::State::default()),
@@ -367,8 +374,21 @@ impl Mep {
         }
     }
 
+    /// Counts a host access of one of the BARs in [`Mep::bar_reads`] or [`Mep::bar_writes`].
+    fn note_bar_access(&self, region: u32, write: bool) {
+        if matches!(region, REGION_BAR0 | REGION_BAR2 | REGION_BAR4) {
+            let c = if write {
+                &self.bar_writes
+            } else {
+                &self.bar_reads
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     pub fn region_read(&self, region: u32, off: u64, buf: &mut [u8]) -> Result<(), String> {
         self.note_ext_block(region, off);
+        self.note_bar_access(region, false);
         let inner = self.lock();
         match region {
             REGION_BAR0 => {
@@ -420,6 +440,7 @@ impl Mep {
 
     pub fn region_write(&self, region: u32, off: u64, data: &[u8]) -> Result<(), String> {
         self.note_ext_block(region, off);
+        self.note_bar_access(region, true);
         if region == REGION_BAR2 {
             return p2p::window_write(self, off, data);
         }

@@ -338,13 +338,38 @@ fn vfio_user_session_against_the_mep() {
     assert!(state.contains("\"die_temp_centi\":4500"), "{state}");
     assert!(
         state.contains(
-            "{\"name\":\"h1\",\"partition\":1,\"connected\":true,\"mrpc_commands\":4,\"irqs_fired\":1,\"ext_block_accesses\":0}"
+            "{\"name\":\"h1\",\"partition\":1,\"connected\":true,\"mrpc_commands\":4,\"irqs_fired\":1,\"ext_block_accesses\":0,\"bar_reads\":"
         ),
         "{state}"
     );
     assert!(
         state.contains("{\"name\":\"h0\",\"partition\":0,\"connected\":false,"),
         "{state}"
+    );
+    // Every BAR access of the client is one count; config space is none.
+    let bar = |state: &str, k: &str| -> u64 {
+        let h1 = &state[state.find("{\"name\":\"h1\"").expect("h1 in state")..];
+        let at = h1.find(&format!("\"{k}\":")).expect(k) + k.len() + 3;
+        h1[at..]
+            .split(|ch: char| !ch.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("a count")
+    };
+    let (r0, w0) = (bar(&state, "bar_reads"), bar(&state, "bar_writes"));
+    c.read32(BAR0, SYS_INFO);
+    c.read32(BAR0, MRPC_STATUS);
+    c.read(BAR0, SYS_INFO + 0x13c, 8);
+    c.write32(BAR0, 0, 7); // the MRPC input buffer: no command
+    c.read(CONFIG, 0, 4);
+    let after = emu.control("state");
+    assert_eq!(
+        (
+            bar(&after, "bar_reads") - r0,
+            bar(&after, "bar_writes") - w0
+        ),
+        (3, 1),
+        "{after}"
     );
     assert_eq!(
         emu.control("frobnicate"),

@@ -519,6 +519,14 @@ pub struct Fabric {
     pub slurm: bool,
 }
 
+/// What [`EmuControl::host_counters`] reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostCounters {
+    pub mrpc_commands: u64,
+    pub bar_reads: u64,
+    pub bar_writes: u64,
+}
+
 /// The emulator's control socket, for scenarios.
 #[derive(Clone)]
 pub struct EmuControl {
@@ -559,6 +567,30 @@ impl EmuControl {
     }
 
     /// The emulator's count of MRPC commands host `name` started.
+    /// Host `name`'s counters in the emulator's `state`: MRPC commands picked up and BAR
+    /// reads and writes that reached the emulator.
+    pub fn host_counters(&self, name: &str) -> Result<HostCounters, String> {
+        let v = self.request("state")?;
+        let h = v
+            .get("hosts")
+            .and_then(|h| h.as_array())
+            .and_then(|a| {
+                a.iter()
+                    .find(|h| h.get("name").and_then(|n| n.as_str()) == Some(name))
+            })
+            .ok_or_else(|| format!("emulator state has no host {name}: {v}"))?;
+        let n = |k: &str| {
+            h.get(k)
+                .and_then(|c| c.as_u64())
+                .ok_or_else(|| format!("emulator state has no {k} for host {name}: {h}"))
+        };
+        Ok(HostCounters {
+            mrpc_commands: n("mrpc_commands")?,
+            bar_reads: n("bar_reads")?,
+            bar_writes: n("bar_writes")?,
+        })
+    }
+
     pub fn mrpc_commands(&self, name: &str) -> Result<u64, String> {
         let v = self.request("state")?;
         v.get("hosts")

@@ -345,6 +345,127 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
 
 static HARNESS_LOG: OnceLock<Mutex<File>> = OnceLock::new();
 
+/// The MRPC table's lines (`bench::mrpc`; Documentation/benchmarks.rst).
+fn say_mrpc(points: &[bench::Point], paths: &bench::Paths) -> Result<(), String> {
+    say(&format!(
+        "# MRPC echo, one guest (TCG): per completion delay, {} alternations of pcifab's ioctl \
+         then switchtec.ko's /dev/switchtec0, {} round trips per point and alternation after a \
+         warm-up ({} per point and driver); the emulated firmware completes each command \
+         <delay> us after the command-register write; [95 % intervals over the alternations]; \
+         mmio: the host's BAR reads + writes per round trip, counted by the emulator",
+        bench::ALTERNATIONS,
+        bench::POINT_COUNT,
+        bench::ALTERNATIONS as u64 * bench::POINT_COUNT
+    ));
+    say(&format!(
+        "# completion path: pcifab {}; switchtec {}",
+        paths.pcifab, paths.switchtec
+    ));
+    say("# delay_us  bytes  callers | pcifab rate/s  p50_us  p99_us | switchtec rate/s  p50_us  p99_us | rate_ratio [95 %]  p99_ratio [95 %] | mmio pcifab  switchtec | verdict");
+    let ci = |(lo, hi): (f64, f64)| format!("[{lo:.3}-{hi:.3}]");
+    let mut met = 0;
+    for p in points {
+        let verdict = if p.meets_goal() { "ok" } else { "MISSED" };
+        if p.meets_goal() {
+            met += 1;
+        }
+        say(&format!(
+            "bench mrpc {:>5} {:>6} {:>3} | {:>9.1} {:>7.0} {:>7.0} | {:>9.1} {:>7.0} {:>7.0} | {:>6.3} {} {:>6.3} {} | {:>6.2} {:>6.2} | {verdict}",
+            p.delay_us,
+            p.size,
+            p.callers,
+            p.pcifab.rate(),
+            p.pcifab.p50_us(),
+            p.pcifab.p99_us(),
+            p.switchtec.rate(),
+            p.switchtec.p50_us(),
+            p.switchtec.p99_us(),
+            p.rate_ratio(),
+            ci(p.rate_ratio_ci()),
+            p.p99_ratio(),
+            ci(p.p99_ratio_ci()),
+            p.pcifab.mmio_per_echo(),
+            p.switchtec.mmio_per_echo(),
+        ));
+    }
+    say(&format!(
+        "bench mrpc_points_meeting_goal {met} of {}",
+        points.len()
+    ));
+    say("# MMIO per MRPC command: the host's reads + writes of the MEP's BARs per echo round trip (reads, writes), 1 caller; commands: MRPC commands the emulator picked up per round trip");
+    let mut mmio_met = 0;
+    for p in points {
+        let v = if p.mmio_meets_goal() { "ok" } else { "MISSED" };
+        if p.mmio_meets_goal() {
+            mmio_met += 1;
+        }
+        if p.callers != 1 {
+            continue;
+        }
+        let side = |s: &bench::Side| {
+            format!(
+                "{:>6.2} ({:.2} reads, {:.2} writes; commands {:.3})",
+                s.mmio_per_echo(),
+                s.reads_per_echo(),
+                s.writes_per_echo(),
+                s.commands_per_echo()
+            )
+        };
+        say(&format!(
+            "bench mrpc_mmio_per_command {:>5} {:>6} | pcifab {} | switchtec {} | {v}",
+            p.delay_us,
+            p.size,
+            side(&p.pcifab),
+            side(&p.switchtec)
+        ));
+    }
+    say(&format!(
+        "bench mrpc_mmio_points_meeting_goal {mmio_met} of {}",
+        points.len()
+    ));
+    let head = points
+        .iter()
+        .find(|p| p.delay_us == 20 && p.size == 64 && p.callers == 1)
+        .ok_or("MRPC bench: no 20 us, 64 B, 1 caller point")?;
+    let (rl, rh) = head.rate_ratio_ci();
+    let (pl, ph) = head.p99_ratio_ci();
+    say(&format!(
+        "bench mrpc_echo_ratio_vs_switchtec_irq {:.3}",
+        head.rate_ratio()
+    ));
+    say(&format!(
+        "bench mrpc_echo_ratio_vs_switchtec_irq_ci95_low {rl:.3}"
+    ));
+    say(&format!(
+        "bench mrpc_echo_ratio_vs_switchtec_irq_ci95_high {rh:.3}"
+    ));
+    say(&format!(
+        "bench mrpc_echo_p99_ratio_vs_switchtec_irq {:.3}",
+        head.p99_ratio()
+    ));
+    say(&format!(
+        "bench mrpc_echo_p99_ratio_vs_switchtec_irq_ci95_low {pl:.3}"
+    ));
+    say(&format!(
+        "bench mrpc_echo_p99_ratio_vs_switchtec_irq_ci95_high {ph:.3}"
+    ));
+    for size in bench::SIZES {
+        let p = points
+            .iter()
+            .find(|p| p.delay_us == 20 && p.size == size && p.callers == 1)
+            .ok_or_else(|| format!("MRPC bench: no 20 us, {size} B, 1 caller point"))?;
+        say(&format!(
+            "bench mrpc_mmio_per_command_{size}_pcifab {:.2}",
+            p.pcifab.mmio_per_echo()
+        ));
+        say(&format!(
+            "bench mrpc_mmio_per_command_{size}_switchtec {:.2}",
+            p.switchtec.mmio_per_echo()
+        ));
+    }
+    Ok(())
+}
+
 /// Prints a line and copies it to RESULTS/harness.log.
 pub(crate) fn say(line: &str) {
     println!("{line}");
@@ -773,59 +894,11 @@ impl Run {
         let filter = self.opts.filter.as_deref().map(str::to_lowercase);
         let want = |part: &str| filter.as_deref().is_none_or(|f| filter_matches(f, part));
         if want("mrpc") {
-            fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(1800)));
+            fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(3600)));
             let r = bench::mrpc(fabric);
             fabric.set_deadline(None);
             let (points, paths) = r?;
-            say(&format!(
-                "# MRPC echo, one guest (TCG): {} round trips per point after a warm-up, pcifab's \
-                 ioctl vs switchtec.ko's /dev/switchtec0; the emulated firmware completes each \
-                 command <delay> us after the command-register write",
-                bench::POINT_COUNT
-            ));
-            say(&format!(
-                "# completion path: pcifab {}; switchtec {}",
-                paths.pcifab, paths.switchtec
-            ));
-            say("# delay_us  bytes  callers | pcifab rate/s  p50_us  p99_us | switchtec rate/s  p50_us  p99_us | rate_ratio  p99_ratio  verdict");
-            let mut missed = 0;
-            for p in &points {
-                let verdict = if p.meets_goal() { "ok" } else { "MISSED" };
-                if !p.meets_goal() {
-                    missed += 1;
-                }
-                say(&format!(
-                    "bench mrpc {:>5} {:>6} {:>3} | {:>9.1} {:>7.0} {:>7.0} | {:>9.1} {:>7.0} {:>7.0} | {:>6.3} {:>6.3} {verdict}",
-                    p.delay_us,
-                    p.size,
-                    p.callers,
-                    p.pcifab.rate,
-                    p.pcifab.p50_us,
-                    p.pcifab.p99_us,
-                    p.switchtec.rate,
-                    p.switchtec.p50_us,
-                    p.switchtec.p99_us,
-                    p.rate_ratio(),
-                    p.p99_ratio()
-                ));
-            }
-            say(&format!(
-                "bench mrpc_points_meeting_goal {} of {}",
-                points.len() - missed,
-                points.len()
-            ));
-            let head = points
-                .iter()
-                .find(|p| p.delay_us == 20 && p.size == 64 && p.callers == 1)
-                .ok_or("MRPC bench: no 20 us, 64 B, 1 caller point")?;
-            say(&format!(
-                "bench mrpc_echo_ratio_vs_switchtec_irq {:.3}",
-                head.rate_ratio()
-            ));
-            say(&format!(
-                "bench mrpc_echo_p99_ratio_vs_switchtec_irq {:.3}",
-                head.p99_ratio()
-            ));
+            say_mrpc(&points, &paths)?;
             self.chart(
                 "bench-mrpc-echo.svg",
                 "MRPC echo rate against payload size: pcifab vs switchtec.ko (TCG, one guest)",
@@ -915,7 +988,14 @@ impl Run {
             fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
             let r = bench::peer(fabric);
             fabric.set_deadline(None);
-            Self::say_peer(&r?);
+            let rounds = r?;
+            Self::say_peer(&rounds);
+            self.chart(
+                "bench-bind-unbind.svg",
+                "Bind and unbind of 0x0300: pcifab vs switchtec.ko + switchtec-user, per alternation (TCG, guest clock)",
+                &bench::peer_panels(&rounds),
+                &mut chart_errors,
+            );
         }
         if want("p2p") {
             // The P2P set-up unbinds every host's functions first: h1 runs again (idle) from here.
@@ -958,23 +1038,35 @@ impl Run {
                 "bench p2p_efficiency_vs_memcpy {:.3}",
                 at16.efficiency()
             ));
+            let l = &p2p.lat;
+            let (lo, hi) = bench::ratio_t_interval(&l.round_ratios());
+            let kib = scenarios::p2p::LAT_BYTES / 1024;
             say(&format!(
-                "# {} KiB copy latency: p50 {:.1} us (p99 {:.1} us) over {} copies 0x0300:0 -> \
-                 0x0400:0, one ioctl each; 64-byte MRPC echo round trip: p50 {:.0} us over {}; both \
-                 in {} with the emulator's MRPC completion delay at {} us (its setting during the \
-                 P2P bench)",
-                scenarios::p2p::LAT_BYTES / 1024,
-                p2p.copy_p50_us,
-                p2p.copy_p99_us,
-                p2p.copy_count,
-                p2p.echo.p50_us,
-                p2p.echo_count,
+                "# {kib} KiB latency in {}, guest clock, {} rounds of {} each, copy by copy \
+                 alternating: fabric copy 0x0300:0 -> 0x0400:0 (one ioctl) p50 per round {:?} us, \
+                 p99 of all {:.1} us; CPU bounce (read BAR2 of 0x0300, write BAR2 of 0x0400) p50 \
+                 per round {:?} us",
                 fabric.hosts[0].name,
-                p2p.completion_us
+                l.rounds.len(),
+                l.count,
+                l.rounds,
+                l.p99_us,
+                l.bounce_rounds
+            ));
+            say(&format!("bench p2p_4k_latency_us {:.2}", l.p50_us));
+            say(&format!(
+                "bench p2p_4k_bounce_latency_us {:.2}",
+                l.bounce_p50_us
             ));
             say(&format!(
-                "bench p2p_4k_latency_in_echo_round_trips {:.3}",
-                p2p.copy_p50_us / p2p.echo.p50_us
+                "bench p2p_4k_latency_ratio_vs_bounce {:.3}",
+                l.p50_us / l.bounce_p50_us
+            ));
+            say(&format!(
+                "bench p2p_4k_latency_ratio_vs_bounce_ci95_low {lo:.3}"
+            ));
+            say(&format!(
+                "bench p2p_4k_latency_ratio_vs_bounce_ci95_high {hi:.3}"
             ));
             self.chart(
                 "bench-p2p-throughput.svg",
@@ -994,23 +1086,23 @@ impl Run {
             let (mut t, first) = r?;
             t.sort_by(f64::total_cmp);
             say(&format!(
-                "# the first request after the manager's start, not in the figures: {first:.1} ms"
+                "# the first request after the manager's start, not in the figures: {first:.3} ms"
             ));
             let pct = |q: f64| t[((t.len() - 1) as f64 * q).round() as usize];
             say(&format!(
                 "# {} GPU requests made on h1 with pcifab --manager over the management network \
-                 (TLS 1.3, client certificate), command start to exit with the grant, ms: min \
-                 {:.1}, max {:.1}",
+                 (TLS 1.3, client certificate), command start to exit with the grant (h1's \
+                 monotonic clock, us), ms: min {:.3}, max {:.3}",
                 t.len(),
                 t[0],
                 t[t.len() - 1]
             ));
             say(&format!(
-                "bench manager_request_p50_ms_from_h1 {:.1}",
+                "bench manager_request_p50_ms_from_h1 {:.3}",
                 pct(0.5)
             ));
             say(&format!(
-                "bench manager_request_p99_ms_from_h1 {:.1}",
+                "bench manager_request_p99_ms_from_h1 {:.3}",
                 pct(0.99)
             ));
         }

@@ -19,10 +19,6 @@
 //!   binding; the commands h0's driver issued from before the bind until the fabric is quiet
 //!   again (and the emulator's count of h0's commands, which must agree) are the cost of
 //!   refreshing after one bind event.
-//! - **view memory**: computed, not measured: the driver exposes no figure. The view
-//!   (`src/fabric.rs` `View`) is 104 bytes plus one `KVec` each of `Port` (5 bytes),
-//!   `Host` (2) and `Function` (20 bytes) entries, sized exactly; the allocator rounds each
-//!   array up to its kmalloc class (or to whole pages above 8 KiB).
 //! - **`pcifab list`**: its wall time, median of 5, each after more than a second idle (so
 //!   each includes the driver's read, as a list run by hand does), timed inside the guest.
 //!
@@ -121,30 +117,6 @@ pub fn full_read_commands(functions: usize) -> usize {
     let topo = 56 + 32 * PORTS;
     let gets = (pax_all_bytes(functions) / 4).div_ceil(253);
     3 + topo.div_ceil(1000) + 2 + gets
-}
-
-/// What a slab allocation of `n` bytes takes (SLUB's kmalloc classes up to 8 KiB, whole
-/// pages in powers of two above).
-fn kmalloc_size(n: usize) -> usize {
-    match n {
-        0 => 0,
-        1..=8 => 8,
-        65..=96 => 96,
-        129..=192 => 192,
-        9..=8192 => n.next_power_of_two(),
-        _ => n.div_ceil(4096).next_power_of_two() * 4096,
-    }
-}
-
-/// The driver's view of a fabric (`src/fabric.rs`): (bytes of the structs, bytes the
-/// allocator hands out). The `View` itself, 104 bytes on 64-bit, and three arrays.
-pub fn view_bytes(ports: usize, hosts: usize, functions: usize) -> (usize, usize) {
-    const VIEW: usize = 104;
-    let arrays = [ports * 5, hosts * 2, functions * 20];
-    (
-        VIEW + arrays.iter().sum::<usize>(),
-        VIEW + arrays.iter().map(|&a| kmalloc_size(a)).sum::<usize>(),
-    )
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -564,11 +536,10 @@ fn report(rows: &[Row]) {
          endpoints; in h0; times in ms inside the guest, median of {SAMPLES}; mrpc = commands \
          h0's driver issued (sysfs mrpc_commands)"
     ));
-    say("# scale functions | inventory: mrpc (computed) read_ms fw_read_ms stale_list_json_ms cached_list_json_ms | list_ms list_mrpc | bind event: pdfid events mrpc lists | view bytes (allocated) | dump bytes");
+    say("# scale functions | inventory: mrpc (computed) read_ms fw_read_ms stale_list_json_ms cached_list_json_ms | list_ms list_mrpc | bind event: pdfid events mrpc lists | dump bytes");
     for r in rows {
-        let (view, alloc) = view_bytes(PORTS, HOSTS, r.functions);
         say(&format!(
-            "# scale {:>5} | {:>4} ({:>4}) {:>7.1} {:>6.1} {:>7.1} {:>7.1} | {:>7.1} {:>4} | {} {} {:>4} {} | {} ({}) | {}",
+            "# scale {:>5} | {:>4} ({:>4}) {:>7.1} {:>6.1} {:>7.1} {:>7.1} | {:>7.1} {:>4} | {} {} {:>4} {} | {}",
             r.functions,
             r.inventory_mrpc(),
             full_read_commands(r.functions),
@@ -582,8 +553,6 @@ fn report(rows: &[Row]) {
             r.bind_events,
             r.bind_mrpc,
             r.bind_lists,
-            view,
-            alloc,
             pax_all_bytes(r.functions)
         ));
         say(&format!(
@@ -621,7 +590,6 @@ fn report(rows: &[Row]) {
             r.functions, r.bind_view_age_ms
         ));
     }
-    say("# scale: view bytes are computed from src/fabric.rs's structs (View 104, Port 5, Host 2, Function 20 bytes), not measured");
     let at = |n: usize| rows.iter().find(|r| r.functions == n);
     if let Some(r) = at(1024) {
         say(&format!(
@@ -642,10 +610,6 @@ fn report(rows: &[Row]) {
             "bench scale_list_ms_1024 {:.1}",
             median(&r.list_ms)
         ));
-        say(&format!(
-            "bench scale_view_bytes_1024 {}",
-            view_bytes(PORTS, HOSTS, 1024).0
-        ));
     }
     match (at(64), at(1024)) {
         (Some(a), Some(b)) => say(&format!(
@@ -658,6 +622,44 @@ fn report(rows: &[Row]) {
         )),
         _ => say("# scale: the verdict needs the sizes 64 and 1024"),
     }
+}
+
+/// The scale chart: per size, the commands of a full read (measured and computed) and of
+/// one bind event, and the times of a read and of `pcifab list`.
+fn scale_panels(rows: &[Row]) -> Vec<crate::charts::Panel> {
+    use crate::charts::{Panel, Scale, Series};
+    let line = |name: &str, f: &dyn Fn(&Row) -> f64| Series {
+        name: name.into(),
+        points: rows.iter().map(|r| (r.functions as f64, f(r))).collect(),
+    };
+    vec![
+        Panel {
+            title: "MRPC commands of h0's driver".into(),
+            x_label: "functions in the fabric".into(),
+            y_label: "commands".into(),
+            x: Scale::Linear,
+            y: Scale::Linear,
+            series: vec![
+                line("full read (measured)", &|r| r.inventory_mrpc() as f64),
+                line("full read (computed)", &|r| {
+                    full_read_commands(r.functions) as f64
+                }),
+                line("one bind event", &|r| r.bind_mrpc as f64),
+            ],
+        },
+        Panel {
+            title: "Time in h0 (median of 5)".into(),
+            x_label: "functions in the fabric".into(),
+            y_label: "ms".into(),
+            x: Scale::Linear,
+            y: Scale::Linear,
+            series: vec![
+                line("full read (guest clock)", &|r| r.inventory_ms()),
+                line("full read (emulator's log)", &|r| median(&r.fw_read_ms)),
+                line("pcifab list", &|r| median(&r.list_ms)),
+            ],
+        },
+    ]
 }
 
 /// `pcifab-harness bench-scale`.
@@ -734,6 +736,22 @@ pub(crate) fn main(mut opts: Opts) -> ExitCode {
         }
     }
     report(&rows);
+    // A chart that cannot be written fails the run, after every figure.
+    let mut chart_failed = false;
+    if !rows.is_empty() {
+        let path = top.join("bench-scale.svg");
+        match crate::charts::write_svg(
+            &path,
+            "Fabric scale: h0's driver against the functions in the fabric (TCG)",
+            &scale_panels(&rows),
+        ) {
+            Ok(()) => say(&format!("# chart: {}", path.display())),
+            Err(e) => {
+                say(&format!("# chart not written: {e}"));
+                chart_failed = true;
+            }
+        }
+    }
     say(&format!(
         "# total {:.1} s; logs in {}",
         start.elapsed().as_secs_f64(),
@@ -742,7 +760,7 @@ pub(crate) fn main(mut opts: Opts) -> ExitCode {
     if procs::interrupted() {
         return ExitCode::from(130);
     }
-    if failed {
+    if failed || chart_failed {
         ExitCode::FAILURE
     } else {
         say("bench-scale: done");
@@ -778,6 +796,41 @@ mod tests {
     }
 
     #[test]
+    fn scale_chart_data() {
+        let row = |functions: usize, mrpc: u64| Row {
+            functions,
+            seen: (0, 0, 0),
+            stamp_ms: 0.0,
+            stale_ms: vec![10.0, 12.0, 11.0],
+            stale_mrpc: vec![mrpc; 3],
+            cached_ms: vec![1.0; 3],
+            cached_mrpc: vec![0; 3],
+            list_ms: vec![30.0],
+            list_mrpc: vec![0],
+            bind_pdfid: String::new(),
+            bind_events: 1,
+            bind_mrpc: 1,
+            bind_mrpc_emu: 1,
+            bind_lists: 1,
+            bind_view_age_ms: 0.0,
+            fw_read_ms: vec![7.5],
+        };
+        let p = scale_panels(&[row(64, 16), row(1024, 51)]);
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].series[0].points, [(64.0, 16.0), (1024.0, 51.0)]);
+        assert_eq!(p[0].series[1].points, [(64.0, 16.0), (1024.0, 51.0)]);
+        assert_eq!(p[0].series[2].points, [(64.0, 1.0), (1024.0, 1.0)]);
+        assert_eq!(p[1].series[0].points, [(64.0, 10.0), (1024.0, 10.0)]);
+        assert_eq!(p[1].series[2].points, [(64.0, 30.0), (1024.0, 30.0)]);
+        let dir = std::env::temp_dir().join(format!("pcifab-scale-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        crate::charts::write_svg(&dir.join("scale.svg"), "scale", &p).unwrap();
+        let svg = std::fs::read_to_string(dir.join("scale.svg")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(svg.contains("one bind event"));
+    }
+
+    #[test]
     fn computed_costs() {
         // 48 hosts of 136 bytes dominate the small fabric's dump.
         assert_eq!(
@@ -787,15 +840,6 @@ mod tests {
         assert_eq!(full_read_commands(64), 16);
         assert_eq!(full_read_commands(256), 23);
         assert_eq!(full_read_commands(1024), 51);
-        assert_eq!(
-            view_bytes(52, 48, 1024),
-            (104 + 260 + 96 + 20480, 104 + 512 + 96 + 32768)
-        );
-        assert_eq!(view_bytes(52, 48, 64).1, 104 + 512 + 96 + 2048);
-        assert_eq!(kmalloc_size(5120), 8192);
-        assert_eq!(kmalloc_size(100), 128);
-        assert_eq!(kmalloc_size(150), 192);
-        assert_eq!(kmalloc_size(8192), 8192);
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
     }
 

@@ -54,6 +54,8 @@ mod nocap;
 mod p2p;
 #[path = "selftest/stall.rs"]
 mod stall;
+#[path = "selftest/time.rs"]
+mod time;
 #[path = "selftest/unpriv.rs"]
 mod unpriv;
 
@@ -64,9 +66,10 @@ const USAGE: &str = "\
 usage: pcifab-selftest COMMAND [OPTIONS]
 
 commands:
-  echo --count N [--seed S] [--size B] [--device PATH]
+  echo --count N [--seed S] [--size B] [--latencies] [--device PATH]
         N MRPC echo (0x41) round trips, random payload sizes 0..=1024 (or B bytes),
-        random bytes, each output compared byte for byte; rate and p50/p99 latency
+        random bytes, each output compared byte for byte; rate and p50/p99 latency;
+        --latencies: also every round trip's latency in us, in order (lat_us)
   concurrent --procs P --count N [--seed S] [--device PATH]
         P processes at once, N echoes each with their own byte pattern; STATS must
         grow by exactly P*N commands
@@ -80,7 +83,7 @@ commands:
         errno it ended with; SIGUSR1 interrupts it (EINTR)
   mrpc CMD [--in HEX] [--out-len N] [--timeout MS] [--expect ERRNO] [--device PATH]
         one command; reports errno, status, return value, output and elapsed time
-  switchtec-echo --count N [--seed S] [--size B] [--device PATH]
+  switchtec-echo --count N [--seed S] [--size B] [--latencies] [--device PATH]
         like echo, through the in-tree C driver's /dev/switchtec0 (write the 4-byte
         command id and the input, read the 4-byte return value and the output)
   bar --device BDF (--write SEED | --check SEED | --check-zero)
@@ -113,6 +116,7 @@ fn more_usage() -> String {
         nocap::USAGE,
         stall::USAGE,
         caps::USAGE,
+        time::USAGE,
     ]
     .concat()
 }
@@ -148,6 +152,7 @@ fn main() -> ExitCode {
         "nocap" => Some(nocap::cmd_nocap),
         "stall-inventory" => Some(stall::cmd_stall_inventory),
         "as-admin" => Some(caps::cmd_as_admin),
+        "time" => Some(time::cmd_time),
         _ => None,
     };
     let r = if let Some(run) = p2p_cmd {

@@ -1116,13 +1116,27 @@ pub fn start_again(f: &mut Fabric, k: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// The microseconds of one `pcifab-selftest time` line.
+fn request_us(line: &str) -> Result<f64, String> {
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+        format!("h1: a timing line is not pcifab-selftest time's JSON ({e}): {line:?}")
+    })?;
+    match (v["us"].as_u64(), v["code"].as_i64()) {
+        (Some(us), Some(0)) => Ok(us as f64),
+        _ => Err(format!(
+            "h1: a timing line without us or with a failed command: {line:?}"
+        )),
+    }
+}
+
 /// Request round trips of `make bench`'s manager figure.
-pub const BENCH_REQUESTS: usize = 40;
+pub const BENCH_REQUESTS: usize = 200;
 
 /// `make bench`: [`BENCH_REQUESTS`] requests for a GPU made on h1 with `pcifab --manager`
-/// over the management network, each timed in h1 from the command's start to its exit with
-/// the grant (TLS handshake, the API, the decision, the bind command), then released
-/// (untimed), after one more request made the same way right after the manager's start.
+/// over the management network, each timed in h1 by `pcifab-selftest time` (the monotonic
+/// clock, us) from the command's start to its exit with the grant (TLS handshake, the API,
+/// the decision, the bind command), then released (untimed), after one more request made
+/// the same way right after the manager's start.
 /// Returns the times in ms of the [`BENCH_REQUESTS`] and of that first one: about 1.3 s
 /// under TCG, the first run of the TLS and HTTP code in both guests (not ARP: a ping just
 /// before takes 50 ms; natively the first request is as fast as the rest).
@@ -1148,28 +1162,20 @@ pub fn bench_requests(f: &mut Fabric) -> Result<(Vec<f64>, f64), String> {
         let o = h1.run_ok_timeout(
             &format!(
                 "for i in $(seq 0 {BENCH_REQUESTS}); do\n\
-                   read t0 _ < /proc/uptime\n\
-                   {net} request --gpus 1 --host 1 --priority 5 --duration 600 --json \
-                     > /tmp/bench-req.json || {{ cat /tmp/bench-req.json; exit 1; }}\n\
-                   read t1 _ < /proc/uptime\n\
+                   pcifab-selftest time -- {net} request --gpus 1 --host 1 --priority 5 \
+                     --duration 600 --json > /tmp/bench-req.json 2> /tmp/bench-time.json \
+                     || {{ cat /tmp/bench-req.json /tmp/bench-time.json; exit 1; }}\n\
                    grep -q '\"granted\":true' /tmp/bench-req.json || {{ echo 'not granted:'; cat /tmp/bench-req.json; exit 1; }}\n\
                    id=$(sed -n 's/.*\"id\":\\([0-9]*\\),\"lease\".*/\\1/p' /tmp/bench-req.json)\n\
                    [ -n \"$id\" ] || {{ echo 'no id in:'; cat /tmp/bench-req.json; exit 1; }}\n\
-                   echo \"t $t0 $t1\"\n\
+                   echo \"t $(grep '^{{\"test\":\"time\"' /tmp/bench-time.json)\"\n\
                    {net} release $id >/dev/null || exit 1\n\
                  done"
             ),
-            Duration::from_secs(900),
+            Duration::from_secs(1800),
         )?;
-        // /proc/uptime (busybox's date has no %N): seconds with 10 ms resolution.
         for l in o.lines().filter_map(|l| l.strip_prefix("t ")) {
-            let mut it = l.split_whitespace().map(|n| n.parse::<f64>());
-            match (it.next(), it.next()) {
-                (Some(Ok(t0)), Some(Ok(t1))) if t1 >= t0 && t0 > 0.0 => {
-                    times.push((t1 - t0) * 1000.0);
-                }
-                _ => return Err(format!("h1: a timing line is not two uptimes: {l:?}")),
-            }
+            times.push(request_us(l)? / 1000.0);
         }
         if times.len() != BENCH_REQUESTS + 1 {
             return Err(format!(
@@ -1182,4 +1188,21 @@ pub fn bench_requests(f: &mut Fabric) -> Result<(Vec<f64>, f64), String> {
     })?;
     let first = times.remove(0);
     Ok((times, first))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::request_us;
+
+    #[test]
+    fn request_time_from_the_selftest_line() {
+        assert_eq!(
+            request_us("{\"test\":\"time\",\"us\":61234,\"code\":0}"),
+            Ok(61234.0)
+        );
+        // A failed command, a line without the time, or no JSON at all is an error.
+        assert!(request_us("{\"test\":\"time\",\"us\":5,\"code\":1}").is_err());
+        assert!(request_us("{\"test\":\"time\",\"code\":0}").is_err());
+        assert!(request_us("").is_err());
+    }
 }

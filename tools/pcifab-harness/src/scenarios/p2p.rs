@@ -559,18 +559,71 @@ pub fn p2p_races(f: &mut Fabric) -> Result<(), String> {
 #[derive(Clone, Debug)]
 pub struct P2pBench {
     pub rows: Vec<P2pRow>,
-    /// Fabric copies of [`LAT_BYTES`] timed one by one: count, p50 and p99 (us).
-    pub copy_count: u64,
-    pub copy_p50_us: f64,
-    pub copy_p99_us: f64,
-    /// 64-byte MRPC echo round trips through pcifab in the same guest right after.
-    pub echo: crate::bench::Side,
-    pub echo_count: u64,
-    /// h0's MRPC completion delay (us) in the emulator during all of it.
-    pub completion_us: u64,
+    /// The 4 KiB latency ([`P2pLatency`]).
+    pub lat: P2pLatency,
 }
 
-/// The copy size of the latency figure, and how many copies and echoes it times.
+/// Single copies of [`LAT_BYTES`] through the fabric against CPU bounces of the same bytes,
+/// alternating copy by copy on the guest's clock, in rounds of [`LAT_COUNT`] each
+/// (`pcifab-selftest p2p-bench --latency`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct P2pLatency {
+    /// Copies per round, per side.
+    pub count: u64,
+    /// The median of the rounds' p50s (us), fabric and bounce.
+    pub p50_us: f64,
+    pub bounce_p50_us: f64,
+    /// The 99th percentile of every fabric copy (us).
+    pub p99_us: f64,
+    /// Each round's p50 (us), fabric and bounce.
+    pub rounds: Vec<f64>,
+    pub bounce_rounds: Vec<f64>,
+}
+
+impl P2pLatency {
+    /// From the selftest's `p2p-latency` line.
+    pub fn parse(v: &Value) -> Result<P2pLatency, String> {
+        let g = |k: &str| {
+            v[k].as_f64()
+                .ok_or_else(|| format!("p2p-latency line without {k}: {v}"))
+        };
+        let list = |k: &str| -> Result<Vec<f64>, String> {
+            v[k].as_array()
+                .ok_or_else(|| format!("p2p-latency line without {k}: {v}"))?
+                .iter()
+                .map(|x| {
+                    x.as_f64()
+                        .ok_or_else(|| format!("p2p-latency {k}: {x} is not a number"))
+                })
+                .collect()
+        };
+        let l = P2pLatency {
+            count: g("count")? as u64,
+            p50_us: g("p50_us")?,
+            bounce_p50_us: g("bounce_p50_us")?,
+            p99_us: g("p99_us")?,
+            rounds: list("round_p50_us")?,
+            bounce_rounds: list("round_bounce_p50_us")?,
+        };
+        if l.rounds.len() < 5 || l.rounds.len() != l.bounce_rounds.len() {
+            return Err(format!(
+                "p2p-latency: expected 5 or more rounds of each side: {v}"
+            ));
+        }
+        Ok(l)
+    }
+
+    /// Fabric / bounce, per round.
+    pub fn round_ratios(&self) -> Vec<f64> {
+        self.rounds
+            .iter()
+            .zip(&self.bounce_rounds)
+            .map(|(a, b)| a / b)
+            .collect()
+    }
+}
+
+/// The copy size of the latency figure, and how many copies of each side a round times.
 pub const LAT_BYTES: u64 = 4096;
 pub const LAT_COUNT: u64 = 200;
 /// Repetitions of the emulator's memcpy per size (it answers the best): as many as the
@@ -579,7 +632,7 @@ pub const MEMCPY_REPS: u32 = 3;
 
 /// `make bench`: fabric-routed copies vs a CPU bounce through host memory and vs the
 /// emulator's own memcpy between the same memories, 4 KiB to 64 MiB; then the latency of
-/// single 4 KiB copies against 64-byte MRPC echo round trips.
+/// single 4 KiB copies against CPU bounces of 4 KiB.
 pub fn bench_p2p(f: &mut Fabric) -> Result<P2pBench, String> {
     compose_begin(f)?;
     let e = f.expected.clone();
@@ -589,7 +642,6 @@ pub fn bench_p2p(f: &mut Fabric) -> Result<P2pBench, String> {
     let b = bind_here(h0, &e, GPU1)?;
     route(h0, GPU0, 64 * MIB, 0, 0)?;
     route(h0, GPU1, 64 * MIB, 0, 64 * MIB)?;
-    let completion_us = crate::bench::completion_delay_us(&emu, &h0.name)?;
     // The emulator's threads stay on one CPU for the copies and the floor alike
     // (`PinnedThreads`), and come back after.
     let pin = match f.emu_pid {
@@ -628,15 +680,14 @@ pub fn bench_p2p(f: &mut Fabric) -> Result<P2pBench, String> {
                 ratio: g("ratio"),
                 memcpy: f64::NAN,
             }),
-            Some("p2p-latency") => lat = Some((g("count") as u64, g("p50_us"), g("p99_us"))),
+            Some("p2p-latency") => lat = Some(P2pLatency::parse(&v)?),
             _ => {}
         }
     }
     if rows.is_empty() {
         return Err(format!("p2p-bench printed no results: {o}"));
     }
-    let (copy_count, copy_p50_us, copy_p99_us) =
-        lat.ok_or_else(|| format!("p2p-bench printed no p2p-latency line: {o}"))?;
+    let lat = lat.ok_or_else(|| format!("p2p-bench printed no p2p-latency line: {o}"))?;
     // The floor: the same bytes between the same memories inside the emulator, while the
     // guest is idle.
     for r in &mut rows {
@@ -648,31 +699,43 @@ pub fn bench_p2p(f: &mut Fabric) -> Result<P2pBench, String> {
             .as_f64()
             .ok_or_else(|| format!("emulator memcpy-bench: no mib_s in {v}"))?;
     }
-    let echo = crate::bench::echo_64(h0, LAT_COUNT)?;
-    let after = crate::bench::completion_delay_us(&emu, &h0.name)?;
-    if after != completion_us {
-        return Err(format!(
-            "{}: the emulator's completion delay changed during the P2P bench ({completion_us} \
-             us, then {after} us)",
-            h0.name
-        ));
-    }
     drop(pin);
     h0.log_note(&format!(
-        "p2p bench: {} sizes, memcpy {:?} MiB/s; {copy_count} copies of {LAT_BYTES} bytes p50 \
-         {copy_p50_us} us; {LAT_COUNT} echoes of 64 bytes p50 {} us; completion delay \
-         {completion_us} us",
+        "p2p bench: {} sizes, memcpy {:?} MiB/s; {LAT_BYTES}-byte latency {lat:?}",
         rows.len(),
         rows.iter().map(|r| r.memcpy).collect::<Vec<_>>(),
-        echo.p50_us
     ));
-    Ok(P2pBench {
-        rows,
-        copy_count,
-        copy_p50_us,
-        copy_p99_us,
-        echo,
-        echo_count: LAT_COUNT,
-        completion_us,
-    })
+    Ok(P2pBench { rows, lat })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::P2pLatency;
+
+    #[test]
+    fn latency_line_of_the_selftest() {
+        let v = serde_json::json!({"test": "p2p-latency", "bytes": 4096, "count": 200,
+            "rounds": 5, "p50_us": 40.0, "p99_us": 210.5, "min_us": 30.0, "max_us": 900.0,
+            "bounce_p50_us": 8.0, "round_p50_us": [40.0, 38.0, 44.0, 41.0, 39.0],
+            "round_bounce_p50_us": [8.0, 8.0, 11.0, 8.2, 7.8]});
+        let l = P2pLatency::parse(&v).unwrap();
+        assert_eq!(
+            (l.count, l.p50_us, l.bounce_p50_us, l.p99_us),
+            (200, 40.0, 8.0, 210.5)
+        );
+        assert_eq!(l.round_ratios(), [5.0, 4.75, 4.0, 41.0 / 8.2, 5.0]);
+        // Fewer than five rounds, unpaired rounds or a missing figure are errors.
+        let mut short = v.clone();
+        short["round_p50_us"] = serde_json::json!([40.0, 38.0, 44.0, 41.0]);
+        short["round_bounce_p50_us"] = serde_json::json!([8.0, 8.0, 11.0, 8.2]);
+        assert!(P2pLatency::parse(&short).is_err());
+        let mut unpaired = v.clone();
+        unpaired["round_bounce_p50_us"] = serde_json::json!([8.0]);
+        assert!(P2pLatency::parse(&unpaired).is_err());
+        let mut none = v.clone();
+        none.as_object_mut().unwrap().remove("bounce_p50_us");
+        assert!(P2pLatency::parse(&none)
+            .unwrap_err()
+            .contains("bounce_p50_us"));
+    }
 }

@@ -21,6 +21,8 @@ pub struct Opts {
     pub write_seed: Option<u64>,
     pub check_seed: Option<u64>,
     pub check_zero: bool,
+    /// `echo`, `switchtec-echo`: also report every round trip's latency (`lat_us`).
+    pub latencies: bool,
     pub wait_ms: u64,
     pub positional: Vec<String>,
 }
@@ -55,6 +57,7 @@ pub fn parse_opts(args: &[String]) -> Res<Opts> {
         write_seed: None,
         check_seed: None,
         check_zero: false,
+        latencies: false,
         wait_ms: 0,
         positional: Vec::new(),
     };
@@ -81,6 +84,7 @@ pub fn parse_opts(args: &[String]) -> Res<Opts> {
             "--write" => o.write_seed = Some(num(a, &val()?)?),
             "--check" => o.check_seed = Some(num(a, &val()?)?),
             "--check-zero" => o.check_zero = true,
+            "--latencies" => o.latencies = true,
             "--wait" => o.wait_ms = num(a, &val()?)?,
             "--expect" => {
                 let v = val()?;

@@ -51,15 +51,23 @@ fn echo_loop(
     Ok((start.elapsed().as_secs_f64(), bytes, lat))
 }
 
-fn report_echo(test: &str, dev: &str, count: u64, seed: u64, r: (f64, u64, Vec<u64>)) {
+/// One JSON line; with `all`, `lat_us` lists every round trip's latency in order.
+fn report_echo(test: &str, dev: &str, o: &Opts, count: u64, r: (f64, u64, Vec<u64>)) {
     let (secs, bytes, lat) = r;
+    let all = if o.latencies {
+        let l: Vec<String> = lat.iter().map(u64::to_string).collect();
+        format!(",\"lat_us\":[{}]", l.join(","))
+    } else {
+        String::new()
+    };
     let l = latency(lat);
     let rate = if secs > 0.0 { count as f64 / secs } else { 0.0 };
     println!(
-        "{{\"test\":{},\"device\":{},\"count\":{count},\"seed\":{seed},\"bytes\":{bytes},\
-         \"secs\":{secs:.3},\"rate\":{rate:.1},\"p50_us\":{},\"p99_us\":{},\"max_us\":{}}}",
+        "{{\"test\":{},\"device\":{},\"count\":{count},\"seed\":{},\"bytes\":{bytes},\
+         \"secs\":{secs:.3},\"rate\":{rate:.1},\"p50_us\":{},\"p99_us\":{},\"max_us\":{}{all}}}",
         json_str(test),
         json_str(dev),
+        o.seed,
         l.p50,
         l.p99,
         l.max
@@ -88,7 +96,7 @@ pub fn cmd_echo(o: &Opts) -> Res<()> {
     let path = device(o, "/dev/pcifab0");
     let d = Dev::open(&path, false)?;
     let r = echo_loop(count, o.seed, o.size, |i, out| pcifab_echo_once(&d, i, out))?;
-    report_echo("echo", &path, count, o.seed, r);
+    report_echo("echo", &path, o, count, r);
     Ok(())
 }
 
@@ -129,6 +137,6 @@ pub fn cmd_switchtec_echo(o: &Opts) -> Res<()> {
         out.copy_from_slice(&rbuf[4..4 + n]);
         Ok(())
     })?;
-    report_echo("switchtec-echo", &path, count, o.seed, r);
+    report_echo("switchtec-echo", &path, o, count, r);
     Ok(())
 }

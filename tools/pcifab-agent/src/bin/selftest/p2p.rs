@@ -25,9 +25,14 @@ pub const USAGE: &str = "\
         per size (default 4K,64K,1M,16M,64M): the fabric copy a:0 -> b:0 with the DMA
         engine against a CPU bounce through host memory (read BAR2 of a, write BAR2 of
         b, wrapping in the BARs when the size exceeds them); best of 3 each. With
-        --latency: then N fabric copies a:0 -> b:0 of S bytes (default 4K), one ioctl
-        each after 10 unmeasured ones, each timed: p50/p99/min/max in microseconds
+        --latency: then 5 rounds of N fabric copies a:0 -> b:0 of S bytes (default 4K),
+        one ioctl each, alternating with N CPU bounces of the same bytes, each timed
+        after 10 unmeasured ones of each: the median of the rounds' p50s of each side,
+        p99/min/max of all copies, and every round's p50s, in microseconds
 ";
+
+/// Rounds of the `--latency` figure.
+const LAT_ROUNDS: usize = 5;
 
 /// The options only these commands have.
 impl Args {
@@ -274,25 +279,69 @@ pub fn cmd_p2p_bench(args: &[String]) -> Res<()> {
             )
             .map_err(|e| copy_err(&format!("{pa:#06x} -> {pb:#06x}, {n} bytes"), e))
         };
+        let len = usize::try_from(n)
+            .ok()
+            .filter(|&l| l <= aperture)
+            .ok_or_else(|| {
+                usage(format!(
+                    "--latency-size {n}: at most the BARs' {aperture} bytes"
+                ))
+            })?;
+        let mut bounce_one = || {
+            // SAFETY: `len` bytes lie inside both mappings and `buf` (checked above);
+            // plain copies between device memory and host memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ma.ptr.cast::<u8>(), buf.as_mut_ptr(), len);
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), mb.ptr.cast::<u8>(), len);
+            }
+        };
         for _ in 0..10 {
             one()?;
+            bounce_one();
         }
-        let mut ns = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let t = Instant::now();
-            one()?;
-            ns.push(t.elapsed().as_nanos() as u64);
+        let mut all = Vec::with_capacity(count as usize * LAT_ROUNDS);
+        let (mut rounds, mut bounce_rounds) = (Vec::new(), Vec::new());
+        for _ in 0..LAT_ROUNDS {
+            let mut ns = Vec::with_capacity(count as usize);
+            let mut bns = Vec::with_capacity(count as usize);
+            // A and B alternate copy by copy, on the same clock.
+            for _ in 0..count {
+                let t = Instant::now();
+                one()?;
+                ns.push(t.elapsed().as_nanos() as u64);
+                let t = Instant::now();
+                bounce_one();
+                bns.push(t.elapsed().as_nanos() as u64);
+            }
+            all.extend_from_slice(&ns);
+            rounds.push(latency(ns).p50);
+            bounce_rounds.push(latency(bns).p50);
         }
-        let min = ns.iter().copied().min().unwrap_or(0);
-        let l = latency(ns);
+        let median = |v: &[u64]| {
+            let mut s = v.to_vec();
+            s.sort_unstable();
+            s[s.len() / 2]
+        };
+        let min = all.iter().copied().min().unwrap_or(0);
+        let l = latency(all);
         let us = |v: u64| v as f64 / 1000.0;
+        let list = |v: &[u64]| {
+            v.iter()
+                .map(|&x| format!("{:.2}", us(x)))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
         println!(
-            "{{\"test\":\"p2p-latency\",\"bytes\":{n},\"count\":{count},\"p50_us\":{:.1},\
-             \"p99_us\":{:.1},\"min_us\":{:.1},\"max_us\":{:.1}}}",
-            us(l.p50),
+            "{{\"test\":\"p2p-latency\",\"bytes\":{n},\"count\":{count},\"rounds\":{LAT_ROUNDS},\
+             \"p50_us\":{:.2},\"p99_us\":{:.1},\"min_us\":{:.1},\"max_us\":{:.1},\
+             \"bounce_p50_us\":{:.2},\"round_p50_us\":[{}],\"round_bounce_p50_us\":[{}]}}",
+            us(median(&rounds)),
             us(l.p99),
             us(min),
-            us(l.max)
+            us(l.max),
+            us(median(&bounce_rounds)),
+            list(&rounds),
+            list(&bounce_rounds)
         );
     }
     Ok(())
