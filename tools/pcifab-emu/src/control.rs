@@ -123,7 +123,7 @@ fn parse_num<T: TryFrom<u64>>(s: &str, what: &str) -> Result<T, String> {
     T::try_from(v).map_err(|_| format!("{what} {s} is out of range"))
 }
 
-const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|dma-delay MS|completion-delay US|hostile SEED|lie bind-status|event-code|event-count|unbind-request|dma-done|bind-other|gone|dma-mrpc off|on>, or fault clear [host|all]";
+const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|late-unbind-request|dma-delay MS|completion-delay US|hostile SEED|lie bind-status|event-code|event-count|unbind-request|dma-done|bind-other|gone|dma-mrpc off|on>, or fault clear [host|all]";
 
 /// The outcome of a control bind/unbind as JSON.
 fn bind_result(what: &str, ret: u32, ms: u128) -> Result<String, String> {
@@ -260,6 +260,7 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
         [who, "bad-length"] => (select(who)?, Box::new(|f| f.bad_length = true)),
         [who, "firmware-dead"] => (select(who)?, Box::new(|f| f.dead = true)),
         [who, "no-enumerate"] => (select(who)?, Box::new(|f| f.no_enumerate = true)),
+        [who, "late-unbind-request"] => (select(who)?, Box::new(|f| f.late_unbind_request = true)),
         [who, "dma-delay", ms] => {
             let ms: u64 = parse_num(ms, "DMA delay")?;
             if ms > 600_000 {

@@ -79,6 +79,9 @@ pub struct Faults {
     pub dead: bool,
     /// The next bind to this host adds no device to QEMU but reports DONE.
     pub no_enumerate: bool,
+    /// The next unbind of a function of this host that succeeds queues one more
+    /// UNBIND_REQUEST for it after it is gone (a request that reached the host late).
+    pub late_unbind_request: bool,
     /// The DMA engine sleeps this long before every chunk it copies.
     pub dma_delay_ms: u64,
     /// Hostile firmware with this seed: replies, event registers and DMA
@@ -118,6 +121,9 @@ impl Faults {
         }
         if self.no_enumerate {
             v.push("no-enumerate".to_owned());
+        }
+        if self.late_unbind_request {
+            v.push("late-unbind-request".to_owned());
         }
         if self.dma_delay_ms > 0 {
             v.push(format!("dma-delay {}", self.dma_delay_ms));
@@ -625,6 +631,12 @@ impl Mep {
     pub fn take_no_enumerate(&self) -> bool {
         let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::take(&mut f.no_enumerate)
+    }
+
+    /// Consume a `late-unbind-request` fault.
+    pub fn take_late_unbind_request(&self) -> bool {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut f.late_unbind_request)
     }
 
     /// Show fabric changes in this MEP's registers and interrupt.

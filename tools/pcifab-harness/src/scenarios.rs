@@ -439,6 +439,12 @@ pub fn all() -> Vec<Scenario> {
             driver_trust::firmware_lies_bind_other,
         ),
         s(
+            "firmware lies: an unbind request that came after the function left is stale, not \
+             a lie",
+            120,
+            driver_trust::stale_unbind_request,
+        ),
+        s(
             "events: an interrupt while the MEP reads all ones (surprise removal) is not serviced",
             120,
             driver_trust::gone_irq,
