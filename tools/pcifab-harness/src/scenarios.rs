@@ -185,6 +185,11 @@ pub fn all() -> Vec<Scenario> {
             compose_locks::killed_waiter_ends,
         ),
         s(
+            "compose: a bind waiting for a free logical port counts in compose_waiting",
+            240,
+            compose_locks::free_port_waiter_counted,
+        ),
+        s(
             "compose trust: MEP unbound while a bind waits: ENODEV at once",
             240,
             compose_trust::unbind_mep_during_bind,
