@@ -196,10 +196,14 @@ impl P2p {
         }
     }
 
-    /// Waits for the engine's turn as a copier: interrupted by any signal (`ERESTARTSYS`,
-    /// nothing was copied by this wait; a restarted call starts a new deadline) and bounded
-    /// by the copy's own deadline (`ETIMEDOUT`), so a copier stuck behind a long copy can
-    /// always be killed; `ENODEV` once unbind waits for the turn.
+    /// Waits for the engine's turn as a copier: interrupted by any signal (`EINTR`) and
+    /// bounded by the copy's own deadline (`ETIMEDOUT`), so a copier stuck behind a long copy
+    /// can always be killed; `ENODEV` once unbind waits for the turn.
+    ///
+    /// `EINTR`, not `ERESTARTSYS`: a restarted call would start a new deadline, so a caller
+    /// whose signals come more often than the copy ahead of it leaves the engine (a timer, a
+    /// profiler) would wait for ever under `SA_RESTART`. The caller retries with what is left
+    /// of its own timeout.
     fn turn(&self, start: Instant<Monotonic>, timeout_ms: u32) -> Result<Turn<'_>> {
         let mut busy = self.busy.lock();
         while *busy {
@@ -215,7 +219,7 @@ impl P2p {
                 .turn_free
                 .wait_interruptible_timeout(&mut busy, msecs_to_jiffies(left))
             {
-                CondVarTimeoutResult::Signal { .. } => return Err(ERESTARTSYS),
+                CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
                 CondVarTimeoutResult::Timeout | CondVarTimeoutResult::Woken { .. } => {}
             }
         }
@@ -635,7 +639,7 @@ pub(crate) fn copy(
             Ok(t) => t,
             Err(err) if off == 0 => return Err(err),
             Err(err) => {
-                copied.err = Some(if err == ERESTARTSYS { EINTR } else { err });
+                copied.err = Some(err);
                 break;
             }
         };

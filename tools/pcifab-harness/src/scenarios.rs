@@ -265,6 +265,12 @@ pub fn all() -> Vec<Scenario> {
             p2p_trust::killed_waiter,
         ),
         s(
+            "p2p trust: a copier signalled under SA_RESTART while it waits for the DMA engine \
+             keeps its timeout",
+            300,
+            p2p_trust::signalled_waiter,
+        ),
+        s(
             "sysfs: per-function telemetry in every host follows the firmware",
             120,
             telemetry::sysfs_telemetry,

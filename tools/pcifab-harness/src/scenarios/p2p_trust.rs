@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::checks::{
     bind_here, check_invariants, compose_begin, dmesg_clean, expect_eq, json_line, pcifab_ok,
-    refused_without_extensions, Checks, GPU0, MIB,
+    refused_without_extensions, selftest_json, Checks, GPU0, MIB,
 };
 use crate::fabric::{EmuControl, Fabric, Host};
 
@@ -401,5 +401,63 @@ pub fn killed_waiter(f: &mut Fabric) -> Result<(), String> {
     c.finish()?;
     h0.log_note(&format!("the killed copier ended {ms} ms after SIGKILL"));
     check_invariants(&emu, "P2P trust: killed waiter")?;
+    dmesg_clean(h0)
+}
+
+/// `EINTR` as the selftest reports it.
+const EINTR: i64 = 4;
+
+/// A copier waits for the engine while SIGALRM (handler with `SA_RESTART`) arrives every
+/// 100 ms. Its 1 s timeout must hold: the call ends within it, with `EINTR` and nothing
+/// copied, while the copy ahead of it still has the engine. Before, the wait returned
+/// `ERESTARTSYS`, the call restarted with a new deadline at every signal, and it waited
+/// until the engine was free (then copied).
+pub fn signalled_waiter(f: &mut Fabric) -> Result<(), String> {
+    let Some(emu) = begin_gpu0(f, 16 * MIB)? else {
+        return Ok(());
+    };
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    // One 4 MiB part of 4 chunks, 2 s each: the engine is busy for about 8 s.
+    emu.request("fault h0 dma-delay 2000")?;
+    let result = (|| -> Result<(Value, bool), String> {
+        copy_in_background(
+            h0,
+            "long",
+            "--from 0x0300:0 --to 0x0300:0x400000 --len 4M --timeout 120000",
+        )?;
+        wait_dma_in_flight(&emu, "h0", "the long copy")?;
+        let v = selftest_json(
+            h0,
+            "p2p-signalled --from 0x0300:0 --to 0x0300:0x800000 --len 4096 --timeout 1000 \
+             --every 100",
+            LONG,
+        )?;
+        let engine = emu.request("p2p h0")?;
+        Ok((v, engine["head"].as_u64() != engine["tail"].as_u64()))
+    })();
+    let long = copy_result(h0, "long", 120);
+    emu.request("fault h0 clear")?;
+    let (v, in_flight) = result?;
+    h0.log_note(&format!("signalled copier: {v}"));
+    let mut c = Checks::new("h0: a copier signalled (SA_RESTART) while it waits for the engine");
+    let ms = v["ms"].as_u64().unwrap_or(u64::MAX);
+    if ms > 2000 {
+        c.fail(format!(
+            "the call took {ms} ms; its timeout is 1000 ms (restarted with a new deadline?)"
+        ));
+    }
+    c.eq_json("errno", Value::from(EINTR), v["errno"].clone());
+    c.eq_json("bytes done", Value::from(0), v["done"].clone());
+    if v["signals"].as_u64().unwrap_or(0) == 0 {
+        c.fail("no SIGALRM reached the copier".into());
+    }
+    if !in_flight {
+        c.fail("the long copy left the engine before the signalled copier ended".into());
+    }
+    let (code, lv) = long?;
+    c.eq("long copy exit code", 0, code);
+    c.eq_json("long copy bytes", Value::from(4 * MIB), lv["bytes"].clone());
+    c.finish()?;
+    check_invariants(&emu, "P2P trust: signalled waiter")?;
     dmesg_clean(h0)
 }

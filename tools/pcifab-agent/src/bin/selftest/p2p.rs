@@ -27,6 +27,11 @@ pub const USAGE: &str = "\
         b, wrapping in the BARs when the size exceeds them); best of 3 each. With
         --latency: then N fabric copies a:0 -> b:0 of S bytes (default 4K), one ioctl
         each after 10 unmeasured ones, each timed: p50/p99/min/max in microseconds
+  p2p-signalled --from PDFID:OFF --to PDFID:OFF --len N --timeout MS --every MS
+                [--device PATH]
+        one fabric copy with timeout MS while SIGALRM (a handler that does nothing,
+        SA_RESTART) arrives every MS: prints how long the call took, its errno (0 if it
+        succeeded), the bytes done and the signals taken
 ";
 
 /// The options only these commands have.
@@ -147,6 +152,98 @@ pub fn cmd_p2p_user(args: &[String]) -> Res<()> {
             back[shift + i]
         ))),
     }
+}
+
+/// Signals taken by [`cmd_p2p_signalled`]'s handler.
+static ALARMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn on_alarm(_: libc::c_int) {
+    ALARMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `PDFID:OFF` of `--k`.
+fn fn_end(a: &Args, k: &str) -> Res<(u16, u64)> {
+    let v = a.need(k)?;
+    let (p, o) = v
+        .split_once(':')
+        .ok_or_else(|| usage(format!("--{k} '{v}': expected PDFID:OFFSET")))?;
+    let p = size(&format!("--{k}"), p)?;
+    let p = u16::try_from(p).map_err(|_| usage(format!("--{k}: {p:#x} is not a PDFID")))?;
+    Ok((p, size(&format!("--{k}"), o)?))
+}
+
+/// One fabric copy under a stream of signals whose handler asks for restarts: a call that
+/// restarted with a new deadline each time would never time out while the engine is busy.
+pub fn cmd_p2p_signalled(args: &[String]) -> Res<()> {
+    let a = Args::parse(args)?;
+    let ((from, from_off), (to, to_off)) = (fn_end(&a, "from")?, fn_end(&a, "to")?);
+    let len = a.size("len")?;
+    let timeout = u32::try_from(a.size("timeout")?).map_err(|_| usage("--timeout too large"))?;
+    let every = a.size("every")?;
+    if every == 0 || every > 60_000 {
+        return Err(usage("--every: 1 to 60000 ms"));
+    }
+    let d = a.dev()?;
+    // SAFETY: installs a handler that only counts, with SA_RESTART.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut()) != 0 {
+            return Err(check(format!(
+                "sigaction: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+    }
+    let tv = libc::timeval {
+        tv_sec: (every / 1000) as _,
+        tv_usec: ((every % 1000) * 1000) as _,
+    };
+    let it = libc::itimerval {
+        it_interval: tv,
+        it_value: tv,
+    };
+    // SAFETY: `it` is a valid timer value; the old value is not wanted.
+    unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+    let t = Instant::now();
+    let r = dev::p2p_copy(
+        &d,
+        CopySrc::Function {
+            pdfid: from,
+            off: from_off,
+        },
+        CopyDst::Function {
+            pdfid: to,
+            off: to_off,
+        },
+        len,
+        timeout,
+    );
+    let ms = t.elapsed().as_millis();
+    let off = libc::itimerval {
+        it_interval: libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+        it_value: libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+    };
+    // SAFETY: as above; a zero value stops the timer.
+    unsafe { libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut()) };
+    let (errno, done) = match &r {
+        Ok(c) => (0, c.done),
+        Err(e) => (e.err.raw_os_error().unwrap_or(-1), e.done),
+    };
+    println!(
+        "{{\"test\":\"p2p-signalled\",\"ms\":{ms},\"errno\":{errno},\"done\":{done},\
+         \"signals\":{}}}",
+        ALARMS.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    Ok(())
 }
 
 pub fn cmd_bar_range(args: &[String]) -> Res<()> {
