@@ -88,7 +88,7 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
         (
             Some(
                 verb @ ("routes" | "grants" | "dma-maps" | "p2p" | "mem-fill" | "mem-hash"
-                | "memcpy-bench" | "dma-state" | "dma-arm" | "lies"),
+                | "memcpy-bench" | "dma-state" | "dma-arm" | "lies" | "reset-regs"),
             ),
             arg,
         ) => {
@@ -101,6 +101,7 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
                 "dma-state" => dma_state(&args, fabric),
                 "dma-arm" => dma_arm(&args, fabric),
                 "lies" => lies(&args, fabric),
+                "reset-regs" => reset_regs(&args, fabric),
                 "mem-fill" => mem_fill(&args, fabric),
                 "memcpy-bench" => memcpy_bench(&args, fabric),
                 _ => mem_hash(&args, fabric),
@@ -520,6 +521,16 @@ fn lies(args: &[&str], fabric: &Fabric) -> Result<String, String> {
         told.join(","),
         mep.gone_writes.load(Ordering::Relaxed)
     ))
+}
+
+/// `reset-regs <host>`: the MEP's registers as a reset whose config space the host restored
+/// leaves them.
+fn reset_regs(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [host] = args else {
+        return Err("usage: reset-regs <host>".into());
+    };
+    fabric.meps[host_index(fabric, host)?].reset_regs();
+    Ok("{\"ok\":true}".into())
 }
 
 /// Where `dma-arm` points DMA MRPC and the DMA engine: far above any guest's memory, so

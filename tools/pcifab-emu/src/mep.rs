@@ -711,6 +711,24 @@ impl Mep {
         info!("{}: device reset", self.name);
     }
 
+    /// Registers back to power-on values as a function-level or secondary bus reset leaves
+    /// them, with config space and the MSI-X table as the host's PCI core restores them
+    /// after one (control request `reset-regs`).
+    pub fn reset_regs(&self) {
+        let mut inner = self.lock();
+        let features = *self.features.lock().unwrap_or_else(|e| e.into_inner());
+        inner.gas = Gas::new(
+            &self.fw,
+            self.partition,
+            self.partitions,
+            self.p2p.window_mib(),
+            features,
+        );
+        inner.epoch += 1;
+        inner.dma_epoch += 1;
+        info!("{}: registers reset (config space kept)", self.name);
+    }
+
     /// `fault <host> dma-mrpc off|on`: the firmware withdraws DMA MRPC (or
     /// offers it again), now and after later resets.
     pub fn set_dma_mrpc(&self, on: bool) {

@@ -271,6 +271,11 @@ pub fn all() -> Vec<Scenario> {
             p2p_trust::signalled_waiter,
         ),
         s(
+            "p2p trust: the DMA engine works again after the MEP's registers were reset",
+            240,
+            p2p_trust::ring_after_reset,
+        ),
+        s(
             "sysfs: per-function telemetry in every host follows the firmware",
             120,
             telemetry::sysfs_telemetry,

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::checks::{
-    bind_here, check_invariants, compose_begin, dmesg_clean, expect_eq, json_line, pcifab_ok,
-    refused_without_extensions, selftest_json, Checks, GPU0, MIB,
+    bind_here, check_bound_pcifab, check_invariants, compose_begin, dmesg_clean, expect_eq,
+    json_line, pcifab_cmd, pcifab_ok, refused_without_extensions, selftest_json, Checks, GPU0, MIB,
+    PCIFAB_KO,
 };
 use crate::fabric::{EmuControl, Fabric, Host};
 
@@ -460,4 +461,80 @@ pub fn signalled_waiter(f: &mut Fabric) -> Result<(), String> {
     c.finish()?;
     check_invariants(&emu, "P2P trust: signalled waiter")?;
     dmesg_clean(h0)
+}
+
+/// The MEP's registers go back to their power-on values as a function-level or bus reset
+/// leaves them, config space restored as the PCI core does (`reset-regs h0`): the DMA
+/// engine's ring base and size, interrupt and enable are gone. The next copy must find that
+/// out and set the engine up again; before, the driver programmed the ring at probe only and
+/// every later copy timed out.
+pub fn ring_after_reset(f: &mut Fabric) -> Result<(), String> {
+    let Some(emu) = begin_gpu0(f, 16 * MIB)? else {
+        return Ok(());
+    };
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    h0.run_ok("head -c 1048576 /dev/urandom > /tmp/rst.in")?;
+    pcifab_ok(
+        h0,
+        "p2p copy --from file:/tmp/rst.in --to 0x0300:0 --len 1M --timeout 20000",
+    )?;
+    emu.request("reset-regs h0")?;
+    let r = ring_after_reset_checks(&emu, h0);
+    // Events, DMA MRPC and the rest of the registers as a fresh probe sets them, whatever
+    // happened: the scenarios after this one need the MEP's events.
+    let reloaded = h0
+        .run_ok(&format!("rmmod pcifab && insmod {PCIFAB_KO}"))
+        .and_then(|_| check_bound_pcifab(h0));
+    r?;
+    reloaded?;
+    check_invariants(&emu, "P2P trust: ring after a reset")?;
+    dmesg_clean(h0)
+}
+
+/// The checks of [`ring_after_reset`] once the registers were reset.
+fn ring_after_reset_checks(emu: &EmuControl, h0: &mut Host) -> Result<(), String> {
+    let reset = emu.request("dma-state h0")?;
+    let t = Instant::now();
+    let (code, v, out) = pcifab_cmd(
+        h0,
+        "p2p copy --from 0x0300:0 --to file:/tmp/rst.out --len 1M --timeout 20000",
+    )?;
+    let ms = t.elapsed().as_millis();
+    let after = emu.request("dma-state h0")?;
+    h0.log_note(&format!(
+        "engine after the reset: {reset}; copy after it: exit {code} in {ms} ms; engine then: \
+         {after}"
+    ));
+    let mut c = Checks::new("h0: 1 MiB copy after the MEP's registers were reset");
+    c.eq_json(
+        "ring size right after the reset",
+        Value::from(0),
+        reset["ring_size"].clone(),
+    );
+    c.eq("copy exit code", 0, code);
+    if code != 0 {
+        c.fail(format!("the copy failed: {}", out.trim()));
+    }
+    c.eq_json("bytes copied", Value::from(MIB), v["bytes"].clone());
+    c.eq_json(
+        "engine enabled again",
+        Value::Bool(true),
+        after["engine_on"].clone(),
+    );
+    c.eq_json(
+        "ring size again",
+        Value::from(256),
+        after["ring_size"].clone(),
+    );
+    if h0
+        .run("dmesg | grep -q 'P2P DMA engine lost its ring'")?
+        .code
+        != 0
+    {
+        c.fail("the driver did not log that the engine lost its ring".into());
+    }
+    c.finish()?;
+    h0.run_ok("cmp /tmp/rst.in /tmp/rst.out && rm -f /tmp/rst.*")
+        .map_err(|e| format!("h0: 1 MiB round trip across the reset: {e}"))?;
+    Ok(())
 }
