@@ -117,6 +117,32 @@ fn copy_result(h: &mut Host, tag: &str, secs: u32) -> Result<(i64, Value), Strin
     Ok((code, json_line(&o)?))
 }
 
+/// Waits (at most `secs`) for the background `pcifab-selftest p2p-movable` to end; returns its
+/// exit code and its last (`"phase":"after"`) line.
+fn movable_result(h: &mut Host, secs: u32) -> Result<(i64, Value), String> {
+    let o = h.run_ok_timeout(
+        &format!(
+            "i=0; while [ ! -s /tmp/lt.rc ] && [ $i -lt {} ]; do sleep 0.05; i=$((i+1)); done; \
+             [ -s /tmp/lt.rc ] || {{ echo 'the copy still runs {secs} s on'; exit 1; }}; \
+             cat /tmp/lt.rc /tmp/lt.json",
+            secs * 20
+        ),
+        LONG,
+    )?;
+    let code = o
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .ok_or_else(|| format!("{}: p2p-movable: no exit code in {o:?}", h.name))?;
+    let line = o
+        .lines()
+        .rfind(|l| l.contains("\"phase\":\"after\""))
+        .ok_or_else(|| format!("{}: p2p-movable printed no result: {o}", h.name))?;
+    let v = serde_json::from_str(line)
+        .map_err(|e| format!("{}: p2p-movable result {line:?}: {e}", h.name))?;
+    Ok((code, v))
+}
+
 /// The MEP leaves the bus (surprise removal: every BAR0 and config-space read returns all
 /// ones, and the emulator's engine stops) while a copy
 /// from a 16 MiB user buffer runs: the copy must end with ENODEV at once, with every page it
@@ -198,7 +224,9 @@ pub fn gone_during_copy(f: &mut Fabric) -> Result<(), String> {
 /// A user buffer in movable memory: the copy pins it long-term (`FOLL_LONGTERM`), so the
 /// kernel moves the pages out of the movable zone first, and that memory block can still be
 /// taken offline while the copy holds the pages. A short-term pin would leave them in the
-/// block, unmovable, and the offline would not finish.
+/// block, unmovable, and the offline would not finish. The copier (`pcifab-selftest
+/// p2p-movable`) counts its buffer's pages in the block before the copy
+/// (`/proc/self/pagemap`): a buffer that was never there would prove nothing.
 pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
     let Some(emu) = begin_gpu0(f, 64 * MIB)? else {
         return Ok(());
@@ -242,11 +270,11 @@ pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
     // while the block is taken offline.
     emu.request("fault h0 dma-delay 30000")?;
     let result = (|| -> Result<(i64, String), String> {
-        copy_in_background(
-            h0,
-            "lt",
-            "--from file:/tmp/lt.in --to 0x0300:0 --len 8M --timeout 300000",
-        )?;
+        h0.run_ok(&format!(
+            "rm -f /tmp/lt.rc /tmp/lt.json; (pcifab-selftest p2p-movable --file /tmp/lt.in \
+             --fn 0x0300 --off 0 --block {block} --timeout 300000 > /tmp/lt.json 2>&1; \
+             echo $? > /tmp/lt.rc) >/dev/null 2>&1 &"
+        ))?;
         wait_dma_in_flight(&emu, "h0", "copy from a buffer in movable memory")?;
         let o = h0.run_timeout(
             &format!("timeout 20 sh -c 'echo offline > {state}' 2>&1; echo rc=$?"),
@@ -267,7 +295,7 @@ pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
         Ok((o.code, o.out))
     })();
     emu.request("fault h0 clear")?;
-    let copied = copy_result(h0, "lt", 200);
+    let copied = movable_result(h0, 200);
     // The block comes back whatever happened.
     let _ = h0.run(&format!(
         "[ \"$(cat {state})\" = online ] || echo online_movable > {state}"
@@ -282,8 +310,26 @@ pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
         ));
     }
     let (code, v) = copied?;
-    c.eq("copy exit code", 0, code);
-    c.eq_json("bytes copied", Value::from(8 * MIB), v["bytes"].clone());
+    h0.log_note(&format!("copier: {v}"));
+    c.eq("copier exit code", 0, code);
+    c.eq_json("copy errno", Value::from(0), v["errno"].clone());
+    c.eq_json("bytes copied", Value::from(8 * MIB), v["done"].clone());
+    c.eq_json(
+        "buffer pages present (every page it spans)",
+        v["span"].clone(),
+        v["pages"].clone(),
+    );
+    if v["in_block_before"].as_u64().unwrap_or(0) == 0 {
+        c.fail(format!(
+            "none of the buffer's pages was in memory block {block} before the copy: the \
+             offline proves nothing about the pin ({v})"
+        ));
+    }
+    c.eq_json(
+        "buffer pages left in the block after the copy",
+        Value::from(0),
+        v["in_block_after"].clone(),
+    );
     c.finish()?;
     pcifab_ok(
         h0,

@@ -32,6 +32,10 @@ pub const USAGE: &str = "\
         one fabric copy with timeout MS while SIGALRM (a handler that does nothing,
         SA_RESTART) arrives every MS: prints how long the call took, its errno (0 if it
         succeeded), the bytes done and the signals taken
+  p2p-movable --file PATH --fn PDFID --off O --block N [--timeout MS] [--device PATH]
+        reads PATH into a fresh buffer, prints how many of its pages are in memory block
+        N (physical addresses from /proc/self/pagemap; needs CAP_SYS_ADMIN), then copies
+        the buffer to the function at O and prints the outcome and the count again
 ";
 
 /// The options only these commands have.
@@ -242,6 +246,77 @@ pub fn cmd_p2p_signalled(args: &[String]) -> Res<()> {
         "{{\"test\":\"p2p-signalled\",\"ms\":{ms},\"errno\":{errno},\"done\":{done},\
          \"signals\":{}}}",
         ALARMS.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    Ok(())
+}
+
+/// The pages `buf` spans, those of them present, and those of them in memory block `block`.
+fn pages_in_block(buf: &[u8], block: u64) -> Res<(u64, u64, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let bs = std::fs::read_to_string("/sys/devices/system/memory/block_size_bytes")
+        .map_err(|e| check(format!("block_size_bytes: {e}")))?;
+    let block_size = u64::from_str_radix(bs.trim(), 16)
+        .map_err(|e| check(format!("block_size_bytes {:?}: {e}", bs.trim())))?;
+    let mut pm = File::open("/proc/self/pagemap").map_err(|e| check(format!("pagemap: {e}")))?;
+    let (start, end) = (buf.as_ptr() as u64, buf.as_ptr() as u64 + buf.len() as u64);
+    let (first, last) = (start / PAGE, end.div_ceil(PAGE));
+    let mut raw = vec![0u8; ((last - first) * 8) as usize];
+    pm.seek(SeekFrom::Start(first * 8))
+        .and_then(|_| pm.read_exact(&mut raw))
+        .map_err(|e| check(format!("reading pagemap: {e}")))?;
+    let (mut present, mut inside) = (0u64, 0u64);
+    for e in raw.chunks_exact(8) {
+        let e = u64::from_le_bytes(e.try_into().unwrap_or_default());
+        if e >> 63 == 0 {
+            continue;
+        }
+        let pfn = e & ((1 << 55) - 1);
+        if pfn == 0 {
+            return Err(check(
+                "pagemap shows no page frame numbers (needs CAP_SYS_ADMIN)".to_string(),
+            ));
+        }
+        present += 1;
+        if pfn.saturating_mul(PAGE) / block_size == block {
+            inside += 1;
+        }
+    }
+    Ok((last - first, present, inside))
+}
+
+const PAGE: u64 = 4096;
+
+/// A copy from a user buffer whose pages are counted in memory block `--block` before the
+/// copy pins them, so a test can tell that the buffer was in that block to begin with.
+pub fn cmd_p2p_movable(args: &[String]) -> Res<()> {
+    let a = Args::parse(args)?;
+    let path = a.need("file")?;
+    let (pdfid, off, block) = (a.pdfid("fn")?, a.size("off")?, a.size("block")?);
+    let timeout = u32::try_from(a.size_or("timeout", 0)?).map_err(|_| usage("--timeout"))?;
+    let d = a.dev()?;
+    // Read into fresh memory: its pages come from the allocator as the read faults them in.
+    let buf = std::fs::read(path).map_err(|e| check(format!("{path}: {e}")))?;
+    let (span, pages, before) = pages_in_block(&buf, block)?;
+    println!(
+        "{{\"test\":\"p2p-movable\",\"phase\":\"before\",\"span\":{span},\"pages\":{pages},\
+         \"in_block\":{before}}}"
+    );
+    let r = dev::p2p_copy(
+        &d,
+        CopySrc::User(&buf),
+        CopyDst::Function { pdfid, off },
+        buf.len() as u64,
+        timeout,
+    );
+    let (_, _, after) = pages_in_block(&buf, block)?;
+    let (errno, done) = match &r {
+        Ok(c) => (0, c.done),
+        Err(e) => (e.err.raw_os_error().unwrap_or(-1), e.done),
+    };
+    println!(
+        "{{\"test\":\"p2p-movable\",\"phase\":\"after\",\"span\":{span},\"pages\":{pages},\
+         \"in_block_before\":{before},\"in_block_after\":{after},\"errno\":{errno},\
+         \"done\":{done}}}"
     );
     Ok(())
 }
