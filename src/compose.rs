@@ -75,6 +75,9 @@ struct State {
     /// the firmware sends back to us: the fabric-event work must not act on it, since the
     /// port may hold a function bound again since (a rolled-back move).
     own_unbind: [Option<u16>; LOG_PORTS as usize],
+    /// Per logical port, the PDFID that last left it through this host (its own unbind or
+    /// a removal the firmware asked for): a later request for it is stale, not a lie.
+    left: [Option<u16>; LOG_PORTS as usize],
     /// Functions an operation is working on.
     busy_fns: [Option<u16>; MAX_OPS],
     /// This host's logical ports an operation (or the fabric-event work) is working on.
@@ -89,6 +92,15 @@ impl State {
     fn set_own_unbind(&mut self, port: u8, pdfid: Option<u16>) {
         if let Some(own) = self.own_unbind.get_mut(usize::from(port)) {
             *own = pdfid;
+        }
+        if pdfid.is_some() {
+            self.set_left(port, pdfid);
+        }
+    }
+
+    fn set_left(&mut self, port: u8, pdfid: Option<u16>) {
+        if let Some(left) = self.left.get_mut(usize::from(port)) {
+            *left = pdfid;
         }
     }
 
@@ -122,6 +134,7 @@ impl Compose {
             lock <- new_mutex!(State {
                 alive: true,
                 own_unbind: [None; LOG_PORTS as usize],
+                left: [None; LOG_PORTS as usize],
                 busy_fns: [None; MAX_OPS],
                 busy_ports: [false; LOG_PORTS as usize],
                 waiting: 0,
@@ -965,6 +978,18 @@ impl Mep {
                 return;
             }
             let there = mine.ports.get(usize::from(port)).copied().flatten();
+            if there != Some(pdfid) && st.left.get(usize::from(port)) == Some(&Some(pdfid)) {
+                // It was here and has left since: a request that raced its going.
+                drop(st);
+                fw::stale(
+                    self,
+                    format_args!(
+                        "unbind request for {:#06x} on port {}, which it has left; ignored",
+                        pdfid, port
+                    ),
+                );
+                return;
+            }
             if there != Some(pdfid) {
                 // The function is not at that port: the firmware asks this host to let go of
                 // something it does not hold.
@@ -991,7 +1016,13 @@ impl Mep {
             Ok(_admitted) => hotplug::remove(&self.pdev, port),
             Err(e) => Err(e),
         };
-        self.compose.lock.lock().set_port_busy(port, false);
+        {
+            let mut st = self.compose.lock.lock();
+            st.set_port_busy(port, false);
+            if how.is_ok() {
+                st.set_left(port, Some(pdfid));
+            }
+        }
         self.compose.changed.notify_all();
         match how {
             Ok(how) => dev_info!(

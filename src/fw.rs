@@ -202,6 +202,19 @@ impl Lies {
     }
 }
 
+/// Counts an unbind request that came after its function left this host (one that raced the
+/// function's unbind: normal, not a lie) and logs it at info level, rate-limited as lies are:
+/// `stale(mep, format_args!(...))`.
+pub(crate) fn stale(mep: &Mep, what: core::fmt::Arguments<'_>) {
+    let (n, log) = mep.stale_requests.note();
+    if let Some(skipped) = log {
+        if skipped != 0 {
+            dev_info!(mep.pdev, "{} stale unbind requests not logged\n", skipped);
+        }
+        dev_info!(mep.pdev, "stale unbind request #{}: {}\n", n, what);
+    }
+}
+
 /// Counts a firmware lie and logs it, rate-limited ([`Lies`]): `lie(mep, format_args!(...))`.
 pub(crate) fn lie(mep: &Mep, what: core::fmt::Arguments<'_>) {
     let (n, log) = mep.lies.note();

@@ -108,6 +108,8 @@ struct Engine {
     /// The device read all ones at the last reset (it was gone), so the reset may not have
     /// reached it: the next part resets the engine again before it uses it.
     reset_due: bool,
+    /// The MSI-X vector the engine signals (set with the ring).
+    vector: u16,
 }
 
 /// The right to run one part of a copy on the engine, held from before the engine is locked
@@ -176,6 +178,7 @@ impl P2p {
                 dead: false,
                 stuck: false,
                 reset_due: false,
+                vector: 0,
             }),
             routes <- new_mutex!(()),
             cache <- new_mutex!(None),
@@ -196,10 +199,14 @@ impl P2p {
         }
     }
 
-    /// Waits for the engine's turn as a copier: interrupted by any signal (`ERESTARTSYS`,
-    /// nothing was copied by this wait; a restarted call starts a new deadline) and bounded
-    /// by the copy's own deadline (`ETIMEDOUT`), so a copier stuck behind a long copy can
-    /// always be killed; `ENODEV` once unbind waits for the turn.
+    /// Waits for the engine's turn as a copier: interrupted by any signal (`EINTR`) and
+    /// bounded by the copy's own deadline (`ETIMEDOUT`), so a copier stuck behind a long copy
+    /// can always be killed; `ENODEV` once unbind waits for the turn.
+    ///
+    /// `EINTR`, not `ERESTARTSYS`: a restarted call would start a new deadline, so a caller
+    /// whose signals come more often than the copy ahead of it leaves the engine (a timer, a
+    /// profiler) would wait for ever under `SA_RESTART`. The caller retries with what is left
+    /// of its own timeout.
     fn turn(&self, start: Instant<Monotonic>, timeout_ms: u32) -> Result<Turn<'_>> {
         let mut busy = self.busy.lock();
         while *busy {
@@ -215,7 +222,7 @@ impl P2p {
                 .turn_free
                 .wait_interruptible_timeout(&mut busy, msecs_to_jiffies(left))
             {
-                CondVarTimeoutResult::Signal { .. } => return Err(ERESTARTSYS),
+                CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
                 CondVarTimeoutResult::Timeout | CondVarTimeoutResult::Woken { .. } => {}
             }
         }
@@ -287,20 +294,36 @@ pub(crate) fn init(mep: &Mep, dev: &Device<Bound>, vector: usize) -> Result {
     e.ring = Some(ring);
     e.binding = Some(binding);
     e.tail = 0;
+    e.vector = vector;
+    mep.with_bar(|bar| bar.write_reg(regs::DMA_CTRL::zeroed().with_reset(true)))?;
+    start(mep, &e, addr)
+}
+
+/// Points the stopped engine at the ring `addr` and its interrupt at `e.vector`, and enables
+/// it. At probe, after every reset, and when the device lost them to a reset of its own.
+fn start(mep: &Mep, e: &Engine, addr: u64) -> Result {
     mep.with_bar(|bar| {
-        bar.write_reg(regs::DMA_CTRL::zeroed().with_reset(true));
         bar.write_reg(regs::DMA_RING_LO::zeroed().with_value(addr as u32));
         bar.write_reg(regs::DMA_RING_HI::zeroed().with_value((addr >> 32) as u32));
         bar.write_reg(regs::DMA_RING_SIZE::zeroed().with_value(RING_ENTRIES as u32));
         bar.write_reg(
             regs::DMA_IRQ::zeroed()
-                .with_vector(vector)
+                .with_vector(e.vector)
                 .with_enable(true),
         );
         bar.write_reg(regs::P2P_EVENT_STATUS::all());
         bar.write_reg(regs::DMA_CTRL::zeroed().with_enable(true));
-    })?;
-    Ok(())
+    })
+}
+
+/// Whether the device forgot the ring it was given: a function-level or bus reset (or the
+/// device coming back after one) puts the engine's registers back to zero, and the PCI core
+/// restores config space only. One register read: the ring size, which this driver never
+/// leaves at zero while the engine has a ring. A device that reads all ones is gone, which
+/// the copy finds out on its own.
+fn ring_lost(mep: &Mep) -> bool {
+    mep.with_bar(|bar| bar.read(regs::DMA_RING_SIZE).into_raw())
+        .is_ok_and(|size| size != RING_ENTRIES as u32 && size != u32::MAX)
 }
 
 /// Stops a DMA engine this driver did not start: one a previous kernel (kexec) or a probe
@@ -635,7 +658,7 @@ pub(crate) fn copy(
             Ok(t) => t,
             Err(err) if off == 0 => return Err(err),
             Err(err) => {
-                copied.err = Some(if err == ERESTARTSYS { EINTR } else { err });
+                copied.err = Some(err);
                 break;
             }
         };
@@ -654,6 +677,12 @@ pub(crate) fn copy(
             if e.reset_due && !e.dead {
                 // The last part ended with the device gone: the engine may not have seen the
                 // reset then.
+                reset(mep, &mut e);
+            } else if !e.dead && e.ring.is_some() && ring_lost(mep) {
+                dev_warn!(
+                    mep.pdev,
+                    "P2P DMA engine lost its ring (device reset); setting it up again\n"
+                );
                 reset(mep, &mut e);
             }
             if e.dead || e.reset_due || mep.p2p.abort.load(Relaxed) {
@@ -952,9 +981,10 @@ fn reset(mep: &Mep, e: &mut Engine) {
         e.dead = true;
     }
     if !e.dead {
-        let _ = mep.with_bar(|bar| {
-            bar.write_reg(regs::DMA_CTRL::zeroed().with_enable(true));
-        });
+        // The ring again too: a device that came back from a reset of its own has lost it.
+        if let Some(addr) = e.ring.as_ref().map(|r| r.dma_address()) {
+            let _ = start(mep, e, addr);
+        }
     }
 }
 

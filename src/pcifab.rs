@@ -89,6 +89,10 @@ pub(crate) struct Mep {
     /// The firmware's lies caught so far ([`fw::Lies`]).
     #[pin]
     pub(crate) lies: fw::Lies,
+    /// Unbind requests that came after their function left ([`fw::stale`]), counted and
+    /// rate-limited as lies are.
+    #[pin]
+    pub(crate) stale_requests: fw::Lies,
     /// Telemetry answers, cached so that sysfs readers cannot monopolise the mailbox.
     #[pin]
     pub(crate) telemetry: telemetry::Cache,
@@ -332,6 +336,7 @@ impl pci::Driver for PcifabDriver {
                     p2p <- p2p::P2p::new(),
                     telemetry <- telemetry::Cache::new(),
                     lies <- fw::Lies::new(),
+                    stale_requests <- fw::Lies::new(),
                     gfms_work <- new_work!("pcifab::gfms_work"),
                     fn_dirs <- new_mutex!(None, "pcifab::fn_dirs"),
                     fn_dirs_work <- new_work!("pcifab::fn_dirs_work"),

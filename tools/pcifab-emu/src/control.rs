@@ -88,7 +88,7 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
         (
             Some(
                 verb @ ("routes" | "grants" | "dma-maps" | "p2p" | "mem-fill" | "mem-hash"
-                | "memcpy-bench" | "dma-state" | "dma-arm" | "lies"),
+                | "memcpy-bench" | "dma-state" | "dma-arm" | "lies" | "reset-regs"),
             ),
             arg,
         ) => {
@@ -101,6 +101,7 @@ pub fn handle(line: &str, fabric: &Fabric) -> String {
                 "dma-state" => dma_state(&args, fabric),
                 "dma-arm" => dma_arm(&args, fabric),
                 "lies" => lies(&args, fabric),
+                "reset-regs" => reset_regs(&args, fabric),
                 "mem-fill" => mem_fill(&args, fabric),
                 "memcpy-bench" => memcpy_bench(&args, fabric),
                 _ => mem_hash(&args, fabric),
@@ -123,7 +124,7 @@ fn parse_num<T: TryFrom<u64>>(s: &str, what: &str) -> Result<T, String> {
     T::try_from(v).map_err(|_| format!("{what} {s} is out of range"))
 }
 
-const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|dma-delay MS|completion-delay US|hostile SEED|lie bind-status|event-code|event-count|unbind-request|dma-done|bind-other|gone|dma-mrpc off|on>, or fault clear [host|all]";
+const FAULT_USAGE: &str = "usage: fault <host|all> <mrpc-hang|mrpc-error RET|drop-irq|delay MS|bad-length|firmware-dead|no-enumerate|late-unbind-request|dma-delay MS|completion-delay US|hostile SEED|lie bind-status|event-code|event-count|unbind-request|dma-done|bind-other|gone|dma-mrpc off|on>, or fault clear [host|all]";
 
 /// The outcome of a control bind/unbind as JSON.
 fn bind_result(what: &str, ret: u32, ms: u128) -> Result<String, String> {
@@ -260,6 +261,7 @@ fn fault(args: &[&str], fabric: &Fabric) -> Result<String, String> {
         [who, "bad-length"] => (select(who)?, Box::new(|f| f.bad_length = true)),
         [who, "firmware-dead"] => (select(who)?, Box::new(|f| f.dead = true)),
         [who, "no-enumerate"] => (select(who)?, Box::new(|f| f.no_enumerate = true)),
+        [who, "late-unbind-request"] => (select(who)?, Box::new(|f| f.late_unbind_request = true)),
         [who, "dma-delay", ms] => {
             let ms: u64 = parse_num(ms, "DMA delay")?;
             if ms > 600_000 {
@@ -519,6 +521,16 @@ fn lies(args: &[&str], fabric: &Fabric) -> Result<String, String> {
         told.join(","),
         mep.gone_writes.load(Ordering::Relaxed)
     ))
+}
+
+/// `reset-regs <host>`: the MEP's registers as a reset whose config space the host restored
+/// leaves them.
+fn reset_regs(args: &[&str], fabric: &Fabric) -> Result<String, String> {
+    let [host] = args else {
+        return Err("usage: reset-regs <host>".into());
+    };
+    fabric.meps[host_index(fabric, host)?].reset_regs();
+    Ok("{\"ok\":true}".into())
 }
 
 /// Where `dma-arm` points DMA MRPC and the DMA engine: far above any guest's memory, so

@@ -324,6 +324,13 @@ impl Fabric {
                     }
                 }
             }
+            // `fault <host> late-unbind-request`: one more request for what just left, after
+            // its UNBIND (the finish's notice signals the queue).
+            if !first.bind && ret == 0 && self.meps[first.host].take_late_unbind_request() {
+                for r in &reqs {
+                    m.unbind_request(r);
+                }
+            }
             (notices, m.invariants())
         };
         let ids: Vec<String> = reqs.iter().map(|r| format!("{:#06x}", r.pdfid)).collect();

@@ -79,6 +79,9 @@ pub struct Faults {
     pub dead: bool,
     /// The next bind to this host adds no device to QEMU but reports DONE.
     pub no_enumerate: bool,
+    /// The next unbind of a function of this host that succeeds queues one more
+    /// UNBIND_REQUEST for it after it is gone (a request that reached the host late).
+    pub late_unbind_request: bool,
     /// The DMA engine sleeps this long before every chunk it copies.
     pub dma_delay_ms: u64,
     /// Hostile firmware with this seed: replies, event registers and DMA
@@ -118,6 +121,9 @@ impl Faults {
         }
         if self.no_enumerate {
             v.push("no-enumerate".to_owned());
+        }
+        if self.late_unbind_request {
+            v.push("late-unbind-request".to_owned());
         }
         if self.dma_delay_ms > 0 {
             v.push(format!("dma-delay {}", self.dma_delay_ms));
@@ -648,6 +654,12 @@ impl Mep {
         std::mem::take(&mut f.no_enumerate)
     }
 
+    /// Consume a `late-unbind-request` fault.
+    pub fn take_late_unbind_request(&self) -> bool {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut f.late_unbind_request)
+    }
+
     /// Show fabric changes in this MEP's registers and interrupt.
     pub fn signal(&self, notices: &[Notice], pending: u32) {
         let drop_irq = self.faults().drop_irq;
@@ -718,6 +730,24 @@ impl Mep {
         inner.epoch += 1;
         inner.dma_epoch += 1;
         info!("{}: device reset", self.name);
+    }
+
+    /// Registers back to power-on values as a function-level or secondary bus reset leaves
+    /// them, with config space and the MSI-X table as the host's PCI core restores them
+    /// after one (control request `reset-regs`).
+    pub fn reset_regs(&self) {
+        let mut inner = self.lock();
+        let features = *self.features.lock().unwrap_or_else(|e| e.into_inner());
+        inner.gas = Gas::new(
+            &self.fw,
+            self.partition,
+            self.partitions,
+            self.p2p.window_mib(),
+            features,
+        );
+        inner.epoch += 1;
+        inner.dma_epoch += 1;
+        info!("{}: registers reset (config space kept)", self.name);
     }
 
     /// `fault <host> dma-mrpc off|on`: the firmware withdraws DMA MRPC (or

@@ -186,6 +186,11 @@ pub fn all() -> Vec<Scenario> {
             compose_locks::killed_waiter_ends,
         ),
         s(
+            "compose: a bind waiting for a free logical port counts in compose_waiting",
+            240,
+            compose_locks::free_port_waiter_counted,
+        ),
+        s(
             "compose trust: MEP unbound while a bind waits: ENODEV at once",
             240,
             compose_trust::unbind_mep_during_bind,
@@ -259,6 +264,17 @@ pub fn all() -> Vec<Scenario> {
             "p2p trust: SIGKILL ends a copier waiting for the DMA engine within 1 s",
             300,
             p2p_trust::killed_waiter,
+        ),
+        s(
+            "p2p trust: a copier signalled under SA_RESTART while it waits for the DMA engine \
+             keeps its timeout",
+            300,
+            p2p_trust::signalled_waiter,
+        ),
+        s(
+            "p2p trust: the DMA engine works again after the MEP's registers were reset",
+            240,
+            p2p_trust::ring_after_reset,
         ),
         s(
             "sysfs: per-function telemetry in every host follows the firmware",
@@ -444,6 +460,12 @@ pub fn all() -> Vec<Scenario> {
              is undone",
             120,
             driver_trust::firmware_lies_bind_other,
+        ),
+        s(
+            "firmware lies: an unbind request that came after the function left is stale, not \
+             a lie",
+            120,
+            driver_trust::stale_unbind_request,
         ),
         s(
             "events: an interrupt while the MEP reads all ones (surprise removal) is not serviced",

@@ -142,6 +142,8 @@ fn main() -> ExitCode {
         "p2p-user" => Some(p2p::cmd_p2p_user),
         "bar-range" => Some(p2p::cmd_bar_range),
         "p2p-bench" => Some(p2p::cmd_p2p_bench),
+        "p2p-signalled" => Some(p2p::cmd_p2p_signalled),
+        "p2p-movable" => Some(p2p::cmd_p2p_movable),
         "fuzz" => Some(fuzz::cmd_fuzz),
         "unload-cycles" => Some(cycles::cmd_unload_cycles),
         "probe-faults" => Some(faults::cmd_probe_faults),

@@ -7,7 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::checks::{check_world, compose_begin, emu_owners, owners, ClearFault};
+use crate::checks::{
+    bind_here, check_bound_pcifab, check_world, compose_begin, emu_owners, owners, ClearFault,
+    PCIFAB_KO,
+};
 use crate::config::Expected;
 use crate::fabric::{EmuControl, Fabric, Host};
 
@@ -428,5 +431,108 @@ pub fn multi_fn_no_slot(f: &mut Fabric) -> Result<(), String> {
         f,
         &owners(&[]),
         "two-function device unbound without a slot",
+    )
+}
+
+/// `removal_delay_ms` of [`free_port_waiter_counted`]: holds the fabric-event work's removal
+/// of the function on the last port, whose port the firmware shows free meanwhile.
+const FREE_PORT_HOLD_MS: u32 = 20_000;
+
+/// A bind with no port given, while every logical port of the host the firmware shows free
+/// is held by another operation, waits for one (`take_free_port`); it must show in
+/// `compose_waiting` as the waits for a function or for a given port do. The holder is the
+/// fabric-event work removing the function the manager unbinds from the last free port
+/// (held there by `removal_delay_ms`, while pciehp and the firmware have already let the
+/// function go); the other three ports hold functions. Before the fix the bind waited with
+/// `compose_waiting` at 0. Extended dialect only (the firmware's UNBIND_REQUEST).
+pub fn free_port_waiter_counted(f: &mut Fabric) -> Result<(), String> {
+    if f.dialect() == crate::config::Dialect::Pax {
+        return Err(
+            "needs the extended dialect: the holder is the removal an UNBIND_REQUEST starts".into(),
+        );
+    }
+    compose_begin(f)?;
+    let emu = f.emu();
+    let e = f.expected.clone();
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    h0.run_ok(&format!(
+        "rmmod pcifab && insmod {PCIFAB_KO} removal_delay_ms={FREE_PORT_HOLD_MS}"
+    ))?;
+    check_bound_pcifab(h0)?;
+    let r = (|| -> Result<(), String> {
+        // Ports 0-2 hold gpu1's VFs 1-3, port 3 gpu0's PF (enumerated in h0, so that its
+        // removal reaches the delay).
+        for (port, pdfid) in [0x0401u16, 0x0402, 0x0403].into_iter().enumerate() {
+            let v = emu.request(&format!("bind {pdfid:#06x} h0 {port}"))?;
+            if v["ok"] != serde_json::Value::Bool(true) {
+                return Err(format!(
+                    "emulator bind of {pdfid:#06x} to h0 port {port}: {v}"
+                ));
+            }
+        }
+        bind_here(h0, &e, HELD)?;
+        // The manager unbinds it: h0's fabric-event work takes port 3 and waits in the
+        // removal delay; QEMU's device_del and pciehp let the firmware's unbind finish.
+        let unbind = {
+            let emu = emu.clone();
+            std::thread::spawn(move || emu.request(&format!("unbind {HELD:#06x}")))
+        };
+        if !poll(h0, "dmesg | grep -q 'removal delayed by'", 20)? {
+            return Err("h0: the removal of the unbound function never reached its delay".into());
+        }
+        let unbound = unbind
+            .join()
+            .map_err(|_| "the emulator's unbind thread panicked".to_string())??;
+        h0.log_note(&format!("manager's unbind of {HELD:#06x}: {unbound}"));
+        let (o, _) = emu_owners(&emu, &e)?;
+        if o.contains_key(&HELD) {
+            return Err(format!(
+                "h0: {HELD:#06x} still bound after the manager's unbind"
+            ));
+        }
+        let t = Instant::now();
+        start_bg(h0, "anyport", "pcifab-bind 0 0x0404 -t 60000")?;
+        wait_waiting(h0, 1, 10, "a bind with no port while port 3 is held")?;
+        let removing = !poll(h0, "dmesg | grep -q 'leaving this host'", 0)?;
+        h0.log_note(&format!(
+            "the any-port bind counted in compose_waiting after {:.1} s; removal still held: \
+             {removing}",
+            t.elapsed().as_secs_f64()
+        ));
+        if !removing {
+            return Err(
+                "h0: the removal holding port 3 ended before the bind was seen waiting".into(),
+            );
+        }
+        let limit = FREE_PORT_HOLD_MS / 1000 + 60;
+        if !poll(h0, "[ -s /tmp/anyport.rc ]", limit)? {
+            return Err(format!(
+                "h0: the any-port bind did not end within {limit} s"
+            ));
+        }
+        let rc = bg_rc(h0, "anyport")?;
+        let out = bg_out(h0, "anyport")?;
+        if rc != Some(0) {
+            return Err(format!(
+                "h0: the any-port bind, once port 3 was free: exit {rc:?}: {}",
+                out.trim()
+            ));
+        }
+        let now = waiting(h0)?;
+        if now != 0 {
+            return Err(format!("h0: compose_waiting is {now} after the bind ended"));
+        }
+        Ok(())
+    })();
+    // The module without the delay again, whatever happened.
+    let reloaded = h0
+        .run_ok(&format!("rmmod pcifab && insmod {PCIFAB_KO}"))
+        .and_then(|_| check_bound_pcifab(h0));
+    r?;
+    reloaded?;
+    check_world(
+        f,
+        &owners(&[(0x0401, 0), (0x0402, 0), (0x0403, 0), (0x0404, 0)]),
+        "any-port bind after the held removal",
     )
 }

@@ -1018,6 +1018,62 @@ pub fn firmware_lies_bind_other(f: &mut Fabric) -> Result<(), String> {
     recovered(h)
 }
 
+/// An UNBIND_REQUEST that reaches the owner after the function left it is normal (the
+/// request raced the function's unbind): `fault HOST late-unbind-request` makes the emulator
+/// queue one more request for the function after its UNBIND, as a request that crossed this
+/// host's own unbind would come. The driver must log it as a stale request (info level),
+/// never as a firmware lie, and remove nothing; before, it was counted and logged as `firmware
+/// lie #N: unbind request for 0x0300 on port P, which holds -1`. A request for a function
+/// never bound here stays a lie (`firmware lies: ...` checks that).
+pub fn stale_unbind_request(f: &mut Fabric) -> Result<(), String> {
+    if f.dialect() == Dialect::Pax {
+        return Err("needs the extended dialect: PAX firmware sends no UNBIND_REQUEST".into());
+    }
+    compose_begin(f)?;
+    let emu = f.emu();
+    let e = f.expected.clone();
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    let count = |h: &mut Host, pattern: &str| -> Result<u64, String> {
+        let o = h.run(&format!("dmesg | grep -cE '{pattern}'; true"))?;
+        o.out
+            .trim()
+            .parse()
+            .map_err(|_| format!("{}: counting `{pattern}`: {:?}", h.name, o.out.trim()))
+    };
+    let stale_line = format!(
+        "stale unbind request #[0-9]+: unbind request for {GPU0:#06x} on port [0-9]+, which it \
+         has left; ignored"
+    );
+    bind_here(h, &e, GPU0)?;
+    emu.request(&format!("fault {} late-unbind-request", h.name))?;
+    pcifab_ok(h, &format!("unbind {GPU0:#06x}"))?;
+    let seen = wait_for(
+        h,
+        &format!("{{ dmesg | grep -qE '{stale_line}' || dmesg | grep -q 'firmware lie #'; }}"),
+        20,
+    );
+    let armed = emu.request("state");
+    emu.request(&format!("fault clear {}", h.name))?;
+    let seen = seen?;
+    let mut c = Checks::new(&format!(
+        "{}: unbind request after the function left",
+        h.name
+    ));
+    if !seen {
+        c.fail("within 20 s the driver logged neither a stale request nor a lie".into());
+    }
+    if armed?.to_string().contains("late-unbind-request") {
+        c.fail("the emulator never sent the late UNBIND_REQUEST (fault still armed)".into());
+    }
+    c.eq("stale request lines", 1, count(h, &stale_line)?);
+    c.eq("firmware lie lines", 0, count(h, "firmware lie #")?);
+    c.finish()?;
+    // Nothing was removed or unbound by the stale request: the function binds here again.
+    bind_here(h, &e, GPU0)?;
+    pcifab_ok(h, &format!("unbind {GPU0:#06x}"))?;
+    recovered(h)
+}
+
 /// A MEP gone from the bus (surprise removal) reads all ones. Its interrupt handler must see
 /// that and stop: before, it took every "occurred" bit as set, wrote the headers back,
 /// counted events and queued work against a device that was not there.

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::checks::{
-    bind_here, check_invariants, compose_begin, dmesg_clean, expect_eq, json_line, pcifab_ok,
-    refused_without_extensions, Checks, GPU0, MIB,
+    bind_here, check_bound_pcifab, check_invariants, compose_begin, dmesg_clean, expect_eq,
+    json_line, pcifab_cmd, pcifab_ok, refused_without_extensions, selftest_json, Checks, GPU0, MIB,
+    PCIFAB_KO,
 };
 use crate::fabric::{EmuControl, Fabric, Host};
 
@@ -116,6 +117,32 @@ fn copy_result(h: &mut Host, tag: &str, secs: u32) -> Result<(i64, Value), Strin
     Ok((code, json_line(&o)?))
 }
 
+/// Waits (at most `secs`) for the background `pcifab-selftest p2p-movable` to end; returns its
+/// exit code and its last (`"phase":"after"`) line.
+fn movable_result(h: &mut Host, secs: u32) -> Result<(i64, Value), String> {
+    let o = h.run_ok_timeout(
+        &format!(
+            "i=0; while [ ! -s /tmp/lt.rc ] && [ $i -lt {} ]; do sleep 0.05; i=$((i+1)); done; \
+             [ -s /tmp/lt.rc ] || {{ echo 'the copy still runs {secs} s on'; exit 1; }}; \
+             cat /tmp/lt.rc /tmp/lt.json",
+            secs * 20
+        ),
+        LONG,
+    )?;
+    let code = o
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .ok_or_else(|| format!("{}: p2p-movable: no exit code in {o:?}", h.name))?;
+    let line = o
+        .lines()
+        .rfind(|l| l.contains("\"phase\":\"after\""))
+        .ok_or_else(|| format!("{}: p2p-movable printed no result: {o}", h.name))?;
+    let v = serde_json::from_str(line)
+        .map_err(|e| format!("{}: p2p-movable result {line:?}: {e}", h.name))?;
+    Ok((code, v))
+}
+
 /// The MEP leaves the bus (surprise removal: every BAR0 and config-space read returns all
 /// ones, and the emulator's engine stops) while a copy
 /// from a 16 MiB user buffer runs: the copy must end with ENODEV at once, with every page it
@@ -197,7 +224,9 @@ pub fn gone_during_copy(f: &mut Fabric) -> Result<(), String> {
 /// A user buffer in movable memory: the copy pins it long-term (`FOLL_LONGTERM`), so the
 /// kernel moves the pages out of the movable zone first, and that memory block can still be
 /// taken offline while the copy holds the pages. A short-term pin would leave them in the
-/// block, unmovable, and the offline would not finish.
+/// block, unmovable, and the offline would not finish. The copier (`pcifab-selftest
+/// p2p-movable`) counts its buffer's pages in the block before the copy
+/// (`/proc/self/pagemap`): a buffer that was never there would prove nothing.
 pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
     let Some(emu) = begin_gpu0(f, 64 * MIB)? else {
         return Ok(());
@@ -241,11 +270,11 @@ pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
     // while the block is taken offline.
     emu.request("fault h0 dma-delay 30000")?;
     let result = (|| -> Result<(i64, String), String> {
-        copy_in_background(
-            h0,
-            "lt",
-            "--from file:/tmp/lt.in --to 0x0300:0 --len 8M --timeout 300000",
-        )?;
+        h0.run_ok(&format!(
+            "rm -f /tmp/lt.rc /tmp/lt.json; (pcifab-selftest p2p-movable --file /tmp/lt.in \
+             --fn 0x0300 --off 0 --block {block} --timeout 300000 > /tmp/lt.json 2>&1; \
+             echo $? > /tmp/lt.rc) >/dev/null 2>&1 &"
+        ))?;
         wait_dma_in_flight(&emu, "h0", "copy from a buffer in movable memory")?;
         let o = h0.run_timeout(
             &format!("timeout 20 sh -c 'echo offline > {state}' 2>&1; echo rc=$?"),
@@ -266,7 +295,7 @@ pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
         Ok((o.code, o.out))
     })();
     emu.request("fault h0 clear")?;
-    let copied = copy_result(h0, "lt", 200);
+    let copied = movable_result(h0, 200);
     // The block comes back whatever happened.
     let _ = h0.run(&format!(
         "[ \"$(cat {state})\" = online ] || echo online_movable > {state}"
@@ -281,8 +310,26 @@ pub fn longterm_pins(f: &mut Fabric) -> Result<(), String> {
         ));
     }
     let (code, v) = copied?;
-    c.eq("copy exit code", 0, code);
-    c.eq_json("bytes copied", Value::from(8 * MIB), v["bytes"].clone());
+    h0.log_note(&format!("copier: {v}"));
+    c.eq("copier exit code", 0, code);
+    c.eq_json("copy errno", Value::from(0), v["errno"].clone());
+    c.eq_json("bytes copied", Value::from(8 * MIB), v["done"].clone());
+    c.eq_json(
+        "buffer pages present (every page it spans)",
+        v["span"].clone(),
+        v["pages"].clone(),
+    );
+    if v["in_block_before"].as_u64().unwrap_or(0) == 0 {
+        c.fail(format!(
+            "none of the buffer's pages was in memory block {block} before the copy: the \
+             offline proves nothing about the pin ({v})"
+        ));
+    }
+    c.eq_json(
+        "buffer pages left in the block after the copy",
+        Value::from(0),
+        v["in_block_after"].clone(),
+    );
     c.finish()?;
     pcifab_ok(
         h0,
@@ -402,4 +449,138 @@ pub fn killed_waiter(f: &mut Fabric) -> Result<(), String> {
     h0.log_note(&format!("the killed copier ended {ms} ms after SIGKILL"));
     check_invariants(&emu, "P2P trust: killed waiter")?;
     dmesg_clean(h0)
+}
+
+/// `EINTR` as the selftest reports it.
+const EINTR: i64 = 4;
+
+/// A copier waits for the engine while SIGALRM (handler with `SA_RESTART`) arrives every
+/// 100 ms. Its 1 s timeout must hold: the call ends within it, with `EINTR` and nothing
+/// copied, while the copy ahead of it still has the engine. Before, the wait returned
+/// `ERESTARTSYS`, the call restarted with a new deadline at every signal, and it waited
+/// until the engine was free (then copied).
+pub fn signalled_waiter(f: &mut Fabric) -> Result<(), String> {
+    let Some(emu) = begin_gpu0(f, 16 * MIB)? else {
+        return Ok(());
+    };
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    // One 4 MiB part of 4 chunks, 2 s each: the engine is busy for about 8 s.
+    emu.request("fault h0 dma-delay 2000")?;
+    let result = (|| -> Result<(Value, bool), String> {
+        copy_in_background(
+            h0,
+            "long",
+            "--from 0x0300:0 --to 0x0300:0x400000 --len 4M --timeout 120000",
+        )?;
+        wait_dma_in_flight(&emu, "h0", "the long copy")?;
+        let v = selftest_json(
+            h0,
+            "p2p-signalled --from 0x0300:0 --to 0x0300:0x800000 --len 4096 --timeout 1000 \
+             --every 100",
+            LONG,
+        )?;
+        let engine = emu.request("p2p h0")?;
+        Ok((v, engine["head"].as_u64() != engine["tail"].as_u64()))
+    })();
+    let long = copy_result(h0, "long", 120);
+    emu.request("fault h0 clear")?;
+    let (v, in_flight) = result?;
+    h0.log_note(&format!("signalled copier: {v}"));
+    let mut c = Checks::new("h0: a copier signalled (SA_RESTART) while it waits for the engine");
+    let ms = v["ms"].as_u64().unwrap_or(u64::MAX);
+    if ms > 2000 {
+        c.fail(format!(
+            "the call took {ms} ms; its timeout is 1000 ms (restarted with a new deadline?)"
+        ));
+    }
+    c.eq_json("errno", Value::from(EINTR), v["errno"].clone());
+    c.eq_json("bytes done", Value::from(0), v["done"].clone());
+    if v["signals"].as_u64().unwrap_or(0) == 0 {
+        c.fail("no SIGALRM reached the copier".into());
+    }
+    if !in_flight {
+        c.fail("the long copy left the engine before the signalled copier ended".into());
+    }
+    let (code, lv) = long?;
+    c.eq("long copy exit code", 0, code);
+    c.eq_json("long copy bytes", Value::from(4 * MIB), lv["bytes"].clone());
+    c.finish()?;
+    check_invariants(&emu, "P2P trust: signalled waiter")?;
+    dmesg_clean(h0)
+}
+
+/// The MEP's registers go back to their power-on values as a function-level or bus reset
+/// leaves them, config space restored as the PCI core does (`reset-regs h0`): the DMA
+/// engine's ring base and size, interrupt and enable are gone. The next copy must find that
+/// out and set the engine up again; before, the driver programmed the ring at probe only and
+/// every later copy timed out.
+pub fn ring_after_reset(f: &mut Fabric) -> Result<(), String> {
+    let Some(emu) = begin_gpu0(f, 16 * MIB)? else {
+        return Ok(());
+    };
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    h0.run_ok("head -c 1048576 /dev/urandom > /tmp/rst.in")?;
+    pcifab_ok(
+        h0,
+        "p2p copy --from file:/tmp/rst.in --to 0x0300:0 --len 1M --timeout 20000",
+    )?;
+    emu.request("reset-regs h0")?;
+    let r = ring_after_reset_checks(&emu, h0);
+    // Events, DMA MRPC and the rest of the registers as a fresh probe sets them, whatever
+    // happened: the scenarios after this one need the MEP's events.
+    let reloaded = h0
+        .run_ok(&format!("rmmod pcifab && insmod {PCIFAB_KO}"))
+        .and_then(|_| check_bound_pcifab(h0));
+    r?;
+    reloaded?;
+    check_invariants(&emu, "P2P trust: ring after a reset")?;
+    dmesg_clean(h0)
+}
+
+/// The checks of [`ring_after_reset`] once the registers were reset.
+fn ring_after_reset_checks(emu: &EmuControl, h0: &mut Host) -> Result<(), String> {
+    let reset = emu.request("dma-state h0")?;
+    let t = Instant::now();
+    let (code, v, out) = pcifab_cmd(
+        h0,
+        "p2p copy --from 0x0300:0 --to file:/tmp/rst.out --len 1M --timeout 20000",
+    )?;
+    let ms = t.elapsed().as_millis();
+    let after = emu.request("dma-state h0")?;
+    h0.log_note(&format!(
+        "engine after the reset: {reset}; copy after it: exit {code} in {ms} ms; engine then: \
+         {after}"
+    ));
+    let mut c = Checks::new("h0: 1 MiB copy after the MEP's registers were reset");
+    c.eq_json(
+        "ring size right after the reset",
+        Value::from(0),
+        reset["ring_size"].clone(),
+    );
+    c.eq("copy exit code", 0, code);
+    if code != 0 {
+        c.fail(format!("the copy failed: {}", out.trim()));
+    }
+    c.eq_json("bytes copied", Value::from(MIB), v["bytes"].clone());
+    c.eq_json(
+        "engine enabled again",
+        Value::Bool(true),
+        after["engine_on"].clone(),
+    );
+    c.eq_json(
+        "ring size again",
+        Value::from(256),
+        after["ring_size"].clone(),
+    );
+    if h0
+        .run("dmesg | grep -q 'P2P DMA engine lost its ring'")?
+        .code
+        != 0
+    {
+        c.fail("the driver did not log that the engine lost its ring".into());
+    }
+    c.finish()?;
+    h0.run_ok("cmp /tmp/rst.in /tmp/rst.out && rm -f /tmp/rst.*")
+        .map_err(|e| format!("h0: 1 MiB round trip across the reset: {e}"))?;
+    Ok(())
 }

@@ -29,6 +29,15 @@ pub const USAGE: &str = "\
         one ioctl each, alternating with N CPU bounces of the same bytes, each timed
         after 10 unmeasured ones of each: the median of the rounds' p50s of each side,
         p99/min/max of all copies, and every round's p50s, in microseconds
+  p2p-signalled --from PDFID:OFF --to PDFID:OFF --len N --timeout MS --every MS
+                [--device PATH]
+        one fabric copy with timeout MS while SIGALRM (a handler that does nothing,
+        SA_RESTART) arrives every MS: prints how long the call took, its errno (0 if it
+        succeeded), the bytes done and the signals taken
+  p2p-movable --file PATH --fn PDFID --off O --block N [--timeout MS] [--device PATH]
+        reads PATH into a fresh buffer, prints how many of its pages are in memory block
+        N (physical addresses from /proc/self/pagemap; needs CAP_SYS_ADMIN), then copies
+        the buffer to the function at O and prints the outcome and the count again
 ";
 
 /// Rounds of the `--latency` figure.
@@ -152,6 +161,169 @@ pub fn cmd_p2p_user(args: &[String]) -> Res<()> {
             back[shift + i]
         ))),
     }
+}
+
+/// Signals taken by [`cmd_p2p_signalled`]'s handler.
+static ALARMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn on_alarm(_: libc::c_int) {
+    ALARMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `PDFID:OFF` of `--k`.
+fn fn_end(a: &Args, k: &str) -> Res<(u16, u64)> {
+    let v = a.need(k)?;
+    let (p, o) = v
+        .split_once(':')
+        .ok_or_else(|| usage(format!("--{k} '{v}': expected PDFID:OFFSET")))?;
+    let p = size(&format!("--{k}"), p)?;
+    let p = u16::try_from(p).map_err(|_| usage(format!("--{k}: {p:#x} is not a PDFID")))?;
+    Ok((p, size(&format!("--{k}"), o)?))
+}
+
+/// One fabric copy under a stream of signals whose handler asks for restarts: a call that
+/// restarted with a new deadline each time would never time out while the engine is busy.
+pub fn cmd_p2p_signalled(args: &[String]) -> Res<()> {
+    let a = Args::parse(args)?;
+    let ((from, from_off), (to, to_off)) = (fn_end(&a, "from")?, fn_end(&a, "to")?);
+    let len = a.size("len")?;
+    let timeout = u32::try_from(a.size("timeout")?).map_err(|_| usage("--timeout too large"))?;
+    let every = a.size("every")?;
+    if every == 0 || every > 60_000 {
+        return Err(usage("--every: 1 to 60000 ms"));
+    }
+    let d = a.dev()?;
+    // SAFETY: installs a handler that only counts, with SA_RESTART.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut()) != 0 {
+            return Err(check(format!(
+                "sigaction: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+    }
+    let tv = libc::timeval {
+        tv_sec: (every / 1000) as _,
+        tv_usec: ((every % 1000) * 1000) as _,
+    };
+    let it = libc::itimerval {
+        it_interval: tv,
+        it_value: tv,
+    };
+    // SAFETY: `it` is a valid timer value; the old value is not wanted.
+    unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+    let t = Instant::now();
+    let r = dev::p2p_copy(
+        &d,
+        CopySrc::Function {
+            pdfid: from,
+            off: from_off,
+        },
+        CopyDst::Function {
+            pdfid: to,
+            off: to_off,
+        },
+        len,
+        timeout,
+    );
+    let ms = t.elapsed().as_millis();
+    let off = libc::itimerval {
+        it_interval: libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+        it_value: libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+    };
+    // SAFETY: as above; a zero value stops the timer.
+    unsafe { libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut()) };
+    let (errno, done) = match &r {
+        Ok(c) => (0, c.done),
+        Err(e) => (e.err.raw_os_error().unwrap_or(-1), e.done),
+    };
+    println!(
+        "{{\"test\":\"p2p-signalled\",\"ms\":{ms},\"errno\":{errno},\"done\":{done},\
+         \"signals\":{}}}",
+        ALARMS.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    Ok(())
+}
+
+/// The pages `buf` spans, those of them present, and those of them in memory block `block`.
+fn pages_in_block(buf: &[u8], block: u64) -> Res<(u64, u64, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let bs = std::fs::read_to_string("/sys/devices/system/memory/block_size_bytes")
+        .map_err(|e| check(format!("block_size_bytes: {e}")))?;
+    let block_size = u64::from_str_radix(bs.trim(), 16)
+        .map_err(|e| check(format!("block_size_bytes {:?}: {e}", bs.trim())))?;
+    let mut pm = File::open("/proc/self/pagemap").map_err(|e| check(format!("pagemap: {e}")))?;
+    let (start, end) = (buf.as_ptr() as u64, buf.as_ptr() as u64 + buf.len() as u64);
+    let (first, last) = (start / PAGE, end.div_ceil(PAGE));
+    let mut raw = vec![0u8; ((last - first) * 8) as usize];
+    pm.seek(SeekFrom::Start(first * 8))
+        .and_then(|_| pm.read_exact(&mut raw))
+        .map_err(|e| check(format!("reading pagemap: {e}")))?;
+    let (mut present, mut inside) = (0u64, 0u64);
+    for e in raw.chunks_exact(8) {
+        let e = u64::from_le_bytes(e.try_into().unwrap_or_default());
+        if e >> 63 == 0 {
+            continue;
+        }
+        let pfn = e & ((1 << 55) - 1);
+        if pfn == 0 {
+            return Err(check(
+                "pagemap shows no page frame numbers (needs CAP_SYS_ADMIN)".to_string(),
+            ));
+        }
+        present += 1;
+        if pfn.saturating_mul(PAGE) / block_size == block {
+            inside += 1;
+        }
+    }
+    Ok((last - first, present, inside))
+}
+
+const PAGE: u64 = 4096;
+
+/// A copy from a user buffer whose pages are counted in memory block `--block` before the
+/// copy pins them, so a test can tell that the buffer was in that block to begin with.
+pub fn cmd_p2p_movable(args: &[String]) -> Res<()> {
+    let a = Args::parse(args)?;
+    let path = a.need("file")?;
+    let (pdfid, off, block) = (a.pdfid("fn")?, a.size("off")?, a.size("block")?);
+    let timeout = u32::try_from(a.size_or("timeout", 0)?).map_err(|_| usage("--timeout"))?;
+    let d = a.dev()?;
+    // Read into fresh memory: its pages come from the allocator as the read faults them in.
+    let buf = std::fs::read(path).map_err(|e| check(format!("{path}: {e}")))?;
+    let (span, pages, before) = pages_in_block(&buf, block)?;
+    println!(
+        "{{\"test\":\"p2p-movable\",\"phase\":\"before\",\"span\":{span},\"pages\":{pages},\
+         \"in_block\":{before}}}"
+    );
+    let r = dev::p2p_copy(
+        &d,
+        CopySrc::User(&buf),
+        CopyDst::Function { pdfid, off },
+        buf.len() as u64,
+        timeout,
+    );
+    let (_, _, after) = pages_in_block(&buf, block)?;
+    let (errno, done) = match &r {
+        Ok(c) => (0, c.done),
+        Err(e) => (e.err.raw_os_error().unwrap_or(-1), e.done),
+    };
+    println!(
+        "{{\"test\":\"p2p-movable\",\"phase\":\"after\",\"span\":{span},\"pages\":{pages},\
+         \"in_block_before\":{before},\"in_block_after\":{after},\"errno\":{errno},\
+         \"done\":{done}}}"
+    );
+    Ok(())
 }
 
 pub fn cmd_bar_range(args: &[String]) -> Res<()> {
