@@ -518,7 +518,8 @@ impl Mep {
     /// A function whose endpoint's link is down is missing from the endpoint records but
     /// may still hold a host's logical port: the hosts' virtual switches (HVD) say where.
     fn binding(&self, pdfid: u16) -> Result<Option<(u8, u8)>> {
-        let (found, hosts) = self.fabric.with_view(self, |v| {
+        // Bindings reach the view by the firmware's events whatever its age.
+        let (found, hosts) = self.fabric.with_view_by_events(self, |v| {
             let found = v.functions.iter().find(|f| f.pdfid == pdfid).map(|f| {
                 if f.bound_host == crate::uapi::UNBOUND {
                     None
@@ -643,7 +644,9 @@ impl Mep {
                 Ok(()) => break (h, p),
             }
         };
-        self.fabric.invalidate();
+        // The firmware's BIND events bring the change to the view; its next reader reads the
+        // fabric only if they have not (`Fabric::own_change`).
+        self.fabric.own_change(&list[..count], host, port, true);
         self.check_bound(&h, host, port, &list[..count], local)?;
         if !local || !wait_local {
             return Ok(Bound { port, local: None });
@@ -840,7 +843,10 @@ impl Mep {
                 }
             }
         }
-        self.fabric.invalidate();
+        match result {
+            Ok(()) => self.fabric.own_change(&[pdfid], host, port, false),
+            Err(_) => self.fabric.invalidate(),
+        }
         match result {
             // Somebody else unbound it first (another host's unbind, or the manager's): the
             // caller's request found nothing to do. What this host removed is gone from the

@@ -5,8 +5,9 @@
 //!
 //! It is read with PAX commands only: the topology dump ([`fw::topo`]) for the ports and the
 //! fabric database ([`fw::gfms`], PAX_ALL) for the hosts and every endpoint's functions. The
-//! view is cached and read again when a link event arrived, when this host changed a binding,
-//! when a fabric event came that its data cannot describe, or when the view is older than
+//! view is cached and read again when a link event arrived, when a fabric event came that its
+//! data cannot describe, when this host's own binding change is not shown once the events
+//! queued so far are applied, or when the view is older than
 //! [`MAX_AGE_MS`] (a change the firmware signals to no host of ours, such as another host's
 //! link, is seen within that time). Every length the firmware reports is checked; a reply that
 //! does not add up is `EIO`, never an out-of-bounds access.
@@ -18,6 +19,11 @@
 //! applies them to the cached view. Anything the events cannot describe (another event code,
 //! a function or host the view does not know, a dropped event, a failed read of the queue)
 //! makes the view stale instead.
+//!
+//! This host's own binds and unbinds take the same path ([`Fabric::own_change`]): the
+//! firmware's event for each is applied in its place among the others, and a reader that
+//! finds the view not yet showing the change reads the whole fabric
+//! (`Documentation/design.rst`, "The view after this host's own bind").
 
 use kernel::{
     new_mutex,
@@ -44,6 +50,9 @@ const MAX_CHANGES: usize = 512;
 /// Unbind requests kept for the fabric-event work at most; the firmware sends one per
 /// function it takes from this host, so more than that is a firmware that floods.
 const MAX_REQUESTS: usize = 256;
+/// This host's own binding changes kept for the next reader at most; past that the view is
+/// read again.
+const MAX_OWN: usize = 64;
 
 /// One physical port.
 #[derive(Clone, Copy, Default)]
@@ -93,6 +102,34 @@ struct Change {
     to: Option<(u8, u8)>,
 }
 
+/// A binding change this host made itself and the firmware accepted ([`Fabric::own_change`]):
+/// what the view must show once the firmware's own event for it is applied.
+#[derive(Clone, Copy)]
+struct Own {
+    pdfid: u16,
+    /// The host (index) and its logical port.
+    host: u8,
+    port: u8,
+    /// Bound there (a bind), or unbound, the port left empty (an unbind).
+    bound: bool,
+}
+
+/// Whether `view` shows `o`: for a bind, the function bound to that host's port; for an
+/// unbind, the function bound nowhere and no function left on that port.
+fn shows(view: &View, o: &Own) -> bool {
+    let Some(f) = view.functions.iter().find(|f| f.pdfid == o.pdfid) else {
+        return false;
+    };
+    if o.bound {
+        f.flags & FN_BOUND != 0 && f.bound_host == o.host && f.bound_log_port == o.port
+    } else {
+        f.flags & FN_BOUND == 0
+            && !view.functions.iter().any(|g| {
+                g.flags & FN_BOUND != 0 && g.bound_host == o.host && g.bound_log_port == o.port
+            })
+    }
+}
+
 /// An `UNBIND_REQUEST` for one of this host's functions: `(upstream port, logical port,
 /// PDFID)` as the event names them.
 pub(crate) type Request = (u8, u8, u16);
@@ -105,6 +142,8 @@ struct Queue {
     reread: bool,
     /// Unbind requests for the fabric-event work.
     requests: KVec<Request>,
+    /// This host's own binding changes since the last reader, oldest first.
+    own: KVec<Own>,
 }
 
 /// Applies one change to `view`; `false` if the view does not know the function or host.
@@ -153,8 +192,8 @@ pub(crate) struct View {
 pub(crate) struct Fabric {
     #[pin]
     view: Mutex<View>,
-    /// The view must be read again: a link event, a binding of this host's, or events that
-    /// cannot be applied.
+    /// The view must be read again: a link event, a binding of this host's whose outcome is
+    /// unknown, or events that cannot be applied.
     stale: Atomic<bool>,
     /// The firmware signalled fabric events that nobody has read from its queue yet.
     unread: Atomic<bool>,
@@ -283,6 +322,7 @@ impl Fabric {
                 changes: KVec::new(),
                 reread: false,
                 requests: KVec::new(),
+                own: KVec::new(),
             }),
             session <- new_mutex!(()),
         })
@@ -308,11 +348,46 @@ impl Fabric {
         Ok(())
     }
 
-    /// Marks the view out of date: a link event arrived, this host changed a binding, or
-    /// something else consumed the firmware's event queue. The event interrupt calls it
-    /// before it clears a link event, so a reader sees either the pending event or the mark.
+    /// Marks the view out of date: a link event arrived, a binding command of this host's
+    /// failed in a way that leaves its outcome unknown, or something else consumed the
+    /// firmware's event queue. The event interrupt calls it before it clears a link event, so
+    /// a reader sees either the pending event or the mark.
     pub(crate) fn invalidate(&self) {
         self.stale.store(true, Relaxed);
+    }
+
+    /// Notes a binding change this host made and the firmware accepted: functions `pdfids`
+    /// bound together to logical port `port` of host `host` (`bound`), or unbound from it.
+    ///
+    /// The view is not marked for a full read: the firmware queues its own BIND or UNBIND
+    /// event for each function, and the next reader applies them in the firmware's order with
+    /// the others ([`Fabric::drain`]). That reader then checks that the view shows the change;
+    /// if it does not (an event is not queued yet, was lost, or a later event changed the
+    /// function again), it reads the whole fabric, so a reader after the change never sees the
+    /// view from before it.
+    ///
+    /// A change supersedes the changes noted earlier for the same functions or the same
+    /// logical port (the unbind and the bind of a move, a port emptied and filled again): only
+    /// the newest must show.
+    pub(crate) fn own_change(&self, pdfids: &[u16], host: u8, port: u8, bound: bool) {
+        let mut q = self.queue.lock();
+        q.own
+            .retain(|o| !pdfids.contains(&o.pdfid) && (o.host, o.port) != (host, port));
+        for &pdfid in pdfids {
+            let o = Own {
+                pdfid,
+                host,
+                port,
+                bound,
+            };
+            if q.own.len() >= MAX_OWN || q.own.push(o, GFP_KERNEL).is_err() {
+                // The next reader reads the whole fabric, which shows every change noted.
+                q.own.clear();
+                drop(q);
+                self.invalidate();
+                return;
+            }
+        }
     }
 
     /// Notes that the firmware signalled fabric events: the next reader of the view or the
@@ -409,6 +484,25 @@ impl Fabric {
     /// fault there may take as long as the caller likes) or wait for anything. Callers copy
     /// what they need into kernel memory in `f` and hand it to user space afterwards.
     pub(crate) fn with_view<R>(&self, mep: &Mep, f: impl FnOnce(&View) -> R) -> Result<R> {
+        self.view(mep, true, f)
+    }
+
+    /// [`Fabric::with_view`] for a caller that uses only what the firmware's fabric events
+    /// keep current: which functions exist (a device or endpoint port added or removed is an
+    /// event, which makes the view stale) and where each is bound (a binding made anywhere in
+    /// the fabric is a BIND or UNBIND event on every host's queue). The view is not read again
+    /// only because it is older than [`Fabric::max_age_ms`], an age meant for what no event
+    /// signals (such as another host's link); everything else that makes it stale still does.
+    pub(crate) fn with_view_by_events<R>(
+        &self,
+        mep: &Mep,
+        f: impl FnOnce(&View) -> R,
+    ) -> Result<R> {
+        self.view(mep, false, f)
+    }
+
+    /// The view for `f`; `aged`: read it again when it is older than the age set.
+    fn view<R>(&self, mep: &Mep, aged: bool, f: impl FnOnce(&View) -> R) -> Result<R> {
         let mut view = self.view.lock();
         // An event the interrupt has not handled yet counts as much as one it has.
         let pending = crate::headers::pending(mep)?;
@@ -419,20 +513,28 @@ impl Fabric {
         // interrupt queues.
         self.drain(mep, pending.gfms);
         // Taken before a full read, so that events read while it runs are applied after it.
-        let (changes, reread) = {
+        // This host's own changes are taken with them: each was accepted before it was noted,
+        // so a full read from here on shows it.
+        let (changes, reread, own) = {
             let mut q = self.queue.lock();
             (
                 core::mem::take(&mut q.changes),
                 core::mem::replace(&mut q.reread, false),
+                core::mem::take(&mut q.own),
             )
         };
         let max_age = Delta::from_millis(i64::from(self.max_age_ms()));
-        let fresh = view.read_at.is_some_and(|t| t.elapsed() < max_age);
+        let fresh = view.read_at.is_some_and(|t| !aged || t.elapsed() < max_age);
         let mut whole = self.stale.xchg(false, Relaxed) || reread || !fresh;
         if !whole && !changes.is_empty() {
             // A change the view cannot take leaves it part applied: read it whole then.
             whole = !changes.iter().all(|c| apply(&mut view, c));
             view.generation = view.generation.wrapping_add(1);
+        }
+        // The firmware's events, applied in its order, must have brought this host's own
+        // changes; if not, its event for one is late or lost: read the fabric.
+        if !whole && !own.iter().all(|o| shows(&view, o)) {
+            whole = true;
         }
         if whole {
             view.read_at = None;

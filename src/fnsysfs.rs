@@ -191,15 +191,19 @@ pub(crate) fn flush(mep: &Mep) {
 }
 
 /// Brings `mep`'s directories up to date with the fabric's function list. The list is copied
-/// out of the view first, so no fabric lock is held while directories come and go.
+/// out of the view first, so no fabric lock is held while directories come and go. The list
+/// changes only by fabric events, so the view's age alone does not make this sync, which
+/// every event queues, read the whole fabric.
 fn sync(mep: &Arc<Mep>) -> Result {
-    let pdfids = mep.fabric.with_view(mep, |v| -> Result<KVec<u16>> {
-        let mut p = KVec::with_capacity(v.functions.len(), GFP_KERNEL)?;
-        for f in v.functions.iter() {
-            p.push(f.pdfid, GFP_KERNEL)?;
-        }
-        Ok(p)
-    })??;
+    let pdfids = mep
+        .fabric
+        .with_view_by_events(mep, |v| -> Result<KVec<u16>> {
+            let mut p = KVec::with_capacity(v.functions.len(), GFP_KERNEL)?;
+            for f in v.functions.iter() {
+                p.push(f.pdfid, GFP_KERNEL)?;
+            }
+            Ok(p)
+        })??;
     let mut guard = mep.fn_dirs.lock();
     match &mut *guard {
         Some(dirs) => dirs.sync(mep, &pdfids),

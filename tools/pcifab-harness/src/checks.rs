@@ -32,6 +32,6 @@ pub use net::{h0_end, host_end, TlsFiles};
 pub use world::{
     bar_pattern, bind_here, check_bindings, check_invariants, check_world, check_world_except,
     compose_begin, configured, drive, emu_owners, emu_scrubs, fns_seen, free_all, held_by,
-    list_owners, owners, owners_text, refused_by_firmware, refused_without_extensions,
-    settled_owners, two_hosts, wait_owners, Owners, GPU0, MIB,
+    list_owners, listed_owners, owners, owners_text, refused_by_firmware,
+    refused_without_extensions, settled_owners, two_hosts, wait_owners, Owners, GPU0, MIB,
 };

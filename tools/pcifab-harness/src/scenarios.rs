@@ -151,6 +151,11 @@ pub fn all() -> Vec<Scenario> {
             compose::compose_view_events,
         ),
         s(
+            "compose: h0's own bind and unbind show in its view at once, no re-read of the fabric",
+            120,
+            compose::compose_own_view,
+        ),
+        s(
             "compose: bind to a host that never enumerates: ETIMEDOUT",
             120,
             compose::compose_no_enumerate,

@@ -165,7 +165,12 @@ fn bindings_are(e: &Expected, want: &Owners, got: &Owners, step: &str) -> Result
 /// `pcifab list --json` in `h`: owners, and the functions array as printed.
 pub fn list_owners(h: &mut Host) -> Result<(Owners, Value), String> {
     let out = h.run_ok("pcifab list --json")?;
-    json_line(&out).map_err(|e| format!("{}: `pcifab list --json`: {e}", h.name))?;
+    listed_owners(h, &out)
+}
+
+/// Owners and the functions array of `out`, what `pcifab list --json` printed in `h`.
+pub fn listed_owners(h: &Host, out: &str) -> Result<(Owners, Value), String> {
+    json_line(out).map_err(|e| format!("{}: `pcifab list --json`: {e}", h.name))?;
     let v: Value = serde_json::from_str(out.trim()).map_err(|e| {
         format!(
             "{}: `pcifab list --json`: expected one JSON object, got {:?} ({e})",

@@ -11,9 +11,9 @@ use serde_json::Value;
 
 use crate::checks::{
     bar_pattern, bind_here, check_invariants, check_world, check_world_except, compose_begin,
-    configured, emu_owners, emu_scrubs, expect_eq, fns_seen, held_by, list_owners, owners,
-    owners_text, pcifab_cmd, pcifab_ok, selftest_json, wait_for, with_fault, Checks, Owners,
-    CMD_TIMEOUT_SHORT, GPU0,
+    configured, emu_owners, emu_scrubs, expect_eq, fns_seen, held_by, list_owners, listed_owners,
+    owners, owners_text, pcifab_cmd, pcifab_ok, selftest_json, wait_for, with_fault, Checks,
+    Owners, CMD_TIMEOUT_SHORT, GPU0,
 };
 use crate::config::Expected;
 use crate::fabric::{EmuControl, Fabric, Host};
@@ -700,6 +700,89 @@ fn misc_counter(h: &mut Host, file: &str) -> Result<u64, String> {
     out.trim()
         .parse()
         .map_err(|e| format!("{}: {MISC}/{file}: {e}: {out:?}", h.name))
+}
+
+/// Lines of `text` (the emulator's log) saying `host` sent a TOPO_INFO_DUMP step: the
+/// driver sends them only to read the whole fabric.
+fn topo_steps(text: &str, host: &str) -> usize {
+    let want = format!("{host}: MRPC cmd 0x82 (TOPO_INFO_DUMP)");
+    text.lines().filter(|l| l.contains(&want)).count()
+}
+
+/// h0's own bind and unbind of GPU0, each made by `pcifab` in h0 with `pcifab list --json`
+/// in the same shell right after it: the list must show the change (the view never serves
+/// the binding from before it), and h0 must not have read the whole fabric for it (no
+/// TOPO_INFO_DUMP of h0 in the emulator's log): the firmware's own BIND and UNBIND events
+/// bring the change to the view.
+pub fn compose_own_view(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let e = f.expected.clone();
+    let emu = f.emu();
+    let log = f.emu_log.clone().ok_or(
+        "this scenario counts h0's commands in the emulator's log (emu.log): run it with the \
+         harness's own emulator",
+    )?;
+    let read_log = |from: usize| -> Result<String, String> {
+        let text =
+            std::fs::read(&log).map_err(|x| format!("cannot read {}: {x}", log.display()))?;
+        Ok(String::from_utf8_lossy(text.get(from..).unwrap_or_default()).into_owned())
+    };
+    let h0 = &mut f.hosts[0];
+    let name = h0.name.clone();
+    // Long enough that the view's age plays no part, however slow the guest.
+    h0.run_ok(&format!("echo 60000 > {MISC}/view_max_age_ms"))?;
+    // A fresh view, then where the emulator's log stands.
+    list_owners(h0)?;
+    let from = std::fs::metadata(&log)
+        .map_err(|x| format!("cannot stat {}: {x}", log.display()))?
+        .len() as usize;
+    let steps = [
+        (
+            format!("bind {GPU0:#06x} --host 0 --port 1"),
+            owners(&[(GPU0, 0)]),
+        ),
+        (format!("unbind {GPU0:#06x}"), Owners::new()),
+    ];
+    for (op, want) in steps {
+        let (mrpc0, emu0) = (
+            misc_counter(h0, "mrpc_commands")?,
+            emu.mrpc_commands(&name)?,
+        );
+        let out = h0.run_ok(&format!(
+            "pcifab --json {op} >/dev/null && pcifab list --json"
+        ))?;
+        let (listed, _) = listed_owners(h0, &out)?;
+        let mut c = Checks::new(&format!("{name} right after its own `pcifab {op}`"));
+        c.eq(
+            "bindings in `pcifab list --json`",
+            owners_text(&e, &want),
+            owners_text(&e, &listed),
+        );
+        c.finish()?;
+        let mrpc = misc_counter(h0, "mrpc_commands")?.wrapping_sub(mrpc0);
+        let emu_mrpc = emu.mrpc_commands(&name)?.wrapping_sub(emu0);
+        h0.log_note(&format!(
+            "`pcifab {op}` and the list after it: {name} issued {mrpc} firmware commands \
+             (emulator: {emu_mrpc})"
+        ));
+    }
+    // Once more after both: a reader that would find the view stale reads it whole now.
+    let (listed, _) = list_owners(h0)?;
+    let topo = topo_steps(&read_log(from)?, &name);
+    h0.run_ok(&format!("echo 1000 > {MISC}/view_max_age_ms"))?;
+    let mut c = Checks::new(&format!("{name} after its own bind and unbind"));
+    c.eq(
+        "bindings in `pcifab list --json`",
+        owners_text(&e, &Owners::new()),
+        owners_text(&e, &listed),
+    );
+    c.eq(
+        &format!("TOPO_INFO_DUMP steps of {name} (a re-read of the fabric)"),
+        0,
+        topo,
+    );
+    c.finish()?;
+    check_world(f, &Owners::new(), "h0's own bind and unbind")
 }
 
 /// `view_max_age_ms` refuses what is not one number from 0 to 60000, and anyone but root.
