@@ -25,6 +25,8 @@ use kernel::{
 
 mod chardev;
 mod compose;
+mod dmaep;
+mod dmaep_regs;
 mod event;
 mod fabric;
 mod fnsysfs;
@@ -518,6 +520,9 @@ impl PcifabDriver {
 struct PcifabModule {
     #[pin]
     _driver: kernel::driver::Registration<pci::Adapter<PcifabDriver>>,
+    /// The switch's DMA endpoint ([`dmaep`]).
+    #[pin]
+    _dmaep: kernel::driver::Registration<pci::Adapter<dmaep::DmaEpDriver>>,
     _queue: kext::workqueue::ModuleQueue,
 }
 
@@ -530,6 +535,7 @@ impl kernel::InPlaceModule for PcifabModule {
                 <Self as kernel::ModuleMetadata>::NAME,
                 module,
             ),
+            _dmaep <- kernel::driver::Registration::new(c"pcifab_dmaep", module),
         })
     }
 }
