@@ -23,7 +23,7 @@ use core::mem::ManuallyDrop;
 
 use kernel::{
     device::Core,
-    dma::{Coherent, DmaMask},
+    dma::{Coherent, DataDirection, DmaMask},
     io::{
         io_read, io_write,
         poll::read_poll_timeout,
@@ -35,6 +35,7 @@ use kernel::{
     sync::{
         aref::ARef,
         barrier::{dma_mb, Read},
+        new_mutex, Arc, Mutex,
     },
     time::{Delta, Instant, Monotonic},
 };
@@ -43,11 +44,16 @@ use crate::{
     dmaep_regs::{self as r, Ce, Se, BAR0_SIZE, MAX_CHANNELS},
     kext::{
         self,
+        binding::Binding,
+        dmaep_registry as registry,
         kobject::{DataDir, KType, KobjAttr},
         pci_enable,
         sleep::usleep_range,
         sysfs::{attribute_groups, PageWriter},
+        user_pages::{UserDma, UserPages},
     },
+    p2p::Copied,
+    uapi,
 };
 
 /// The BAR0 mapping, sized so that every fixed register offset is checked at compile time.
@@ -160,6 +166,8 @@ struct Chan {
     phase: u16,
     /// The command id of the next copy.
     cid: u16,
+    /// The self-test passed and no copy failed since: copies may use it.
+    ok: bool,
 }
 
 /// A failed copy: why, and the completion's status (0 when there was none).
@@ -281,6 +289,7 @@ impl Endpoint {
             // The endpoint's first pass writes phase 1 into the zeroed queue.
             phase: 1,
             cid: 0,
+            ok: false,
         };
         self.with_bar(|bar| -> Result {
             bar.write(
@@ -364,7 +373,12 @@ impl Endpoint {
 
     /// Copies `len` bytes from bus address `src` to `dst` on `chan` (basic mode) and waits
     /// for the completion, polled. Checks every field of the completion the endpoint wrote.
-    fn copy(&self, chan: &mut Chan, src: u64, dst: u64, len: u32) -> Result<(), Fail> {
+    fn copy(
+        &self,
+        chan: &mut Chan,
+        (src, dst, len): (u64, u64, u32),
+        (start, timeout_ms): (Instant<Monotonic>, i64),
+    ) -> Result<(), Fail> {
         if len == 0 || len > r::SE_MAX_BYTES {
             return Err(EINVAL.into());
         }
@@ -399,14 +413,14 @@ impl Endpoint {
 
         let head = usize::from(chan.head);
         let cq = &chan.cq;
-        let start = Instant::<Monotonic>::now();
+        let waited = Instant::<Monotonic>::now();
         let mut regs_at = 0i64;
         loop {
             let phase: u16 = io_read!(cq, [try: head].phase);
             if phase == chan.phase {
                 break;
             }
-            let waited_us = start.elapsed().as_nanos() / 1000;
+            let waited_us = waited.elapsed().as_nanos() / 1000;
             if waited_us >= regs_at {
                 regs_at = waited_us + POLL_REGS_US;
                 let s = self.status(i)?;
@@ -418,7 +432,7 @@ impl Endpoint {
                     });
                 }
             }
-            if waited_us / 1000 >= SELFTEST_TIMEOUT_MS {
+            if start.elapsed().as_millis() >= timeout_ms {
                 return Err(ETIMEDOUT.into());
             }
             if kernel::current!().signal_pending() {
@@ -501,7 +515,11 @@ fn selftest(ep: &Endpoint, chan: &mut Chan, bufs: &Buffers) -> Result<u64, Fail>
             io_write!(bufs.src, [try: w], seed ^ (w as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             io_write!(bufs.dst, [try: w], 0u64);
         }
-        ep.copy(chan, bufs.src.dma_address(), bufs.dst.dma_address(), len)?;
+        ep.copy(
+            chan,
+            (bufs.src.dma_address(), bufs.dst.dma_address(), len),
+            (Instant::<Monotonic>::now(), SELFTEST_TIMEOUT_MS),
+        )?;
         for w in 0..words {
             let want = seed ^ (w as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let got: u64 = io_read!(bufs.dst, [try: w]);
@@ -523,13 +541,183 @@ fn selftest(ep: &Endpoint, chan: &mut Chan, bufs: &Buffers) -> Result<u64, Fail>
     Ok(bytes)
 }
 
+/// An endpoint as copies reach it: found in [`registry`] by the MEP of the same switch.
+#[pin_data]
+pub(crate) struct Shared {
+    /// Bus and device/function number; the MEP is function 1 of the same slot.
+    dev_id: u16,
+    /// For mapping user pages for the endpoint's device while it is bound.
+    binding: Arc<Binding>,
+    /// The channels; `None` once unbind took them. A copy holds the lock while it runs
+    /// (bounded by its timeout).
+    #[pin]
+    ep: Mutex<Option<KBox<Endpoint>>>,
+}
+
+/// The endpoint's entry in [`registry`]: removed, and the channels taken to rest and freed,
+/// on drop (at unbind), before the device's binding ends.
+struct Registered(Arc<Shared>);
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let me = &self.0;
+        let _ = registry::with(|l| l.retain(|s| !Arc::ptr_eq(s, me)));
+        // Waits for a running copy; its queues must not outlive the binding.
+        let ep = me.ep.lock().take();
+        drop(ep);
+    }
+}
+
 /// Per-binding driver data. Fields drop in declaration order: the sysfs directory, then the
-/// channels (taken to rest before their queues are freed), then the device's enable.
+/// endpoint (out of the registry; channels taken to rest before their queues are freed),
+/// then the device's enable.
 #[pin_data]
 pub(crate) struct DmaEpData {
     _dir: DataDir<Summary>,
-    _ep: Endpoint,
+    _ep: Registered,
     _enabled: kext::pci_enable::EnabledDevice,
+}
+
+/// Default bound on a copy for user space, as the MEP's engine has.
+const DEFAULT_COPY_TIMEOUT_MS: u32 = 60_000;
+/// User memory pinned and mapped per part of a copy.
+const USER_CHUNK: u64 = 4 << 20;
+
+/// Copies `len` bytes between two user buffers of the caller through the DMA endpoint of the
+/// switch whose MEP is `mep_pdev` (basic mode; `PCIFAB_IOCTL_P2P_COPY` without the firmware's
+/// own engine). Both buffers are pinned long-term and mapped for the endpoint's device one
+/// part at a time; each part is copied in entries of at most 1 MiB on the first channel that
+/// passed its self-test, each completion polled and checked.
+pub(crate) fn copy(
+    mep_pdev: &pci::Device,
+    src: &uapi::P2pEnd,
+    dst: &uapi::P2pEnd,
+    len: u64,
+    timeout_ms: u32,
+) -> Result<Copied> {
+    if src.kind != uapi::P2P_USER || dst.kind != uapi::P2P_USER {
+        return Err(EOPNOTSUPP);
+    }
+    src.addr.checked_add(len).ok_or(EFAULT)?;
+    dst.addr.checked_add(len).ok_or(EFAULT)?;
+    let timeout_ms = match timeout_ms {
+        0 => DEFAULT_COPY_TIMEOUT_MS,
+        t if t > uapi::P2P_MAX_TIMEOUT_MS => return Err(EINVAL),
+        t => t,
+    };
+    // The endpoint is function 2 of the MEP's slot.
+    let slot = mep_pdev.dev_id() & !7;
+    let shared =
+        registry::with(|l| l.iter().find(|s| s.dev_id & !7 == slot).cloned())?.ok_or(EOPNOTSUPP)?;
+    let start = Instant::<Monotonic>::now();
+    let mut copied = Copied {
+        done: 0,
+        status: 0,
+        err: None,
+    };
+    while copied.done < len && copied.err.is_none() {
+        let off = copied.done;
+        let part = (len - off).min(USER_CHUNK);
+        let n = usize::try_from(part).map_err(|_| EINVAL)?;
+        // Pinned before any lock: faulting the pages in may take long.
+        let pinned = UserPages::pin(src.addr + off, n, DataDirection::ToDevice).and_then(|s| {
+            UserPages::pin(dst.addr + off, n, DataDirection::FromDevice).map(|d| (s, d))
+        });
+        let (mut sp, mut dp) = match pinned {
+            Ok(p) => p,
+            Err(e) if off == 0 => return Err(e),
+            Err(e) => {
+                copied.err = Some(e);
+                break;
+            }
+        };
+        let Some(bound) = shared.binding.access() else {
+            copied.err = Some(ENODEV);
+            break;
+        };
+        let sm = sp.map(bound.device())?;
+        let dm = dp.map(bound.device())?;
+        let mut guard = shared.ep.lock();
+        let Some(ep) = (*guard).as_mut() else {
+            copied.err = Some(ENODEV);
+            break;
+        };
+        let mut chans = core::mem::take(&mut ep.chans);
+        let r = copy_part(ep, &mut chans, (&sm, &dm, part), (start, timeout_ms));
+        ep.chans = chans;
+        drop(guard);
+        match r {
+            Ok(()) => copied.done += part,
+            Err((at, f, stuck)) => {
+                copied.done += at;
+                copied.status = f.status;
+                copied.err = Some(f.err);
+                if stuck {
+                    // The channel may still write into these pages: mapped and pinned for
+                    // good rather than handed back for reuse.
+                    core::mem::forget(sm);
+                    core::mem::forget(dm);
+                    core::mem::forget(sp);
+                    core::mem::forget(dp);
+                }
+            }
+        }
+    }
+    Ok(copied)
+}
+
+/// Copies one mapped part on the first usable channel; on failure the bytes copied before
+/// it and why. A channel whose copy failed is taken to rest and not used again; one that
+/// does not come to rest is reported (`true`): the caller then keeps the part's pages mapped
+/// and pinned for good.
+fn copy_part(
+    ep: &Endpoint,
+    chans: &mut KVec<Chan>,
+    (sm, dm, part): (&UserDma<'_>, &UserDma<'_>, u64),
+    (start, timeout_ms): (Instant<Monotonic>, u32),
+) -> Result<(), (u64, Fail, bool)> {
+    let Some(chan) = chans.iter_mut().find(|c| c.ok) else {
+        return Err((0, EOPNOTSUPP.into(), false));
+    };
+    let mut si = sm.segments();
+    let mut di = dm.segments();
+    let (mut s, mut d) = (si.next(), di.next());
+    let mut at = 0u64;
+    while at < part {
+        let (Some((sa, sl)), Some((da, dl))) = (s, d) else {
+            return Err((at, EIO.into(), false));
+        };
+        let n = sl.min(dl).min(u64::from(r::SE_MAX_BYTES)).min(part - at);
+        if n == 0 {
+            return Err((at, EIO.into(), false));
+        }
+        // At most 1 MiB: fits.
+        let n32 = n as u32;
+        if let Err(f) = ep.copy(chan, (sa, da, n32), (start, i64::from(timeout_ms))) {
+            chan.ok = false;
+            let stuck = !ep.quiet(chan.index);
+            if stuck {
+                dev_err!(
+                    ep.pdev,
+                    "DMA endpoint channel {} does not halt after a failed copy\n",
+                    chan.index
+                );
+            }
+            return Err((at, f, stuck));
+        }
+        at += n;
+        s = if sl > n {
+            Some((sa + n, sl - n))
+        } else {
+            si.next()
+        };
+        d = if dl > n {
+            Some((da + n, dl - n))
+        } else {
+            di.next()
+        };
+    }
+    Ok(())
 }
 
 pub(crate) struct DmaEpDriver;
@@ -617,7 +805,9 @@ impl pci::Driver for DmaEpDriver {
                     return Err(EIO);
                 }
             }
-            kext::dma::set_masks(pdev, DmaMask::new::<64>(), r::SE_MAX_BYTES)?;
+            // No segment limit: copies split their entries at 1 MiB themselves, and the
+            // user pages' table merges contiguous pages into segments of any length.
+            kext::dma::set_masks(pdev, DmaMask::new::<64>(), u32::MAX)?;
             pdev.set_master();
 
             let dev: &kernel::device::Device<kernel::device::Bound> = pdev.as_ref();
@@ -645,7 +835,10 @@ impl pci::Driver for DmaEpDriver {
                     Ok(mut chan) => {
                         let r = selftest(&ep, &mut chan, &bufs);
                         let outcome = match r {
-                            Ok(bytes) => Outcome::Ok { bytes },
+                            Ok(bytes) => {
+                                chan.ok = true;
+                                Outcome::Ok { bytes }
+                            }
                             Err(f) => {
                                 dev_warn!(
                                     pdev,
@@ -693,10 +886,22 @@ impl pci::Driver for DmaEpDriver {
                 protocol,
                 outcomes,
             };
+            let binding = Binding::new(pdev.as_ref())?;
+            let ep = KBox::new(ep, GFP_KERNEL)?;
+            let shared = Arc::pin_init(
+                pin_init!(Shared {
+                    dev_id: pdev.dev_id(),
+                    binding,
+                    ep <- new_mutex!(Some(ep)),
+                }),
+                GFP_KERNEL,
+            )?;
+            let registered = Registered(shared.clone());
+            registry::with(|l| l.push(shared, GFP_KERNEL))??;
             let dir = DataDir::in_device(&KTYPE, pdev.as_ref(), c"pcifab", summary)?;
             Ok(try_pin_init!(DmaEpData {
                 _dir: dir,
-                _ep: ep,
+                _ep: registered,
                 _enabled: enabled,
             }))
         })

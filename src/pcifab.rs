@@ -528,6 +528,7 @@ struct PcifabModule {
 
 impl kernel::InPlaceModule for PcifabModule {
     fn init(module: &'static kernel::ThisModule) -> impl PinInit<Self, Error> {
+        kext::dmaep_registry::init();
         try_pin_init!(Self {
             // Made before the driver is registered: probe queues work on it.
             _queue: kext::workqueue::ModuleQueue::new()?,

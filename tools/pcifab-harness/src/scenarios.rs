@@ -584,6 +584,11 @@ pub fn all() -> Vec<Scenario> {
             pcifab_dmaep::pcifab_copies_through_every_channel,
         ),
         s(
+            "dma endpoint: pcifab copies between user buffers through it",
+            240,
+            pcifab_dmaep::pcifab_copies_user_buffers,
+        ),
+        s(
             "dma endpoint: pcifab fails cleanly on lying completions",
             240,
             pcifab_dmaep::pcifab_fails_cleanly_on_lying_completions,

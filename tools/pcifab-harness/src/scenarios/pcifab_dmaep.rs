@@ -10,7 +10,9 @@
 
 use serde_json::Value;
 
-use crate::checks::{begin, dmesg_clean, driver_of, wait_or_dmesg, Checks};
+use std::time::Duration;
+
+use crate::checks::{begin, dmesg_clean, driver_of, selftest_json, wait_or_dmesg, Checks};
 use crate::fabric::{EmuControl, Fabric, Host};
 
 const DRIVER: &str = "pcifab_dmaep";
@@ -174,6 +176,42 @@ pub fn pcifab_fails_cleanly_on_lying_completions(f: &mut Fabric) -> Result<(), S
         let _ = emu.request("dmaep all clear");
     }
     r
+}
+
+/// The user copies of `user_copies_host`: (length, shift into the allocation).
+const USER_COPIES: [(u64, u64); 3] = [(1, 0), (8191, 4095), (3 << 20, 13)];
+
+fn user_copies_host(h: &mut Host, emu: &EmuControl, configured: usize) -> Result<(), String> {
+    begin(h)?;
+    bound_endpoint(h, configured)?;
+    for (len, shift) in USER_COPIES {
+        let before = emu_counts(emu, &h.name)?;
+        let v = selftest_json(
+            h,
+            &format!("p2p-local --len {len:#x} --seed 0x77 --shift {shift}"),
+            Duration::from_secs(120),
+        )?;
+        let after = emu_counts(emu, &h.name)?;
+        let moved: u64 = before
+            .iter()
+            .zip(&after)
+            .map(|(b, a)| a.2.wrapping_sub(b.2))
+            .sum();
+        let mut c = Checks::new(&format!(
+            "{}: user copy of {len} bytes through the endpoint",
+            h.name
+        ));
+        c.eq("bytes the emulated endpoint copied", len, moved);
+        c.finish()?;
+        h.log_note(&format!("p2p-local {len} bytes: {v}"));
+    }
+    dmesg_clean(h)
+}
+
+pub fn pcifab_copies_user_buffers(f: &mut Fabric) -> Result<(), String> {
+    let configured = configured(f)?;
+    let emu = f.emu();
+    f.each_host(|h, _| user_copies_host(h, &emu, configured))
 }
 
 fn configured(f: &Fabric) -> Result<usize, String> {
