@@ -570,6 +570,14 @@ pub(crate) fn copy(
     if len == 0 || len > uapi::P2P_MAX_LEN || src.reserved0 != 0 || dst.reserved0 != 0 {
         return Err(EINVAL);
     }
+    // Between two buffers of the caller, without the firmware's own engine: the switch's DMA
+    // endpoint, when pcifab bound it (`dmaep`).
+    if src.kind == uapi::P2P_USER
+        && dst.kind == uapi::P2P_USER
+        && !mep.features().has(ext::DMA_ENGINE)
+    {
+        return crate::dmaep::copy(&mep.pdev, src, dst, len, timeout_ms);
+    }
     let host = |e: &uapi::P2pEnd| e.kind != uapi::P2P_FUNCTION;
     if host(src) && host(dst) {
         return Err(EINVAL);

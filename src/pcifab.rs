@@ -25,6 +25,8 @@ use kernel::{
 
 mod chardev;
 mod compose;
+mod dmaep;
+mod dmaep_regs;
 mod event;
 mod fabric;
 mod fnsysfs;
@@ -523,11 +525,15 @@ impl PcifabDriver {
 struct PcifabModule {
     #[pin]
     _driver: kernel::driver::Registration<pci::Adapter<PcifabDriver>>,
+    /// The switch's DMA endpoint ([`dmaep`]).
+    #[pin]
+    _dmaep: kernel::driver::Registration<pci::Adapter<dmaep::DmaEpDriver>>,
     _queue: kext::workqueue::ModuleQueue,
 }
 
 impl kernel::InPlaceModule for PcifabModule {
     fn init(module: &'static kernel::ThisModule) -> impl PinInit<Self, Error> {
+        kext::dmaep_registry::init();
         try_pin_init!(Self {
             // Made before the driver is registered: probe queues work on it.
             _queue: kext::workqueue::ModuleQueue::new()?,
@@ -535,6 +541,7 @@ impl kernel::InPlaceModule for PcifabModule {
                 <Self as kernel::ModuleMetadata>::NAME,
                 module,
             ),
+            _dmaep <- kernel::driver::Registration::new(c"pcifab_dmaep", module),
         })
     }
 }

@@ -190,6 +190,40 @@ impl<D: Send + Sync + 'static> DataDir<D> {
         name: &CStr,
         data: D,
     ) -> Result<Self> {
+        // SAFETY: By the invariants of `Dir` its kobject is live while `parent` is borrowed.
+        unsafe { Self::add(ktype, parent.0.as_ptr(), name, data) }
+    }
+
+    /// Makes the directory `name` of type `ktype` in the sysfs directory of the device
+    /// `parent`, owning `data`.
+    pub(crate) fn in_device(
+        ktype: &'static KType<D>,
+        parent: &Device,
+        name: &CStr,
+        data: D,
+    ) -> Result<Self> {
+        // `Device` is a transparent wrapper of `struct device`.
+        let dev = core::ptr::from_ref(parent)
+            .cast::<bindings::device>()
+            .cast_mut();
+        // SAFETY: `parent` is a live device, so its embedded kobject is; only its address is
+        // taken here.
+        let kobj = unsafe { &raw mut (*dev).kobj };
+        // SAFETY: The device's kobject is live while `parent` is borrowed.
+        unsafe { Self::add(ktype, kobj, name, data) }
+    }
+
+    /// Makes the directory below the kobject `parent`.
+    ///
+    /// # Safety
+    ///
+    /// `parent` is a live kobject for the duration of the call.
+    unsafe fn add(
+        ktype: &'static KType<D>,
+        parent: *mut bindings::kobject,
+        name: &CStr,
+        data: D,
+    ) -> Result<Self> {
         let node = KBox::new(
             Node {
                 // SAFETY: An all-zero kobject is what `kobject_init_and_add()` expects.
@@ -201,13 +235,14 @@ impl<D: Send + Sync + 'static> DataDir<D> {
         let raw = KBox::into_raw(node);
         // SAFETY: `raw` is live until its kobject's release, which needs a reference we own.
         let kobj = unsafe { &raw mut (*raw).kobj };
-        // SAFETY: `kobj` is a zeroed kobject; `parent` is live; the format takes one string,
+        // SAFETY: `kobj` is a zeroed kobject; `parent` is live (both callers borrow its owner for
+        // the call, and the kobject core takes its own reference); the format takes one string,
         // which outlives the call.
         let ret = unsafe {
             bindings::kobject_init_and_add(
                 kobj,
                 &ktype.ktype,
-                parent.0.as_ptr(),
+                parent,
                 as_char_ptr_in_const_context(c"%s"),
                 name.as_char_ptr(),
             )

@@ -29,6 +29,7 @@ mod p2p_trust;
 mod p2pdma;
 mod pax_client;
 mod pax_driver;
+mod pcifab_dmaep;
 mod selftest;
 mod slurm;
 mod slurm_trace;
@@ -608,6 +609,23 @@ pub fn all() -> Vec<Scenario> {
             "install: driver_override hands the MEP from switchtec to pcifab and back",
             240,
             install::driver_override,
+        ),
+        // pcifab's own driver of the DMA endpoint, before Linux's takes the endpoint over
+        // for good (switchtec_dma cannot be unbound, dma_endpoint.rs).
+        s(
+            "dma endpoint: pcifab binds it and copies through every channel",
+            180,
+            pcifab_dmaep::pcifab_copies_through_every_channel,
+        ),
+        s(
+            "dma endpoint: pcifab copies between user buffers through it",
+            240,
+            pcifab_dmaep::pcifab_copies_user_buffers,
+        ),
+        s(
+            "dma endpoint: pcifab fails cleanly on lying completions",
+            240,
+            pcifab_dmaep::pcifab_fails_cleanly_on_lying_completions,
         ),
         s(
             "dma endpoint: Linux's switchtec_dma passes dmatest on every channel",

@@ -140,6 +140,7 @@ fn main() -> ExitCode {
     }
     let p2p_cmd: Option<RawCmd> = match cmd.as_str() {
         "p2p-user" => Some(p2p::cmd_p2p_user),
+        "p2p-local" => Some(p2p::cmd_p2p_local),
         "bar-range" => Some(p2p::cmd_bar_range),
         "p2p-bench" => Some(p2p::cmd_p2p_bench),
         "p2p-signalled" => Some(p2p::cmd_p2p_signalled),

@@ -160,6 +160,12 @@ fn run_host(h: &mut Host, emu: &EmuControl, configured: usize) -> Result<(), Str
     h.run_ok(&format!(
         "[ -d /sys/module/switchtec_dma ] || insmod {SWITCHTEC_DMA_KO}"
     ))?;
+    // pcifab's own driver of the endpoint (src/dmaep.rs) holds it while pcifab is loaded.
+    if driver_of(h, &bdf)?.as_deref() == Some("pcifab_dmaep") {
+        h.run_ok(&format!(
+            "echo {bdf} > /sys/bus/pci/drivers/pcifab_dmaep/unbind"
+        ))?;
+    }
     // Linux's table lists the PFX/PSX/PFXA/PSXA parts by device id and class; a PAX part's
     // DMA endpoint has the PAX id (Microchip's own driver lists it), so the driver is told
     // the id, with the same exact-class match its table uses.

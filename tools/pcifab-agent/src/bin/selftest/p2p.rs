@@ -18,6 +18,11 @@ pub const USAGE: &str = "\
         host<->function round trip through the DMA engine: a user buffer (starting K
         bytes into its allocation) filled with the pattern of SEED is copied to the
         function at O, then back into a zeroed buffer, compared byte for byte
+  p2p-local --len N [--seed S] [--shift K] [--device PATH]
+        a copy between two user buffers of this host (the DMA endpoint's basic mode
+        when the firmware has no engine of its own): a buffer (starting K bytes into
+        its allocation) filled with the pattern of SEED is copied into a zeroed one,
+        compared byte for byte
   bar-range --device BDF --seed S --src-off X --off Y --len N
         BAR2 bytes [Y, Y+N) must equal pattern bytes [X, X+N) of SEED
   p2p-bench --a PDFID --b PDFID --bar-a BDF --bar-b BDF [--sizes LIST] [--device PATH]
@@ -324,6 +329,47 @@ pub fn cmd_p2p_movable(args: &[String]) -> Res<()> {
          \"done\":{done}}}"
     );
     Ok(())
+}
+
+/// One copy between two user buffers (the DMA endpoint in basic mode where the firmware
+/// has no engine of its own), compared byte for byte.
+pub fn cmd_p2p_local(args: &[String]) -> Res<()> {
+    let a = Args::parse(args)?;
+    let len = a.size("len")?;
+    let seed = a.size_or("seed", 1)?;
+    let shift = a.size_or("shift", 0)? as usize;
+    let d = a.dev()?;
+    let n = usize::try_from(len).map_err(|_| usage("--len too large"))?;
+    let mut src = vec![0u8; n + shift];
+    src[shift..].copy_from_slice(&pattern(seed, 0, n));
+    let mut dst = vec![0u8; n + shift];
+    let t = Instant::now();
+    dev::p2p_copy(
+        &d,
+        CopySrc::User(&src[shift..]),
+        CopyDst::User(&mut dst[shift..]),
+        len,
+        0,
+    )
+    .map_err(|e| copy_err("user -> user", e))?;
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "{{\"test\":\"p2p-local\",\"len\":{len},\"shift\":{shift},\"mib_s\":{:.1}}}",
+        mib_s(len, secs)
+    );
+    if dst[..shift].iter().any(|&b| b != 0) {
+        return Err(check(format!(
+            "bytes before the buffer (shift {shift}) were written"
+        )));
+    }
+    match first_diff(&src[shift..], &dst[shift..]) {
+        None => Ok(()),
+        Some(i) => Err(check(format!(
+            "copy of {len} bytes: first difference at byte {i}: sent {:#04x}, got {:#04x}",
+            src[shift + i],
+            dst[shift + i]
+        ))),
+    }
 }
 
 pub fn cmd_bar_range(args: &[String]) -> Res<()> {
