@@ -561,7 +561,14 @@ struct Registered(Arc<Shared>);
 impl Drop for Registered {
     fn drop(&mut self) {
         let me = &self.0;
-        let _ = registry::with(|l| l.retain(|s| !Arc::ptr_eq(s, me)));
+        let _ = registry::with(|l| {
+            l.retain(|s| !Arc::ptr_eq(s, me));
+            // The list is a static that module exit never drops: give its buffer back with
+            // the last endpoint, or it leaks at every unload.
+            if l.is_empty() {
+                *l = KVec::new();
+            }
+        });
         // Waits for a running copy; its queues must not outlive the binding.
         let ep = me.ep.lock().take();
         drop(ep);
