@@ -705,10 +705,12 @@ fn an_etcd_outage_shorter_than_the_ttl_keeps_the_leader() {
         p.set_cut(false);
     }
     let back = t.elapsed();
-    // The next keepalive etcd answers with a TTL: the lease was still there.
+    // The next keepalive etcd answers with a TTL. How long that takes after the outage is
+    // etcd's and the machine's (a loaded machine once took over 5 s); whether the lease
+    // outlived the outage is asserted below: the same epoch, the leader still running.
     wait_for(
         "etcd renews the leader's lease after the outage",
-        Duration::from_secs(5),
+        Duration::from_secs(20),
         || (count(|p| &p.ttls) > ttls).then_some(()),
     );
     let renewed = t.elapsed();
