@@ -765,6 +765,7 @@ impl Run {
             }
             self.log.write(&format!("=== scenario {n}: {}", s.name));
             let t = Instant::now();
+            let cpu0 = guests_cpu(fabric);
             fabric.begin_scenario();
             fabric.set_deadline(Some(t + s.timeout));
             let r = catch_unwind(AssertUnwindSafe(|| (s.run)(fabric)))
@@ -802,7 +803,17 @@ impl Run {
             if !self.report(n, &shown, r, skip.as_deref()) && !self.opts.keep_going {
                 stop = Some("an earlier scenario failed (use --keep-going)");
             }
-            say(&format!("# {}: {secs:.1} s", s.name));
+            // The guests' QEMU processes' CPU time over the scenario (a host rebooted in
+            // it counts from its new QEMU's start), for the cost tables of testing.rst.
+            let cpu1 = guests_cpu(fabric);
+            let cpu: f64 = cpu1
+                .iter()
+                .map(|(pid, c)| c - cpu0.iter().find(|(p, _)| p == pid).map_or(0.0, |x| x.1))
+                .sum();
+            say(&format!(
+                "# {}: {secs:.1} s, guests' CPU {cpu:.1} s",
+                s.name
+            ));
             self.log
                 .write(&format!("=== scenario {n} done in {secs:.1} s"));
         }
@@ -1669,6 +1680,15 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// (QEMU pid, CPU seconds so far) of every host of the fabric still running.
+fn guests_cpu(fabric: &Fabric) -> Vec<(u32, f64)> {
+    fabric
+        .hosts
+        .iter()
+        .filter_map(|h| procs::cpu_seconds(h.qemu_pid).map(|c| (h.qemu_pid, c)))
+        .collect()
 }
 
 #[cfg(test)]

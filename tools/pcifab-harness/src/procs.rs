@@ -388,3 +388,45 @@ mod pin_tests {
         let _ = child.wait();
     }
 }
+
+/// CPU time (user + system, seconds) that process `pid` has used so far, from
+/// `/proc/PID/stat`; `None` once it is gone or the file does not parse.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_cpu_seconds(&stat, clock_ticks())
+}
+
+/// Clock ticks per second of `/proc/PID/stat`'s times.
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf reads a constant of the C library; no pointer is passed.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// utime + stime of a `/proc/PID/stat` line in seconds. The command name (field 2) is in
+/// parentheses and may hold spaces, so the fields are counted after its closing one.
+fn parse_cpu_seconds(stat: &str, ticks: f64) -> Option<f64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    // After the name: state (3), ppid, pgrp, session, tty_nr, tpgid, flags, minflt,
+    // cminflt, majflt, cmajflt, utime (14), stime (15).
+    let utime: u64 = f.nth(11)?.parse().ok()?;
+    let stime: u64 = f.next()?.parse().ok()?;
+    Some(utime.checked_add(stime)? as f64 / ticks)
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    use super::parse_cpu_seconds;
+
+    #[test]
+    fn cpu_seconds_are_utime_plus_stime_after_a_name_with_spaces() {
+        let stat = "4242 (qemu system x86) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0";
+        assert_eq!(parse_cpu_seconds(stat, 100.0), Some(3.0));
+        assert_eq!(parse_cpu_seconds("4242 (x) S 1", 100.0), None);
+    }
+}
