@@ -1317,7 +1317,7 @@ fn job_ends_without_manager(
         &mut f.hosts[1],
         &format!("grep -qx DONE {JOB_OUT} 2>/dev/null"),
         60,
-        "the job's script printing DONE",
+        "the job script printing DONE",
         &format!("cat {JOB_OUT}"),
     )?;
     wait_in(
@@ -1415,7 +1415,7 @@ pub fn manager_down_at_job_end(f: &mut Fabric) -> Result<(), String> {
                  pcifab leases --json | grep -q '\"leases\":\\[\\]'"
             ),
             120,
-            "the next job COMPLETED, the ended job's lease released and its state file gone",
+            "the next job COMPLETED, the lease of the ended job released and its state file gone",
             &format!("scontrol show job {next}; pcifab leases; ls -l /var/spool/slurmctld/pcifab; {CTLD_DIAG}"),
         )?;
         let mut c = Checks::new(&format!("job {next} (no GPUs) swept job {id}'s lease"));
