@@ -375,6 +375,11 @@ pub fn all() -> Vec<Scenario> {
             300,
             slurm::manager_restart,
         ),
+        s(
+            "slurm: the manager down when a job ends: its GPUs come back once the manager is",
+            480,
+            slurm::manager_down_at_job_end,
+        ),
         // `make bench` only (lane 3 excludes it): figures, not a test.
         s(
             "slurm: bench: sbatch to running on a composed node and on one holding the GPUs; the trace utilisation",

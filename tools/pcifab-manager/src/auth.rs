@@ -30,6 +30,8 @@ pub struct Principal {
     pub role: Role,
     pub hosts: Vec<Host>,
     pub tenant: Option<String>,
+    /// The other tenants it may name (`acts_for`; tenants only).
+    pub acts_for: Vec<String>,
 }
 
 /// Why a request was not served: 401 (who are you?) or 403 (not you).
@@ -131,6 +133,7 @@ impl Table {
             role: c.role,
             hosts: c.hosts.clone(),
             tenant,
+            acts_for: c.acts_for.clone(),
         }
     }
 }
@@ -199,6 +202,7 @@ impl Principals {
                 role: Role::Admin,
                 hosts: Vec::new(),
                 tenant: None,
+                acts_for: Vec::new(),
             });
         }
         let t = self.read();
@@ -247,6 +251,30 @@ impl Principal {
         Ok(())
     }
 
+    /// The tenant a tenant principal's request or composition counts against: its own when
+    /// it names none or its own, one of its `acts_for` when it names that one; any other is
+    /// refused, so a tenant never spends another tenant's share it was not given.
+    fn tenant_for(&self, asked: Option<String>, what: &str) -> Result<Option<String>, Denied> {
+        match asked {
+            None => Ok(self.tenant.clone()),
+            Some(t) if Some(&t) == self.tenant.as_ref() || self.acts_for.contains(&t) => {
+                Ok(Some(t))
+            }
+            Some(t) => Err(Denied::Forbidden(format!(
+                "'{}' may not count {what} against tenant '{t}': it counts against {}{}",
+                self.name,
+                self.tenant
+                    .as_deref()
+                    .map_or_else(|| "'default'".to_string(), |m| format!("'{m}'")),
+                if self.acts_for.is_empty() {
+                    String::new()
+                } else {
+                    format!(" or acts for {:?} ([[principals]] acts_for)", self.acts_for)
+                }
+            ))),
+        }
+    }
+
     /// Checks `req` against this principal and the state it acts on, and returns the
     /// request to serve: a new request carries the principal as its owner and, for a
     /// tenant, the principal's fair-share tenant.
@@ -256,15 +284,7 @@ impl Principal {
                 self.may_write()?;
                 self.own_host(spec.host, "request")?;
                 if self.role == Role::Tenant {
-                    match (&spec.tenant, &self.tenant) {
-                        (Some(asked), mine) if Some(asked) != mine.as_ref() => {
-                            return Err(Denied::Forbidden(format!(
-                                "'{}' may not count requests against tenant '{asked}'",
-                                self.name
-                            )))
-                        }
-                        _ => spec.tenant = self.tenant.clone(),
-                    }
+                    spec.tenant = self.tenant_for(spec.tenant.take(), "requests")?;
                 }
                 spec.owner = Some(self.name.clone());
                 Ok(Request::Request { spec })
@@ -309,15 +329,7 @@ impl Principal {
                 self.own_host(host, "compose")?;
                 let mut tenant = tenant;
                 if self.role == Role::Tenant {
-                    if let (Some(asked), mine) = (&tenant, &self.tenant) {
-                        if Some(asked) != mine.as_ref() {
-                            return Err(Denied::Forbidden(format!(
-                                "'{}' may not count a composition against tenant '{asked}'",
-                                self.name
-                            )));
-                        }
-                    }
-                    tenant = self.tenant.clone();
+                    tenant = self.tenant_for(tenant, "a composition")?;
                     // The leases it would end must be its own (the scheduler refuses an
                     // impossible plan itself).
                     if let Ok(plan) = s.composition_plan(host, &functions) {

@@ -100,6 +100,7 @@ fn job(rng: &mut Rng, host: u8) -> RequestSpec {
         pool: None,
         tenant: None,
         owner: None,
+        tag: None,
     }
 }
 
@@ -515,6 +516,7 @@ pub fn fairshare_day(seed: u64) -> FairDay {
                     pool: None,
                     tenant: Some((*name).into()),
                     owner: None,
+                    tag: None,
                 };
                 let _ = s.submit(spec, t);
             }

@@ -567,6 +567,11 @@ pub struct PrincipalConfig {
     /// tenant of the principal's own name when one is configured, else `default`.
     #[serde(default)]
     pub tenant: Option<String>,
+    /// The other tenants a tenant principal may name in its requests and compositions
+    /// (tenants only): a principal that acts for others, e.g. Slurm's hooks on behalf of the
+    /// job's account (Documentation/slurm.rst, "Accounts and tenants"). Empty: its own only.
+    #[serde(default)]
+    pub acts_for: Vec<String>,
     /// The SHA-256 (hex) of its bearer token; none: no token.
     #[serde(default)]
     pub token_sha256: Option<String>,
@@ -655,6 +660,24 @@ pub fn check_principals(
                     "{what}: tenant '{t}' is not one of [[manager.tenants]]"
                 ));
             }
+        }
+        if !p.acts_for.is_empty() && p.role != Role::Tenant {
+            return Err(format!(
+                "{what}: `acts_for` is for tenants; an {} may name any tenant already or none",
+                match p.role {
+                    Role::Admin => "admin",
+                    _ => "reader",
+                }
+            ));
+        }
+        if let Some(t) = p
+            .acts_for
+            .iter()
+            .find(|t| *t != DEFAULT_TENANT && !tenants.contains(t))
+        {
+            return Err(format!(
+                "{what}: acts_for names tenant '{t}', which is not one of [[manager.tenants]]"
+            ));
         }
         if let Some(e) = &p.token_expires {
             if p.token_sha256.is_none() {

@@ -172,7 +172,7 @@ pub fn lease_json(s: &Scheduler, l: &Lease, now: Secs) -> Value {
         .iter()
         .map(|u| !l.sliced || s.devices[u.device].resident == Some(l.id))
         .collect();
-    json!({
+    let mut v = json!({
         "id": l.id,
         "host": l.spec.host,
         "owner": l.spec.owner,
@@ -187,7 +187,11 @@ pub fn lease_json(s: &Scheduler, l: &Lease, now: Secs) -> Value {
         "granted_at": l.granted_at,
         "expires_at": l.expires_at,
         "remaining_s": l.expires_at.saturating_sub(now),
-    })
+    });
+    if let Some(t) = &l.spec.tag {
+        v["tag"] = json!(t);
+    }
+    v
 }
 
 /// Answers one request against the scheduler (no I/O: the daemon applies the actions it
@@ -212,7 +216,7 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
                 .enumerate()
                 .map(|(pos, i)| {
                     let q = &s.queue[i];
-                    json!({
+                    let mut v = json!({
                         "position": pos,
                         "id": q.id,
                         "host": q.spec.host,
@@ -224,7 +228,11 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
                         "promoted": s.promoted(q, now),
                         "waited_s": now.saturating_sub(q.enqueued),
                         "duration_s": q.duration_s,
-                    })
+                    });
+                    if let Some(t) = &q.spec.tag {
+                        v["tag"] = json!(t);
+                    }
+                    v
                 })
                 .collect();
             json!({"ok": true, "now": now, "queue": q})
@@ -325,6 +333,7 @@ pub fn handle(s: &mut Scheduler, req: &Request, now: Secs) -> Value {
                 pool: None,
                 tenant: tenant.clone(),
                 owner: owner.clone(),
+                tag: None,
             };
             match s.compose(&base, functions, now) {
                 Ok(c) => {
@@ -451,6 +460,60 @@ pub fn parse_keyed(line: &str) -> Result<(Request, Option<String>), Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request's tag is shown with its queue entry and its lease (a client finds what it
+    /// asked for by it, e.g. Slurm's epilog the requests of its job); an untagged one shows
+    /// none; a tag that is not 1 to 128 characters of `A-Z a-z 0-9 . _ : -` is refused.
+    #[test]
+    fn a_requests_tag_is_shown_with_its_queue_entry_and_lease() {
+        let c = crate::config::Config::parse(
+            "[manager]\nhosts = 2\n[[pools]]\nname = \"g\"\nmode = \"whole\"\n\
+             devices = [{ pf = 0x300 }]\n",
+        )
+        .expect("config");
+        let mut s = Scheduler::new(c);
+        let ask = |s: &mut Scheduler, tag: &str| {
+            let line = format!(
+                r#"{{"op":"request","spec":{{"host":1,"want":{{"kind":"gpus","count":1}},"priority":1{tag}}}}}"#
+            );
+            handle(s, &parse(&line).expect("parses"), 0)
+        };
+        let granted = ask(&mut s, r#","tag":"slurm-job-42""#);
+        assert_eq!(granted["granted"], json!(true), "{granted}");
+        assert_eq!(granted["lease"]["tag"], json!("slurm-job-42"));
+        let queued = ask(&mut s, r#","tag":"slurm-job-43""#);
+        assert_eq!(queued["granted"], json!(false), "{queued}");
+        let plain = ask(&mut s, "");
+        let leases = handle(&mut s, &Request::Leases, 0);
+        assert_eq!(
+            leases["leases"][0]["tag"],
+            json!("slurm-job-42"),
+            "{leases}"
+        );
+        let queue = handle(&mut s, &Request::Queue, 0);
+        let tags: Vec<Value> = queue["queue"]
+            .as_array()
+            .expect("queue")
+            .iter()
+            .map(|q| (q["id"].clone(), q.get("tag").cloned()))
+            .map(|(id, t)| json!([id, t]))
+            .collect();
+        assert_eq!(
+            tags,
+            vec![
+                json!([queued["id"], "slurm-job-43"]),
+                json!([plain["id"], null])
+            ]
+        );
+        for bad in ["", "a b", "job/1", &"x".repeat(129)] {
+            let r = ask(&mut s, &format!(r#","tag":"{bad}""#));
+            assert_eq!(
+                (r["ok"].clone(), r["refused"].clone()),
+                (json!(false), json!(true))
+            );
+            assert!(r["error"].as_str().unwrap_or("").contains("tag"), "{r}");
+        }
+    }
 
     #[test]
     fn the_idempotency_key_is_taken_off_the_line() {

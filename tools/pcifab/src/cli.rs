@@ -327,6 +327,12 @@ pub struct RequestArgs {
     /// Only from this pool.
     #[arg(long, value_name = "NAME")]
     pub pool: Option<String>,
+    /// Count it against this fair-share tenant (default: the caller's own).
+    #[arg(long, value_name = "T")]
+    pub tenant: Option<String>,
+    /// Label the request (and its lease) with TAG, e.g. the job it is for.
+    #[arg(long, value_name = "TAG")]
+    pub tag: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -299,7 +299,8 @@ fn request(m: &Manager, r: &RequestArgs) -> Result<(), Error> {
     let host = r.host;
     let spec = serde_json::from_value(json!({
         "host": host, "want": want, "priority": r.priority, "duration_s": r.duration,
-        "preemptible_by_higher": r.preemptible_by_higher, "pool": r.pool,
+        "preemptible_by_higher": r.preemptible_by_higher, "pool": r.pool, "tenant": r.tenant,
+        "tag": r.tag,
     }))
     .map_err(|e| failure(format!("cannot encode the request: {e}")))?;
     let v = m.ask(&Request::Request { spec })?;

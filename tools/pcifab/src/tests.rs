@@ -125,6 +125,7 @@ fn the_harness_command_lines_parse() {
         "p2p distance 0x0300 0x0401",
         "request --gpus 2 --host 1 --priority 5 --duration 60 --preemptible-by-higher --json",
         "request --vfs 2 --profile quarter --host 1 --priority 5 --pool gpus",
+        "request --gpus 1 --host 1 --priority 5 --pool slurm --tenant physics --tag slurm-job-7 --json",
         "release 4 --json",
         "queue",
         "leases --json",

@@ -107,23 +107,40 @@ fn manager_commands_fit_their_schemas() {
         a.extend_from_slice(args);
         pcifab(&a)
     };
-    let (code, out, err) = m(&["request", "--gpus", "1", "--host", "1", "--priority", "2"]);
+    // Tagged (the tag is in the lease and the queue entry, and their schemas).
+    let tagged = |host: &'static str, tag: &'static str| {
+        [
+            "request",
+            "--gpus",
+            "1",
+            "--host",
+            host,
+            "--priority",
+            "2",
+            "--tag",
+            tag,
+        ]
+    };
+    let (code, out, err) = m(&tagged("1", "job-7"));
     assert_eq!(code, 0, "{err}");
     let v = object(&out);
     assert_eq!(v["schema"], "pcifab/request/v1");
     assert_eq!(v["granted"], true, "{v}");
+    assert_eq!(v["lease"]["tag"], "job-7", "{v}");
     let lease = v["id"].as_u64().expect("id");
     // The pool's only GPU is taken: the next request queues.
-    let (code, out, _) = m(&["request", "--gpus", "1", "--host", "2", "--priority", "1"]);
+    let (code, out, _) = m(&tagged("2", "job-8"));
     assert_eq!(code, 0);
     let v = object(&out);
     assert_eq!(v["granted"], false, "{v}");
     let (code, out, _) = m(&["queue"]);
     assert_eq!(code, 0);
     assert_eq!(object(&out)["queue"].as_array().map(Vec::len), Some(1));
+    assert_eq!(object(&out)["queue"][0]["tag"], "job-8");
     let (code, out, _) = m(&["leases"]);
     assert_eq!(code, 0);
     assert_eq!(object(&out)["leases"][0]["functions"][0], "0x0120");
+    assert_eq!(object(&out)["leases"][0]["tag"], "job-7");
     let (code, out, _) = m(&["release", &lease.to_string()]);
     assert_eq!(code, 0);
     assert_eq!(object(&out)["id"], lease);

@@ -239,6 +239,28 @@ fn leases(h0: &mut Host) -> Result<Vec<Lease>, String> {
         .unwrap_or_default())
 }
 
+/// The manager's leases' (id, tenant, owner, tag).
+fn lease_tenants(h0: &mut Host) -> Result<Vec<(u64, String, String, String)>, String> {
+    let o = h0.run("pcifab leases --json")?;
+    let v = json_line(&o.out).map_err(|e| format!("h0: `pcifab leases --json`: {e}"))?;
+    Ok(v["leases"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|l| {
+                    let text = |k: &str| l[k].as_str().unwrap_or("?").to_string();
+                    (
+                        l["id"].as_u64().unwrap_or(0),
+                        text("tenant"),
+                        text("owner"),
+                        text("tag"),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
 /// The job's output: (LEASE, FUNCTIONS, PDFIDs of the fabric functions it saw).
 fn job_output(out: &str) -> (String, String, Vec<String>) {
     let field = |k: &str| {
@@ -255,9 +277,14 @@ fn job_output(out: &str) -> (String, String, Vec<String>) {
     (field("LEASE "), field("FUNCTIONS "), seen)
 }
 
+/// The Slurm account of the held job (`sbatch -A`), a manager tenant of the same name: the
+/// hooks' `PCIFAB_TENANTS="*"` counts its requests against it.
+const ACCOUNT: &str = "physics";
+
 /// The manager configuration of the Slurm scenarios: one pool `slurm` of mode `mode`
 /// holding gpu0 and gpu1, reserved to the hooks' principal (`root` here: the test world's
-/// SlurmUser); `alice` (local user nobody) is a tenant of h0 and h1 who is not Slurm.
+/// SlurmUser); `alice` (local user nobody) is a tenant of h0 and h1 who is not Slurm; the
+/// tenant [`ACCOUNT`].
 fn manager_cfg(f: &Fabric, mode: &str) -> Result<String, String> {
     let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
     Ok(format!(
@@ -268,7 +295,8 @@ fn manager_cfg(f: &Fabric, mode: &str) -> Result<String, String> {
          [[pools]]\nname = \"slurm\"\nmode = \"{mode}\"\nprincipals = [\"root\"]\n\n\
          [[pools.devices]]\npf = {g0:#06x}\n[[pools.devices]]\npf = {g1:#06x}\n\n\
          [[principals]]\nname = \"alice\"\nrole = \"tenant\"\nhosts = [0, 1]\n\
-         uids = [{NOBODY}]\n",
+         uids = [{NOBODY}]\n\n\
+         [[manager.tenants]]\nname = \"{ACCOUNT}\"\n",
         f.hosts.len()
     ))
 }
@@ -970,7 +998,7 @@ fn held_job_running(f: &mut Fabric, g0: u16, g1: u16) -> Result<(u64, Lease), St
     f.hosts[1].run_ok(&format!("rm -f {JOB_GO} {JOB_OUT}"))?;
     let h0 = &mut f.hosts[0];
     let sub = h0.run_ok(&format!(
-        "{}sbatch --parsable --gres=gpu:2 -w h1 -o {JOB_OUT} /tmp/slurm-job.sh",
+        "{}sbatch --parsable -A {ACCOUNT} --gres=gpu:2 -w h1 -o {JOB_OUT} /tmp/slurm-job.sh",
         put("/tmp/slurm-job.sh", "755", JOB_SCRIPT)
     ))?;
     let id: u64 = sub
@@ -980,7 +1008,7 @@ fn held_job_running(f: &mut Fabric, g0: u16, g1: u16) -> Result<(u64, Lease), St
         .and_then(|l| l.split(';').next())
         .and_then(|s| s.trim().parse().ok())
         .ok_or_else(|| format!("h0: sbatch printed no job id: {sub:?}"))?;
-    h0.log_note(&format!("Slurm job {id} submitted"));
+    h0.log_note(&format!("Slurm job {id} submitted (account {ACCOUNT})"));
     wait_in(
         &mut f.hosts[1],
         &format!("grep -q READY {JOB_OUT} 2>/dev/null"),
@@ -1009,6 +1037,22 @@ fn held_job_running(f: &mut Fabric, g0: u16, g1: u16) -> Result<(u64, Lease), St
     c.eq("PCIFAB_LEASE in the job", lease.0.to_string(), job_lease);
     seen.sort();
     c.eq("fabric functions the job sees", want_fns, seen);
+    let show = f.hosts[0].run_ok(&format!("scontrol show job {id}"))?;
+    c.eq(
+        "the job's Slurm account",
+        ACCOUNT,
+        &job_field(&show, "Account"),
+    );
+    c.eq(
+        "the lease's tenant, owner and tag (the job's account; the hooks' principal; the job)",
+        vec![(
+            lease.0,
+            ACCOUNT.to_string(),
+            "root".to_string(),
+            format!("slurm-job-{id}"),
+        )],
+        lease_tenants(&mut f.hosts[0])?,
+    );
     c.finish()?;
     check_world(f, &owners(&[(g0, 1), (g1, 1)]), "the job running")?;
     Ok((id, lease))
@@ -1240,6 +1284,146 @@ pub fn manager_restart(f: &mut Fabric) -> Result<(), String> {
         // reclaim delay (3 s + 2 s) have passed since the restart, watched until then.
         h0_watch_lease(&mut f.hosts[0], &lease, restarted.trim(), 6)?;
         held_job_ends(f, id)
+    })
+}
+
+/// Sets the hooks' `PCIFAB_RELEASE_RETRY_S` (they read their configuration at every run).
+fn set_release_retry(h0: &mut Host, secs: u32) -> Result<(), String> {
+    h0.run_ok(&format!(
+        "sed -i 's/^PCIFAB_RELEASE_RETRY_S=.*/PCIFAB_RELEASE_RETRY_S={secs}/' /etc/slurm/pcifab-slurm.conf\n\
+         grep -qx 'PCIFAB_RELEASE_RETRY_S={secs}' /etc/slurm/pcifab-slurm.conf"
+    ))
+    .map(|_| ())
+}
+
+/// The manager stopped (SIGTERM) while the held job `id` holds `lease`, then the job let go:
+/// once its script has printed DONE, and `ended` (a shell test) holds, the lease's GPUs are
+/// still bound to h1 and the hooks' state file still names the lease.
+fn job_ends_without_manager(
+    f: &mut Fabric,
+    id: u64,
+    lease: &Lease,
+    ended: &str,
+    what: &str,
+) -> Result<(), String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    stop_manager(&mut f.hosts[0], "TERM")?;
+    f.hosts[0].log_note(&format!(
+        "pcifab-manager stopped while job {id} holds lease {}",
+        lease.0
+    ));
+    f.hosts[1].run_ok(&format!("touch {JOB_GO}"))?;
+    wait_in(
+        &mut f.hosts[1],
+        &format!("grep -qx DONE {JOB_OUT} 2>/dev/null"),
+        60,
+        "the job script printing DONE",
+        &format!("cat {JOB_OUT}"),
+    )?;
+    wait_in(
+        &mut f.hosts[0],
+        ended,
+        60,
+        what,
+        &format!("squeue; scontrol show job {id}; ps; {CTLD_DIAG}"),
+    )?;
+    let mut c = Checks::new(&format!("job {id} ended, the manager down ({what})"));
+    c.eq(
+        "the hooks' state file (the lease not released)",
+        Some(vec![lease.0]),
+        hook_state(&mut f.hosts[0], id)?,
+    );
+    c.finish()?;
+    check_world(
+        f,
+        &owners(&[(g0, 1), (g1, 1)]),
+        "the job ended while the manager is down",
+    )
+}
+
+/// "slurm: the manager down when a job ends: its GPUs come back once the manager is".
+pub fn manager_down_at_job_end(f: &mut Fabric) -> Result<(), String> {
+    let (g0, g1) = (pdfid(f, "gpu0")?, pdfid(f, "gpu1")?);
+    with_slurm(f, "whole", |f| {
+        // The epilog retries within PCIFAB_RELEASE_RETRY_S: the manager back while it
+        // does, the release goes through and the job completes with its GPUs returned.
+        let (id, lease) = held_job_running(f, g0, g1)?;
+        // A request of the job that its state file does not name (as one whose prolog was
+        // stopped between the manager's answer and writing the id): queued behind the
+        // job's lease, found by the epilog by the job's tag.
+        let (stray, granted) = mgr_request(
+            &mut f.hosts[0],
+            &format!(
+                "--gpus 1 --host 1 --priority 5 --duration 600 --pool slurm \
+                 --tenant {ACCOUNT} --tag slurm-job-{id}"
+            ),
+        )?;
+        let mut c = Checks::new("a request tagged for the job, not in its state file");
+        c.eq("granted", false, granted);
+        c.eq(
+            "queued requests (hosts)",
+            vec![1],
+            queued_hosts(&mut f.hosts[0])?,
+        );
+        c.eq(
+            "the hooks' state file",
+            Some(vec![lease.0]),
+            hook_state(&mut f.hosts[0], id)?,
+        );
+        c.finish()?;
+        f.hosts[0].log_note(&format!("request {stray} tagged slurm-job-{id}, queued"));
+        job_ends_without_manager(
+            f,
+            id,
+            &lease,
+            "ps | grep -q '[e]pilog-slurmctld'",
+            "the epilog running, retrying its release",
+        )?;
+        start_manager(&mut f.hosts[0], None, true)?;
+        f.hosts[0].log_note("pcifab-manager started again while the epilog retries");
+        held_job_ends(f, id)?;
+
+        // Down longer than the epilog tries (3 s here): the job completes with its lease
+        // left in the hooks' state file, which the manager back does not change; the next
+        // job's prolog (a job without GPUs) sweeps it.
+        set_release_retry(&mut f.hosts[0], 3)?;
+        let (id, lease) = held_job_running(f, g0, g1)?;
+        job_ends_without_manager(
+            f,
+            id,
+            &lease,
+            &format!(
+                "scontrol show job {id} | grep -q 'JobState=COMPLETED' && \
+                 ! ps | grep -q '[e]pilog-slurmctld'"
+            ),
+            "the job COMPLETED, its epilog given up",
+        )?;
+        let h0 = &mut f.hosts[0];
+        start_manager(h0, None, true)?;
+        h0.log_note("pcifab-manager started again after the epilog gave up");
+        crate::checks::expect_eq(
+            "leases once the manager is back, before another hook runs",
+            vec![lease.clone()],
+            leases(h0)?,
+        )?;
+        let next = sbatch(h0, "-w h1 -o /tmp/slurm-next.out")?;
+        wait_in(
+            h0,
+            &format!(
+                "scontrol show job {next} | grep -q 'JobState=COMPLETED' && \
+                 [ ! -e /var/spool/slurmctld/pcifab/{id} ] && \
+                 pcifab leases --json | grep -q '\"leases\":\\[\\]'"
+            ),
+            120,
+            "the next job COMPLETED, the lease of the ended job released and its state file gone",
+            &format!("scontrol show job {next}; pcifab leases; ls -l /var/spool/slurmctld/pcifab; {CTLD_DIAG}"),
+        )?;
+        let mut c = Checks::new(&format!("job {next} (no GPUs) swept job {id}'s lease"));
+        c.eq("leases", vec![], leases(h0)?);
+        c.eq("queued requests", Vec::<u64>::new(), queued_hosts(h0)?);
+        c.eq("the ended job's state file", None, hook_state(h0, id)?);
+        c.finish()?;
+        check_world(f, &Owners::new(), "the swept lease's GPUs back in the pool")
     })
 }
 

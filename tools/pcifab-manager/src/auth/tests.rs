@@ -9,7 +9,7 @@ use crate::{
 const CONFIG: &str = r#"
 [manager]
 hosts = 2
-tenants = [{ name = "team-a", weight = 1 }]
+tenants = [{ name = "team-a", weight = 1 }, { name = "physics" }, { name = "chemistry" }]
 
 [[pools]]
 name = "gpus"
@@ -32,6 +32,12 @@ uids = [1000]
 name = "h0-job"
 role = "tenant"
 hosts = [0]
+
+[[principals]]
+name = "slurm"
+role = "tenant"
+hosts = [1]
+acts_for = ["physics"]
 
 [[principals]]
 name = "grafana"
@@ -61,6 +67,7 @@ fn spec(host: Host) -> RequestSpec {
         pool: None,
         tenant: None,
         owner: Some("someone else".into()),
+        tag: None,
     }
 }
 
@@ -119,6 +126,62 @@ fn a_tenant_requests_for_its_hosts_only_and_owns_what_it_asks() {
         .expect("admin")
         .authorize(Request::Release { id }, &s)
         .expect("admin releases");
+}
+
+#[test]
+fn a_principal_acts_only_for_the_tenants_it_is_given() {
+    let (p, mut s) = world();
+    let named = |tenant: Option<&str>| {
+        let mut r = spec(1);
+        r.tenant = tenant.map(Into::into);
+        Request::Request { spec: r }
+    };
+    let granted = |r: Result<Request, Denied>| match r {
+        Ok(Request::Request { spec }) => spec,
+        other => panic!("expected the request, got {other:?}"),
+    };
+    // Slurm's principal names the job's account's tenant: the request counts against it
+    // and is still Slurm's own (only Slurm releases it).
+    let slurm = p.by_name("slurm").expect("slurm");
+    let got = granted(slurm.authorize(named(Some("physics")), &s));
+    assert_eq!(got.tenant.as_deref(), Some("physics"));
+    assert_eq!(got.owner.as_deref(), Some("slurm"));
+    // Naming none: its own tenant ('default': no tenant is named 'slurm').
+    assert_eq!(granted(slurm.authorize(named(None), &s)).tenant, None);
+    // A tenant it was not given, or another principal's own, is refused.
+    for other in ["chemistry", "team-a"] {
+        let m = forbidden(slurm.authorize(named(Some(other)), &s));
+        assert!(m.contains(other) && m.contains("acts_for"), "{m}");
+    }
+    // A tenant principal without acts_for cannot name Slurm's tenants: no impersonation.
+    let h1 = p.by_name("h1-job").expect("tenant");
+    let m = forbidden(h1.authorize(named(Some("physics")), &s));
+    assert!(m.contains("'physics'") && m.contains("'team-a'"), "{m}");
+    // A lease made for physics stays Slurm's: physics' own principals may not end it.
+    let id = s.submit(got, 0).expect("granted").id;
+    assert_eq!(s.leases[&id].spec.tenant_name(), "physics");
+    forbidden(h1.authorize(Request::Release { id }, &s));
+    slurm
+        .authorize(Request::Release { id }, &s)
+        .expect("its owner releases");
+    // Compositions follow the same rule.
+    let compose = |tenant: &str| Request::Compose {
+        host: 1,
+        functions: vec![0x300],
+        priority: 0,
+        duration_s: None,
+        tenant: Some(tenant.into()),
+        owner: None,
+    };
+    match slurm.authorize(compose("physics"), &s).expect("acts for") {
+        Request::Compose { tenant, owner, .. } => {
+            assert_eq!(tenant.as_deref(), Some("physics"));
+            assert_eq!(owner.as_deref(), Some("slurm"));
+        }
+        other => panic!("{other:?}"),
+    }
+    forbidden(slurm.authorize(compose("chemistry"), &s));
+    forbidden(h1.authorize(compose("physics"), &s));
 }
 
 #[test]
@@ -220,6 +283,14 @@ fn bad_principal_lists_are_refused_with_the_reason() {
     bad(
         "[[principals]]\nname = \"x\"\nrole = \"tenant\"\nhosts = [0]\ntenant = \"nope\"",
         "tenant 'nope'",
+    );
+    bad(
+        "[[principals]]\nname = \"x\"\nrole = \"tenant\"\nhosts = [0]\nacts_for = [\"nope\"]",
+        "acts_for names tenant 'nope'",
+    );
+    bad(
+        "[[principals]]\nname = \"x\"\nrole = \"admin\"\nacts_for = [\"physics\"]",
+        "`acts_for` is for tenants",
     );
     bad(
         "[[principals]]\nname = \"x\"\nrole = \"root\"",

@@ -217,6 +217,7 @@ fn users_are_principals_with_hashed_passwords() {
             role: Role::Admin,
             hosts: vec![],
             tenant: None,
+            acts_for: vec![],
             token_sha256: None,
             uids: vec![],
             token_expires: None,

@@ -255,6 +255,7 @@ pf = 0x0400
             pool: None,
             tenant: None,
             owner: Some("ops".into()),
+            tag: None,
         }
     }
 

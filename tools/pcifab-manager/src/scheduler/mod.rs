@@ -82,6 +82,11 @@ pub struct RequestSpec {
     /// against; none: the tenant `default`.
     #[serde(default)]
     pub tenant: Option<String>,
+    /// The client's label for the request (e.g. `slurm-job-42`, the job it is for): shown
+    /// with its queue entry and lease, so a client finds what it asked for without the id.
+    /// 1 to 128 characters of `A-Z a-z 0-9 . _ : -`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
     /// The principal that asked (set by the manager from the caller's credentials, never
     /// taken from the caller); none in states stored before principals existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,6 +102,13 @@ impl RequestSpec {
 
 fn yes() -> bool {
     true
+}
+
+/// Whether `t` is a request's tag: 1 to 128 characters of `A-Z a-z 0-9 . _ : -`.
+pub fn valid_tag(t: &str) -> bool {
+    (1..=128).contains(&t.len())
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
 /// A queued request.
@@ -764,6 +776,14 @@ impl Scheduler {
                 "a host holds at most {} functions; ask for fewer",
                 m.max_functions_per_host
             )));
+        }
+        if let Some(t) = &spec.tag {
+            if !valid_tag(t) {
+                return Err(Refused(format!(
+                    "tag '{}' is not 1 to 128 characters of A-Z a-z 0-9 . _ : -",
+                    t.escape_debug()
+                )));
+            }
         }
         if let Some(t) = &spec.tenant {
             if !self.tenant_names().contains(t) {

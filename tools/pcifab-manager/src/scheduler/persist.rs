@@ -505,6 +505,7 @@ vfs = [0x0141, 0x0142]
             pool: None,
             tenant: None,
             owner: None,
+            tag: None,
         }
     }
 

@@ -92,6 +92,7 @@ fn random_spec(rng: &mut Rng, c: &Config) -> RequestSpec {
             _ => Some("nobody".into()),
         },
         owner: None,
+        tag: None,
     }
 }
 
@@ -263,6 +264,7 @@ fn gpu(host: Host, count: u32, priority: u32, duration: u64, tenant: &str) -> Re
         pool: None,
         tenant: Some(tenant.into()),
         owner: None,
+        tag: None,
     }
 }
 
@@ -578,6 +580,7 @@ fn indexed_victims_match_the_walk() {
             pool: None,
             tenant: None,
             owner: None,
+            tag: None,
         }
     };
     for seed in 0..10 {

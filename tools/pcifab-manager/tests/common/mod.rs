@@ -66,6 +66,7 @@ pub fn gpus(host: u8, count: u32, priority: u32, duration: u64) -> RequestSpec {
         pool: None,
         tenant: None,
         owner: None,
+        tag: None,
     }
 }
 
