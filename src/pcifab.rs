@@ -529,11 +529,23 @@ struct PcifabModule {
     #[pin]
     _dmaep: kernel::driver::Registration<pci::Adapter<dmaep::DmaEpDriver>>,
     _queue: kext::workqueue::ModuleQueue,
+    /// The numbers of `/dev/pcifabN`; freed last.
+    _numbers: NumbersGuard,
+}
+
+/// Gives the IDA of the character devices' numbers back on module exit.
+struct NumbersGuard;
+
+impl Drop for NumbersGuard {
+    fn drop(&mut self) {
+        chardev::destroy_numbers();
+    }
 }
 
 impl kernel::InPlaceModule for PcifabModule {
     fn init(module: &'static kernel::ThisModule) -> impl PinInit<Self, Error> {
         kext::dmaep_registry::init();
+        chardev::init_numbers();
         try_pin_init!(Self {
             // Made before the driver is registered: probe queues work on it.
             _queue: kext::workqueue::ModuleQueue::new()?,
@@ -542,6 +554,7 @@ impl kernel::InPlaceModule for PcifabModule {
                 module,
             ),
             _dmaep <- kernel::driver::Registration::new(c"pcifab_dmaep", module),
+            _numbers: NumbersGuard,
         })
     }
 }
