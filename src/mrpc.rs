@@ -172,6 +172,11 @@ impl Mrpc {
         completion_hdr(mep, events_on && !self.dma_active())
     }
 
+    /// Whether the events are on ([`Mrpc::set_completion_irq`]).
+    pub(crate) fn events_on(&self) -> bool {
+        self.events_on.load(Relaxed)
+    }
+
     /// Fails the running command and every queued one with `ENODEV`; called on unbind.
     pub(crate) fn kill(&self) {
         self.dead.store(true, Relaxed);
