@@ -478,6 +478,17 @@ pub fn all() -> Vec<Scenario> {
             120,
             driver_trust::gone_irq,
         ),
+        s(
+            "chardev: the MEP's number comes back: pcifab0 again after each of 10 unbinds",
+            180,
+            driver_trust::number_comes_back,
+        ),
+        s(
+            "events: a fabric event and mailbox completions interrupt again after the MEP's \
+             registers were reset",
+            180,
+            driver_trust::events_after_reset,
+        ),
         // The public PAX client over switchtec.ko, before pcifab goes away.
         s(
             "pax client: switchtec-user list, info, fw-info, status, test, topo-info, gfms-dump",
