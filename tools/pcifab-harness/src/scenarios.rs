@@ -437,6 +437,11 @@ pub fn all() -> Vec<Scenario> {
             driver_trust::abandoned_output,
         ),
         s(
+            "mrpc: a caller queued behind a 20 s command ends within 1 s of SIGKILL",
+            180,
+            driver_trust::queued_caller_killed,
+        ),
+        s(
             "events: a waiter without timeout gets ENODEV when the MEP is unbound",
             120,
             driver_trust::waiter_enodev,

@@ -348,6 +348,85 @@ pub fn abandoned_output(f: &mut Fabric) -> Result<(), String> {
     recovered(h)
 }
 
+/// A caller queued for the mailbox behind a command the firmware takes 20 s for is killed:
+/// it must be gone within 1 s of SIGKILL, and the command ahead of it must still complete.
+/// Before, callers queued on the mailbox's mutex, asleep uninterruptibly (state D) until
+/// every command ahead of theirs ended (up to 60 s each): the killed caller took about 19 s.
+pub fn queued_caller_killed(f: &mut Fabric) -> Result<(), String> {
+    let emu = f.emu();
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    begin(h)?;
+    let mut o = String::new();
+    with_fault(&emu, h, "delay 20000", |h| {
+        // The first caller, then the second once the first is inside (the driver counts its
+        // callers: `mrpc_callers_max` 1, then 2 with the second queued); the time from the
+        // kill to the second's end is measured in the guest (/proc/uptime, 10 ms steps).
+        o = h.run_ok_timeout(
+            &format!(
+                "echo 0 > {MISC0}/mrpc_callers_max
+                 pcifab-selftest mrpc 0x41 --in aaaaaaaa --out-len 4 --timeout 60000                    >/tmp/first.out 2>&1 & first=$!
+                 callers() {{ [ $(cat {MISC0}/mrpc_callers_max) -ge $1 ]; }}
+                 i=0; while ! callers 1 && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+                 callers 1 || {{ echo 'the first caller never entered'; exit 1; }}
+                 pcifab-selftest mrpc 0x41 --in bbbbbbbb --out-len 4 --timeout 60000                    >/tmp/second.out 2>&1 & second=$!
+                 i=0; while ! callers 2 && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+                 callers 2 || {{ echo 'the second caller never queued'; exit 1; }}
+                 echo \"second caller: $(grep State /proc/$second/status)\"
+                 read t0 x < /proc/uptime; kill -9 $second; wait $second; rc=$?
+                 read t1 x < /proc/uptime
+                 echo \"killed rc=$rc t0=$t0 t1=$t1\"
+                 wait $first; echo \"first rc=$? $(cat /tmp/first.out)\""
+            ),
+            Duration::from_secs(120),
+        )?;
+        Ok(())
+    })?;
+    h.log_note(o.trim());
+    let line = o
+        .lines()
+        .find(|l| l.starts_with("killed "))
+        .ok_or_else(|| format!("{}: no kill line in {o:?}", h.name))?;
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or_else(|| format!("no {k} in {line:?}"))
+    };
+    let ms = ((field("t1=")? - field("t0=")?) * 1000.0).round() as i64;
+    let mut c = Checks::new(&format!(
+        "{}: a caller queued behind a 20 s command, killed",
+        h.name
+    ));
+    c.eq(
+        "killed caller's exit status (SIGKILL)",
+        137,
+        field("rc=")? as i64,
+    );
+    if ms > 1000 {
+        c.fail(format!(
+            "the killed caller ended {ms} ms after SIGKILL; expected within 1000 ms"
+        ));
+    }
+    let first = o
+        .lines()
+        .find_map(|l| l.strip_prefix("first "))
+        .and_then(|l| l.split_once(' '))
+        .and_then(|(_, j)| serde_json::from_str::<Value>(j).ok())
+        .unwrap_or(Value::Null);
+    c.eq_json(
+        "first caller's errno",
+        Value::from("ok"),
+        first["errno"].clone(),
+    );
+    c.eq_json(
+        "first caller's output (its echo, inverted)",
+        Value::from("55555555"),
+        first["output"].clone(),
+    );
+    c.finish()?;
+    recovered(h)
+}
+
 /// Bit 19 of `/proc/sys/kernel/tainted`: TAINT_FWCTL.
 const TAINT_FWCTL: u64 = 1 << 19;
 
