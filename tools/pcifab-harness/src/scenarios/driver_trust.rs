@@ -1312,14 +1312,16 @@ fn events_after_reset_checks(f: &mut Fabric, emu: &EmuControl) -> Result<(), Str
         .code
         == 0;
     h0.log_note(&format!(
-        "after reset-regs: h1's bind seen by h0 {} in {ms} ms ({cmds} commands by h0 by          then); 20 mailbox echoes: {irqs} event interrupts",
+        "after reset-regs: h1's bind seen by h0 {} in {ms} ms ({cmds} commands by h0 by \
+         then); 20 mailbox echoes: {irqs} event interrupts",
         if seen { "as a fabric event" } else { "NOT" },
     ));
     let unbound = pcifab_ok(h1, &format!("unbind {VF:#06x}"));
     let mut c = Checks::new("h0 after the MEP's registers were reset");
     if !seen {
         c.fail(format!(
-            "h0 saw no fabric event within 30 s of h1's bind after the reset ({MISC0}/events_gfms              stayed at {gfms0})"
+            "h0 saw no fabric event within 30 s of h1's bind after the reset \
+             ({MISC0}/events_gfms stayed at {gfms0})"
         ));
     }
     if let Err(e) = echo {
