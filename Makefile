@@ -196,7 +196,7 @@ SLURM_BENCH := slurm: bench:
 UFFD_ONLY := inventory copy stalled
 # Microchip's fabric-mode DMA driver: make check-fabric-dma only.
 FABRIC_DMA_ONLY := fabric dma:
-DEBUG_PAX_2 := DMA MRPC|pax client|mrpc classes|sysfs: other|mrpc: an abandoned|events:|hostile firmware|firmware lies|fwctl|fuzz:|insmod/rmmod|probe|install:
+DEBUG_PAX_2 := DMA MRPC|pax client|mrpc classes|sysfs: other|mrpc: an abandoned|mrpc: a caller queued|events:|hostile firmware|firmware lies|fwctl|fuzz:|insmod/rmmod|probe|install:
 DEBUG_EXT_FILTER := agent answers|pcifab binds the MEP|p2p|$(EXT_STEPS)|sysfs: per-function|features|extensions|compose: move GPU0|bind and unbind reach h0|two hosts unbind|rmmod pcifab in every host|kmemleak
 DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|$(UFFD_ONLY)|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
 DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host

@@ -12,6 +12,7 @@ use kernel::{
     device::Device,
     fs::File,
     prelude::*,
+    str::CString,
     sync::poll::PollTable,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
@@ -21,7 +22,10 @@ use kernel::{
 
 use crate::{
     fnsysfs,
-    kext::miscdev::{self, MiscFile, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLPRI},
+    kext::{
+        ida::{Ida, IdaId},
+        miscdev::{self, MiscFile, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLPRI},
+    },
     sysfs, Mep,
 };
 
@@ -29,62 +33,45 @@ mod args;
 mod dispatch;
 mod perm;
 
-/// Names of the character devices, one per bound management endpoint.
-const NAMES: [&CStr; 8] = [
-    c"pcifab0", c"pcifab1", c"pcifab2", c"pcifab3", c"pcifab4", c"pcifab5", c"pcifab6", c"pcifab7",
-];
+/// The numbers `N` of `/dev/pcifabN` in use, one per bound management endpoint.
+static NUMBERS: Ida = Ida::new();
 
-/// Bitmap of the entries of [`NAMES`] in use.
-static NAMES_USED: Atomic<u32> = Atomic::new(0);
+/// The most management endpoints bound at once: `pcifab0` to `pcifab255`, as many as Linux's
+/// switchtec driver allows by default (its `max_devices`). A host has one per switch
+/// partition it is the host of; the limit only bounds the names.
+pub(crate) const MAX_DEVICES: u32 = 256;
 
-/// Takes the lowest free name slot.
-fn take_slot() -> Result<usize> {
-    let mut used = NAMES_USED.load(Relaxed);
-    loop {
-        let slot = (!used).trailing_zeros() as usize;
-        if slot >= NAMES.len() {
-            return Err(ENOSPC);
-        }
-        match NAMES_USED.cmpxchg(used, used | (1 << slot), Relaxed) {
-            Ok(_) => return Ok(slot),
-            Err(now) => used = now,
-        }
-    }
+/// Makes the numbers usable; called from the module's init before the driver registers.
+pub(crate) fn init_numbers() {
+    NUMBERS.init();
 }
 
-/// Returns a slot taken by [`take_slot`].
-fn put_slot(slot: usize) {
-    let mut used = NAMES_USED.load(Relaxed);
-    while let Err(now) = NAMES_USED.cmpxchg(used, used & !(1 << slot), Relaxed) {
-        used = now;
-    }
-}
-
-/// A name slot taken by [`take_slot`], given back on drop.
-struct Slot(usize);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        put_slot(self.0);
-    }
+/// Gives back the IDA's memory; called from the module's exit after every endpoint unbound.
+pub(crate) fn destroy_numbers() {
+    NUMBERS.destroy();
 }
 
 /// A registered `/dev/pcifabN` with its sysfs attributes and per-function directories.
 ///
 /// Fields drop in declaration order: the per-function directories (which live under the
-/// device's) go first, then the device, then its name.
+/// device's) go first, then the device, then its number.
 pub(crate) struct Registration {
     _fndirs: Option<fnsysfs::Installed>,
     _misc: Pin<KBox<miscdev::Registration<OpenFile>>>,
-    _slot: Slot,
+    _number: IdaId,
 }
 
 impl Registration {
     /// Registers the character device of `mep` as a child of `parent`.
     pub(crate) fn new(parent: &Device, mep: Arc<Mep>) -> Result<Self> {
-        let slot = Slot(take_slot()?);
+        let number = NUMBERS.alloc(MAX_DEVICES - 1).inspect_err(|e| {
+            if *e == ENOSPC {
+                dev_err!(parent, "no free /dev/pcifabN: all {} in use\n", MAX_DEVICES);
+            }
+        })?;
+        let name = CString::try_from_fmt(fmt!("pcifab{}", number.get()))?;
         let misc = KBox::pin_init(
-            miscdev::Registration::new(NAMES[slot.0], parent, &sysfs::GROUPS, mep),
+            miscdev::Registration::new(name, parent, &sysfs::GROUPS, mep),
             GFP_KERNEL,
         )?;
         let fndirs = fnsysfs::install(misc.data(), misc.device())
@@ -93,7 +80,7 @@ impl Registration {
         Ok(Self {
             _fndirs: fndirs,
             _misc: misc,
-            _slot: slot,
+            _number: number,
         })
     }
 }

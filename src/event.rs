@@ -8,19 +8,26 @@
 //! (`sw_event.gfms_event_hdr`) and the link state of the partition's upstream and downstream
 //! ports (`pff_csr[n].link_state_hdr`). For each that occurred it writes the header back,
 //! which clears "occurred" and keeps the interrupt enabled, counts it and wakes whoever waits.
+//!
+//! A function-level or bus reset of the MEP (or the switch resetting it) puts the event
+//! headers back to their power-on values, interrupts off, and the PCI core restores config
+//! space only; the kernel crate's PCI driver has no `reset_done` to hear of it. Every
+//! [`CHECK_MS`] a work item ([`check`]) reads the fabric-manager event header, which pcifab
+//! never leaves without its interrupt while events are on: when it lost it, the device was
+//! reset, and the work sets every event up again and services what occurred meanwhile.
 
 use kernel::{
     io::{register::Array, Io},
     irq::{self, IrqReturn},
-    new_poll_condvar, new_spinlock_irq,
+    new_mutex, new_poll_condvar, new_spinlock_irq,
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
         poll::PollCondVar,
-        Arc, CondVarTimeoutResult, SpinLockIrq,
+        Arc, CondVarTimeoutResult, Mutex, SpinLockIrq,
     },
     time::{msecs_to_jiffies, Instant, Monotonic},
-    workqueue::{impl_has_work, WorkItem},
+    workqueue::{impl_has_delayed_work, impl_has_work, WorkItem},
 };
 
 use crate::{fabric::Fabric, headers::Pffs, kext, regs, Bar0, Mep};
@@ -55,6 +62,14 @@ pub(crate) struct Events {
     changed: PollCondVar,
     /// The interrupt handler found the registers reading all ones (logged once).
     gone_seen: Atomic<bool>,
+    /// Held while the event headers' interrupts are set ([`enable`], [`check`]), so that the
+    /// check cannot turn them on again after unbind turned them off.
+    #[pin]
+    setup: Mutex<()>,
+    /// Held while the event headers are read and cleared ([`service`]): the interrupt
+    /// handler and the check after a reset may both look.
+    #[pin]
+    scanning: SpinLockIrq<()>,
 }
 
 impl Events {
@@ -66,6 +81,8 @@ impl Events {
             }),
             changed <- new_poll_condvar!(),
             gone_seen: Atomic::new(false),
+            setup <- new_mutex!(()),
+            scanning <- new_spinlock_irq!(()),
         })
     }
 
@@ -123,6 +140,67 @@ impl Events {
         self.state.lock().gone = true;
         self.changed.notify_all();
     }
+
+    /// Queues the next [`check`] of `mep` in [`CHECK_MS`], unless the endpoint is going
+    /// away: decided under the state lock that [`Events::shut_down`] sets `gone` under, so
+    /// none is queued after it (and [`stop_check`] then waits for the last one).
+    fn queue_check(&self, mep: Arc<Mep>) {
+        let refused = {
+            let state = self.state.lock();
+            if state.gone {
+                None
+            } else {
+                kext::workqueue::driver()
+                    .enqueue_delayed::<Arc<Mep>, 2>(mep, msecs_to_jiffies(CHECK_MS))
+                    .err()
+            }
+        };
+        // Already queued: the reference comes back, dropped here outside the lock.
+        drop(refused);
+    }
+}
+
+/// How often [`check`] looks for event set-up that a reset of the device took.
+const CHECK_MS: u32 = 1000;
+
+/// Starts the periodic [`check`]; at probe, once the events are on.
+pub(crate) fn start_check(mep: &Arc<Mep>) {
+    mep.events.queue_check(mep.clone());
+}
+
+/// Waits for the last [`check`]; after [`Events::shut_down`], which stops it queueing itself
+/// again. The check takes no lock a hot-plug removal holds, so this may wait for it there too.
+pub(crate) fn stop_check(mep: &Mep) {
+    kext::workqueue::flush_delayed(&mep.events_check);
+}
+
+/// Whether the device lost the event set-up: the fabric-manager event header, whose
+/// interrupt pcifab keeps on while events are on, reads with it off (and not all ones, as a
+/// device that is gone reads).
+fn setup_lost(mep: &Mep) -> bool {
+    mep.with_bar(|bar| bar.read(regs::SW_GFMS_EVENT_HDR))
+        .is_ok_and(|hdr| hdr.into_raw() != u32::MAX && !hdr.irq_enable())
+}
+
+/// Sets the event interrupts up again when a reset of the device turned them off, then
+/// services the events that occurred while they were off (they stay "occurred" in their
+/// headers, but raised no interrupt).
+fn check(mep: &Arc<Mep>) {
+    {
+        let _setup = mep.events.setup.lock();
+        if mep.events.gone() || !mep.mrpc.events_on() || !setup_lost(mep) {
+            return;
+        }
+        dev_warn!(
+            mep.pdev,
+            "event interrupts lost their set-up (device reset); setting them up again\n"
+        );
+        if let Err(e) = program(mep, true, false) {
+            dev_warn!(mep.pdev, "event set-up failed: {:?}\n", e);
+            return;
+        }
+    }
+    let _ = service(mep, false);
 }
 
 /// What one pass over the event headers found.
@@ -205,13 +283,21 @@ fn scan(
 
 /// Enables (or disables) the interrupts of every event pcifab handles, clearing stale ones.
 pub(crate) fn enable(mep: &Mep, on: bool) -> Result {
+    let _setup = mep.events.setup.lock();
+    program(mep, on, true)
+}
+
+/// Writes the interrupt enable of every event header pcifab handles; `clear` also clears
+/// their "occurred" (at probe and unbind; not after a reset, whose events are still to be
+/// serviced).
+fn program(mep: &Mep, on: bool, clear: bool) -> Result {
     let pffs = mep.pffs();
     // On only while commands complete in the mailbox (see there).
     mep.mrpc.set_completion_irq(mep, on)?;
     mep.with_bar(|bar| -> Result {
         bar.write_reg(
             regs::SW_GFMS_EVENT_HDR::zeroed()
-                .with_occurred(true)
+                .with_occurred(clear)
                 .with_irq_enable(on),
         );
         for &pff in pffs {
@@ -219,7 +305,7 @@ pub(crate) fn enable(mep: &Mep, on: bool) -> Result {
                 bar.write(
                     loc,
                     regs::PFF_LINK_STATE_HDR::zeroed()
-                        .with_occurred(true)
+                        .with_occurred(clear)
                         .with_irq_enable(on),
                 );
             }
@@ -243,60 +329,83 @@ pub(crate) struct Handler {
 
 impl irq::Handler for Handler {
     fn handle(&self) -> IrqReturn {
-        let mep = &self.mep;
-        let p2p = mep.p2p.window_size() != 0;
-        let found = match mep.with_bar(|bar| scan(bar, mep.partition, mep.pffs(), p2p, &mep.fabric))
-        {
-            Ok(Ok(found)) => found,
-            Ok(Err(e)) if e == ENODEV => {
-                // Said once: a shared line may bring the handler here again and again.
-                if !mep.events.gone_seen.xchg(true, Relaxed) {
-                    dev_warn!(
-                        mep.pdev,
-                        "event registers read all ones: the device is gone; interrupt not handled\n"
-                    );
-                }
-                return IrqReturn::None;
-            }
-            _ => return IrqReturn::None,
-        };
-        let other = found.link.saturating_add(found.gfms);
-        if let Some(ev) = found.p2p {
-            mep.p2p.on_events(ev);
-        }
-        if !found.mrpc && other == 0 {
-            return if found.p2p.is_some() {
-                IrqReturn::Handled
-            } else {
-                IrqReturn::None
-            };
-        }
-        {
-            // Counters of events since probe: they cannot wrap in the life of a machine, and
-            // wrapping would only confuse a reader, so no check can fail here.
-            let c = &mut mep.events.state.lock().counts;
-            c.irqs = c.irqs.wrapping_add(1);
-            c.link = c.link.wrapping_add(found.link);
-            c.gfms = c.gfms.wrapping_add(found.gfms);
-            c.total = c.total.wrapping_add(other);
-        }
-        if found.mrpc {
-            mep.mrpc.complete();
-        }
-        if other != 0 {
-            mep.events.changed.notify_all();
-            crate::fnsysfs::queue(mep);
-        }
-        if found.gfms != 0 {
-            // Already queued is fine: the running or queued work reads every event.
-            let _ = kext::workqueue::driver().enqueue::<Arc<Mep>, 0>(mep.clone());
-        }
-        IrqReturn::Handled
+        service(&self.mep, true)
     }
+}
+
+/// Reads and clears the event headers, counts what occurred and wakes whoever waits for it:
+/// the interrupt handler (`irq`), and [`check`] after a reset.
+fn service(mep: &Arc<Mep>, irq: bool) -> IrqReturn {
+    let p2p = mep.p2p.window_size() != 0;
+    let found = {
+        let _scanning = mep.events.scanning.lock();
+        mep.with_bar(|bar| scan(bar, mep.partition, mep.pffs(), p2p, &mep.fabric))
+    };
+    let found = match found {
+        Ok(Ok(found)) => found,
+        Ok(Err(e)) if e == ENODEV => {
+            // Said once: a shared line may bring the handler here again and again.
+            if !mep.events.gone_seen.xchg(true, Relaxed) {
+                dev_warn!(
+                    mep.pdev,
+                    "event registers read all ones: the device is gone; interrupt not handled\n"
+                );
+            }
+            return IrqReturn::None;
+        }
+        _ => return IrqReturn::None,
+    };
+    let other = found.link.saturating_add(found.gfms);
+    if let Some(ev) = found.p2p {
+        mep.p2p.on_events(ev);
+    }
+    if !found.mrpc && other == 0 {
+        return if found.p2p.is_some() {
+            IrqReturn::Handled
+        } else {
+            IrqReturn::None
+        };
+    }
+    {
+        // Counters of events since probe: they cannot wrap in the life of a machine, and
+        // wrapping would only confuse a reader, so no check can fail here.
+        let c = &mut mep.events.state.lock().counts;
+        if irq {
+            c.irqs = c.irqs.wrapping_add(1);
+        }
+        c.link = c.link.wrapping_add(found.link);
+        c.gfms = c.gfms.wrapping_add(found.gfms);
+        c.total = c.total.wrapping_add(other);
+    }
+    if found.mrpc {
+        mep.mrpc.complete();
+    }
+    if other != 0 {
+        mep.events.changed.notify_all();
+        crate::fnsysfs::queue(mep);
+    }
+    if found.gfms != 0 {
+        // Already queued is fine: the running or queued work reads every event.
+        let _ = kext::workqueue::driver().enqueue::<Arc<Mep>, 0>(mep.clone());
+    }
+    IrqReturn::Handled
 }
 
 impl_has_work! {
     impl HasWork<Self> for Mep { self.gfms_work }
+}
+
+impl_has_delayed_work! {
+    impl HasDelayedWork<Self, 2> for Mep { self.events_check }
+}
+
+impl WorkItem<2> for Mep {
+    type Pointer = Arc<Mep>;
+
+    fn run(this: Arc<Mep>) {
+        check(&this);
+        this.events.queue_check(this.clone());
+    }
 }
 
 impl WorkItem for Mep {

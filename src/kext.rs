@@ -10,6 +10,7 @@
 pub(crate) mod binding;
 pub(crate) mod dma;
 pub(crate) mod dmaep_registry;
+pub(crate) mod ida;
 pub(crate) mod iomem;
 pub(crate) mod kobject;
 pub(crate) mod miscdev;

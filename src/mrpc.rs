@@ -2,7 +2,9 @@
 
 //! The MRPC command engine: the firmware's mailbox.
 //!
-//! One command is in the mailbox at a time; callers queue on [`Mrpc::mailbox`]. A command's
+//! One command is in the mailbox at a time; callers queue for their turn ([`Mrpc::take_turn`],
+//! interrupted by any signal, so a caller behind a command that takes up to a minute can be
+//! killed), then hold [`Mrpc::mailbox`]. A command's
 //! input goes into the input buffer, writing its id to `MRPC_CMD` starts it, and the firmware
 //! sets `MRPC_STATUS` to done or error when it has written the output and the return value.
 //! Completion is signalled by the MRPC-completion event interrupt ([`Mrpc::complete`]); the
@@ -91,6 +93,17 @@ impl Drop for Caller<'_> {
     }
 }
 
+/// A caller's turn at the mailbox ([`Mrpc::take_turn`]); given back on drop.
+struct Turn<'a>(&'a Mrpc);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        *self.0.turn.lock() = false;
+        // Every waiter: one woken that then takes a signal must not leave the others asleep.
+        self.0.turn_free.notify_all();
+    }
+}
+
 /// Counters of the engine, for sysfs and the events ioctl.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Stats {
@@ -107,7 +120,14 @@ pub(crate) struct Stats {
 pub(crate) struct Mrpc {
     /// The device is going away: running and new commands fail with `ENODEV`.
     dead: Atomic<bool>,
-    /// Callers queue here; the holder owns the mailbox.
+    /// Whether a caller has the turn ([`Mrpc::take_turn`]); callers wait on `turn_free`.
+    #[pin]
+    turn: Mutex<bool>,
+    /// Woken when the turn is given back and on removal.
+    #[pin]
+    turn_free: CondVar,
+    /// The holder owns the mailbox: the caller with the turn, or probe and unbind, which
+    /// take it for a moment without one.
     #[pin]
     mailbox: Mutex<Mailbox>,
     /// Counters, readable without waiting for the mailbox.
@@ -136,6 +156,8 @@ impl Mrpc {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
             dead: Atomic::new(false),
+            turn <- new_mutex!(false),
+            turn_free <- new_condvar!(),
             mailbox <- new_mutex!(Mailbox {
                 stale: false,
                 dma: None
@@ -172,10 +194,39 @@ impl Mrpc {
         completion_hdr(mep, events_on && !self.dma_active())
     }
 
+    /// Whether the events are on ([`Mrpc::set_completion_irq`]).
+    pub(crate) fn events_on(&self) -> bool {
+        self.events_on.load(Relaxed)
+    }
+
     /// Fails the running command and every queued one with `ENODEV`; called on unbind.
     pub(crate) fn kill(&self) {
         self.dead.store(true, Relaxed);
         self.completed.notify_all();
+        // Under the lock a waiter checks `dead` under, so none goes to sleep after this.
+        drop(self.turn.lock());
+        self.turn_free.notify_all();
+    }
+
+    /// Waits for the caller's turn at the mailbox, given back when the returned guard drops.
+    ///
+    /// # Errors
+    ///
+    /// `EINTR` when a signal arrives first (the caller holding the turn may run a command for
+    /// up to [`MAX_TIMEOUT_MS`], and those queued before it as long each: a `mutex_lock` there
+    /// slept uninterruptibly through all of them), `ENODEV` once the device is going away.
+    fn take_turn(&self) -> Result<Turn<'_>> {
+        let mut busy = self.turn.lock();
+        while *busy {
+            if self.dead.load(Relaxed) {
+                return Err(ENODEV);
+            }
+            if self.turn_free.wait_interruptible(&mut busy) {
+                return Err(EINTR);
+            }
+        }
+        *busy = true;
+        Ok(Turn(self))
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -345,6 +396,7 @@ impl Mrpc {
         };
 
         let _caller = self.enter();
+        let _turn = self.take_turn()?;
         let mut mb = self.mailbox.lock();
         if self.dead.load(Relaxed) {
             return Err(ENODEV);

@@ -20,7 +20,7 @@ use kernel::{
         atomic::{ordering::Relaxed, Atomic},
         new_mutex, Arc, Mutex,
     },
-    workqueue::{new_work, Work}, //
+    workqueue::{new_delayed_work, new_work, DelayedWork, Work}, //
 };
 
 mod chardev;
@@ -108,6 +108,9 @@ pub(crate) struct Mep {
     /// Brings [`Mep::fn_dirs`] up to date with the fabric after a fabric event ([`fnsysfs`]).
     #[pin]
     fn_dirs_work: Work<Mep, 1>,
+    /// Sets the events up again after a reset of the device took them ([`event`]).
+    #[pin]
+    events_check: DelayedWork<Mep, 2>,
 }
 
 impl Mep {
@@ -238,6 +241,8 @@ impl Drop for MepGuard {
 /// `ENODEV`, and it runs on the module's workqueue, which the module's exit drains
 /// (`Documentation/design.rst`, "Hot-plug and the rescan lock").
 fn stop_work(mep: &Mep, in_hotplug: bool) {
+    // Takes no lock a removal may hold: waited for in a hot-plug removal too.
+    event::stop_check(mep);
     if in_hotplug {
         dev_info!(
             mep.pdev,
@@ -342,6 +347,7 @@ impl pci::Driver for PcifabDriver {
                     gfms_work <- new_work!("pcifab::gfms_work"),
                     fn_dirs <- new_mutex!(None, "pcifab::fn_dirs"),
                     fn_dirs_work <- new_work!("pcifab::fn_dirs_work"),
+                    events_check <- new_delayed_work!("pcifab::events_check"),
                 }),
                 GFP_KERNEL,
             )?);
@@ -493,6 +499,7 @@ impl pci::Driver for PcifabDriver {
                 chardev: {
                     probe_step(pdev, 13)?;
                     event::enable(&chardev_mep, true)?;
+                    event::start_check(&chardev_mep);
                     probe_step(pdev, 14)?;
                     let registration = chardev::Registration::new(pdev.as_ref(), chardev_mep)?;
                     probe_step(pdev, 15)?;
@@ -529,11 +536,23 @@ struct PcifabModule {
     #[pin]
     _dmaep: kernel::driver::Registration<pci::Adapter<dmaep::DmaEpDriver>>,
     _queue: kext::workqueue::ModuleQueue,
+    /// The numbers of `/dev/pcifabN`; freed last.
+    _numbers: NumbersGuard,
+}
+
+/// Gives the IDA of the character devices' numbers back on module exit.
+struct NumbersGuard;
+
+impl Drop for NumbersGuard {
+    fn drop(&mut self) {
+        chardev::destroy_numbers();
+    }
 }
 
 impl kernel::InPlaceModule for PcifabModule {
     fn init(module: &'static kernel::ThisModule) -> impl PinInit<Self, Error> {
         kext::dmaep_registry::init();
+        chardev::init_numbers();
         try_pin_init!(Self {
             // Made before the driver is registered: probe queues work on it.
             _queue: kext::workqueue::ModuleQueue::new()?,
@@ -542,6 +561,7 @@ impl kernel::InPlaceModule for PcifabModule {
                 module,
             ),
             _dmaep <- kernel::driver::Registration::new(c"pcifab_dmaep", module),
+            _numbers: NumbersGuard,
         })
     }
 }

@@ -21,7 +21,7 @@ use kernel::{
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     page::PAGE_SIZE,
     prelude::*,
-    str::as_char_ptr_in_const_context,
+    str::{as_char_ptr_in_const_context, CString},
     sync::poll::PollTable,
     types::{ForeignOwnable, Opaque},
 };
@@ -130,6 +130,9 @@ pub(crate) struct Registration<T: MiscFile> {
 #[pin_data(PinnedDrop)]
 struct Inner<D> {
     data: D,
+    /// The device's name, which `misc.name` points into (its buffer stays put when the
+    /// `CString` moves) and which the misc core reads until deregistration.
+    _name: CString,
     #[pin]
     misc: Opaque<bindings::miscdevice>,
 }
@@ -143,16 +146,21 @@ unsafe impl<D: Sync> Sync for Inner<D> {}
 impl<T: MiscFile> Registration<T> {
     /// Registers `/dev/NAME` as a child of `parent` with the attributes of `groups`.
     pub(crate) fn new<'a>(
-        name: &'static CStr,
+        name: CString,
         parent: &'a Device,
         groups: &'static AttrGroups<DeviceAttr<T::Data>>,
         data: T::Data,
     ) -> impl PinInit<Self, Error> + 'a {
+        // The name's bytes live on the heap: the pointer stays valid when `name` moves into
+        // the registration, which keeps it until after deregistration.
+        let name_ptr = name.as_char_ptr();
         try_pin_init!(Self {
             inner <- try_pin_init!(Inner {
                 data,
+                _name: name,
                 misc <- Opaque::try_ffi_init(move |raw: *mut bindings::miscdevice| {
-                    let mut misc = MiscDeviceOptions { name }.into_raw::<Adapter<T>>();
+                    let mut misc = MiscDeviceOptions { name: c"" }.into_raw::<Adapter<T>>();
+                    misc.name = name_ptr;
                     misc.fops = Adapter::<T>::fops();
                     // `Device` is a transparent wrapper of `struct device`.
                     misc.parent = core::ptr::from_ref(parent)
@@ -162,7 +170,9 @@ impl<T: MiscFile> Registration<T> {
                     // SAFETY: `raw` is valid for writes: the initializer owns the slot.
                     unsafe { raw.write(misc) };
                     // SAFETY: `raw` holds a fully initialised `miscdevice` that is pinned and
-                    // deregistered in `drop` before its memory goes away.
+                    // deregistered in `drop` before its memory goes away; its name is the
+                    // buffer of `_name`, which drops after that (fields drop after
+                    // `PinnedDrop::drop`).
                     // INVARIANT: On success `misc` is registered with the fops and groups above.
                     to_result(unsafe { bindings::misc_register(raw) })
                 }),

@@ -16,9 +16,9 @@ use core::{
 };
 
 use kernel::{
-    bindings,
+    bindings, container_of,
     prelude::*,
-    workqueue::{Queue, Work},
+    workqueue::{DelayedWork, Queue, Work},
 };
 
 /// The module's workqueue while it exists (from module init to module exit).
@@ -98,4 +98,17 @@ pub(crate) fn flush<T, const ID: u64>(work: &Work<T, ID>) {
     // SAFETY: `work` is an initialised work item (a `Work` exists only initialised), and it
     // outlives this call, which only waits on it.
     unsafe { bindings::flush_work(Work::raw_get(work)) };
+}
+
+/// Runs `work` now if its timer is pending, and waits until it is neither queued nor running.
+pub(crate) fn flush_delayed<T, const ID: u64>(work: &DelayedWork<T, ID>) {
+    // SAFETY: `work` is a reference, so the pointer is aligned and not dangling.
+    let w = unsafe { DelayedWork::raw_as_work(work) };
+    // SAFETY: `w` points to the initialised `work_struct` inside `work`.
+    let raw = unsafe { Work::raw_get(w) };
+    // SAFETY: `raw` is the `work` field of the `delayed_work` inside `work`.
+    let dwork = unsafe { container_of!(raw, bindings::delayed_work, work) };
+    // SAFETY: `dwork` is the initialised `delayed_work` of `work` (a `DelayedWork` exists only
+    // initialised), which outlives this call, which only runs and waits on it.
+    unsafe { bindings::flush_delayed_work(dwork) };
 }

@@ -442,6 +442,11 @@ pub fn all() -> Vec<Scenario> {
             driver_trust::abandoned_output,
         ),
         s(
+            "mrpc: a caller queued behind a 20 s command ends within 1 s of SIGKILL",
+            180,
+            driver_trust::queued_caller_killed,
+        ),
+        s(
             "events: a waiter without timeout gets ENODEV when the MEP is unbound",
             120,
             driver_trust::waiter_enodev,
@@ -482,6 +487,17 @@ pub fn all() -> Vec<Scenario> {
             "events: an interrupt while the MEP reads all ones (surprise removal) is not serviced",
             120,
             driver_trust::gone_irq,
+        ),
+        s(
+            "chardev: the MEP's number comes back: pcifab0 again after each of 10 unbinds",
+            180,
+            driver_trust::number_comes_back,
+        ),
+        s(
+            "events: a fabric event and mailbox completions interrupt again after the MEP's \
+             registers were reset",
+            180,
+            driver_trust::events_after_reset,
         ),
         // The public PAX client over switchtec.ko, before pcifab goes away.
         s(

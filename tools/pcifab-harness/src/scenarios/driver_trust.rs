@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::checks::{
-    begin, bind_here, compose_begin, dmesg_clean, emu_owners, ensure_pcifab, find_mep, free_all,
-    json_line, one_mrpc, pcifab_cmd, pcifab_ok, recovered, refused_without_extensions,
-    selftest_json, stats_field, two_hosts, wait_for, with_fault, Checks, GPU0, MIB,
+    begin, bind_here, check_bound_pcifab, check_world, compose_begin, dmesg_clean, emu_owners,
+    ensure_pcifab, find_mep, free_all, json_line, one_mrpc, pcifab_cmd, pcifab_ok, recovered,
+    refused_without_extensions, selftest_json, stats_field, two_hosts, wait_for, with_fault,
+    Checks, Owners, CMD_TIMEOUT_SHORT, GPU0, MIB,
 };
 use crate::config::Dialect;
 use crate::fabric::{EmuControl, Fabric, Host};
@@ -344,6 +345,85 @@ pub fn abandoned_output(f: &mut Fabric) -> Result<(), String> {
         }
         c.finish()
     })?;
+    recovered(h)
+}
+
+/// A caller queued for the mailbox behind a command the firmware takes 20 s for is killed:
+/// it must be gone within 1 s of SIGKILL, and the command ahead of it must still complete.
+/// Before, callers queued on the mailbox's mutex, asleep uninterruptibly (state D) until
+/// every command ahead of theirs ended (up to 60 s each): the killed caller took about 19 s.
+pub fn queued_caller_killed(f: &mut Fabric) -> Result<(), String> {
+    let emu = f.emu();
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    begin(h)?;
+    let mut o = String::new();
+    with_fault(&emu, h, "delay 20000", |h| {
+        // The first caller, then the second once the first is inside (the driver counts its
+        // callers: `mrpc_callers_max` 1, then 2 with the second queued); the time from the
+        // kill to the second's end is measured in the guest (/proc/uptime, 10 ms steps).
+        o = h.run_ok_timeout(
+            &format!(
+                "echo 0 > {MISC0}/mrpc_callers_max
+                 pcifab-selftest mrpc 0x41 --in aaaaaaaa --out-len 4 --timeout 60000                    >/tmp/first.out 2>&1 & first=$!
+                 callers() {{ [ $(cat {MISC0}/mrpc_callers_max) -ge $1 ]; }}
+                 i=0; while ! callers 1 && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+                 callers 1 || {{ echo 'the first caller never entered'; exit 1; }}
+                 pcifab-selftest mrpc 0x41 --in bbbbbbbb --out-len 4 --timeout 60000                    >/tmp/second.out 2>&1 & second=$!
+                 i=0; while ! callers 2 && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+                 callers 2 || {{ echo 'the second caller never queued'; exit 1; }}
+                 echo \"second caller: $(grep State /proc/$second/status)\"
+                 read t0 x < /proc/uptime; kill -9 $second; wait $second; rc=$?
+                 read t1 x < /proc/uptime
+                 echo \"killed rc=$rc t0=$t0 t1=$t1\"
+                 wait $first; echo \"first rc=$? $(cat /tmp/first.out)\""
+            ),
+            Duration::from_secs(120),
+        )?;
+        Ok(())
+    })?;
+    h.log_note(o.trim());
+    let line = o
+        .lines()
+        .find(|l| l.starts_with("killed "))
+        .ok_or_else(|| format!("{}: no kill line in {o:?}", h.name))?;
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or_else(|| format!("no {k} in {line:?}"))
+    };
+    let ms = ((field("t1=")? - field("t0=")?) * 1000.0).round() as i64;
+    let mut c = Checks::new(&format!(
+        "{}: a caller queued behind a 20 s command, killed",
+        h.name
+    ));
+    c.eq(
+        "killed caller's exit status (SIGKILL)",
+        137,
+        field("rc=")? as i64,
+    );
+    if ms > 1000 {
+        c.fail(format!(
+            "the killed caller ended {ms} ms after SIGKILL; expected within 1000 ms"
+        ));
+    }
+    let first = o
+        .lines()
+        .find_map(|l| l.strip_prefix("first "))
+        .and_then(|l| l.split_once(' '))
+        .and_then(|(_, j)| serde_json::from_str::<Value>(j).ok())
+        .unwrap_or(Value::Null);
+    c.eq_json(
+        "first caller's errno",
+        Value::from("ok"),
+        first["errno"].clone(),
+    );
+    c.eq_json(
+        "first caller's output (its echo, inverted)",
+        Value::from("55555555"),
+        first["output"].clone(),
+    );
+    c.finish()?;
     recovered(h)
 }
 
@@ -1116,6 +1196,150 @@ pub fn gone_irq(f: &mut Fabric) -> Result<(), String> {
     }
     c.finish()?;
     recovered(h)
+}
+
+/// The `pcifabN` misc devices of `h`, in order.
+fn pcifab_names(h: &mut Host) -> Result<String, String> {
+    let out = h.run_ok("ls /sys/class/misc | grep '^pcifab' | sort | tr '\\n' ' '")?;
+    Ok(out.trim().to_string())
+}
+
+/// Unbinding the MEP gives its number back: bound again, it is `pcifab0` again, each of
+/// [`NUMBER_CYCLES`] times, and nothing else is left. One MEP per guest is all the emulator
+/// gives, so neither more endpoints than the old table of eight names nor running out of
+/// numbers (`ENOSPC`) can be reached here; this proves that the numbers come back.
+pub fn number_comes_back(f: &mut Fabric) -> Result<(), String> {
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    begin(h)?;
+    let bdf = find_mep(h)?;
+    let mut c = Checks::new(&format!(
+        "{}: /dev/pcifabN over {NUMBER_CYCLES} unbinds and binds of the MEP",
+        h.name
+    ));
+    for i in 0..NUMBER_CYCLES {
+        h.run_ok(&format!("echo {bdf} > /sys/bus/pci/drivers/pcifab/unbind"))?;
+        let unbound = pcifab_names(h)?;
+        h.run_ok(&format!("echo {bdf} > /sys/bus/pci/drivers/pcifab/bind"))?;
+        let bound = pcifab_names(h)?;
+        let good = unbound.is_empty() && bound == "pcifab0";
+        c.eq(
+            &format!("cycle {i}: names while unbound"),
+            "",
+            unbound.as_str(),
+        );
+        c.eq(
+            &format!("cycle {i}: names when bound again"),
+            "pcifab0",
+            bound.as_str(),
+        );
+        if !good {
+            break;
+        }
+    }
+    c.finish()?;
+    check_bound_pcifab(h)?;
+    recovered(h)
+}
+
+/// Unbind/bind cycles of [`number_comes_back`]: more than the eight names there were.
+const NUMBER_CYCLES: u32 = 10;
+
+/// The sysfs directory of h0's MEP.
+const MISC0: &str = "/sys/class/misc/pcifab0";
+
+/// A counter of `/sys/class/misc/pcifab0`.
+fn misc0_counter(h: &mut Host, file: &str) -> Result<u64, String> {
+    let out = h.run_ok(&format!("cat {MISC0}/{file}"))?;
+    out.trim()
+        .parse()
+        .map_err(|e| format!("{}: {MISC0}/{file}: {e}: {out:?}", h.name))
+}
+
+/// The MEP's registers go back to their power-on values as a function-level or bus reset
+/// leaves them, config space restored (`reset-regs h0`): every event header's interrupt is
+/// off. A bind h1 makes afterwards must still reach h0 as a fabric event, with h0 issuing no
+/// command that could find the reset out, and h0's mailbox commands must complete through the
+/// event interrupt again, not the 50 ms status poll. Before, the driver enabled the event
+/// interrupts at probe only: h0 never heard of the bind and no completion interrupted.
+///
+/// DMA MRPC is withdrawn first: with it, completions come on its own vector, which every
+/// command sets up again, so only the mailbox shows the completion interrupt.
+pub fn events_after_reset(f: &mut Fabric) -> Result<(), String> {
+    compose_begin(f)?;
+    let emu = f.emu();
+    let r = events_after_reset_checks(f, &emu);
+    let back = emu.request("fault h0 dma-mrpc on").map(|_| ());
+    r?;
+    back?;
+    // The first command after DMA MRPC is offered again arms it (`mrpc_dma` back to 1).
+    let h0 = f.hosts.first_mut().ok_or("no hosts")?;
+    selftest_json(h0, "echo --count 1 --size 64", CMD_TIMEOUT_SHORT)?;
+    let mut c = Checks::new("h0: DMA MRPC offered again after the scenario");
+    c.eq("mrpc_dma", 1, misc0_counter(h0, "mrpc_dma")?);
+    c.finish()?;
+    check_world(f, &Owners::new(), "events after a reset")?;
+    dmesg_clean(&mut f.hosts[0])
+}
+
+/// The body of [`events_after_reset`]; DMA MRPC is offered again by the caller.
+fn events_after_reset_checks(f: &mut Fabric, emu: &EmuControl) -> Result<(), String> {
+    const VF: u16 = 0x0403;
+    let (h0, h1) = two_hosts(&mut f.hosts, "the scenario needs h1 to bind")?;
+    emu.request("fault h0 dma-mrpc off")?;
+    // One command finds DMA MRPC withdrawn and turns the completion interrupt on.
+    selftest_json(h0, "echo --count 1 --size 64", CMD_TIMEOUT_SHORT)?;
+    let mut c = Checks::new("h0: the mailbox before the reset");
+    c.eq("mrpc_dma", 0, misc0_counter(h0, "mrpc_dma")?);
+    c.finish()?;
+    emu.request("reset-regs h0")?;
+    let gfms0 = misc0_counter(h0, "events_gfms")?;
+    let cmds0 = misc0_counter(h0, "mrpc_commands")?;
+    pcifab_ok(h1, &format!("bind {VF:#06x} --host 1"))?;
+    let t = Instant::now();
+    let seen = wait_for(
+        h0,
+        &format!("[ $(cat {MISC0}/events_gfms) -gt {gfms0} ]"),
+        30,
+    )?;
+    let ms = t.elapsed().as_millis();
+    // Commands h0 sent until then (the fabric-event work's reads), none before the event.
+    let cmds = misc0_counter(h0, "mrpc_commands")?.wrapping_sub(cmds0);
+    let irqs0 = stats_field(h0, "event_irqs")?;
+    let echo = selftest_json(h0, "echo --count 20 --size 64", CMD_TIMEOUT_SHORT);
+    let irqs = stats_field(h0, "event_irqs")?.wrapping_sub(irqs0);
+    let logged = h0
+        .run("dmesg | grep -q 'event interrupts lost their set-up'")?
+        .code
+        == 0;
+    h0.log_note(&format!(
+        "after reset-regs: h1's bind seen by h0 {} in {ms} ms ({cmds} commands by h0 by \
+         then); 20 mailbox echoes: {irqs} event interrupts",
+        if seen { "as a fabric event" } else { "NOT" },
+    ));
+    let unbound = pcifab_ok(h1, &format!("unbind {VF:#06x}"));
+    let mut c = Checks::new("h0 after the MEP's registers were reset");
+    if !seen {
+        c.fail(format!(
+            "h0 saw no fabric event within 30 s of h1's bind after the reset \
+             ({MISC0}/events_gfms stayed at {gfms0})"
+        ));
+    }
+    if let Err(e) = echo {
+        c.fail(format!("20 echoes in the mailbox after the reset: {e}"));
+    }
+    // Each completion interrupts; two may share one when the waiter saw the status before
+    // the interrupt came and the next command finished first. None at all: polled.
+    if irqs < 10 {
+        c.fail(format!(
+            "20 mailbox commands raised {irqs} event interrupts (at least 10 expected): \
+             completions were polled"
+        ));
+    }
+    if !logged {
+        c.fail("the driver did not log that the event interrupts lost their set-up".into());
+    }
+    c.finish()?;
+    unbound.map(|_| ())
 }
 
 #[cfg(test)]
