@@ -19,7 +19,7 @@ use serde_json::Value;
 use std::time::Duration;
 
 use crate::checks::{
-    begin, dmesg_clean, driver_of, selftest_json, two_hosts, wait_or_dmesg, Checks,
+    begin, dmesg_clean, driver_of, pcifab_cmd, selftest_json, two_hosts, wait_or_dmesg, Checks,
 };
 use crate::fabric::{EmuControl, Fabric, Host};
 
@@ -381,8 +381,25 @@ pub fn peer_copies_into_registered_buffer(f: &mut Fabric) -> Result<(), String> 
     let before = emu_bytes(&emu, "h0")?;
     let outside = peer_copy(h0, hfid1, slot, (PEER_LEN - 96, 200, 0x77))?;
     let other = peer_copy(h0, hfid1, (slot + 1) % 6, (0, 64, 0x77))?;
+    // The same through the CLI's peer end.
+    h0.run_ok("head -c 200 /dev/zero >/tmp/peer.src")?;
+    let (code, v, out) = pcifab_cmd(
+        h0,
+        &format!(
+            "p2p copy --from file:/tmp/peer.src --to peer:{hfid1:#x}:{slot}:{} --len 200",
+            PEER_LEN - 96
+        ),
+    )?;
     let mut c = Checks::new("h0's copies h1's registration does not admit");
     c.eq("past the buffer's end: (errno, done)", (EFAULT, 0), outside);
+    c.eq(
+        "past the buffer's end, `pcifab p2p copy --to peer:...`: (exit, errno)",
+        (1, Some(EFAULT)),
+        (code, v.pointer("/error/errno").and_then(Value::as_i64)),
+    );
+    if code != 1 {
+        c.fail(format!("`pcifab p2p copy` printed: {}", out.trim()));
+    }
     c.eq(
         "a slot h1 did not register: (errno, done)",
         (ENOENT, 0),
