@@ -301,7 +301,7 @@ fn start_hold(h1: &mut Host, hfid0: u16, dir: &str) -> Result<(u8, u16), String>
     ))?;
     wait_or_dmesg(
         h1,
-        &format!("grep -q registered {dir}/out || ! kill -0 $(cat {dir}/pid)"),
+        &format!("grep -q registered {dir}/out || [ ! -e /proc/$(cat {dir}/pid) ]"),
         30,
         "p2p-hold did not register its buffer",
     )?;
@@ -419,7 +419,7 @@ pub fn peer_copies_into_registered_buffer(f: &mut Fabric) -> Result<(), String> 
     ))?;
     wait_or_dmesg(
         h1,
-        "grep -q unregistered /tmp/hold/out || ! kill -0 $(cat /tmp/hold/pid)",
+        "grep -q unregistered /tmp/hold/out || [ ! -e /proc/$(cat /tmp/hold/pid) ]",
         30,
         "p2p-hold did not check and unregister",
     )?;
@@ -462,7 +462,7 @@ pub fn peer_copies_into_registered_buffer(f: &mut Fabric) -> Result<(), String> 
     h1.run_ok("touch /tmp/hold/end")?;
     wait_or_dmesg(
         h1,
-        "! kill -0 $(cat /tmp/hold/pid)",
+        "[ ! -e /proc/$(cat /tmp/hold/pid) ]",
         30,
         "p2p-hold did not exit",
     )?;
@@ -480,7 +480,7 @@ pub fn peer_copies_into_registered_buffer(f: &mut Fabric) -> Result<(), String> 
     h1.run_ok("kill -9 $(cat /tmp/hold2/pid)")?;
     wait_or_dmesg(
         h1,
-        "! kill -0 $(cat /tmp/hold2/pid)",
+        "[ ! -e /proc/$(cat /tmp/hold2/pid) ]",
         30,
         "p2p-hold did not die",
     )?;
