@@ -496,6 +496,43 @@ pub fn peer_copies_into_registered_buffer(f: &mut Fabric) -> Result<(), String> 
         peer_copy(h0, hfid1, slot2, COPY_IN)?,
     );
     c.finish()?;
+
+    // Unbinding the endpoint unregisters what its files registered, before the pages go.
+    let (slot3, _) = start_hold(h1, hfid0, "/tmp/hold3")?;
+    let mut c = Checks::new("h1 registers a third buffer");
+    c.eq(
+        "h1's buffers in the firmware",
+        1,
+        emu_fabric(&emu, "h1")?.1.len(),
+    );
+    c.finish()?;
+    let unbound = h1.run_ok(&format!(
+        "echo {bdf1} > /sys/bus/pci/drivers/{DRIVER}/unbind"
+    ));
+    let listed = emu_fabric(&emu, "h1");
+    let after = peer_copy(h0, hfid1, slot3, COPY_IN);
+    let rebound = h1.run_ok(&format!(
+        "echo '0 0 0x1' >/tmp/hold3/check.part && mv /tmp/hold3/check.part /tmp/hold3/check; \
+         touch /tmp/hold3/end; echo {bdf1} > /sys/bus/pci/drivers/{DRIVER}/bind"
+    ));
+    unbound?;
+    rebound?;
+    wait_or_dmesg(
+        h1,
+        &format!("[ -e /sys/bus/pci/devices/{bdf1}/pcifab/hfid ]"),
+        20,
+        &format!("{bdf1}: {DRIVER} did not bind again"),
+    )?;
+    wait_or_dmesg(
+        h1,
+        "[ ! -e /proc/$(cat /tmp/hold3/pid) ]",
+        30,
+        "p2p-hold did not exit",
+    )?;
+    let mut c = Checks::new("h1's endpoint unbound with a buffer registered");
+    c.eq("h1's buffers in the firmware", EmuBufs::new(), listed?.1);
+    c.eq("h0's copy: (errno, done)", (ENOENT, 0), after?);
+    c.finish()?;
     h0.log_note(&format!(
         "h0 ({hfid0:#06x}) copied {len} bytes into the buffer h1 ({hfid1:#06x}) registered in \
          slot {slot}"
