@@ -980,6 +980,12 @@ pub(crate) fn release_owner(mep_pdev: &pci::Device, owner: u64) {
     let Ok(shared) = endpoint_of(mep_pdev) else {
         return;
     };
+    // A file that registered nothing closes without waiting for the binding, which a
+    // running copy holds (a killed copier must not wait for the copy ahead of it). Only
+    // this file registers for itself, and it is being closed: nothing is added meanwhile.
+    if !shared.fab.lock().as_ref().is_some_and(|f| f.owns(owner)) {
+        return;
+    }
     let Some(bound) = shared.binding.access() else {
         return;
     };

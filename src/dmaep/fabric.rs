@@ -199,6 +199,9 @@ impl Fabric {
             }
             // The MMIO write is ordered after the status's write to coherent memory.
             bar.write(r::FAB_CMD, r::FAB_CMD::zeroed().with_value(cmd));
+            // Posted: read back, so the command has reached the endpoint before its bound
+            // starts.
+            let _ = bar.read(r::FAB_LOCAL_HFID);
             Ok(())
         })??;
         let status = match self.wait_status(Instant::<Monotonic>::now(), killable) {
@@ -500,6 +503,11 @@ impl Fabric {
                 }
             }
         }
+    }
+
+    /// Whether the file `owner` has a buffer registered.
+    pub(super) fn owns(&self, owner: u64) -> bool {
+        self.regs.iter().any(|g| g.owner == owner)
     }
 
     /// Whether a command may have been left running (its output may still be written).

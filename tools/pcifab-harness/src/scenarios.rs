@@ -628,6 +628,11 @@ pub fn all() -> Vec<Scenario> {
             pcifab_dmaep::pcifab_fails_cleanly_on_lying_completions,
         ),
         s(
+            "dma endpoint: a copier waiting behind a stalled copy can be killed",
+            180,
+            pcifab_dmaep::copier_waiting_for_channels_can_be_killed,
+        ),
+        s(
             "dma endpoint: h0 copies into a buffer h1 registered for it, and nothing once h1 \
              unregisters it",
             240,

@@ -301,7 +301,7 @@ fn start_hold(h1: &mut Host, hfid0: u16, dir: &str) -> Result<(u8, u16), String>
     ))?;
     wait_or_dmesg(
         h1,
-        &format!("grep -q registered {dir}/out || [ ! -e /proc/$(cat {dir}/pid) ]"),
+        &format!("( grep -q registered {dir}/out || [ ! -e /proc/$(cat {dir}/pid) ] )"),
         30,
         "p2p-hold did not register its buffer",
     )?;
@@ -419,7 +419,7 @@ pub fn peer_copies_into_registered_buffer(f: &mut Fabric) -> Result<(), String> 
     ))?;
     wait_or_dmesg(
         h1,
-        "grep -q unregistered /tmp/hold/out || [ ! -e /proc/$(cat /tmp/hold/pid) ]",
+        "( grep -q unregistered /tmp/hold/out || [ ! -e /proc/$(cat /tmp/hold/pid) ] )",
         30,
         "p2p-hold did not check and unregister",
     )?;
@@ -539,4 +539,96 @@ pub fn peer_copies_into_registered_buffer(f: &mut Fabric) -> Result<(), String> 
     ));
     dmesg_clean(h0)?;
     dmesg_clean(h1)
+}
+
+/// The state letter of process `pid` in `h` (`/proc/PID/status`), or `gone`.
+fn proc_state(h: &mut Host, pid: &str) -> Result<String, String> {
+    let o = h.run(&format!(
+        "sed -n 's/^State:[[:space:]]*\\([A-Z]\\).*/\\1/p' /proc/{pid}/status 2>/dev/null"
+    ))?;
+    let s = o.out.trim();
+    Ok(if s.is_empty() {
+        "gone".into()
+    } else {
+        s.into()
+    })
+}
+
+fn killable_host(h: &mut Host, emu: &EmuControl, configured: usize) -> Result<(), String> {
+    begin(h)?;
+    bound_endpoint(h, configured)?;
+    // The channels fetch nothing: the first copy holds them until the fault is cleared.
+    emu.request(&format!("dmaep {} stall", h.name))?;
+    let r = killable_steps(h);
+    emu.request(&format!("dmaep {} clear", h.name))?;
+    let killed = r?;
+    wait_or_dmesg(
+        h,
+        "[ ! -e /proc/$(cat /tmp/first.pid) ]",
+        60,
+        "the first copy did not end once the channels ran again",
+    )?;
+    let out = h.run_ok("cat /tmp/first.out")?;
+    let mut c = Checks::new(&format!("{}: a copier waiting for the channels", h.name));
+    c.eq(
+        "the waiting copier, killed, is gone within 2 s",
+        true,
+        killed,
+    );
+    c.eq(
+        "the first copy, once the channels run again",
+        true,
+        out.contains("\"test\":\"p2p-local\""),
+    );
+    c.finish()?;
+    dmesg_clean(h)
+}
+
+/// Starts a copy that stalls, a second behind it, kills the second: whether it was gone
+/// within 2 s.
+fn killable_steps(h: &mut Host) -> Result<bool, String> {
+    h.run_ok(
+        "(pcifab-selftest p2p-local --len 4096 --seed 0x5 </dev/null >/tmp/first.out 2>&1 & \
+         echo $! >/tmp/first.pid)",
+    )?;
+    let first = h.run_ok("cat /tmp/first.pid")?.trim().to_string();
+    // The first copy polls its completion in uninterruptible sleeps (D).
+    wait_or_dmesg(
+        h,
+        &format!("grep -q '^State:.*D' /proc/{first}/status"),
+        20,
+        "the first copy never waited for its completion",
+    )?;
+    h.run_ok(
+        "(pcifab-selftest p2p-local --len 4096 --seed 0x6 </dev/null >/tmp/second.out 2>&1 & \
+         echo $! >/tmp/second.pid)",
+    )?;
+    let second = h.run_ok("cat /tmp/second.pid")?.trim().to_string();
+    // Waiting for the channels' turn: an interruptible sleep (S), not D.
+    let waited = crate::checks::wait_for(
+        h,
+        &format!("grep -q '^State:.*S' /proc/{second}/status"),
+        20,
+    )?;
+    let state = proc_state(h, &second)?;
+    h.run_ok(&format!("kill -9 {second}"))?;
+    let gone = crate::checks::wait_for(h, &format!("[ ! -e /proc/{second} ]"), 2)?;
+    if !waited {
+        return Err(format!(
+            "{}: the second copy never slept interruptibly behind the first (state {state})",
+            h.name
+        ));
+    }
+    Ok(gone)
+}
+
+pub fn copier_waiting_for_channels_can_be_killed(f: &mut Fabric) -> Result<(), String> {
+    let configured = configured(f)?;
+    let emu = f.emu();
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    let r = killable_host(h, &emu, configured);
+    if r.is_err() {
+        let _ = emu.request("dmaep all clear");
+    }
+    r
 }
