@@ -88,6 +88,8 @@ impl Registration {
 /// State of one open file of `/dev/pcifabN`.
 pub(crate) struct OpenFile {
     mep: Arc<Mep>,
+    /// Names this file as the owner of the buffers it registers with the DMA endpoint.
+    owner: u64,
     /// Event total this file last read with `PCIFAB_IOCTL_EVENTS`; `poll()` compares it.
     seen: Atomic<u64>,
 }
@@ -98,6 +100,7 @@ impl MiscFile for OpenFile {
     fn open(mep: &Arc<Mep>) -> Result<Self> {
         Ok(Self {
             mep: mep.clone(),
+            owner: crate::dmaep::new_owner(),
             seen: Atomic::new(mep.events.counts().total),
         })
     }
@@ -118,5 +121,13 @@ impl MiscFile for OpenFile {
 
     fn ioctl(&self, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         self.dispatch(cmd, arg).map(|()| 0)
+    }
+}
+
+impl Drop for OpenFile {
+    /// The file is closed: the buffers it registered with the DMA endpoint are unregistered
+    /// first, then unmapped and unpinned.
+    fn drop(&mut self) {
+        crate::dmaep::release_owner(&self.mep.pdev, self.owner);
     }
 }

@@ -17,7 +17,8 @@
 //! halted and disabled before its queues are freed; queues of a channel that does not come to
 //! rest are never freed (the endpoint may still write to them).
 //!
-//! What is next (copies for user space, fabric mode) is in `Documentation/design.rst`.
+//! Fabric mode (the firmware's command path, buffers registered for peer hosts, copies into
+//! a peer's buffer) is in [`fabric`]; what is next is in `Documentation/design.rst`.
 
 use core::mem::ManuallyDrop;
 
@@ -34,10 +35,11 @@ use kernel::{
     prelude::*,
     sync::{
         aref::ARef,
+        atomic::{ordering::Relaxed, Atomic},
         barrier::{dma_mb, Read},
-        new_mutex, Arc, Mutex,
+        new_condvar, new_mutex, Arc, CondVar, CondVarTimeoutResult, Mutex,
     },
-    time::{Delta, Instant, Monotonic},
+    time::{msecs_to_jiffies, Delta, Instant, Monotonic},
 };
 
 use crate::{
@@ -50,11 +52,15 @@ use crate::{
         pci_enable,
         sleep::usleep_range,
         sysfs::{attribute_groups, PageWriter},
-        user_pages::{UserDma, UserPages},
+        user_pages::UserPages,
     },
     p2p::Copied,
     uapi,
 };
+
+mod fabric;
+
+pub(crate) use fabric::{new_owner, FabFail};
 
 /// The BAR0 mapping, sized so that every fixed register offset is checked at compile time.
 type DmaBar<'a> = pci::Bar<'a, BAR0_SIZE>;
@@ -74,7 +80,7 @@ const STATE_WAIT_MS: i64 = 100;
 /// on an error without a completion, a device that left the bus).
 const POLL_REGS_US: i64 = 20_000;
 
-/// Channel `i`'s register of the array `T`; `EINVAL` for an index the array does not have.
+/// Register `i` of the array `T`; `EINVAL` for an index the array does not have.
 fn at<T: Array + RegisterArray>(i: usize) -> Result<RegisterArrayLoc<T>> {
     T::try_at(i).ok_or(EINVAL)
 }
@@ -100,6 +106,8 @@ enum Outcome {
 struct Summary {
     fw_version: u32,
     protocol: u32,
+    /// This host's HFID in fabric mode; `None` when the command path is not usable.
+    hfid: Option<u16>,
     outcomes: KVec<Outcome>,
 }
 
@@ -113,6 +121,10 @@ attribute_groups! {
             o.emit(format_args!("{:#010x} {}\n", s.fw_version, s.protocol))
         }),
         KobjAttr::root_only(c"selftest", show_selftest),
+        KobjAttr::root_only(c"hfid", |s, o| match s.hfid {
+            Some(h) => o.emit(format_args!("{:#06x}\n", h)),
+            None => o.emit(format_args!("none\n")),
+        }),
     ];
 }
 
@@ -192,7 +204,8 @@ impl From<kernel::ptr::projection::OutOfBound> for Fail {
 /// to rest before its queues are freed.
 struct Endpoint {
     pdev: ARef<pci::Device>,
-    bar: pci::DevresBar<BAR0_SIZE>,
+    /// Shared with the fabric command path ([`fabric::Fabric`]).
+    bar: Arc<pci::DevresBar<BAR0_SIZE>>,
     chans: KVec<Chan>,
 }
 
@@ -371,12 +384,15 @@ impl Endpoint {
         }
     }
 
-    /// Copies `len` bytes from bus address `src` to `dst` on `chan` (basic mode) and waits
-    /// for the completion, polled. Checks every field of the completion the endpoint wrote.
+    /// Copies `len` bytes from bus address `src` to `dst` on `chan` and waits for the
+    /// completion, polled. Basic mode, or with `fab` (destination and source DFID) fabric
+    /// mode: `dst` is then the peer's bus address. Checks every field of the completion the
+    /// endpoint wrote.
     fn copy(
         &self,
         chan: &mut Chan,
         (src, dst, len): (u64, u64, u32),
+        fab: Option<(u16, u16)>,
         (start, timeout_ms): (Instant<Monotonic>, i64),
     ) -> Result<(), Fail> {
         if len == 0 || len > r::SE_MAX_BYTES {
@@ -386,9 +402,13 @@ impl Endpoint {
         let slot = usize::from(chan.tail);
         let cid = chan.cid;
         let sq = &chan.sq;
+        let (ctrl, dfid, sfid) = match fab {
+            Some((d, s)) => (r::SE_DFM, d, s),
+            None => (0, 0, 0),
+        };
         io_write!(sq, [try: slot].opc, r::OPC_MEMCPY);
         // No interrupt: the completion is polled.
-        io_write!(sq, [try: slot].ctrl, 0u8);
+        io_write!(sq, [try: slot].ctrl, ctrl);
         io_write!(sq, [try: slot].tlp, 0u16);
         io_write!(sq, [try: slot].rsvd1, 0u16);
         io_write!(sq, [try: slot].cid, cid);
@@ -397,8 +417,8 @@ impl Endpoint {
         io_write!(sq, [try: slot].saddr_hi, (src >> 32) as u32);
         io_write!(sq, [try: slot].daddr_lo, dst as u32);
         io_write!(sq, [try: slot].daddr_hi, (dst >> 32) as u32);
-        io_write!(sq, [try: slot].dfid, 0u16);
-        io_write!(sq, [try: slot].sfid, 0u16);
+        io_write!(sq, [try: slot].dfid, dfid);
+        io_write!(sq, [try: slot].sfid, sfid);
         let tail = (chan.tail + 1) % QUEUE_ENTRIES;
         // The MMIO write is ordered after the entry's writes to coherent memory.
         self.with_bar(|bar| -> Result {
@@ -518,6 +538,7 @@ fn selftest(ep: &Endpoint, chan: &mut Chan, bufs: &Buffers) -> Result<u64, Fail>
         ep.copy(
             chan,
             (bufs.src.dma_address(), bufs.dst.dma_address(), len),
+            None,
             (Instant::<Monotonic>::now(), SELFTEST_TIMEOUT_MS),
         )?;
         for w in 0..words {
@@ -548,10 +569,72 @@ pub(crate) struct Shared {
     dev_id: u16,
     /// For mapping user pages for the endpoint's device while it is bound.
     binding: Arc<Binding>,
-    /// The channels; `None` once unbind took them. A copy holds the lock while it runs
-    /// (bounded by its timeout).
+    /// A copy has the channels ([`Shared::turn`]); waited for with `free`.
+    #[pin]
+    busy: Mutex<bool>,
+    #[pin]
+    free: CondVar,
+    /// Unbind waits for the turn: no new copier goes ahead of it.
+    abort: Atomic<bool>,
+    /// The channels; `None` once unbind took them. Taken by the copy that has the turn,
+    /// and by unbind.
     #[pin]
     ep: Mutex<Option<KBox<Endpoint>>>,
+    /// The fabric command path and the registrations; `None` when the endpoint offers no
+    /// usable command path, and once unbind took it.
+    #[pin]
+    fab: Mutex<Option<fabric::Fabric>>,
+}
+
+/// The channels' turn, given back on drop.
+struct Turn<'a>(&'a Shared);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        *self.0.busy.lock() = false;
+        self.0.free.notify_all();
+    }
+}
+
+impl Shared {
+    /// Waits for the channels' turn: a signal ends the wait (`EINTR`, not `ERESTARTSYS`,
+    /// as `p2p.rs` waits for its engine), the copy's own deadline bounds it (`ETIMEDOUT`),
+    /// and unbind waiting for the turn ends it (`ENODEV`).
+    fn turn(&self, start: Instant<Monotonic>, timeout_ms: u32) -> Result<Turn<'_>> {
+        let mut busy = self.busy.lock();
+        while *busy {
+            if self.abort.load(Relaxed) {
+                return Err(ENODEV);
+            }
+            let left = i64::from(timeout_ms).saturating_sub(start.elapsed().as_millis());
+            let Ok(left @ 1..) = u32::try_from(left) else {
+                return Err(ETIMEDOUT);
+            };
+            match self
+                .free
+                .wait_interruptible_timeout(&mut busy, msecs_to_jiffies(left))
+            {
+                CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
+                CondVarTimeoutResult::Timeout | CondVarTimeoutResult::Woken { .. } => {}
+            }
+        }
+        if self.abort.load(Relaxed) {
+            return Err(ENODEV);
+        }
+        *busy = true;
+        Ok(Turn(self))
+    }
+
+    /// The turn for unbind, which must wait (a running copy is bounded by its timeout).
+    fn turn_for_unbind(&self) -> Turn<'_> {
+        self.abort.store(true, Relaxed);
+        let mut busy = self.busy.lock();
+        while *busy {
+            self.free.wait(&mut busy);
+        }
+        *busy = true;
+        Turn(self)
+    }
 }
 
 /// The endpoint's entry in [`registry`]: removed, and the channels taken to rest and freed,
@@ -570,8 +653,23 @@ impl Drop for Registered {
             }
         });
         // Waits for a running copy; its queues must not outlive the binding.
+        let turn = me.turn_for_unbind();
+        // The buffers registered for peers: unregistered, then unmapped and unpinned while
+        // the device is still bound.
+        let fab = me.fab.lock().take();
+        if let Some(mut fab) = fab {
+            match me.binding.access() {
+                Some(bound) => fab.release_owner(None, bound.device()),
+                None => pr_err!("DMA endpoint unbound before its registrations were released\n"),
+            }
+            if fab.hung() {
+                // The firmware may still write the output buffer.
+                core::mem::forget(fab);
+            }
+        }
         let ep = me.ep.lock().take();
         drop(ep);
+        drop(turn);
     }
 }
 
@@ -590,11 +688,29 @@ const DEFAULT_COPY_TIMEOUT_MS: u32 = 60_000;
 /// User memory pinned and mapped per part of a copy.
 const USER_CHUNK: u64 = 4 << 20;
 
-/// Copies `len` bytes between two user buffers of the caller through the DMA endpoint of the
-/// switch whose MEP is `mep_pdev` (basic mode; `PCIFAB_IOCTL_P2P_COPY` without the firmware's
-/// own engine). Both buffers are pinned long-term and mapped for the endpoint's device one
-/// part at a time; each part is copied in entries of at most 1 MiB on the first channel that
-/// passed its self-test, each completion polled and checked.
+/// The endpoint of the switch whose MEP is `mep_pdev`: function 2 of the MEP's slot.
+fn endpoint_of(mep_pdev: &pci::Device) -> Result<Arc<Shared>> {
+    let slot = mep_pdev.dev_id() & !7;
+    registry::with(|l| l.iter().find(|s| s.dev_id & !7 == slot).cloned())?.ok_or(EOPNOTSUPP)
+}
+
+/// Where a copy's data goes.
+enum Dst {
+    /// A user buffer of the caller, pinned and mapped one part at a time.
+    User(u64),
+    /// A buffer a peer host registered for this one: the peer's bus address of the range
+    /// and the descriptor's (destination, source) DFIDs.
+    Peer { addr: u64, dfid: u16, sfid: u16 },
+}
+
+/// Copies `len` bytes from a user buffer of the caller through the DMA endpoint of the
+/// switch whose MEP is `mep_pdev` (`PCIFAB_IOCTL_P2P_COPY` without the firmware's own
+/// engine): into another user buffer of the caller (basic mode), or into a buffer a peer
+/// host registered for this one (`PCIFAB_P2P_PEER`, fabric mode), checked against the
+/// firmware's list of the peer's buffers before any descriptor is written. The source (and
+/// a user destination) is pinned long-term and mapped for the endpoint's device one part at
+/// a time; each part is copied in entries of at most 1 MiB on the first channel that passed
+/// its self-test, each completion polled and checked.
 pub(crate) fn copy(
     mep_pdev: &pci::Device,
     src: &uapi::P2pEnd,
@@ -602,20 +718,40 @@ pub(crate) fn copy(
     len: u64,
     timeout_ms: u32,
 ) -> Result<Copied> {
-    if src.kind != uapi::P2P_USER || dst.kind != uapi::P2P_USER {
+    if src.kind != uapi::P2P_USER || src.reserved0 != 0 {
         return Err(EOPNOTSUPP);
     }
+    let peer = match dst.kind {
+        uapi::P2P_USER if dst.reserved0 == 0 => None,
+        uapi::P2P_PEER => Some((dst.pdfid, u8::try_from(dst.reserved0).map_err(|_| EINVAL)?)),
+        _ => return Err(EOPNOTSUPP),
+    };
+    if len == 0 || len > uapi::P2P_MAX_LEN {
+        return Err(EINVAL);
+    }
     src.addr.checked_add(len).ok_or(EFAULT)?;
-    dst.addr.checked_add(len).ok_or(EFAULT)?;
     let timeout_ms = match timeout_ms {
         0 => DEFAULT_COPY_TIMEOUT_MS,
         t if t > uapi::P2P_MAX_TIMEOUT_MS => return Err(EINVAL),
         t => t,
     };
-    // The endpoint is function 2 of the MEP's slot.
-    let slot = mep_pdev.dev_id() & !7;
-    let shared =
-        registry::with(|l| l.iter().find(|s| s.dev_id & !7 == slot).cloned())?.ok_or(EOPNOTSUPP)?;
+    let shared = endpoint_of(mep_pdev)?;
+    let target = match peer {
+        None => {
+            dst.addr.checked_add(len).ok_or(EFAULT)?;
+            Dst::User(dst.addr)
+        }
+        Some((hfid, slot)) => {
+            let mut fab = shared.fab.lock();
+            let f = (*fab).as_mut().ok_or(EOPNOTSUPP)?;
+            let range = f.peer_range(hfid, slot, dst.addr, len)?;
+            Dst::Peer {
+                addr: range.addr,
+                dfid: range.dfid,
+                sfid: range.sfid,
+            }
+        }
+    };
     let start = Instant::<Monotonic>::now();
     let mut copied = Copied {
         done: 0,
@@ -628,10 +764,22 @@ pub(crate) fn copy(
         let n = usize::try_from(part).map_err(|_| EINVAL)?;
         // Pinned before any lock: faulting the pages in may take long.
         let pinned = UserPages::pin(src.addr + off, n, DataDirection::ToDevice).and_then(|s| {
-            UserPages::pin(dst.addr + off, n, DataDirection::FromDevice).map(|d| (s, d))
+            let d = match target {
+                Dst::User(a) => Some(UserPages::pin(a + off, n, DataDirection::FromDevice)?),
+                Dst::Peer { .. } => None,
+            };
+            Ok((s, d))
         });
         let (mut sp, mut dp) = match pinned {
             Ok(p) => p,
+            Err(e) if off == 0 => return Err(e),
+            Err(e) => {
+                copied.err = Some(e);
+                break;
+            }
+        };
+        let turn = match shared.turn(start, timeout_ms) {
+            Ok(t) => t,
             Err(e) if off == 0 => return Err(e),
             Err(e) => {
                 copied.err = Some(e);
@@ -643,22 +791,48 @@ pub(crate) fn copy(
             break;
         };
         let sm = sp.map(bound.device())?;
-        let dm = dp.map(bound.device())?;
+        let dm = match dp.as_mut() {
+            Some(d) => Some(d.map(bound.device())?),
+            None => None,
+        };
         let mut guard = shared.ep.lock();
         let Some(ep) = (*guard).as_mut() else {
             copied.err = Some(ENODEV);
             break;
         };
+        let (dsegs, fab) = match (&dm, &target) {
+            (Some(m), _) => (Segs::Mapped(m.segments()), None),
+            (None, Dst::Peer { addr, dfid, sfid }) => {
+                (Segs::One(Some((addr + off, part))), Some((*dfid, *sfid)))
+            }
+            (None, Dst::User(_)) => {
+                copied.err = Some(EINVAL);
+                break;
+            }
+        };
         let mut chans = core::mem::take(&mut ep.chans);
-        let r = copy_part(ep, &mut chans, (&sm, &dm, part), (start, timeout_ms));
+        let r = copy_part(
+            ep,
+            &mut chans,
+            (&mut sm.segments(), dsegs, part),
+            fab,
+            (start, timeout_ms),
+        );
         ep.chans = chans;
         drop(guard);
+        drop(turn);
         match r {
             Ok(()) => copied.done += part,
             Err((at, f, stuck)) => {
                 copied.done += at;
                 copied.status = f.status;
-                copied.err = Some(f.err);
+                // A fabric entry the firmware refused (the buffer went away, a range it
+                // does not admit): the peer's side, as a route fault is for the engine.
+                copied.err = Some(if fab.is_some() && f.err == EIO && f.status != 0 {
+                    EREMOTEIO
+                } else {
+                    f.err
+                });
                 if stuck {
                     // The channel may still write into these pages: mapped and pinned for
                     // good rather than handed back for reuse.
@@ -673,21 +847,43 @@ pub(crate) fn copy(
     Ok(copied)
 }
 
-/// Copies one mapped part on the first usable channel; on failure the bytes copied before
-/// it and why. A channel whose copy failed is taken to rest and not used again; one that
-/// does not come to rest is reported (`true`): the caller then keeps the part's pages mapped
-/// and pinned for good.
+/// The destination's segments of one part.
+enum Segs<I> {
+    /// A user buffer's mapping.
+    Mapped(I),
+    /// One range (a peer's buffer), taken once.
+    One(Option<(u64, u64)>),
+}
+
+impl<I: Iterator<Item = (u64, u64)>> Iterator for Segs<I> {
+    type Item = (u64, u64);
+
+    fn next(&mut self) -> Option<(u64, u64)> {
+        match self {
+            Segs::Mapped(i) => i.next(),
+            Segs::One(o) => o.take(),
+        }
+    }
+}
+
+/// Copies one mapped part on the first usable channel (in fabric mode with `fab`); on
+/// failure the bytes copied before it and why. A channel whose copy failed is taken to rest
+/// and not used again; one that does not come to rest is reported (`true`): the caller then
+/// keeps the part's pages mapped and pinned for good.
 fn copy_part(
     ep: &Endpoint,
     chans: &mut KVec<Chan>,
-    (sm, dm, part): (&UserDma<'_>, &UserDma<'_>, u64),
+    (si, mut di, part): (
+        &mut dyn Iterator<Item = (u64, u64)>,
+        impl Iterator<Item = (u64, u64)>,
+        u64,
+    ),
+    fab: Option<(u16, u16)>,
     (start, timeout_ms): (Instant<Monotonic>, u32),
 ) -> Result<(), (u64, Fail, bool)> {
     let Some(chan) = chans.iter_mut().find(|c| c.ok) else {
         return Err((0, EOPNOTSUPP.into(), false));
     };
-    let mut si = sm.segments();
-    let mut di = dm.segments();
     let (mut s, mut d) = (si.next(), di.next());
     let mut at = 0u64;
     while at < part {
@@ -700,7 +896,7 @@ fn copy_part(
         }
         // At most 1 MiB: fits.
         let n32 = n as u32;
-        if let Err(f) = ep.copy(chan, (sa, da, n32), (start, i64::from(timeout_ms))) {
+        if let Err(f) = ep.copy(chan, (sa, da, n32), fab, (start, i64::from(timeout_ms))) {
             chan.ok = false;
             let stuck = !ep.quiet(chan.index);
             if stuck {
@@ -725,6 +921,78 @@ fn copy_part(
         };
     }
     Ok(())
+}
+
+/// Registers the caller's buffer of `len` bytes at `addr` for the peer host `peer` (its
+/// HFID) with the DMA endpoint of the switch whose MEP is `mep_pdev`, for the open file
+/// `owner`: pinned long-term, mapped for the endpoint's device as one range, in the peer's
+/// lowest free slot. Returns the slot and this host's HFID.
+pub(crate) fn register(
+    mep_pdev: &pci::Device,
+    owner: u64,
+    peer: u16,
+    addr: u64,
+    len: u64,
+) -> Result<(u8, u16), FabFail> {
+    if len == 0 || len > uapi::P2P_MAX_LEN {
+        return Err(EINVAL.into());
+    }
+    addr.checked_add(len).ok_or(EFAULT)?;
+    let n = usize::try_from(len).map_err(|_| EINVAL)?;
+    let shared = endpoint_of(mep_pdev)?;
+    // Pinned before any lock: faulting the pages in may take long. The peer writes them.
+    let pages = UserPages::pin(addr, n, DataDirection::FromDevice)?;
+    let bound = shared.binding.access().ok_or(ENODEV)?;
+    let dma = pages.map_held(bound.device())?;
+    let mut fab = shared.fab.lock();
+    let Some(f) = (*fab).as_mut() else {
+        dma.release(bound.device());
+        return Err(EOPNOTSUPP.into());
+    };
+    if peer == f.hfid {
+        dma.release(bound.device());
+        return Err(EINVAL.into());
+    }
+    let hfid = f.hfid;
+    f.register(owner, peer, dma, bound.device())
+        .map(|slot| (slot, hfid))
+}
+
+/// Unregisters the buffer the open file `owner` registered for `peer` in `slot`; its pages
+/// are unmapped and unpinned once the firmware answered. Returns this host's HFID.
+pub(crate) fn unregister(
+    mep_pdev: &pci::Device,
+    owner: u64,
+    peer: u16,
+    slot: u8,
+) -> Result<u16, FabFail> {
+    let shared = endpoint_of(mep_pdev)?;
+    let bound = shared.binding.access().ok_or(ENODEV)?;
+    let mut fab = shared.fab.lock();
+    let f = (*fab).as_mut().ok_or(EOPNOTSUPP)?;
+    let hfid = f.hfid;
+    f.unregister(owner, peer, slot, bound.device())
+        .map(|()| hfid)
+}
+
+/// Unregisters every buffer the open file `owner` registered (it is being closed).
+pub(crate) fn release_owner(mep_pdev: &pci::Device, owner: u64) {
+    let Ok(shared) = endpoint_of(mep_pdev) else {
+        return;
+    };
+    // A file that registered nothing closes without waiting for the binding, which a
+    // running copy holds (a killed copier must not wait for the copy ahead of it). Only
+    // this file registers for itself, and it is being closed: nothing is added meanwhile.
+    if !shared.fab.lock().as_ref().is_some_and(|f| f.owns(owner)) {
+        return;
+    }
+    let Some(bound) = shared.binding.access() else {
+        return;
+    };
+    let mut fab = shared.fab.lock();
+    if let Some(f) = (*fab).as_mut() {
+        f.release_owner(Some(owner), bound.device());
+    }
 }
 
 pub(crate) struct DmaEpDriver;
@@ -771,9 +1039,10 @@ impl pci::Driver for DmaEpDriver {
                     dev_err!(pdev, "BAR0 is not a {} byte register space\n", BAR0_SIZE)
                 })?
                 .into_devres()?;
+            let bar = Arc::new(bar, GFP_KERNEL)?;
             let mut ep = Endpoint {
                 pdev: pdev.into(),
-                bar,
+                bar: bar.clone(),
                 chans: KVec::new(),
             };
             let (fw_version, protocol, count) = ep.with_bar(|bar| {
@@ -888,9 +1157,38 @@ impl pci::Driver for DmaEpDriver {
                 ok,
                 count
             );
+            // Fabric mode: the command path, and no buffer left registered by an earlier
+            // load (its pages are no longer pinned). An endpoint whose path does not work
+            // still copies within the host.
+            let fab = match fabric::Fabric::new(pdev, dev, bar) {
+                Ok(mut f) => match f.purge() {
+                    Ok(()) => Some(f),
+                    Err(e) => {
+                        dev_warn!(
+                            pdev,
+                            "DMA endpoint: fabric command path unusable: errno {}\n",
+                            e.to_errno()
+                        );
+                        if f.hung() {
+                            // The firmware may still write the output buffer.
+                            core::mem::forget(f);
+                        }
+                        None
+                    }
+                },
+                Err(e) => {
+                    dev_warn!(
+                        pdev,
+                        "DMA endpoint: no fabric command path: errno {}\n",
+                        e.to_errno()
+                    );
+                    None
+                }
+            };
             let summary = Summary {
                 fw_version,
                 protocol,
+                hfid: fab.as_ref().map(|f| f.hfid),
                 outcomes,
             };
             let binding = Binding::new(pdev.as_ref())?;
@@ -899,7 +1197,11 @@ impl pci::Driver for DmaEpDriver {
                 pin_init!(Shared {
                     dev_id: pdev.dev_id(),
                     binding,
+                    busy <- new_mutex!(false),
+                    free <- new_condvar!(),
+                    abort: Atomic::new(false),
                     ep <- new_mutex!(Some(ep)),
+                    fab <- new_mutex!(fab),
                 }),
                 GFP_KERNEL,
             )?;

@@ -22,6 +22,26 @@ pub(crate) const SE_MAX_BYTES: u32 = 1 << 20;
 /// Submission entry opcode: copy within the host's memory (basic mode).
 pub(crate) const OPC_MEMCPY: u8 = 0;
 
+/// Submission entry control: fabric mode (DFM), the DFIDs name whose memory is read and
+/// written.
+pub(crate) const SE_DFM: u8 = 1 << 5;
+
+/// Fabric command status: done.
+pub(crate) const CMD_STATUS_DONE: u32 = 2;
+/// Fabric command status: the firmware refused the command.
+pub(crate) const CMD_STATUS_ERROR: u32 = 0xff;
+/// Bytes of a fabric command's input and of its reply at most.
+pub(crate) const CMD_DATA: usize = 1024;
+
+/// Fabric commands (Microchip's `switchtec_fabric_dma.h`, `Documentation/emulator.rst`).
+pub(crate) const CMD_REGISTER_BUF: u32 = 2;
+pub(crate) const CMD_UNREGISTER_BUF: u32 = 3;
+pub(crate) const CMD_GET_BUF_LIST: u32 = 4;
+pub(crate) const CMD_GET_OWN_BUF_LIST: u32 = 5;
+
+/// Buffers a host may register for one peer: the firmware's slots 0 to 5.
+pub(crate) const BUFS_PER_PEER: u8 = 6;
+
 register! {
     /// Firmware version.
     pub(crate) FW_VER(u32) @ 0x0 {
@@ -113,6 +133,36 @@ register! {
     pub(crate) CHAN_SQ_SIZE(u16)[32, stride = 0x80] @ 0x160018 {
         15:0 entries;
     }
+
+    /// Fabric mode: the command's input, 1 KiB.
+    pub(crate) FAB_CMD_INPUT(u32)[256, stride = 4] @ 0x164000 {
+        31:0 value;
+    }
+
+    /// Fabric mode: writing the command (a u16, written with a 32-bit write) runs it.
+    pub(crate) FAB_CMD(u32) @ 0x164800 {
+        31:0 value;
+    }
+
+    /// Fabric mode: bus address of the command output buffer, low half.
+    pub(crate) FAB_CMD_ADDR_LO(u32) @ 0x165004 {
+        31:0 value;
+    }
+
+    /// Fabric mode: bus address of the command output buffer, high half.
+    pub(crate) FAB_CMD_ADDR_HI(u32) @ 0x165008 {
+        31:0 value;
+    }
+
+    /// Fabric mode: bit 0 turns the event queue on.
+    pub(crate) FAB_EVENT_ENABLE(u32) @ 0x165020 {
+        31:0 value;
+    }
+
+    /// Fabric mode: this host's HFID.
+    pub(crate) FAB_LOCAL_HFID(u32) @ 0x165024 {
+        15:0 hfid;
+    }
 }
 
 crate::payload::payload! {
@@ -146,5 +196,86 @@ crate::payload::payload! {
         pub(crate) status: u32,
         pub(crate) cid: u16,
         pub(crate) phase: u16,
+    }
+}
+
+crate::payload::payload! {
+    /// The fabric command output buffer, written by the firmware: device input. The status
+    /// is written last.
+    pub(crate) struct CmdOut[1040] {
+        pub(crate) status: u32,
+        pub(crate) cmd: u32,
+        pub(crate) ret: u32,
+        pub(crate) size: u32,
+        pub(crate) data: [u32; 256],
+    }
+
+    /// `REGISTER_BUF` input.
+    pub(crate) struct RegisterIn[20] {
+        pub(crate) peer: u16,
+        pub(crate) index: u8,
+        pub(crate) rsvd: u8,
+        pub(crate) addr_lo: u32,
+        pub(crate) addr_hi: u32,
+        pub(crate) size_lo: u32,
+        pub(crate) size_hi: u32,
+    }
+
+    /// `REGISTER_BUF` reply.
+    pub(crate) struct RegisterOut[4] {
+        pub(crate) index: u8,
+        pub(crate) rsvd: u8,
+        pub(crate) rhi_vec: u16,
+    }
+
+    /// `UNREGISTER_BUF` input (no reply).
+    pub(crate) struct UnregisterIn[4] {
+        pub(crate) peer: u16,
+        pub(crate) index: u8,
+        pub(crate) rsvd: u8,
+    }
+
+    /// `GET_BUF_LIST` input: the owner whose buffers for this host are listed.
+    pub(crate) struct BufListIn[4] {
+        pub(crate) owner: u16,
+        pub(crate) rsvd: u16,
+    }
+
+    /// `GET_BUF_LIST` reply header; `count` entries follow.
+    pub(crate) struct BufListHead[8] {
+        pub(crate) count: u8,
+        pub(crate) rsvd: [u8; 7],
+    }
+
+    /// `GET_OWN_BUF_LIST` input: the first entry wanted.
+    pub(crate) struct OwnListIn[4] {
+        pub(crate) start: u16,
+        pub(crate) rsvd: u16,
+    }
+
+    /// `GET_OWN_BUF_LIST` reply header; `count` entries follow.
+    pub(crate) struct OwnListHead[8] {
+        pub(crate) total: u16,
+        pub(crate) start: u16,
+        pub(crate) count: u8,
+        pub(crate) rsvd: [u8; 3],
+    }
+
+    /// A buffer of a list reply: the owner (`GET_BUF_LIST`) or the peer (`GET_OWN_BUF_LIST`),
+    /// the slot, the range in the owner's bus addresses and the DFIDs a copy goes through.
+    pub(crate) struct BufEntry[32] {
+        pub(crate) hfid: u16,
+        pub(crate) index: u8,
+        pub(crate) rsvd: u8,
+        pub(crate) addr_lo: u32,
+        pub(crate) addr_hi: u32,
+        pub(crate) size_lo: u32,
+        pub(crate) size_hi: u32,
+        pub(crate) rhi: u16,
+        pub(crate) rsvd2: u16,
+        pub(crate) local_dfid: u16,
+        pub(crate) remote_dfid: u16,
+        pub(crate) local_rhi_dfid: u16,
+        pub(crate) remote_rhi_dfid: u16,
     }
 }

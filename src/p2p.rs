@@ -567,6 +567,14 @@ pub(crate) fn copy(
     len: u64,
     timeout_ms: u32,
 ) -> Result<Copied> {
+    // Into a buffer a peer host registered for this one: the switch's DMA endpoint in
+    // fabric mode, whatever the firmware's extensions (`dmaep`).
+    if dst.kind == uapi::P2P_PEER {
+        if src.kind != uapi::P2P_USER || src.reserved0 != 0 {
+            return Err(EINVAL);
+        }
+        return crate::dmaep::copy(&mep.pdev, src, dst, len, timeout_ms);
+    }
     if len == 0 || len > uapi::P2P_MAX_LEN || src.reserved0 != 0 || dst.reserved0 != 0 {
         return Err(EINVAL);
     }

@@ -14,7 +14,7 @@ use kernel::{
 };
 
 pub(crate) const VERSION_MAJOR: u32 = 1;
-pub(crate) const VERSION_MINOR: u32 = 7;
+pub(crate) const VERSION_MINOR: u32 = 8;
 
 const IOCTL_TYPE: u32 = 0xFA;
 pub(crate) const PCIFAB_IOCTL_VERSION: u32 = _IOWR::<Version>(IOCTL_TYPE, 0x00);
@@ -34,6 +34,8 @@ pub(crate) const PCIFAB_IOCTL_P2P_DISTANCE: u32 = _IOWR::<P2pDistance>(IOCTL_TYP
 pub(crate) const PCIFAB_IOCTL_P2P_GRANT: u32 = _IOWR::<P2pGrant>(IOCTL_TYPE, 0x0e);
 pub(crate) const PCIFAB_IOCTL_P2P_REVOKE: u32 = _IOWR::<P2pGrant>(IOCTL_TYPE, 0x0f);
 pub(crate) const PCIFAB_IOCTL_P2P_GRANTS: u32 = _IOWR::<P2pGrants>(IOCTL_TYPE, 0x10);
+pub(crate) const PCIFAB_IOCTL_P2P_REGISTER: u32 = _IOWR::<P2pBuffer>(IOCTL_TYPE, 0x11);
+pub(crate) const PCIFAB_IOCTL_P2P_UNREGISTER: u32 = _IOWR::<P2pBuffer>(IOCTL_TYPE, 0x12);
 
 /// The ioctl numbers of uAPI 1.0-1.6, `_IO(0xFA, nr)`, in `nr` order: aliases of the
 /// numbers above, accepted so that programs built against an older header keep working.
@@ -74,10 +76,13 @@ pub(crate) const MRPC_USER_MAX_TIMEOUT_MS: u32 = 10_000;
 
 /// `PCIFAB_ROUTE_ANY_WINDOW`.
 pub(crate) const ROUTE_ANY_WINDOW: u64 = u64::MAX;
-/// `PCIFAB_P2P_FUNCTION`, `PCIFAB_P2P_USER`, `PCIFAB_P2P_IOVA`.
+/// `PCIFAB_P2P_FUNCTION`, `PCIFAB_P2P_USER`, `PCIFAB_P2P_IOVA`, `PCIFAB_P2P_PEER`.
 pub(crate) const P2P_FUNCTION: u32 = 0;
 pub(crate) const P2P_USER: u32 = 1;
 pub(crate) const P2P_IOVA: u32 = 2;
+/// A buffer a peer host registered for this one: `pdfid` is the peer's HFID, `reserved0`
+/// (`slot` in the header) the slot, `addr` the offset in the buffer.
+pub(crate) const P2P_PEER: u32 = 3;
 /// `PCIFAB_P2P_MAX_LEN`.
 pub(crate) const P2P_MAX_LEN: u64 = 1 << 30;
 /// `PCIFAB_P2P_MAX_TIMEOUT_MS`.
@@ -425,6 +430,22 @@ abi! {
         grant_size: u32,
         grants_ptr: u64,
     }
+
+    /// `struct pcifab_p2p_buffer`.
+    #[derive(Default)]
+    struct P2pBuffer[40] {
+        size: u32,
+        flags: u32,
+        peer: u16,
+        slot: u8,
+        reserved0: u8,
+        hfid: u16,
+        reserved1: u16,
+        fw_ret: u32,
+        reserved2: u32,
+        addr: u64,
+        len: u64,
+    }
 }
 
 // The numbers the header gives: `_IOWR` (direction 3 in bits 30-31), the struct's size in bits
@@ -432,6 +453,8 @@ abi! {
 const _: () = assert!(PCIFAB_IOCTL_VERSION == 0xc010_fa00 && PCIFAB_IOCTL_IDENTITY == 0xc04c_fa01);
 const _: () = assert!(PCIFAB_IOCTL_BIND == 0xc03c_fa06 && PCIFAB_IOCTL_P2P_COPY == 0xc040_fa0c);
 const _: () = assert!(PCIFAB_IOCTL_P2P_GRANTS == 0xc018_fa10);
+const _: () = assert!(PCIFAB_IOCTL_P2P_REGISTER == 0xc028_fa11);
+const _: () = assert!(PCIFAB_IOCTL_P2P_UNREGISTER == 0xc028_fa12);
 // The old ones, their aliases.
 const _: () = assert!(_IO(IOCTL_TYPE, 0x00) == 0xfa00 && _IO(IOCTL_TYPE, 0x10) == 0xfa10);
 
@@ -461,6 +484,7 @@ sized_args!(
     P2pDistance,
     P2pGrant,
     P2pGrants,
+    P2pBuffer,
 );
 
 impl SizedArg for Identity {

@@ -46,6 +46,8 @@ impl OpenFile {
             uapi::PCIFAB_IOCTL_P2P_GRANT => self.p2p_grant(arg, true),
             uapi::PCIFAB_IOCTL_P2P_REVOKE => self.p2p_grant(arg, false),
             uapi::PCIFAB_IOCTL_P2P_GRANTS => self.p2p_grants(arg),
+            uapi::PCIFAB_IOCTL_P2P_REGISTER => self.p2p_register(arg, true),
+            uapi::PCIFAB_IOCTL_P2P_UNREGISTER => self.p2p_register(arg, false),
             _ => Err(ENOTTY),
         }
     }
@@ -354,7 +356,9 @@ impl OpenFile {
 
     fn p2p_copy(&self, arg: usize) -> Result {
         let (mut c, len) = read_arg::<uapi::P2pCopy>(arg)?;
-        if c.src.reserved0 != 0 || c.dst.reserved0 != 0 {
+        // A peer end's slot is in the field the other kinds keep zero.
+        let stray = |e: &uapi::P2pEnd| e.kind != uapi::P2P_PEER && e.reserved0 != 0;
+        if stray(&c.src) || stray(&c.dst) {
             return Err(EINVAL);
         }
         allowed_config()?;
@@ -398,6 +402,38 @@ impl OpenFile {
             Err(f) => {
                 (g.nr_grants, g.fw_ret) = (0, f.fw_ret);
                 write_arg(arg, &g, len)?;
+                Err(f.err)
+            }
+        }
+    }
+
+    /// `PCIFAB_IOCTL_P2P_REGISTER` (`register`) and `_UNREGISTER`: a buffer of the caller
+    /// registered for a peer host with the switch's DMA endpoint, owned by this file.
+    fn p2p_register(&self, arg: usize, register: bool) -> Result {
+        let (mut b, len) = read_arg::<uapi::P2pBuffer>(arg)?;
+        if b.reserved0 != 0 || b.reserved1 != 0 || b.reserved2 != 0 {
+            return Err(EINVAL);
+        }
+        if !register && (b.addr != 0 || b.len != 0) {
+            return Err(EINVAL);
+        }
+        allowed_config()?;
+        // Prove the argument writable before the firmware registers anything.
+        write_arg(arg, &b, len)?;
+        let r = if register {
+            crate::dmaep::register(&self.mep.pdev, self.owner, b.peer, b.addr, b.len)
+        } else {
+            crate::dmaep::unregister(&self.mep.pdev, self.owner, b.peer, b.slot)
+                .map(|hfid| (b.slot, hfid))
+        };
+        match r {
+            Ok((slot, hfid)) => {
+                (b.slot, b.hfid, b.fw_ret) = (slot, hfid, 0);
+                write_arg(arg, &b, len)
+            }
+            Err(f) => {
+                b.fw_ret = f.fw_ret;
+                write_arg(arg, &b, len)?;
                 Err(f.err)
             }
         }

@@ -11,6 +11,8 @@
 //! it for a bound device ([`UserDma`]). Dropping the mapping unmaps it; dropping the pages
 //! unpins them (marking them dirty when the device wrote to them).
 
+use core::mem::ManuallyDrop;
+
 use kernel::{
     bindings,
     device::{Bound, Device},
@@ -19,6 +21,7 @@ use kernel::{
     page::PAGE_SIZE,
     prelude::*,
     scatterlist::SGTable,
+    sync::aref::ARef,
 };
 
 /// A user buffer's pages, pinned; unpinned on drop.
@@ -188,5 +191,104 @@ impl Drop for UserDma<'_> {
             // SAFETY: Allocated by `sg_alloc_table_from_pages_segment()`; freed once.
             unsafe { bindings::sg_free_table(&mut self.sgt) };
         }
+    }
+}
+
+/// Pinned user pages mapped for a device for longer than one call (a buffer registered for a
+/// peer host to write into).
+///
+/// Only [`HeldDma::release`], given the device bound, unmaps and unpins them. Dropped
+/// without it, the mapping and the pages are kept for good: the device (or a peer writing
+/// through it) may still reach them, so a leak is the safe outcome.
+///
+/// # Invariants
+///
+/// `sgt` is a table over the pages of `pages` allocated by
+/// `sg_alloc_table_from_pages_segment()` and mapped with `dma_map_sgtable()` for `dev` in
+/// `pages.dir`; `pages` is dropped only by [`HeldDma::release`], after the unmap.
+pub(crate) struct HeldDma {
+    dev: ARef<Device>,
+    pages: ManuallyDrop<UserPages>,
+    sgt: bindings::sg_table,
+}
+
+// SAFETY: The pages and the table are owned by the `HeldDma` and touched only through
+// `&mut self` or `self`; nothing in them is tied to the task that made them.
+unsafe impl Send for HeldDma {}
+// SAFETY: `&HeldDma` only reads the table (`segments`).
+unsafe impl Sync for HeldDma {}
+
+impl UserPages {
+    /// Maps the pages for `dev` until [`HeldDma::release`].
+    ///
+    /// # Errors
+    ///
+    /// `ENOMEM`, or the DMA mapping's error; the pages are unpinned then.
+    pub(crate) fn map_held(mut self, dev: &Device<Bound>) -> Result<HeldDma> {
+        let page = PAGE_SIZE as u64;
+        let nr = u32::try_from(self.pages.len()).map_err(|_| EINVAL)?;
+        let (offset, len) = ((self.addr & (page - 1)) as u32, self.len);
+        // SAFETY: An all-zero `sg_table` is the empty table `sg_alloc_table*()` fills in.
+        let mut sgt: bindings::sg_table = unsafe { core::mem::zeroed() };
+        // SAFETY: `sgt` is zeroed and owned; `pages` are `nr` pinned pages that hold `len`
+        // bytes from `offset`, which is below a page (invariant of `UserPages`).
+        to_result(unsafe {
+            bindings::sg_alloc_table_from_pages_segment(
+                &mut sgt,
+                self.pages.as_mut_ptr(),
+                nr,
+                offset,
+                len,
+                !(PAGE_SIZE as u32 - 1),
+                bindings::GFP_KERNEL,
+            )
+        })?;
+        let raw = core::ptr::from_ref::<Device>(dev)
+            .cast::<bindings::device>()
+            .cast_mut();
+        // SAFETY: `dev` is bound for this call and `sgt` a valid table.
+        let r = to_result(unsafe { bindings::dma_map_sgtable(raw, &mut sgt, self.dir.into(), 0) });
+        if let Err(e) = r {
+            // SAFETY: Allocated above and not mapped; freed once.
+            unsafe { bindings::sg_free_table(&mut sgt) };
+            return Err(e);
+        }
+        // INVARIANT: Mapped above for `dev` in `self.dir`.
+        Ok(HeldDma {
+            dev: dev.into(),
+            pages: ManuallyDrop::new(self),
+            sgt,
+        })
+    }
+}
+
+impl HeldDma {
+    /// The mapped segments: bus address and length.
+    pub(crate) fn segments(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        // SAFETY: `sgt` is a valid, DMA-mapped table (type invariant) that lives as long as
+        // the returned borrow.
+        let t = unsafe { SGTable::from_raw(core::ptr::from_ref(&self.sgt).cast_mut()) };
+        t.iter().map(|s| (s.dma_address(), s.dma_len()))
+    }
+
+    /// Unmaps the buffer for `dev`, which must be the device it was mapped for (else it is
+    /// kept for good), then unpins its pages.
+    pub(crate) fn release(mut self, dev: &Device<Bound>) {
+        let raw = core::ptr::from_ref::<Device>(dev)
+            .cast::<bindings::device>()
+            .cast_mut();
+        if !core::ptr::eq(core::ptr::from_ref::<Device>(dev), &*self.dev) {
+            return;
+        }
+        let dir = self.pages.dir;
+        // SAFETY: Mapped for `dev` (type invariant), which the caller proves bound, with
+        // `dir`; unmapped and freed once, as `self` is consumed.
+        unsafe {
+            bindings::dma_unmap_sgtable(raw, &mut self.sgt, dir.into(), 0);
+            bindings::sg_free_table(&mut self.sgt);
+        }
+        // SAFETY: Dropped once, here, after the unmap; `self` is consumed and `Drop` of
+        // `HeldDma` never touches `pages`.
+        unsafe { ManuallyDrop::drop(&mut self.pages) };
     }
 }

@@ -17,7 +17,7 @@
 #include <linux/types.h>
 
 #define PCIFAB_UAPI_VERSION_MAJOR 1
-#define PCIFAB_UAPI_VERSION_MINOR 7
+#define PCIFAB_UAPI_VERSION_MINOR 8
 
 #define PCIFAB_IOCTL_TYPE 0xFA
 
@@ -445,17 +445,24 @@ struct pcifab_p2p_routes {
 #define PCIFAB_P2P_FUNCTION	0	/* @pdfid's device memory at @addr, through a route */
 #define PCIFAB_P2P_USER		1	/* a user buffer at virtual address @addr */
 #define PCIFAB_P2P_IOVA		2	/* the bus address @addr as is: CAP_SYS_RAWIO, for tests */
+#define PCIFAB_P2P_PEER		3	/* since 1.8: a buffer peer host @pdfid (its HFID)
+					 * registered for this host in @slot, at offset @addr */
 
 /**
  * struct pcifab_p2p_end - one end of a PCIFAB_IOCTL_P2P_COPY
- * @kind: PCIFAB_P2P_FUNCTION, _USER or _IOVA
- * @pdfid: the function (PCIFAB_P2P_FUNCTION)
- * @addr: offset in the function's device memory, user address, or IOVA
+ * @kind: PCIFAB_P2P_FUNCTION, _USER, _IOVA or _PEER
+ * @pdfid: the function (PCIFAB_P2P_FUNCTION), the peer host's HFID (PCIFAB_P2P_PEER)
+ * @slot: the peer's slot (PCIFAB_P2P_PEER, 0 to 5); zero for the other kinds
+ * @addr: offset in the function's device memory, user address, IOVA, or offset in the
+ *	peer's buffer
  */
 struct pcifab_p2p_end {
 	__u32 kind;
 	__u16 pdfid;
-	__u16 __reserved0;
+	union {
+		__u16 __reserved0;
+		__u16 slot;
+	};
 	__aligned_u64 addr;
 };
 
@@ -494,6 +501,15 @@ struct pcifab_p2p_end {
  * covers a function range), EFAULT (a user buffer, or a HOST_FAULT: the
  * engine was refused memory the IOMMU did not map), EREMOTEIO (ROUTE_FAULT:
  * a route went away during the copy), ETIMEDOUT, EINTR, ENODEV.
+ *
+ * Since 1.8, @dst may be a PCIFAB_P2P_PEER end with a user buffer as @src: the
+ * switch's DMA endpoint copies into the buffer the peer registered for this host
+ * (PCIFAB_IOCTL_P2P_REGISTER on the peer), checked against the firmware's list of
+ * the peer's buffers before any descriptor is written: ENOENT when the peer
+ * registered none in that slot for this host (or is no host of the fabric), EFAULT
+ * when [@addr, @addr + @len) is not inside it, EREMOTEIO when the firmware refused
+ * a descriptor (the buffer went away during the copy); @dma_status is then the
+ * endpoint's completion status.
  */
 struct pcifab_p2p_copy {
 	__u32 size;
@@ -600,6 +616,51 @@ struct pcifab_p2p_grants {
 	__aligned_u64 grants_ptr;
 };
 
+/* Buffers a host may register for one peer host (the DMA endpoint's slots 0 to 5). */
+#define PCIFAB_P2P_PEER_SLOTS	6
+
+/**
+ * struct pcifab_p2p_buffer - PCIFAB_IOCTL_P2P_REGISTER and _UNREGISTER argument (since 1.8)
+ * @size: sizeof(struct pcifab_p2p_buffer)
+ * @flags: 0
+ * @peer: in: the HFID of the host that may then write into the buffer
+ * @slot: REGISTER: out: the slot the buffer took (0 to 5); UNREGISTER: in
+ * @__reserved0: zero
+ * @hfid: out: this host's HFID (what the peer names as @pdfid of a PCIFAB_P2P_PEER end)
+ * @__reserved1: zero
+ * @fw_ret: out: the firmware's return value when it refused, else 0
+ * @__reserved2: zero
+ * @addr: in: REGISTER: user address of the buffer; UNREGISTER: 0
+ * @len: in: REGISTER: its length in bytes, 1 to PCIFAB_P2P_MAX_LEN; UNREGISTER: 0
+ *
+ * Through the switch's DMA endpoint in fabric mode (PAX parts, the module's pcifab_dmaep
+ * driver bound to it). REGISTER pins the buffer, maps it for the endpoint as one range
+ * (EINVAL when it does not map as one: without an IOMMU, a buffer within one
+ * page always does) and registers it in the peer's lowest free slot; the peer's copies
+ * may then write into it, and nothing else of this host's memory. The registration
+ * belongs to the open file: UNREGISTER, closing the file and unbinding the endpoint
+ * unregister it, and its pages are unmapped and unpinned only once the firmware answered.
+ * Needs CAP_SYS_ADMIN. Errors: EINVAL, EFAULT, ENOSPC (the peer's 6 slots are taken),
+ * ENOENT (UNREGISTER: no such registration of this file; or the firmware no longer had it,
+ * which releases it too), EIO (the firmware refused: @fw_ret; or a reply that does not
+ * parse), ETIMEDOUT, EINTR, ENODEV, EOPNOTSUPP (no DMA endpoint with a command path).
+ * After ETIMEDOUT, EINTR or a reply that does not parse, the buffer may be registered: it
+ * stays the file's, unregistered when the file is closed.
+ */
+struct pcifab_p2p_buffer {
+	__u32 size;
+	__u32 flags;
+	__u16 peer;
+	__u8 slot;
+	__u8 __reserved0;
+	__u16 hfid;
+	__u16 __reserved1;
+	__u32 fw_ret;
+	__u32 __reserved2;
+	__aligned_u64 addr;
+	__aligned_u64 len;
+};
+
 /*
  * The ioctl numbers (since 1.7): _IOWR, as the kernel reads each struct and writes it back,
  * with the size of the struct as of 1.7. When a struct grows its number stays what it is
@@ -627,5 +688,8 @@ struct pcifab_p2p_grants {
 #define PCIFAB_IOCTL_P2P_GRANT		_IOWR(PCIFAB_IOCTL_TYPE, 0x0e, struct pcifab_p2p_grant)
 #define PCIFAB_IOCTL_P2P_REVOKE		_IOWR(PCIFAB_IOCTL_TYPE, 0x0f, struct pcifab_p2p_grant)
 #define PCIFAB_IOCTL_P2P_GRANTS		_IOWR(PCIFAB_IOCTL_TYPE, 0x10, struct pcifab_p2p_grants)
+/* Since 1.8; these have no _IO alias. */
+#define PCIFAB_IOCTL_P2P_REGISTER	_IOWR(PCIFAB_IOCTL_TYPE, 0x11, struct pcifab_p2p_buffer)
+#define PCIFAB_IOCTL_P2P_UNREGISTER	_IOWR(PCIFAB_IOCTL_TYPE, 0x12, struct pcifab_p2p_buffer)
 
 #endif /* _UAPI_LINUX_PCIFAB_H */

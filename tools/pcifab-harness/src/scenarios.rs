@@ -649,6 +649,17 @@ pub fn all() -> Vec<Scenario> {
             pcifab_dmaep::pcifab_fails_cleanly_on_lying_completions,
         ),
         s(
+            "dma endpoint: a copier waiting behind a stalled copy can be killed",
+            180,
+            pcifab_dmaep::copier_waiting_for_channels_can_be_killed,
+        ),
+        s(
+            "dma endpoint: h0 copies into a buffer h1 registered for it, and nothing once h1 \
+             unregisters it",
+            240,
+            pcifab_dmaep::peer_copies_into_registered_buffer,
+        ),
+        s(
             "dma endpoint: Linux's switchtec_dma passes dmatest on every channel",
             900,
             dma_endpoint::linux_driver_passes_dmatest,

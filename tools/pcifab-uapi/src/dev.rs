@@ -5,8 +5,9 @@
 use std::{fs::File, io, marker::PhantomData, os::fd::AsRawFd};
 
 use crate::{
-    Arg, Bind, Events, Function, Grant, Identity, Inventory, Move, Mrpc, P2pCopy, P2pDistance,
-    P2pEnd, P2pGrant, P2pGrants, P2pRoute, P2pRoutes, Port, Route, Stats, Unbind, Version,
+    Arg, Bind, Events, Function, Grant, Identity, Inventory, Move, Mrpc, P2pBuffer, P2pCopy,
+    P2pDistance, P2pEnd, P2pGrant, P2pGrants, P2pRoute, P2pRoutes, Port, Route, Stats, Unbind,
+    Version,
 };
 
 /// An ioctl number tied to the argument struct it takes: a wrapper cannot pass one ioctl the
@@ -35,6 +36,8 @@ const DISTANCE: Cmd<P2pDistance> = cmd(crate::PCIFAB_IOCTL_P2P_DISTANCE);
 const GRANT: Cmd<P2pGrant> = cmd(crate::PCIFAB_IOCTL_P2P_GRANT);
 const REVOKE: Cmd<P2pGrant> = cmd(crate::PCIFAB_IOCTL_P2P_REVOKE);
 const GRANTS: Cmd<P2pGrants> = cmd(crate::PCIFAB_IOCTL_P2P_GRANTS);
+const REGISTER: Cmd<P2pBuffer> = cmd(crate::PCIFAB_IOCTL_P2P_REGISTER);
+const UNREGISTER: Cmd<P2pBuffer> = cmd(crate::PCIFAB_IOCTL_P2P_UNREGISTER);
 
 /// Issues `cmd` with `arg`; a module older than uAPI 1.7 (`ENOTTY`) gets the same ioctl by
 /// its old number ([`crate::legacy`]).
@@ -177,6 +180,8 @@ pub enum P2pOp {
     Grant,
     Revoke,
     Grants,
+    Register,
+    Unregister,
 }
 
 impl P2pOp {
@@ -191,6 +196,8 @@ impl P2pOp {
             P2pOp::Grant => "PCIFAB_IOCTL_P2P_GRANT",
             P2pOp::Revoke => "PCIFAB_IOCTL_P2P_REVOKE",
             P2pOp::Grants => "PCIFAB_IOCTL_P2P_GRANTS",
+            P2pOp::Register => "PCIFAB_IOCTL_P2P_REGISTER",
+            P2pOp::Unregister => "PCIFAB_IOCTL_P2P_UNREGISTER",
         }
     }
 }
@@ -229,6 +236,15 @@ impl P2pError {
                 "not a pcifab device, or its module predates uAPI 1.4 (no P2P ioctls)"
             }
             (_, libc::ENODEV) => "the management endpoint was removed",
+            (Register | Unregister, libc::EOPNOTSUPP) => {
+                "no DMA endpoint bound to pcifab (pcifab_dmaep) with a fabric command path"
+            }
+            (Register, libc::EINVAL) => {
+                "the buffer does not map as one range for the DMA endpoint (without an IOMMU, \
+                 keep it within one page), or the peer is this host"
+            }
+            (Register, libc::ENOSPC) => "the peer's 6 slots are taken",
+            (Unregister, libc::ENOENT) => "this file registered no buffer in that slot",
             (Copy, libc::EOPNOTSUPP) => {
                 "the switch firmware has no P2P DMA engine (pcifab's dma-engine extension; PAX \
                  firmware has none: see sysfs `features`)"
@@ -369,6 +385,43 @@ pub fn grant(dev: &File, pdfid: u16, grantee: u8, grant: bool) -> Result<P2pGran
     Ok(g)
 }
 
+/// Registers `buf` for the peer host `peer` (its HFID) with the switch's DMA endpoint
+/// (`PCIFAB_IOCTL_P2P_REGISTER`): the kernel pins it and the peer's copies may write into it
+/// until [`unregister`] or until `dev` is closed. Returns the struct as the kernel filled it
+/// (`slot`, this host's `hfid`).
+///
+/// # Safety
+///
+/// `buf` must stay allocated, and be used for nothing else that a write of the peer could
+/// break, until the registration ends (UNREGISTER, or `dev` closed).
+pub unsafe fn register(dev: &File, peer: u16, buf: &mut [u8]) -> Result<P2pBuffer, P2pError> {
+    let mut b = P2pBuffer::new();
+    b.peer = peer;
+    b.addr = buf.as_mut_ptr() as u64;
+    b.len = buf.len() as u64;
+    // SAFETY: `addr` and `len` describe `buf`, which the caller keeps alive for as long as
+    // the registration lasts.
+    unsafe { ioctl(dev, REGISTER, &mut b) }.map_err(|err| P2pError {
+        fw_ret: b.fw_ret,
+        ..P2pError::new(P2pOp::Register, err)
+    })?;
+    Ok(b)
+}
+
+/// Unregisters the buffer this file registered for `peer` in `slot`
+/// (`PCIFAB_IOCTL_P2P_UNREGISTER`).
+pub fn unregister(dev: &File, peer: u16, slot: u8) -> Result<P2pBuffer, P2pError> {
+    let mut b = P2pBuffer::new();
+    b.peer = peer;
+    b.slot = slot;
+    // SAFETY: `pcifab_p2p_buffer` for UNREGISTER holds no user pointer (`addr` 0).
+    unsafe { ioctl(dev, UNREGISTER, &mut b) }.map_err(|err| P2pError {
+        fw_ret: b.fw_ret,
+        ..P2pError::new(P2pOp::Unregister, err)
+    })?;
+    Ok(b)
+}
+
 /// Lists the P2P grants this host may see (`PCIFAB_IOCTL_P2P_GRANTS`), growing the array until
 /// it holds them. Fails with `EAGAIN` if they keep growing between calls.
 pub fn grants(dev: &File) -> Result<Vec<Grant>, P2pError> {
@@ -452,6 +505,9 @@ pub enum CopyDst<'a> {
     User(&'a mut [u8]),
     /// A raw bus address (needs CAP_SYS_RAWIO; for tests and diagnostics).
     Iova(u64),
+    /// The buffer peer host `hfid` registered for this host in `slot`, at offset `off`
+    /// (through the switch's DMA endpoint; since 1.8).
+    Peer { hfid: u16, slot: u8, off: u64 },
 }
 
 fn end(kind: u32, pdfid: u16, addr: u64) -> P2pEnd {
@@ -487,6 +543,10 @@ pub fn p2p_copy(
         CopyDst::User(b) if short(b.len()) => return Err(einval()),
         CopyDst::User(b) => end(crate::P2P_USER, 0, b.as_mut_ptr() as u64),
         CopyDst::Iova(a) => end(crate::P2P_IOVA, 0, a),
+        CopyDst::Peer { hfid, slot, off } => P2pEnd {
+            reserved0: slot.into(),
+            ..end(crate::P2P_PEER, hfid, off)
+        },
     };
     c.len = len;
     c.timeout_ms = timeout_ms;

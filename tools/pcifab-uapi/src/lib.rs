@@ -11,7 +11,7 @@ pub mod telemetry;
 /// Major version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MAJOR`).
 pub const VERSION_MAJOR: u32 = 1;
 /// Minor version of the ABI this crate describes (`PCIFAB_UAPI_VERSION_MINOR`).
-pub const VERSION_MINOR: u32 = 7;
+pub const VERSION_MINOR: u32 = 8;
 
 /// ioctl type byte of pcifab (`PCIFAB_IOCTL_TYPE`).
 pub const IOCTL_TYPE: u32 = 0xFA;
@@ -68,6 +68,10 @@ pub const PCIFAB_IOCTL_P2P_GRANT: u32 = iowr::<P2pGrant>(IOCTL_TYPE, 0x0e);
 pub const PCIFAB_IOCTL_P2P_REVOKE: u32 = iowr::<P2pGrant>(IOCTL_TYPE, 0x0f);
 /// `PCIFAB_IOCTL_P2P_GRANTS`: argument [`P2pGrants`] (since 1.5).
 pub const PCIFAB_IOCTL_P2P_GRANTS: u32 = iowr::<P2pGrants>(IOCTL_TYPE, 0x10);
+/// `PCIFAB_IOCTL_P2P_REGISTER`: argument [`P2pBuffer`] (since 1.8).
+pub const PCIFAB_IOCTL_P2P_REGISTER: u32 = iowr::<P2pBuffer>(IOCTL_TYPE, 0x11);
+/// `PCIFAB_IOCTL_P2P_UNREGISTER`: argument [`P2pBuffer`] (since 1.8).
+pub const PCIFAB_IOCTL_P2P_UNREGISTER: u32 = iowr::<P2pBuffer>(IOCTL_TYPE, 0x12);
 /// `PCIFAB_ANY_PORT`.
 pub const ANY_PORT: u8 = 0xff;
 /// `PCIFAB_BIND_NO_WAIT`.
@@ -101,6 +105,11 @@ pub const MAX_ROUTES: usize = 16;
 pub const P2P_FUNCTION: u32 = 0;
 pub const P2P_USER: u32 = 1;
 pub const P2P_IOVA: u32 = 2;
+/// A buffer a peer host registered for this one (since 1.8): [`P2pEnd::pdfid`] is the peer's
+/// HFID, [`P2pEnd::reserved0`] (`slot` in the header) the slot, [`P2pEnd::addr`] the offset.
+pub const P2P_PEER: u32 = 3;
+/// `PCIFAB_P2P_PEER_SLOTS`: buffers a host may register for one peer.
+pub const P2P_PEER_SLOTS: u8 = 6;
 /// `PCIFAB_P2P_MAX_LEN`: largest copy.
 pub const P2P_MAX_LEN: u64 = 1 << 30;
 /// `PCIFAB_P2P_DMA_*`: [`P2pCopy::dma_status`] values (0: no descriptor ran).
@@ -443,6 +452,23 @@ pub struct P2pGrants {
     pub grants_ptr: u64,
 }
 
+/// `struct pcifab_p2p_buffer` (since 1.8).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pBuffer {
+    pub size: u32,
+    pub flags: u32,
+    pub peer: u16,
+    pub slot: u8,
+    pub reserved0: u8,
+    pub hfid: u16,
+    pub reserved1: u16,
+    pub fw_ret: u32,
+    pub reserved2: u32,
+    pub addr: u64,
+    pub len: u64,
+}
+
 macro_rules! impl_arg {
     ($($t:ty),*) => {$(
         // SAFETY: `repr(C)`, integers, byte arrays and structs of those only, no padding
@@ -469,7 +495,8 @@ impl_arg!(
     P2pCopy,
     P2pDistance,
     P2pGrant,
-    P2pGrants
+    P2pGrants,
+    P2pBuffer
 );
 
 /// A fixed-size register string as text: up to the first NUL, trailing spaces removed.

@@ -45,6 +45,7 @@ fn c_layout() -> Vec<(String, u64)> {
         "pcifab_p2p_grant",
         "pcifab_grant",
         "pcifab_p2p_grants",
+        "pcifab_p2p_buffer",
     ] {
         p(&format!("sizeof(struct {s})"));
     }
@@ -109,6 +110,10 @@ fn c_layout() -> Vec<(String, u64)> {
         "PCIFAB_IOCTL_P2P_GRANT",
         "PCIFAB_IOCTL_P2P_REVOKE",
         "PCIFAB_IOCTL_P2P_GRANTS",
+        "PCIFAB_IOCTL_P2P_REGISTER",
+        "PCIFAB_IOCTL_P2P_UNREGISTER",
+        "PCIFAB_P2P_PEER",
+        "PCIFAB_P2P_PEER_SLOTS",
         "PCIFAB_ROUTE_ANY_WINDOW",
         "PCIFAB_P2P_FUNCTION",
         "PCIFAB_P2P_USER",
@@ -493,6 +498,23 @@ const EXTRA_FIELDS: &[(&str, &[&str])] = &[
         "pcifab_p2p_grants",
         &["size", "flags", "nr_grants", "grant_size", "grants_ptr"],
     ),
+    (
+        "pcifab_p2p_buffer",
+        &[
+            "size",
+            "flags",
+            "peer",
+            "slot",
+            "__reserved0",
+            "hfid",
+            "__reserved1",
+            "fw_ret",
+            "__reserved2",
+            "addr",
+            "len",
+        ],
+    ),
+    ("pcifab_p2p_end", &["slot"]),
 ];
 
 /// The same fields' offsets in Rust, in the same order.
@@ -668,8 +690,23 @@ fn extra_rust() -> Vec<(String, u64)> {
         offset_of!(P2pGrants, grant_size),
         offset_of!(P2pGrants, grants_ptr),
     ];
-    let offsets: [&[usize]; 16] = [
-        &e, &p, &f, &b, &u, &m, &i, &r, &pr, &prs, &pe, &pc, &pd, &pg, &g, &pgs,
+    let pb = [
+        offset_of!(P2pBuffer, size),
+        offset_of!(P2pBuffer, flags),
+        offset_of!(P2pBuffer, peer),
+        offset_of!(P2pBuffer, slot),
+        offset_of!(P2pBuffer, reserved0),
+        offset_of!(P2pBuffer, hfid),
+        offset_of!(P2pBuffer, reserved1),
+        offset_of!(P2pBuffer, fw_ret),
+        offset_of!(P2pBuffer, reserved2),
+        offset_of!(P2pBuffer, addr),
+        offset_of!(P2pBuffer, len),
+    ];
+    // The header's `slot` shares the place of `__reserved0`.
+    let pes = [offset_of!(P2pEnd, reserved0)];
+    let offsets: [&[usize]; 18] = [
+        &e, &p, &f, &b, &u, &m, &i, &r, &pr, &prs, &pe, &pc, &pd, &pg, &g, &pgs, &pb, &pes,
     ];
     assert_eq!(
         offsets.len(),
@@ -805,6 +842,20 @@ fn extra_rust() -> Vec<(String, u64)> {
             "sizeof(struct pcifab_p2p_grants)".into(),
             size_of::<P2pGrants>() as u64,
         ),
+        (
+            "sizeof(struct pcifab_p2p_buffer)".into(),
+            size_of::<P2pBuffer>() as u64,
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_REGISTER".into(),
+            PCIFAB_IOCTL_P2P_REGISTER as u64,
+        ),
+        (
+            "PCIFAB_IOCTL_P2P_UNREGISTER".into(),
+            PCIFAB_IOCTL_P2P_UNREGISTER as u64,
+        ),
+        ("PCIFAB_P2P_PEER".into(), P2P_PEER as u64),
+        ("PCIFAB_P2P_PEER_SLOTS".into(), P2P_PEER_SLOTS as u64),
         ("PCIFAB_ROUTE_ANY_WINDOW".into(), ROUTE_ANY_WINDOW),
         ("PCIFAB_P2P_FUNCTION".into(), P2P_FUNCTION as u64),
         ("PCIFAB_P2P_USER".into(), P2P_USER as u64),

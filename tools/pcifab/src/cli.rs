@@ -345,7 +345,8 @@ pub enum P2p {
         /// Source: PDFID:OFF (device memory, through a route), file:PATH or iova:ADDR.
         #[arg(long, value_name = "END", value_parser = end)]
         from: End,
-        /// Destination: PDFID:OFF, file:PATH or iova:ADDR (an iova end needs CAP_SYS_RAWIO).
+        /// Destination: PDFID:OFF, file:PATH, iova:ADDR (an iova end needs CAP_SYS_RAWIO) or
+        /// peer:HFID:SLOT:OFF (a buffer a peer host registered for this one).
         #[arg(long, value_name = "END", value_parser = end)]
         to: End,
         /// Bytes to copy (1 byte to 1G; 16M, 0x1000, 4k).
@@ -735,6 +736,9 @@ pub enum End {
     File(PathBuf),
     /// `iova:ADDR`: a raw bus address.
     Iova(u64),
+    /// `peer:HFID:SLOT:OFF`: the buffer peer host HFID registered for this host in SLOT, at
+    /// OFF (a destination only; through the switch's DMA endpoint).
+    Peer { hfid: u16, slot: u8, off: u64 },
 }
 
 impl fmt::Display for End {
@@ -743,13 +747,34 @@ impl fmt::Display for End {
             End::Function { pdfid, off } => write!(f, "{pdfid:#06x}:{off:#x}"),
             End::File(p) => write!(f, "file:{}", p.display()),
             End::Iova(a) => write!(f, "iova:{a:#x}"),
+            End::Peer { hfid, slot, off } => write!(f, "peer:{hfid:#06x}:{slot}:{off:#x}"),
         }
     }
 }
 
-/// Parses an end of a copy: `PDFID:OFF`, `file:PATH` or `iova:ADDR`.
+/// Parses an end of a copy: `PDFID:OFF`, `file:PATH`, `iova:ADDR` or `peer:HFID:SLOT:OFF`.
 pub fn end(s: &str) -> Result<End, String> {
     let context = |e: String| format!("'{s}': {e}");
+    if let Some(rest) = s.strip_prefix("peer:") {
+        let parts: Vec<&str> = rest.split(':').collect();
+        let [h, sl, off] = parts[..] else {
+            return Err(format!(
+                "'{s}': write peer:HFID:SLOT:OFF (the peer host's HFID, the slot it registered \
+                 the buffer in, the offset in it), e.g. peer:0x0a02:0:0"
+            ));
+        };
+        let hfid = u16::try_from(size(h).map_err(context)?)
+            .map_err(|_| context(format!("HFID {h} is larger than 0xffff")))?;
+        let slot = match size(sl).map_err(context)? {
+            n if n < u64::from(pcifab_uapi::P2P_PEER_SLOTS) => n as u8,
+            n => return Err(context(format!("slot {n}: a peer has slots 0 to 5"))),
+        };
+        return Ok(End::Peer {
+            hfid,
+            slot,
+            off: size(off).map_err(context)?,
+        });
+    }
     if let Some(path) = s.strip_prefix("file:") {
         if path.is_empty() {
             return Err(format!("'{s}' needs a path after 'file:'"));
@@ -822,6 +847,23 @@ mod tests {
             Some(End::File(PathBuf::from("/tmp/a:b")))
         );
         assert_eq!(end("iova:0x80000000").ok(), Some(End::Iova(0x8000_0000)));
+        assert_eq!(
+            end("peer:0x0a02:5:0x100").ok(),
+            Some(End::Peer {
+                hfid: 0x0a02,
+                slot: 5,
+                off: 0x100
+            })
+        );
+        for bad in [
+            "peer:",
+            "peer:0x0a02:6:0",
+            "peer:0x10000:0:0",
+            "peer:0x0a02:0",
+            "peer:x:0:0",
+        ] {
+            assert!(end(bad).is_err(), "{bad}");
+        }
         for bad in [
             "0x0300",
             "file:",

@@ -353,6 +353,17 @@ fn copy(cli: &Cli, from: &End, to: &End, len: u64) -> Result<(), Error> {
                  (PDFID:OFF)",
             ))
         }
+        (End::Peer { .. }, _) => {
+            return Err(usage_error(
+                "--from is a peer's buffer: a peer's buffer is only a destination (its owner \
+                 copies out of it)",
+            ))
+        }
+        (src, End::Peer { .. }) if !matches!(src, End::File(_)) => {
+            return Err(usage_error(
+                "--to is a peer's buffer: the source must be file:PATH (host memory)",
+            ))
+        }
         _ => {}
     }
     let n = usize::try_from(len).map_err(|_| usage_error("--len is too large for this host"))?;
@@ -398,6 +409,7 @@ fn copy(cli: &Cli, from: &End, to: &End, len: u64) -> Result<(), Error> {
         },
         End::File(_) => CopySrc::User(&src_buf),
         End::Iova(a) => CopySrc::Iova(*a),
+        End::Peer { .. } => return Err(usage_error("--from cannot be a peer's buffer")),
     };
     let dst = match &to {
         End::Function { pdfid, off } => CopyDst::Function {
@@ -406,6 +418,11 @@ fn copy(cli: &Cli, from: &End, to: &End, len: u64) -> Result<(), Error> {
         },
         End::File(_) => CopyDst::User(&mut dst_buf),
         End::Iova(a) => CopyDst::Iova(*a),
+        End::Peer { hfid, slot, off } => CopyDst::Peer {
+            hfid: *hfid,
+            slot: *slot,
+            off: *off,
+        },
     };
     let what = format!("p2p copy {from} -> {to}");
     let progress = Progress::start(format!("copying {}", human(len)), cli.json);
@@ -414,8 +431,22 @@ fn copy(cli: &Cli, from: &End, to: &End, len: u64) -> Result<(), Error> {
     let elapsed = start.elapsed();
     drop(progress);
     let c = r.map_err(|e| {
-        let mut hint = match e.err.raw_os_error() {
-            Some(libc::ENOENT) => {
+        let peer = match &to {
+            End::Peer { hfid, slot, .. } => Some((*hfid, *slot)),
+            _ => None,
+        };
+        let mut hint = match (e.err.raw_os_error(), peer) {
+            (Some(libc::ENOENT), Some((h, s))) => Some(format!(
+                "peer {h:#06x} registers no buffer in slot {s} for this host (its owner \
+                 registers it with PCIFAB_IOCTL_P2P_REGISTER)"
+            )),
+            (Some(libc::EFAULT), Some((h, s))) => Some(format!(
+                "the range is not inside the buffer peer {h:#06x} registered in slot {s}"
+            )),
+            (Some(libc::EREMOTEIO), Some(_)) => {
+                Some("the peer unregistered its buffer while the copy ran".into())
+            }
+            (Some(libc::ENOENT), None) => {
                 let adds: Vec<String> = [&from, &to]
                     .into_iter()
                     .filter_map(|end| match end {
@@ -428,10 +459,10 @@ fn copy(cli: &Cli, from: &End, to: &End, len: u64) -> Result<(), Error> {
                     adds.join("` or `")
                 ))
             }
-            Some(libc::EREMOTEIO) => {
+            (Some(libc::EREMOTEIO), None) => {
                 Some("a route was deleted, or its function unbound, while the copy ran".into())
             }
-            Some(libc::ETIMEDOUT) => Some("retry with a longer --timeout MS".into()),
+            (Some(libc::ETIMEDOUT), _) => Some("retry with a longer --timeout MS".into()),
             _ => None,
         };
         if let (End::File(p), Some((_, existed))) = (&to, &dst_file) {

@@ -141,6 +141,8 @@ fn main() -> ExitCode {
     let p2p_cmd: Option<RawCmd> = match cmd.as_str() {
         "p2p-user" => Some(p2p::cmd_p2p_user),
         "p2p-local" => Some(p2p::cmd_p2p_local),
+        "p2p-hold" => Some(p2p::cmd_p2p_hold),
+        "p2p-peer" => Some(p2p::cmd_p2p_peer),
         "bar-range" => Some(p2p::cmd_bar_range),
         "p2p-bench" => Some(p2p::cmd_p2p_bench),
         "p2p-signalled" => Some(p2p::cmd_p2p_signalled),

@@ -7,12 +7,20 @@
 //! lying (bad status, a short byte count, a phase never written) each channel must fail
 //! cleanly: the error in sysfs, the driver still bound, no splat, and a rebind with honest
 //! completions passes again.
+//!
+//! Fabric mode: h1 registers a buffer for h0 through its endpoint (`PCIFAB_IOCTL_P2P_REGISTER`),
+//! h0 copies into it through its own (`PCIFAB_P2P_PEER`), h1 checks the bytes itself; a copy
+//! outside the buffer, into a slot h1 did not register, and after h1 unregistered (or its
+//! process died, closing the file) is refused before a descriptor is written, and the
+//! emulated firmware lists the buffer exactly while it is registered.
 
 use serde_json::Value;
 
 use std::time::Duration;
 
-use crate::checks::{begin, dmesg_clean, driver_of, selftest_json, wait_or_dmesg, Checks};
+use crate::checks::{
+    begin, dmesg_clean, driver_of, pcifab_cmd, selftest_json, two_hosts, wait_or_dmesg, Checks,
+};
 use crate::fabric::{EmuControl, Fabric, Host};
 
 const DRIVER: &str = "pcifab_dmaep";
@@ -223,4 +231,404 @@ fn configured(f: &Fabric) -> Result<usize, String> {
         ),
         n => Ok(n),
     }
+}
+
+/// h0's copies into the buffer h1 holds: (offset, length, seed, errno expected).
+const PEER_LEN: u64 = 4096;
+const PEER_SEED: u64 = 0x31;
+const COPY_IN: (u64, u64, u64) = (100, 1000, 0x52);
+const ENOENT: i64 = 2;
+const EFAULT: i64 = 14;
+
+/// The HFID the endpoint of `h` reports in sysfs.
+fn hfid_of(h: &mut Host, bdf: &str) -> Result<u16, String> {
+    let s = h.run_ok(&format!("cat /sys/bus/pci/devices/{bdf}/pcifab/hfid"))?;
+    let t = s.trim();
+    t.strip_prefix("0x")
+        .and_then(|x| u16::from_str_radix(x, 16).ok())
+        .ok_or_else(|| format!("{}: {bdf}/pcifab/hfid reads {t:?}, not an HFID", h.name))
+}
+
+/// Buffers a host registered, as the emulated firmware lists them: (peer, index, size).
+type EmuBufs = Vec<(String, u64, u64)>;
+
+/// The emulated firmware's view of `host`'s endpoint: its HFID and the buffers it
+/// registered.
+fn emu_fabric(emu: &EmuControl, host: &str) -> Result<(u64, EmuBufs), String> {
+    let v = emu.request(&format!("dmaep {host} stats"))?;
+    let fab = v
+        .get("fabric")
+        .ok_or_else(|| format!("emulator `dmaep {host} stats`: no fabric in {v}"))?;
+    let hfid = fab.get("hfid").and_then(Value::as_u64).unwrap_or(u64::MAX);
+    let bufs = fab
+        .get("buffers")
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("emulator `dmaep {host} stats`: no buffers in {v}"))?
+        .iter()
+        .map(|b| {
+            (
+                b.get("peer")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+                    .to_string(),
+                b.get("index").and_then(Value::as_u64).unwrap_or(u64::MAX),
+                b.get("size").and_then(Value::as_u64).unwrap_or(u64::MAX),
+            )
+        })
+        .collect();
+    Ok((hfid, bufs))
+}
+
+/// Bytes all channels of `host`'s endpoint copied so far.
+fn emu_bytes(emu: &EmuControl, host: &str) -> Result<u64, String> {
+    Ok(emu_counts(emu, host)?.iter().map(|c| c.2).sum())
+}
+
+/// The JSON line of `out` whose phase is `phase`.
+fn phase_line(out: &str, phase: &str) -> Option<Value> {
+    out.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v.get("phase").and_then(Value::as_str) == Some(phase))
+}
+
+/// Starts `pcifab-selftest p2p-hold` on h1 for h0 in `dir` and waits for its registration:
+/// the slot and the HFID it reports.
+fn start_hold(h1: &mut Host, hfid0: u16, dir: &str) -> Result<(u8, u16), String> {
+    h1.run_ok(&format!(
+        "rm -rf {dir} && mkdir -p {dir} && (pcifab-selftest p2p-hold --peer {hfid0:#x} \
+         --len {PEER_LEN} --seed {PEER_SEED:#x} --dir {dir} </dev/null >{dir}/out 2>&1 & \
+         echo $! >{dir}/pid)"
+    ))?;
+    wait_or_dmesg(
+        h1,
+        &format!("( grep -q registered {dir}/out || [ ! -e /proc/$(cat {dir}/pid) ] )"),
+        30,
+        "p2p-hold did not register its buffer",
+    )?;
+    let out = h1.run_ok(&format!("cat {dir}/out"))?;
+    let v = phase_line(&out, "registered")
+        .ok_or_else(|| format!("{}: p2p-hold did not register: {}", h1.name, out.trim()))?;
+    let slot = v.get("slot").and_then(Value::as_u64).unwrap_or(u64::MAX);
+    let hfid = v.get("hfid").and_then(Value::as_u64).unwrap_or(u64::MAX);
+    match (u8::try_from(slot), u16::try_from(hfid)) {
+        (Ok(s), Ok(h)) => Ok((s, h)),
+        _ => Err(format!("{}: p2p-hold reported {v}", h1.name)),
+    }
+}
+
+/// One copy of h0 into h1's slot: (errno, bytes done).
+fn peer_copy(
+    h0: &mut Host,
+    hfid1: u16,
+    slot: u8,
+    (off, len, seed): (u64, u64, u64),
+) -> Result<(i64, u64), String> {
+    let v = selftest_json(
+        h0,
+        &format!(
+            "p2p-peer --hfid {hfid1:#x} --slot {slot} --off {off} --len {len} --seed {seed:#x}"
+        ),
+        Duration::from_secs(60),
+    )?;
+    let errno = v.get("errno").and_then(Value::as_i64).unwrap_or(-1);
+    let done = v.get("done").and_then(Value::as_u64).unwrap_or(u64::MAX);
+    Ok((errno, done))
+}
+
+pub fn peer_copies_into_registered_buffer(f: &mut Fabric) -> Result<(), String> {
+    let configured = configured(f)?;
+    let emu = f.emu();
+    let (h0, h1) = two_hosts(&mut f.hosts, "this scenario needs two hosts")?;
+    begin(h0)?;
+    begin(h1)?;
+    let bdf0 = bound_endpoint(h0, configured)?;
+    let bdf1 = bound_endpoint(h1, configured)?;
+    let (hfid0, hfid1) = (hfid_of(h0, &bdf0)?, hfid_of(h1, &bdf1)?);
+    let mut c = Checks::new("the endpoints' HFIDs, as sysfs and the firmware say");
+    c.eq("h0", emu_fabric(&emu, "h0")?.0, u64::from(hfid0));
+    c.eq("h1", emu_fabric(&emu, "h1")?.0, u64::from(hfid1));
+    c.eq(
+        "h1's buffers before",
+        EmuBufs::new(),
+        emu_fabric(&emu, "h1")?.1,
+    );
+    c.finish()?;
+
+    let (slot, reported) = start_hold(h1, hfid0, "/tmp/hold")?;
+    let mut c = Checks::new("h1 registers a buffer for h0");
+    c.eq("HFID REGISTER reports", hfid1, reported);
+    c.eq(
+        "h1's buffers in the firmware",
+        vec![("h0".to_string(), u64::from(slot), PEER_LEN)],
+        emu_fabric(&emu, "h1")?.1,
+    );
+    c.finish()?;
+
+    let before = emu_bytes(&emu, "h0")?;
+    let (errno, done) = peer_copy(h0, hfid1, slot, COPY_IN)?;
+    let (off, len, _) = COPY_IN;
+    let mut c = Checks::new("h0 copies into h1's buffer");
+    c.eq("errno", 0, errno);
+    c.eq("bytes done", len, done);
+    c.eq(
+        "bytes h0's endpoint copied",
+        len,
+        emu_bytes(&emu, "h0")?.wrapping_sub(before),
+    );
+    c.finish()?;
+
+    // Refused before a descriptor is written: nothing moves.
+    let before = emu_bytes(&emu, "h0")?;
+    let outside = peer_copy(h0, hfid1, slot, (PEER_LEN - 96, 200, 0x77))?;
+    let other = peer_copy(h0, hfid1, (slot + 1) % 6, (0, 64, 0x77))?;
+    // The same through the CLI's peer end.
+    h0.run_ok("head -c 200 /dev/zero >/tmp/peer.src")?;
+    let (code, v, out) = pcifab_cmd(
+        h0,
+        &format!(
+            "p2p copy --from file:/tmp/peer.src --to peer:{hfid1:#x}:{slot}:{} --len 200",
+            PEER_LEN - 96
+        ),
+    )?;
+    let mut c = Checks::new("h0's copies h1's registration does not admit");
+    c.eq("past the buffer's end: (errno, done)", (EFAULT, 0), outside);
+    c.eq(
+        "past the buffer's end, `pcifab p2p copy --to peer:...`: (exit, errno)",
+        (1, Some(EFAULT)),
+        (code, v.pointer("/error/errno").and_then(Value::as_i64)),
+    );
+    if code != 1 {
+        c.fail(format!("`pcifab p2p copy` printed: {}", out.trim()));
+    }
+    c.eq(
+        "a slot h1 did not register: (errno, done)",
+        (ENOENT, 0),
+        other,
+    );
+    c.eq(
+        "bytes h0's endpoint copied",
+        0,
+        emu_bytes(&emu, "h0")?.wrapping_sub(before),
+    );
+    c.finish()?;
+
+    // h1 checks its buffer itself, then unregisters it.
+    h1.run_ok(&format!(
+        "echo '{off} {len} {:#x}' >/tmp/hold/check.part && mv /tmp/hold/check.part /tmp/hold/check",
+        COPY_IN.2
+    ))?;
+    wait_or_dmesg(
+        h1,
+        "( grep -q unregistered /tmp/hold/out || [ ! -e /proc/$(cat /tmp/hold/pid) ] )",
+        30,
+        "p2p-hold did not check and unregister",
+    )?;
+    let out = h1.run_ok("cat /tmp/hold/out")?;
+    let checked = phase_line(&out, "checked");
+    let unreg = phase_line(&out, "unregistered");
+    let mut c = Checks::new("h1 finds h0's bytes in its buffer and unregisters it");
+    c.eq(
+        "check: ok",
+        Some(true),
+        checked
+            .as_ref()
+            .and_then(|v| v.get("ok"))
+            .and_then(Value::as_bool),
+    );
+    c.eq(
+        "UNREGISTER errno",
+        Some(0),
+        unreg
+            .as_ref()
+            .and_then(|v| v.get("errno"))
+            .and_then(Value::as_i64),
+    );
+    c.eq(
+        "h1's buffers in the firmware",
+        EmuBufs::new(),
+        emu_fabric(&emu, "h1")?.1,
+    );
+    c.finish()?;
+    let before = emu_bytes(&emu, "h0")?;
+    let after_unreg = peer_copy(h0, hfid1, slot, COPY_IN)?;
+    let mut c = Checks::new("h0's copy once h1 unregistered");
+    c.eq("(errno, done)", (ENOENT, 0), after_unreg);
+    c.eq(
+        "bytes h0's endpoint copied",
+        0,
+        emu_bytes(&emu, "h0")?.wrapping_sub(before),
+    );
+    c.finish()?;
+    h1.run_ok("touch /tmp/hold/end")?;
+    wait_or_dmesg(
+        h1,
+        "[ ! -e /proc/$(cat /tmp/hold/pid) ]",
+        30,
+        "p2p-hold did not exit",
+    )?;
+
+    // The registration belongs to the file: a process killed with its buffer registered
+    // leaves nothing registered.
+    let (slot2, _) = start_hold(h1, hfid0, "/tmp/hold2")?;
+    let mut c = Checks::new("h1 registers a second buffer");
+    c.eq(
+        "h1's buffers in the firmware",
+        1,
+        emu_fabric(&emu, "h1")?.1.len(),
+    );
+    c.finish()?;
+    h1.run_ok("kill -9 $(cat /tmp/hold2/pid)")?;
+    wait_or_dmesg(
+        h1,
+        "[ ! -e /proc/$(cat /tmp/hold2/pid) ]",
+        30,
+        "p2p-hold did not die",
+    )?;
+    let mut c = Checks::new("h1's process killed with its buffer registered");
+    c.eq(
+        "h1's buffers in the firmware",
+        EmuBufs::new(),
+        emu_fabric(&emu, "h1")?.1,
+    );
+    c.eq(
+        "h0's copy: (errno, done)",
+        (ENOENT, 0),
+        peer_copy(h0, hfid1, slot2, COPY_IN)?,
+    );
+    c.finish()?;
+
+    // Unbinding the endpoint unregisters what its files registered, before the pages go.
+    let (slot3, _) = start_hold(h1, hfid0, "/tmp/hold3")?;
+    let mut c = Checks::new("h1 registers a third buffer");
+    c.eq(
+        "h1's buffers in the firmware",
+        1,
+        emu_fabric(&emu, "h1")?.1.len(),
+    );
+    c.finish()?;
+    let unbound = h1.run_ok(&format!(
+        "echo {bdf1} > /sys/bus/pci/drivers/{DRIVER}/unbind"
+    ));
+    let listed = emu_fabric(&emu, "h1");
+    let after = peer_copy(h0, hfid1, slot3, COPY_IN);
+    let rebound = h1.run_ok(&format!(
+        "echo '0 0 0x1' >/tmp/hold3/check.part && mv /tmp/hold3/check.part /tmp/hold3/check; \
+         touch /tmp/hold3/end; echo {bdf1} > /sys/bus/pci/drivers/{DRIVER}/bind"
+    ));
+    unbound?;
+    rebound?;
+    wait_or_dmesg(
+        h1,
+        &format!("[ -e /sys/bus/pci/devices/{bdf1}/pcifab/hfid ]"),
+        20,
+        &format!("{bdf1}: {DRIVER} did not bind again"),
+    )?;
+    wait_or_dmesg(
+        h1,
+        "[ ! -e /proc/$(cat /tmp/hold3/pid) ]",
+        30,
+        "p2p-hold did not exit",
+    )?;
+    let mut c = Checks::new("h1's endpoint unbound with a buffer registered");
+    c.eq("h1's buffers in the firmware", EmuBufs::new(), listed?.1);
+    c.eq("h0's copy: (errno, done)", (ENOENT, 0), after?);
+    c.finish()?;
+    h0.log_note(&format!(
+        "h0 ({hfid0:#06x}) copied {len} bytes into the buffer h1 ({hfid1:#06x}) registered in \
+         slot {slot}"
+    ));
+    dmesg_clean(h0)?;
+    dmesg_clean(h1)
+}
+
+/// The state letter of process `pid` in `h` (`/proc/PID/status`), or `gone`.
+fn proc_state(h: &mut Host, pid: &str) -> Result<String, String> {
+    let o = h.run(&format!(
+        "sed -n 's/^State:[[:space:]]*\\([A-Z]\\).*/\\1/p' /proc/{pid}/status 2>/dev/null"
+    ))?;
+    let s = o.out.trim();
+    Ok(if s.is_empty() {
+        "gone".into()
+    } else {
+        s.into()
+    })
+}
+
+fn killable_host(h: &mut Host, emu: &EmuControl, configured: usize) -> Result<(), String> {
+    begin(h)?;
+    bound_endpoint(h, configured)?;
+    // The channels fetch nothing: the first copy holds them until the fault is cleared.
+    emu.request(&format!("dmaep {} stall", h.name))?;
+    let r = killable_steps(h);
+    emu.request(&format!("dmaep {} clear", h.name))?;
+    let killed = r?;
+    wait_or_dmesg(
+        h,
+        "[ ! -e /proc/$(cat /tmp/first.pid) ]",
+        60,
+        "the first copy did not end once the channels ran again",
+    )?;
+    let out = h.run_ok("cat /tmp/first.out")?;
+    let mut c = Checks::new(&format!("{}: a copier waiting for the channels", h.name));
+    c.eq(
+        "the waiting copier, killed, is gone within 2 s",
+        true,
+        killed,
+    );
+    c.eq(
+        "the first copy, once the channels run again",
+        true,
+        out.contains("\"test\":\"p2p-local\""),
+    );
+    c.finish()?;
+    dmesg_clean(h)
+}
+
+/// Starts a copy that stalls, a second behind it, kills the second: whether it was gone
+/// within 2 s.
+fn killable_steps(h: &mut Host) -> Result<bool, String> {
+    h.run_ok(
+        "(pcifab-selftest p2p-local --len 4096 --seed 0x5 </dev/null >/tmp/first.out 2>&1 & \
+         echo $! >/tmp/first.pid)",
+    )?;
+    let first = h.run_ok("cat /tmp/first.pid")?.trim().to_string();
+    // The first copy polls its completion in uninterruptible sleeps (D).
+    wait_or_dmesg(
+        h,
+        &format!("grep -q '^State:.*D' /proc/{first}/status"),
+        20,
+        "the first copy never waited for its completion",
+    )?;
+    h.run_ok(
+        "(pcifab-selftest p2p-local --len 4096 --seed 0x6 </dev/null >/tmp/second.out 2>&1 & \
+         echo $! >/tmp/second.pid)",
+    )?;
+    let second = h.run_ok("cat /tmp/second.pid")?.trim().to_string();
+    // Waiting for the channels' turn: an interruptible sleep (S), not D.
+    let waited = crate::checks::wait_for(
+        h,
+        &format!("grep -q '^State:.*S' /proc/{second}/status"),
+        20,
+    )?;
+    let state = proc_state(h, &second)?;
+    h.run_ok(&format!("kill -9 {second}"))?;
+    let gone = crate::checks::wait_for(h, &format!("[ ! -e /proc/{second} ]"), 2)?;
+    if !waited {
+        return Err(format!(
+            "{}: the second copy never slept interruptibly behind the first (state {state})",
+            h.name
+        ));
+    }
+    Ok(gone)
+}
+
+pub fn copier_waiting_for_channels_can_be_killed(f: &mut Fabric) -> Result<(), String> {
+    let configured = configured(f)?;
+    let emu = f.emu();
+    let h = f.hosts.first_mut().ok_or("no hosts")?;
+    let r = killable_host(h, &emu, configured);
+    if r.is_err() {
+        let _ = emu.request("dmaep all clear");
+    }
+    r
 }

@@ -23,6 +23,19 @@ pub const USAGE: &str = "\
         when the firmware has no engine of its own): a buffer (starting K bytes into
         its allocation) filled with the pattern of SEED is copied into a zeroed one,
         compared byte for byte
+  p2p-hold --peer HFID --len N --seed S --dir DIR [--device PATH]
+        registers a page-aligned buffer of N bytes (at most 4096: one range without an
+        IOMMU) filled with the pattern of SEED for the peer host HFID through the DMA
+        endpoint and prints {\"phase\":\"registered\",\"slot\",\"hfid\"}; then waits
+        (up to 600 s) for DIR/check holding \"OFF LEN SEED2\", checks that the buffer is
+        the pattern of SEED2 in [OFF, OFF+LEN) and of SEED elsewhere and prints
+        {\"phase\":\"checked\",\"ok\",\"first_diff\"}; unregisters (\"unregistered\",
+        with the errno) and waits for DIR/end before it exits (a kill closes the file:
+        the registration ends then)
+  p2p-peer --hfid H --slot S --off O --len N --seed S2 [--timeout MS] [--device PATH]
+        one copy of the pattern of S2 from a user buffer into the buffer peer host H
+        registered for this host in slot S, at offset O: prints {\"errno\",\"done\",
+        \"dma_status\"} (errno 0 when it succeeded)
   bar-range --device BDF --seed S --src-off X --off Y --len N
         BAR2 bytes [Y, Y+N) must equal pattern bytes [X, X+N) of SEED
   p2p-bench --a PDFID --b PDFID --bar-a BDF --bar-b BDF [--sizes LIST] [--device PATH]
@@ -562,6 +575,116 @@ pub fn cmd_p2p_bench(args: &[String]) -> Res<()> {
             list(&bounce_rounds)
         );
     }
+    Ok(())
+}
+
+/// The page-aligned part of `v` of `len` bytes.
+fn page_aligned(v: &mut [u8], len: usize) -> Res<&mut [u8]> {
+    let shift = (PAGE as usize - (v.as_ptr() as usize % PAGE as usize)) % PAGE as usize;
+    v.get_mut(shift..shift + len)
+        .ok_or_else(|| check("no room for a page-aligned buffer"))
+}
+
+/// Waits for `path` to exist (polled every 20 ms, up to 600 s) and returns its contents.
+fn wait_file(path: &std::path::Path) -> Res<String> {
+    let t = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            return Ok(s);
+        }
+        if t.elapsed().as_secs() > 600 {
+            return Err(check(format!("{} did not appear in 600 s", path.display())));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A buffer registered for a peer host, checked once the peer wrote into it.
+pub fn cmd_p2p_hold(args: &[String]) -> Res<()> {
+    let a = Args::parse(args)?;
+    let peer = a.pdfid("peer")?;
+    let len = a.size("len")?;
+    let seed = a.size("seed")?;
+    let dir = std::path::PathBuf::from(a.need("dir")?);
+    let n = usize::try_from(len).map_err(|_| usage("--len too large"))?;
+    if n == 0 || n as u64 > PAGE {
+        return Err(usage("--len: 1 to 4096 bytes"));
+    }
+    let d = a.dev()?;
+    let mut backing = vec![0u8; 2 * PAGE as usize];
+    let buf = page_aligned(&mut backing, n)?;
+    buf.copy_from_slice(&pattern(seed, 0, n));
+    // SAFETY: `backing` lives until this function returns, after the registration ended
+    // (UNREGISTER below) or the process exits (the file closes first), and is used for
+    // nothing but the peer's writes and the check.
+    let b = unsafe { dev::register(&d, peer, buf) }.map_err(|e| check(format!("{e}")))?;
+    println!(
+        "{{\"test\":\"p2p-hold\",\"phase\":\"registered\",\"slot\":{},\"hfid\":{}}}",
+        b.slot, b.hfid
+    );
+    let spec = wait_file(&dir.join("check"))?;
+    let nums: Vec<u64> = spec
+        .split_whitespace()
+        .map(|w| size("check", w))
+        .collect::<Res<_>>()?;
+    let [off, clen, seed2] = nums[..] else {
+        return Err(usage("DIR/check: OFF LEN SEED2"));
+    };
+    let (off, clen) = (off as usize, clen as usize);
+    let end = off
+        .checked_add(clen)
+        .filter(|&e| e <= n)
+        .ok_or_else(|| usage("DIR/check: range outside the buffer"))?;
+    let mut want = pattern(seed, 0, n);
+    want[off..end].copy_from_slice(&pattern(seed2, 0, clen));
+    // The peer's engine wrote the memory behind the compiler's back.
+    let got: Vec<u8> = buf
+        .iter()
+        .map(|b| {
+            // SAFETY: `b` refers to a byte of the live buffer.
+            unsafe { std::ptr::read_volatile(b) }
+        })
+        .collect();
+    let diff = first_diff(&want, &got);
+    println!(
+        "{{\"test\":\"p2p-hold\",\"phase\":\"checked\",\"ok\":{},\"first_diff\":{}}}",
+        diff.is_none(),
+        diff.map_or("null".to_string(), |i| i.to_string())
+    );
+    let errno = match dev::unregister(&d, peer, b.slot) {
+        Ok(_) => 0,
+        Err(e) => e.err.raw_os_error().unwrap_or(-1),
+    };
+    println!("{{\"test\":\"p2p-hold\",\"phase\":\"unregistered\",\"errno\":{errno}}}");
+    wait_file(&dir.join("end"))?;
+    drop(d);
+    drop(backing);
+    Ok(())
+}
+
+/// One copy into a buffer a peer host registered for this one.
+pub fn cmd_p2p_peer(args: &[String]) -> Res<()> {
+    let a = Args::parse(args)?;
+    let hfid = a.pdfid("hfid")?;
+    let slot = u8::try_from(a.size("slot")?).map_err(|_| usage("--slot"))?;
+    let (off, len) = (a.size("off")?, a.size("len")?);
+    let seed = a.size("seed")?;
+    let timeout = u32::try_from(a.size_or("timeout", 0)?).map_err(|_| usage("--timeout"))?;
+    let n = usize::try_from(len).map_err(|_| usage("--len too large"))?;
+    let d = a.dev()?;
+    let src = pattern(seed, 0, n);
+    let r = dev::p2p_copy(
+        &d,
+        CopySrc::User(&src),
+        CopyDst::Peer { hfid, slot, off },
+        len,
+        timeout,
+    );
+    let (errno, done, status) = match &r {
+        Ok(c) => (0, c.done, c.dma_status),
+        Err(e) => (e.err.raw_os_error().unwrap_or(-1), e.done, e.dma_status),
+    };
+    println!("{{\"test\":\"p2p-peer\",\"errno\":{errno},\"done\":{done},\"dma_status\":{status}}}");
     Ok(())
 }
 
