@@ -192,10 +192,13 @@ impl Fabric {
             for (i, chunk) in input.chunks(4).enumerate() {
                 let mut word = [0u8; 4];
                 word[..chunk.len()].copy_from_slice(chunk);
-                bar.write(
+                // Checked at run time: whether the compiler proves `i` in range (as
+                // `write` needs, else the module fails to link on `rust_build_error`)
+                // depends on its version; Debian's DKMS build did not.
+                bar.try_write(
                     at::<r::FAB_CMD_INPUT>(i)?,
                     r::FAB_CMD_INPUT::zeroed().with_value(u32::from_le_bytes(word)),
-                );
+                )?;
             }
             // The MMIO write is ordered after the status's write to coherent memory.
             bar.write(r::FAB_CMD, r::FAB_CMD::zeroed().with_value(cmd));

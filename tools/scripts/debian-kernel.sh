@@ -435,7 +435,11 @@ check_dkms() {
 		rm -rf /usr/src/pcifab-'$ver'
 		dkms add /tmp/pcifab-dkms-src
 		dkms build pcifab/'$ver' -k '$KREL'
-	" || die "dkms build pcifab/$ver -k $KREL failed (dkms printed its make.log above)"
+	" || {
+		# dkms names its make.log inside the build tree but does not print it.
+		cat "$ROOT/var/lib/dkms/pcifab/$ver/build/make.log" >&2 2>/dev/null || true
+		die "dkms build pcifab/$ver -k $KREL failed (its make.log above, in $ROOT/var/lib/dkms)"
+	}
 	built=$(ls "$ROOT/var/lib/dkms/pcifab/$ver/$KREL"/*/module/pcifab.ko* | head -n1)
 	[ -n "$built" ] || die "dkms build left no pcifab.ko under $ROOT/var/lib/dkms/pcifab/$ver/$KREL"
 	mkdir -p "$CACHE/module-dkms"
