@@ -57,10 +57,13 @@ pub fn module_loaded(h: &mut Host, module: &str) -> Result<bool, String> {
     Ok(h.run(&format!("[ -d /sys/module/{module} ]"))?.code == 0)
 }
 
-/// Waits up to `secs` for `test_expr` (a `[ ... ]` test) to hold.
+/// Waits up to `secs` for `test_expr` (a shell test or command list) to hold; true once it
+/// was seen to hold. It is not evaluated again after that: a state that holds only for a
+/// moment (a process in an uninterruptible sleep between two polls) counts when seen.
 pub fn wait_for(h: &mut Host, test_expr: &str, secs: u32) -> Result<bool, String> {
     let script = format!(
-        "i=0; while ! {test_expr} && [ $i -lt {} ]; do sleep 0.1; i=$((i+1)); done; {test_expr}",
+        "i=0; r=1; while [ $i -le {} ]; do if {test_expr}; then r=0; break; fi; sleep 0.1; \
+         i=$((i+1)); done; [ $r -eq 0 ]",
         secs * 10
     );
     Ok(h.run(&script)?.code == 0)
