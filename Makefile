@@ -191,14 +191,14 @@ EXT_ONLY := p2p:|p2p grants|p2p trust|$(EXT_STEPS)
 DEBIAN_ONLY := slurm:
 # The Slurm figures of `make bench` (a `slurm:` scenario, so Debian's only; not a test).
 SLURM_BENCH := slurm: bench:
-# The inventory-stall scenario needs userfaultfd, which only Debian's kernel has (the
-# sanitizer kernel's config is frozen without it): it runs in the Debian x pax cell.
-UFFD_ONLY := inventory copy stalled
+# The inventory-stall scenario (userfaultfd: the sanitizer kernel has it since
+# tools/kconfig/pcifab-debug.config enables it) runs in debug-pax-2 and on Debian's kernel.
+UFFD := inventory copy stalled
 # Microchip's fabric-mode DMA driver: make check-fabric-dma only.
 FABRIC_DMA_ONLY := fabric dma:
-DEBUG_PAX_2 := DMA MRPC|pax client|mrpc classes|sysfs: other|mrpc: an abandoned|mrpc: a caller queued|events:|hostile firmware|firmware lies|fwctl|fuzz:|insmod/rmmod|probe|install:
+DEBUG_PAX_2 := $(UFFD)|DMA MRPC|pax client|mrpc classes|sysfs: other|mrpc: an abandoned|mrpc: a caller queued|events:|hostile firmware|firmware lies|fwctl|fuzz:|insmod/rmmod|probe|install:
 DEBUG_EXT_FILTER := agent answers|pcifab binds the MEP|p2p|$(EXT_STEPS)|sysfs: per-function|features|extensions|compose: move GPU0|bind and unbind reach h0|two hosts unbind|rmmod pcifab in every host|kmemleak
-DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|$(UFFD_ONLY)|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
+DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|$(UFFD)|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
 DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host
 MATRIX := debug-pax debug-pax-2 nvme debug-extended debian-pax debian-slurm debian-extended \
 	dkms
@@ -242,7 +242,7 @@ test: deps kernel-debug kernel-debian check-module-debug module-debian tools swi
 # The first lane of make test: the sanitizer x pax cell without its second half.
 test-lane1:
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
-		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBIAN_ONLY)|$(UFFD_ONLY)|$(FABRIC_DMA_ONLY)' \
+		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBIAN_ONLY)|$(FABRIC_DMA_ONLY)' \
 		$(DEBUG_SMP) \
 		$(DEBUG_HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax
 

@@ -599,6 +599,12 @@ pub fn all() -> Vec<Scenario> {
         trust::probe_steps,
     ));
     v.push(s(
+        "probe undoes everything when any allocation of pcifab's own code fails (sysfs bind, \
+         fail-nth within 10 stack frames of the driver)",
+        900,
+        trust::probe_faults_own,
+    ));
+    v.push(s(
         "probe turns off DMA MRPC and the DMA engine a previous kernel left armed",
         240,
         trust::stale_dma,

@@ -261,6 +261,13 @@ pub fn inventory_stall(f: &mut Fabric) -> Result<(), String> {
     }
     let out = bg_out(h0, "stall")?;
     if out.contains("\"userfaultfd\":false") {
+        if f.debug_kernel {
+            return Err(
+                "h0: the sanitizer kernel has no userfaultfd: tools/kconfig/pcifab-debug.config \
+                 enables CONFIG_USERFAULTFD for this scenario"
+                    .into(),
+            );
+        }
         f.skip("this kernel has no userfaultfd (CONFIG_USERFAULTFD), which the stall needs");
         return Ok(());
     }

@@ -32,21 +32,27 @@ pub const USAGE: &str = "\
         probe does not reach, which must bind and work, and leaves the module loaded
         and bound without the parameter. With --step N only that N is tried and the
         module is left unloaded (a harness checks the device from outside in between)
-  probe-faults --module PATH [--from N] [--to M] [--attach load|bind]
-        for N = from..=to (1..=100000): fail the N-th fault point of the loading task
+  probe-faults --module PATH [--from N] [--to M] [--stride K] [--attach load|bind]
+               [--depth D]
+        for N = from..=to (1..=100000), every K-th (default 1: each; hosts that split a
+        sweep give each its own from): fail the N-th fault point of the loading task
         (/proc/thread-self/fail-nth) and load the module; after a failed load or probe
         nothing may remain (module, driver, /dev/pcifab0, sysfs, interrupt, memory
         region, MSI vectors, device enable count) and no kernel splat may appear; ends
         at the first N the load does not reach, which must bind and work. With --attach
         bind the module stays loaded and the MEP is bound through the driver's sysfs bind
-        file instead (probe alone, without the module loader's own fault points). Needs a
-        kernel with CONFIG_FAULT_INJECTION, FAILSLAB, FAIL_PAGE_ALLOC and debugfs
+        file instead (probe alone, without the module loader's own fault points), and a
+        kernel with CONFIG_FAULT_INJECTION_STACKTRACE_FILTER counts only the fault points
+        within D (1..=32, default 16) stack frames of pcifab's code: a small D fails the
+        allocations the driver's own code makes and none the kernel makes for it deeper
+        down (--depth needs the filter). Needs a kernel with CONFIG_FAULT_INJECTION,
+        FAILSLAB, FAIL_PAGE_ALLOC and debugfs
 ";
 
 const FAIL_NTH: &str = "/proc/thread-self/fail-nth";
 
 /// Makes sleeping allocations count and silences the per-fault report.
-fn configure_debugfs(bind_mode: bool) -> Res<Vec<String>> {
+fn configure_debugfs(bind_mode: bool, depth: Option<u32>) -> Res<Vec<String>> {
     if !kmod::exists("/sys/kernel/debug/failslab") {
         // SAFETY: constant C strings; mounting debugfs where the kernel expects it.
         unsafe {
@@ -102,6 +108,12 @@ fn configure_debugfs(bind_mode: bool) -> Res<Vec<String>> {
     // driver's code count, which leaves ACPICA's, many frames deeper, out; in load mode the
     // module's address is unknown before the load, and the reject range is ACPICA's.
     let filter = kmod::exists("/sys/kernel/debug/failslab/reject-start");
+    if depth.is_some() && !filter {
+        return Err(check(
+            "--depth needs a kernel with CONFIG_FAULT_INJECTION_STACKTRACE_FILTER \
+             (/sys/kernel/debug/failslab/reject-start is missing): the debug test kernel",
+        ));
+    }
     let (name, (lo, hi)) = if !filter {
         ("none", (0, 0))
     } else if bind_mode {
@@ -144,7 +156,11 @@ fn configure_debugfs(bind_mode: bool) -> Res<Vec<String>> {
             continue;
         }
         let (lo, hi, depth) = match range {
-            Some((lo, hi)) => (format!("{lo:#x}"), format!("{hi:#x}"), STACK_DEPTH),
+            Some((lo, hi)) => (
+                format!("{lo:#x}"),
+                format!("{hi:#x}"),
+                depth.unwrap_or(STACK_DEPTH),
+            ),
             None => ("0x0".into(), "0xffffffffffffffff".into(), 32),
         };
         for (k, v) in [
@@ -492,6 +508,10 @@ pub fn cmd_probe_faults(args: &[String]) -> Res<()> {
     let path = a.need("module")?.to_string();
     let from = num("--from", a.get("from").unwrap_or("1"))?.max(1);
     let to = num("--to", a.get("to").unwrap_or("100000"))?.min(100_000);
+    let stride = num("--stride", a.get("stride").unwrap_or("1"))?;
+    if !(1..=64).contains(&stride) {
+        return Err(usage(format!("--stride {stride}: expected 1 to 64")));
+    }
     let bind_mode = match a.get("attach").unwrap_or("load") {
         "load" => false,
         "bind" => true,
@@ -499,6 +519,21 @@ pub fn cmd_probe_faults(args: &[String]) -> Res<()> {
             return Err(usage(format!(
                 "--attach '{other}': expected load (insmod) or bind (the driver's bind file)"
             )))
+        }
+    };
+    let depth = match a.get("depth") {
+        None => None,
+        Some(d) => {
+            let d = num("--depth", d)?;
+            if !(1..=32).contains(&d) {
+                return Err(usage(format!("--depth {d}: expected 1 to 32 stack frames")));
+            }
+            if !bind_mode {
+                return Err(usage(
+                    "--depth needs --attach bind (the module's text must be known)".to_string(),
+                ));
+            }
+            Some(d as u32)
         }
     };
     let fail = FailNth::open()?;
@@ -533,7 +568,7 @@ pub fn cmd_probe_faults(args: &[String]) -> Res<()> {
         }
         Attach::Load(ModuleFile::open(&path)?)
     };
-    let knobs = configure_debugfs(bind_mode)?;
+    let knobs = configure_debugfs(bind_mode, depth)?;
     let baseline = Traces::now(&bdf);
     let left = kmod::leftovers(&bdf, &baseline, m.module_stays());
     if !left.is_empty() {
@@ -545,7 +580,7 @@ pub fn cmd_probe_faults(args: &[String]) -> Res<()> {
     let mut done = None;
     let mut failure = None;
     let mut last = from;
-    for n in from..=to {
+    for n in (from..=to).step_by(stride as usize) {
         last = n;
         fail.set(n)
             .map_err(|e| check(format!("writing {n} to {FAIL_NTH}: {}", errno_name(e))))?;
@@ -625,7 +660,7 @@ pub fn cmd_probe_faults(args: &[String]) -> Res<()> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    let tried = last - from + 1;
+    let tried = (last - from) / stride + 1;
     let mut e = String::new();
     for (k, v) in &errnos {
         let _ = write!(
