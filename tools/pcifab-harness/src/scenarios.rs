@@ -666,6 +666,12 @@ pub fn all() -> Vec<Scenario> {
             pcifab_dmaep::peer_copies_into_registered_buffer,
         ),
         s(
+            "dma endpoint: `pcifab p2p receive` on h1 saves exactly what h0's `pcifab p2p copy \
+             --to peer:` sent",
+            180,
+            pcifab_dmaep::cli_receive_gets_the_peers_copy,
+        ),
+        s(
             "dma endpoint: Linux's switchtec_dma passes dmatest on every channel",
             900,
             dma_endpoint::linux_driver_passes_dmatest,

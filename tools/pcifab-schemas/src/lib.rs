@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// Every schema: (command, the schema file's text). The object of `pcifab <command> --json`
 /// carries `"schema": "pcifab/<command>/v1"`; a failure carries `"pcifab/error/v1"`.
-pub const SCHEMAS: [(&str, &str); 35] = [
+pub const SCHEMAS: [(&str, &str); 36] = [
     (
         "bind",
         include_str!("../../../Documentation/json/bind.schema.json"),
@@ -92,6 +92,10 @@ pub const SCHEMAS: [(&str, &str); 35] = [
     (
         "p2p-grants",
         include_str!("../../../Documentation/json/p2p-grants.schema.json"),
+    ),
+    (
+        "p2p-receive",
+        include_str!("../../../Documentation/json/p2p-receive.schema.json"),
     ),
     (
         "p2p-revoke",

@@ -353,6 +353,24 @@ pub enum P2p {
         #[arg(long, value_name = "N", value_parser = size)]
         len: u64,
     },
+    /// Lend a peer host a buffer of this host's memory to copy into, through the switch's
+    /// DMA endpoint (fabric mode; needs CAP_SYS_ADMIN); when the wait ends, save what it
+    /// holds and take the buffer back.
+    Receive {
+        /// The peer host that may write: its HFID (the `hfid` file of its DMA endpoint).
+        #[arg(long, value_name = "HFID", value_parser = pdfid)]
+        from: u16,
+        /// Buffer size (1 byte to 4k without an IOMMU, more where one maps it as one range).
+        #[arg(long, value_name = "N", value_parser = size)]
+        len: u64,
+        /// File that gets the buffer's bytes when the wait ends.
+        #[arg(long, value_name = "PATH")]
+        out: std::path::PathBuf,
+        /// Seconds to wait for the peer's copies (1 to 86400); SIGINT or SIGTERM ends the
+        /// wait earlier.
+        #[arg(long, value_name = "S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86400))]
+        wait: u64,
+    },
     /// How data would travel between two functions.
     Distance {
         #[arg(value_parser = pdfid)]
@@ -460,6 +478,7 @@ impl Command {
             Command::P2p(P2p::Route(Route::List)) => "p2p-route-list",
             Command::P2p(P2p::Copy { .. }) => "p2p-copy",
             Command::P2p(P2p::Distance { .. }) => "p2p-distance",
+            Command::P2p(P2p::Receive { .. }) => "p2p-receive",
             Command::P2p(P2p::Grant(_)) => "p2p-grant",
             Command::P2p(P2p::Revoke(_)) => "p2p-revoke",
             Command::P2p(P2p::Grants) => "p2p-grants",

@@ -42,6 +42,12 @@ pub fn run(cli: &Cli, p: &P2p) -> Result<(), Error> {
         P2p::Route(RouteCmd::List) => route_list(cli),
         P2p::Copy { from, to, len } => copy(cli, from, to, *len),
         P2p::Distance { a, b } => distance(cli, *a, *b),
+        P2p::Receive {
+            from,
+            len,
+            out,
+            wait,
+        } => receive(cli, *from, *len, out, *wait),
         P2p::Grant(g) => grant(cli, g, true),
         P2p::Revoke(g) => grant(cli, g, false),
         P2p::Grants => grant_list(cli),
@@ -524,6 +530,184 @@ fn copy(cli: &Cli, from: &End, to: &End, len: u64) -> Result<(), Error> {
             c.done,
             human(c.done),
             secs * 1000.0
+        );
+    }
+    Ok(())
+}
+
+/// Page size the buffer of `receive` is aligned to (the endpoint maps whole pages).
+const PAGE: usize = 4096;
+
+/// Waits up to `secs` seconds for SIGINT or SIGTERM, which the caller blocked; returns the
+/// signal's name, or `None` when the time ran out.
+fn wait_for_signal(secs: u64) -> Option<&'static str> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        let ts = libc::timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: `set` is initialised by sigemptyset before use; `ts` outlives the call.
+        let sig = unsafe {
+            let mut set = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigtimedwait(&set, std::ptr::null_mut(), &ts)
+        };
+        match sig {
+            libc::SIGINT => return Some("SIGINT"),
+            libc::SIGTERM => return Some("SIGTERM"),
+            // EAGAIN (time ran out) or EINTR (another signal): look at the clock again.
+            _ => continue,
+        }
+    }
+}
+
+/// Blocks SIGINT and SIGTERM in this (single-threaded) process, so that they end the wait of
+/// [`wait_for_signal`] instead of the process: the buffer is then saved and unregistered.
+fn block_stop_signals() -> Result<(), Error> {
+    // SAFETY: `set` is initialised by sigemptyset before use; the old mask is not wanted.
+    let rc = unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(failure(format!(
+            "cannot block SIGINT and SIGTERM: {}",
+            std::io::Error::from_raw_os_error(rc)
+        )));
+    }
+    Ok(())
+}
+
+fn receive(cli: &Cli, peer: u16, len: u64, out: &std::path::Path, wait: u64) -> Result<(), Error> {
+    let n = usize::try_from(len)
+        .ok()
+        .filter(|&n| n > 0 && len <= pcifab_uapi::P2P_MAX_LEN)
+        .ok_or_else(|| {
+            usage_error(format!(
+                "--len {len} is out of range: a buffer is 1 byte to {}",
+                human(pcifab_uapi::P2P_MAX_LEN)
+            ))
+        })?;
+    // The output file first, so that a path we cannot write fails before anything is lent.
+    let mut file = File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(out)
+        .map_err(|e| failure(format!("cannot open {} (--out): {e}", out.display())))?;
+    let dev = open(&cli.device)?;
+    block_stop_signals()?;
+    // Page-aligned, zeroed: the endpoint maps whole pages, and what the peer did not write
+    // reads back as zeroes.
+    let mut backing = vec![0u8; n + PAGE];
+    let skip = backing.as_ptr().align_offset(PAGE);
+    let buf = &mut backing[skip..skip + n];
+    // SAFETY: `backing` outlives the registration: it ends with the unregister below, or
+    // when `dev` closes (the process exits), and `backing` is dropped after both; the buffer
+    // is used for nothing but the peer's writes and the read-back.
+    let b = unsafe { dev::register(&dev, peer, buf) }.map_err(|e| {
+        let hint = match e.err.raw_os_error() {
+            Some(libc::ENODEV) => Some(
+                "this host has no DMA endpoint in fabric mode bound to pcifab (ls \
+                 /sys/bus/pci/drivers/pcifab_dmaep)"
+                    .to_string(),
+            ),
+            Some(libc::ENOSPC) => Some(format!(
+                "every slot for peer {peer:#06x} is taken: end another registration first"
+            )),
+            Some(libc::EINVAL) => Some(format!(
+                "the buffer must map as one range for the endpoint: {} without an IOMMU",
+                human(PAGE as u64)
+            )),
+            _ => None,
+        };
+        p2p_error(cli, &format!("p2p receive from {peer:#06x}"), &e, hint)
+    })?;
+    let copy = format!(
+        "pcifab p2p copy --from file:PATH --to peer:{:#06x}:{}:0 --len {len}",
+        b.hfid, b.slot
+    );
+    if cli.json {
+        emit(
+            "p2p-receive",
+            json!({
+                "phase": "registered",
+                "peer": pdfid_str(peer),
+                "hfid": pdfid_str(b.hfid),
+                "slot": b.slot,
+                "bytes": len,
+            }),
+        );
+    } else {
+        println!(
+            "lent {} to peer {peer:#06x} in slot {} (this host's HFID {:#06x}); on the peer: \
+             {copy}; waiting up to {wait} s (SIGINT or SIGTERM ends the wait)",
+            human(len),
+            b.slot,
+            b.hfid
+        );
+        let _ = std::io::stdout().flush();
+    }
+    let start = Instant::now();
+    let ended = wait_for_signal(wait);
+    let waited = start.elapsed();
+    // The peer's engine wrote the memory behind the compiler's back.
+    let got: Vec<u8> = buf
+        .iter()
+        .map(|b| {
+            // SAFETY: `b` refers to a byte of the live buffer.
+            unsafe { std::ptr::read_volatile(b) }
+        })
+        .collect();
+    let unreg = dev::unregister(&dev, peer, b.slot);
+    file.write_all(&got)
+        .map_err(|e| failure(format!("writing {} failed: {e}", out.display())))?;
+    unreg.map_err(|e| {
+        p2p_error(
+            cli,
+            &format!("p2p receive: unregistering slot {} of {peer:#06x}", b.slot),
+            &e,
+            Some(format!(
+                "{} holds the buffer as it was; closing the device ends the registration",
+                out.display()
+            )),
+        )
+    })?;
+    let nonzero = got.iter().filter(|&&b| b != 0).count();
+    let ended = ended.unwrap_or("timeout");
+    if cli.json {
+        emit(
+            "p2p-receive",
+            json!({
+                "phase": "saved",
+                "peer": pdfid_str(peer),
+                "hfid": pdfid_str(b.hfid),
+                "slot": b.slot,
+                "bytes": len,
+                "nonzero_bytes": nonzero,
+                "out": out.display().to_string(),
+                "waited_ms": waited.as_millis() as u64,
+                "ended_by": ended,
+            }),
+        );
+    } else {
+        println!(
+            "saved {} ({nonzero} bytes not zero) to {} after {:.1} s ({ended}); slot {} \
+             unregistered",
+            human(len),
+            out.display(),
+            waited.as_secs_f64(),
+            b.slot
         );
     }
     Ok(())

@@ -180,6 +180,10 @@ fn every_command_fails_as_one_json_error() {
             "p2p copy --from 0x0300:0 --to 0x0400:0 --len 4k",
         ),
         ("p2p-distance", "p2p distance 0x0300 0x0400"),
+        (
+            "p2p-receive",
+            "p2p receive --from 0x0001 --len 4k --out /dev/null --wait 1",
+        ),
         ("p2p-grant", "p2p grant 0x0300 --host 1"),
         ("p2p-revoke", "p2p revoke 0x0300 --host 1"),
         ("p2p-grants", "p2p grants"),

@@ -632,3 +632,107 @@ pub fn copier_waiting_for_channels_can_be_killed(f: &mut Fabric) -> Result<(), S
     }
     r
 }
+
+/// A file's bytes in hex, as the guest reads them.
+fn hex_of(h: &mut Host, path: &str) -> Result<String, String> {
+    Ok(h.run_ok(&format!("od -An -v -tx1 {path} | tr -d ' \\n'"))?
+        .trim()
+        .to_string())
+}
+
+/// The commands a user runs: `pcifab p2p receive` on h1 lends h0 a buffer and prints where
+/// it is; h0's `pcifab p2p copy --to peer:...` fills it; SIGINT ends h1's wait, and the file
+/// h1 saved holds exactly the bytes h0 sent (read in both guests); nothing stays registered.
+pub fn cli_receive_gets_the_peers_copy(f: &mut Fabric) -> Result<(), String> {
+    let configured = configured(f)?;
+    let emu = f.emu();
+    let (h0, h1) = two_hosts(&mut f.hosts, "this scenario needs two hosts")?;
+    begin(h0)?;
+    begin(h1)?;
+    let bdf0 = bound_endpoint(h0, configured)?;
+    let bdf1 = bound_endpoint(h1, configured)?;
+    let (hfid0, hfid1) = (hfid_of(h0, &bdf0)?, hfid_of(h1, &bdf1)?);
+    h1.run_ok(&format!(
+        "rm -rf /tmp/rx && mkdir -p /tmp/rx && (pcifab --json p2p receive --from {hfid0:#06x} \
+         --len 4k --out /tmp/rx/data --wait 120 </dev/null >/tmp/rx/out 2>/tmp/rx/err & \
+         echo $! >/tmp/rx/pid)"
+    ))?;
+    wait_or_dmesg(
+        h1,
+        "( grep -q registered /tmp/rx/out || [ ! -e /proc/$(cat /tmp/rx/pid) ] )",
+        30,
+        "`pcifab p2p receive` did not lend its buffer",
+    )?;
+    let out = h1.run_ok("cat /tmp/rx/out /tmp/rx/err")?;
+    let reg = phase_line(&out, "registered")
+        .ok_or_else(|| format!("{}: `pcifab p2p receive` printed: {}", h1.name, out.trim()))?;
+    let slot = reg.get("slot").and_then(Value::as_u64).unwrap_or(u64::MAX);
+    let mut c = Checks::new("`pcifab p2p receive` on h1 lends h0 a buffer");
+    c.eq(
+        "its hfid",
+        Some(format!("{hfid1:#06x}")),
+        reg.get("hfid").and_then(Value::as_str).map(str::to_string),
+    );
+    c.eq(
+        "its peer",
+        Some(format!("{hfid0:#06x}")),
+        reg.get("peer").and_then(Value::as_str).map(str::to_string),
+    );
+    c.eq(
+        "h1's buffers in the firmware",
+        vec![("h0".to_string(), slot, PEER_LEN)],
+        emu_fabric(&emu, "h1")?.1,
+    );
+    c.finish()?;
+
+    h0.run_ok("head -c 4096 /dev/urandom >/tmp/tx")?;
+    let sent = hex_of(h0, "/tmp/tx")?;
+    let (code, v, cout) = pcifab_cmd(
+        h0,
+        &format!("p2p copy --from file:/tmp/tx --to peer:{hfid1:#06x}:{slot}:0 --len 4k"),
+    )?;
+    if code != 0 {
+        return Err(format!(
+            "h0: `pcifab p2p copy --to peer:` exited {code}: {}",
+            cout.trim()
+        ));
+    }
+    h1.run_ok("kill -INT $(cat /tmp/rx/pid)")?;
+    wait_or_dmesg(
+        h1,
+        "[ ! -e /proc/$(cat /tmp/rx/pid) ]",
+        30,
+        "`pcifab p2p receive` did not end on SIGINT",
+    )?;
+    let out = h1.run_ok("cat /tmp/rx/out /tmp/rx/err")?;
+    let saved = phase_line(&out, "saved")
+        .ok_or_else(|| format!("{}: `pcifab p2p receive` printed: {}", h1.name, out.trim()))?;
+    let got = hex_of(h1, "/tmp/rx/data")?;
+    let mut c = Checks::new("h1 saved what h0 copied, and lent nothing more");
+    c.eq(
+        "h0's copy: bytes",
+        Some(4096),
+        v.get("bytes").and_then(Value::as_u64),
+    );
+    c.eq(
+        "the wait ended by",
+        Some("SIGINT"),
+        saved.get("ended_by").and_then(Value::as_str),
+    );
+    c.eq("bytes saved (hex digits / 2)", 4096, got.len() / 2);
+    if got != sent {
+        c.fail(format!(
+            "h1's file differs from h0's: first 32 hex digits {} vs {}",
+            got.get(..32).unwrap_or(&got),
+            sent.get(..32).unwrap_or(&sent)
+        ));
+    }
+    c.eq(
+        "h1's buffers in the firmware",
+        EmuBufs::new(),
+        emu_fabric(&emu, "h1")?.1,
+    );
+    c.finish()?;
+    dmesg_clean(h0)?;
+    dmesg_clean(h1)
+}
