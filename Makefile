@@ -46,7 +46,9 @@ help:
 	@echo "make kernel     build the fast test kernel and the in-tree switchtec.ko (demo, bench)"
 	@echo "make kernel-debug  build the sanitizer kernel (KASAN, lockdep, ...) make test runs on"
 	@echo "make test       lint + cargo test + QEMU scenarios; prints 'N passed, N failed'"
-	@echo "make demo       boot the two-host fabric: what pcifab sees, GPUs composed, a drive moved"
+	@echo "make demo       boot the two-host fabric (PAX firmware): what pcifab sees, GPUs composed,"
+	@echo "                a copy between the hosts through the DMA endpoint, a drive moved"
+	@echo "                (DIALECT=extended: pcifab's firmware extensions too, emulator only)"
 	@echo "make soak       the QEMU scenarios on the debug kernel with the trust scenarios at full"
 	@echo "                size (100,000 fuzz calls, 1,000 unload cycles, 5,000 hostile replies)"
 	@echo "make bench      MRPC echo vs switchtec, bind/unbind vs raw hot-plug and switchtec-user, manager scheduling"
@@ -380,14 +382,15 @@ check-module-msrv: deps
 
 ifeq ($(DEMO_KERNEL),debian)
 demo: module-debian tools
-	$(HOST_BIN)/pcifab-harness demo $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)
-	$(HOST_BIN)/pcifab-harness demo --kernel $(DEBIAN_KDIR)/vmlinuz \
+	$(HOST_BIN)/pcifab-harness demo --dialect $(DIALECT) $(DEBIAN_HARNESS_ARGS) \
+		--results $(RESULTS)
+	$(HOST_BIN)/pcifab-harness demo --dialect $(DIALECT) --kernel $(DEBIAN_KDIR)/vmlinuz \
 		--module $(DEBIAN_MO)/src/pcifab.ko --kernel-modules $(DEBIAN_KDIR)/debian-modules \
 		$(NVME_GUEST_ARGS) --results $(RESULTS)/demo-drive
 else
 demo: kernel check-module tools
-	$(HOST_BIN)/pcifab-harness demo $(HARNESS_ARGS)
-	$(HOST_BIN)/pcifab-harness demo $(TEST_KERNEL_ONLY) $(NVME_GUEST_ARGS) \
+	$(HOST_BIN)/pcifab-harness demo --dialect $(DIALECT) $(HARNESS_ARGS)
+	$(HOST_BIN)/pcifab-harness demo --dialect $(DIALECT) $(TEST_KERNEL_ONLY) $(NVME_GUEST_ARGS) \
 		--results $(RESULTS)/demo-drive
 endif
 

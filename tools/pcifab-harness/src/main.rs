@@ -1247,7 +1247,7 @@ impl Run {
              [ $i -ge 100 ]; do sleep 0.1; i=$((i+1)); done; \
              for d in /sys/bus/pci/devices/*; do [ $(cat $d/vendor) = 0x10de ] && \
              echo \"$(basename $d) $(cat $d/vendor):$(cat $d/device)\"; done; true";
-        let steps: [(usize, &str, &str); 12] = [
+        let steps: [(usize, &str, &str); 8] = [
             (0, "the pool, as host 0 sees it", "pcifab list"),
             (
                 0,
@@ -1272,17 +1272,34 @@ impl Run {
                 "pcifab bind 0x0402 --host 1",
             ),
             (1, "the fabric now, from host 1", "pcifab list"),
+        ];
+        run_steps(fabric, &steps)?;
+        demo_peer_copy(fabric)?;
+        if fabric.expected.dialect == config::Dialect::Pax {
+            say(
+                "--- (pcifab's firmware extensions, P2P routes through a host's window onto \
+                 another host's GPU, are not in PAX firmware: `make demo DIALECT=extended` \
+                 shows them on the emulator)",
+            );
+            return Ok(());
+        }
+        let steps: [(usize, &str, &str); 4] = [
             (
                 0,
-                "host 0 routes its P2P window to VF 1 (its own) and, once granted, to GPU0 \
-                 (on host 1)",
+                "[pcifab firmware extension, emulator only] host 0 routes its P2P window to \
+                 VF 1 (its own) and, once granted, to GPU0 (on host 1)",
                 "pcifab p2p route add 0x0401 --size 1M && pcifab p2p grant 0x0300 --host 0 && \
                  pcifab p2p route add 0x0300 --size 1M",
             ),
-            (0, "host 0's routes", "pcifab p2p route list"),
             (
                 0,
-                "host 0 copies 1 MiB from GPU0 on host 1 into its VF 1, through the fabric",
+                "[pcifab firmware extension, emulator only] host 0's routes",
+                "pcifab p2p route list",
+            ),
+            (
+                0,
+                "[pcifab firmware extension, emulator only] host 0 copies 1 MiB from GPU0 on \
+                 host 1 into its VF 1, through the fabric",
                 "pcifab p2p copy --from 0x0300:0 --to 0x0401:0 --len 1M",
             ),
             (
@@ -1291,18 +1308,104 @@ impl Run {
                 "pcifab p2p distance 0x0300 0x0401",
             ),
         ];
-        for (host, what, cmd) in steps {
-            let h = &mut fabric.hosts[host];
-            if cmd.starts_with("pcifab") {
-                say(&format!("--- {what} (on {}: {cmd})", h.name));
-            } else {
-                say(&format!("--- {what} (on {})", h.name));
-            }
-            let out = h.run_ok(cmd)?;
-            show(&h.name, &out);
-        }
-        Ok(())
+        run_steps(fabric, &steps)
     }
+}
+
+/// Runs the demo's steps, each on its host, showing what it printed.
+fn run_steps(fabric: &mut Fabric, steps: &[(usize, &str, &str)]) -> Result<(), String> {
+    for &(host, what, cmd) in steps {
+        let h = &mut fabric.hosts[host];
+        if cmd.starts_with("pcifab") {
+            say(&format!("--- {what} (on {}: {cmd})", h.name));
+        } else {
+            say(&format!("--- {what} (on {})", h.name));
+        }
+        let out = h.run_ok(cmd)?;
+        show(&h.name, &out);
+    }
+    Ok(())
+}
+
+/// The demo's copy from one host's memory into another's through the switch's DMA endpoint
+/// (fabric mode, as PAX parts have it): host 1 lends host 0 a buffer with `pcifab p2p
+/// receive`, host 0 copies 4 KiB of random bytes into it with `pcifab p2p copy --to peer:`,
+/// and host 1 saves what arrived; the two files must be equal.
+fn demo_peer_copy(fabric: &mut Fabric) -> Result<(), String> {
+    const HFID: &str = "cat /sys/bus/pci/drivers/pcifab_dmaep/*/pcifab/hfid | head -n1";
+    let hfid = |h: &mut fabric::Host| -> Result<u16, String> {
+        let out = h.run_ok(HFID)?;
+        let t = out.trim();
+        u16::from_str_radix(t.trim_start_matches("0x"), 16)
+            .map_err(|_| format!("{}: the DMA endpoint's hfid reads '{t}'", h.name))
+    };
+    let hfid0 = hfid(&mut fabric.hosts[0])?;
+    let hfid1 = hfid(&mut fabric.hosts[1])?;
+    let h1 = &mut fabric.hosts[1];
+    let recv =
+        format!("pcifab p2p receive --from {hfid0:#06x} --len 4k --out /tmp/demo-rx --wait 120");
+    say(&format!(
+        "--- host 1 lends host 0 a 4 KiB buffer through the switch's DMA endpoint (on {}: \
+         {recv})",
+        h1.name
+    ));
+    h1.run_ok(&format!(
+        "rm -f /tmp/demo-rx.out; ({recv} </dev/null >/tmp/demo-rx.out 2>&1 & echo $! \
+         >/tmp/demo-rx.pid); i=0; until grep -q lent /tmp/demo-rx.out || [ $i -ge 300 ]; do \
+         sleep 0.1; i=$((i+1)); done"
+    ))?;
+    let out = h1.run_ok("cat /tmp/demo-rx.out")?;
+    show(&h1.name, &out);
+    let slot = out
+        .split("in slot ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<u8>().ok())
+        .ok_or_else(|| {
+            format!(
+                "{}: `{recv}` did not lend its buffer: {}",
+                h1.name,
+                out.trim()
+            )
+        })?;
+    let h0 = &mut fabric.hosts[0];
+    let copy = format!(
+        "head -c 4096 /dev/urandom >/tmp/demo-tx && pcifab p2p copy --from file:/tmp/demo-tx \
+         --to peer:{hfid1:#06x}:{slot}:0 --len 4k"
+    );
+    say(&format!(
+        "--- host 0 copies 4 KiB of its memory into host 1's buffer: host 1's CPU is not \
+         involved (on {}: {copy})",
+        h0.name
+    ));
+    let out = h0.run_ok(&copy)?;
+    show(&h0.name, &out);
+    const HEX: &str = "od -An -v -tx1";
+    let sent = h0.run_ok(&format!("{HEX} /tmp/demo-tx"))?;
+    let h1 = &mut fabric.hosts[1];
+    say(&format!(
+        "--- host 1 ends its wait and saves the buffer (on {})",
+        h1.name
+    ));
+    h1.run_ok(
+        "kill -INT $(cat /tmp/demo-rx.pid); i=0; while [ -e /proc/$(cat /tmp/demo-rx.pid) ] \
+         && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; [ ! -e /proc/$(cat \
+         /tmp/demo-rx.pid) ]",
+    )?;
+    let out = h1.run_ok("tail -n1 /tmp/demo-rx.out")?;
+    show(&h1.name, &out);
+    let got = h1.run_ok(&format!("{HEX} /tmp/demo-rx"))?;
+    if got != sent {
+        return Err(format!(
+            "{}: /tmp/demo-rx differs from what host 0 sent",
+            h1.name
+        ));
+    }
+    say(&format!(
+        "--- the 4 KiB host 1 saved are the 4 KiB host 0 sent (first line: {})",
+        got.lines().next().unwrap_or("").trim()
+    ));
+    Ok(())
 }
 
 /// The demo on a fabric with an NVMe drive (fabric-nvme.toml): Linux's own nvme driver
