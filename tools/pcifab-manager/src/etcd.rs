@@ -22,6 +22,7 @@
 
 use std::{
     collections::BTreeMap,
+    path::{Path, PathBuf},
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc,
@@ -30,6 +31,7 @@ use std::{
 };
 
 use base64::Engine;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
 
 use crate::store::{Batch, LogEntry, Retention, StateStore, Stored, Table};
@@ -116,6 +118,8 @@ pub struct Etcd {
     timeout: Duration,
     /// Until when calls fail at once, and with what.
     down: std::sync::Mutex<Option<(Instant, String)>>,
+    /// TLS with a client certificate (`[ha] cert`).
+    client_cert: bool,
 }
 
 const NO_MEMBER: &str = "no etcd member could answer";
@@ -124,14 +128,155 @@ const NO_MEMBER: &str = "no etcd member could answer";
 /// DeadlineExceeded (no leader, no quorum, a member shutting down).
 const RETRY_ELSEWHERE: [i64; 2] = [14, 4];
 
+/// TLS to etcd (`[ha]` ca, cert and key): the CA file etcd's certificates must chain to
+/// and, for etcd's `--client-cert-auth`, this manager's certificate chain and key (PEM
+/// files).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+/// Where an error of [`Etcd::call`] says TLS with etcd failed on every member in a way
+/// that trying again cannot mend (a certificate refused, on either side): a configuration
+/// to fix, not an outage.
+pub const TLS_FAILED: &str = "TLS with etcd failed";
+
+fn read_pem(key: &str, p: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(p).map_err(|e| format!("[ha] {key}: cannot read {}: {e}", p.display()))
+}
+
+/// The certificates of a PEM file, each checked to be X.509 rustls can use; none is an
+/// error.
+fn certs_of(key: &str, p: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let pem = read_pem(key, p)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("[ha] {key}: {} is not valid PEM: {e:?}", p.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "[ha] {key}: {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+            p.display()
+        ));
+    }
+    for (i, c) in certs.iter().enumerate() {
+        x509_parser::parse_x509_certificate(c).map_err(|e| {
+            format!(
+                "[ha] {key}: certificate {} of {} is not a valid X.509 certificate: {e}",
+                i + 1,
+                p.display()
+            )
+        })?;
+    }
+    Ok(certs)
+}
+
+impl EtcdTls {
+    /// The rustls configuration of ureq: the CA, the client certificate and key, each
+    /// read and checked (the key must be the certificate's). Errors name the `[ha]` key and
+    /// the file.
+    fn config(&self) -> Result<ureq::tls::TlsConfig, String> {
+        use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsProvider};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let roots: Vec<Certificate<'static>> = certs_of("ca", &self.ca)?
+            .iter()
+            .map(|c| Certificate::from_der(c).to_owned())
+            .collect();
+        let mut tls = ureq::tls::TlsConfig::builder()
+            .provider(TlsProvider::Rustls)
+            .unversioned_rustls_crypto_provider(provider.clone())
+            .root_certs(RootCerts::Specific(Arc::new(roots)));
+        if let Some((cert, key)) = &self.client {
+            use rustls::pki_types::pem::PemObject;
+            let chain = certs_of("cert", cert)?;
+            let pem = read_pem("key", key)?;
+            let no_key = |e: String| {
+                format!(
+                    "[ha] key: {} holds no PEM private key (PKCS#8, SEC1 or PKCS#1): {e}",
+                    key.display()
+                )
+            };
+            let der = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| no_key(format!("{e:?}")))?;
+            let pk = PrivateKey::from_pem(&pem).map_err(|e| no_key(e.to_string()))?;
+            rustls::sign::CertifiedKey::from_der(chain.clone(), der, &provider).map_err(|e| {
+                format!(
+                    "[ha] key: {} does not go with the certificate {} ([ha] cert): {e}",
+                    key.display(),
+                    cert.display()
+                )
+            })?;
+            let chain: Vec<Certificate<'static>> = chain
+                .iter()
+                .map(|c| Certificate::from_der(c).to_owned())
+                .collect();
+            tls = tls.client_cert(Some(ClientCert::new_with_certs(&chain, pk)));
+        }
+        Ok(tls.build())
+    }
+}
+
+/// What a failed connection says of TLS, when it is a certificate refused (by etcd or by
+/// this manager): trying again, or another member, does not mend it. `has_cert`: this
+/// manager presented a client certificate.
+fn tls_refusal(e: &ureq::Error, has_cert: bool) -> Option<String> {
+    use rustls::{AlertDescription as A, Error as R};
+    let r: &R = match e {
+        ureq::Error::Rustls(r) => r,
+        ureq::Error::Io(io) => io.get_ref()?.downcast_ref::<R>()?,
+        _ => return None,
+    };
+    Some(match r {
+        // Go's TLS before 1.22 says a missing certificate with bad_certificate.
+        R::AlertReceived(a @ (A::CertificateRequired | A::BadCertificate)) if !has_cert => {
+            format!(
+                "etcd requires a client certificate (TLS alert {a:?}), and this manager has \
+                 none: set [ha] cert and key to a certificate signed by a CA of etcd's \
+                 --trusted-ca-file, and its key"
+            )
+        }
+        R::AlertReceived(
+            a @ (A::CertificateRequired
+            | A::BadCertificate
+            | A::UnknownCA
+            | A::CertificateUnknown
+            | A::CertificateExpired
+            | A::CertificateRevoked
+            | A::UnsupportedCertificate
+            | A::AccessDenied),
+        ) => format!(
+            "etcd refused this manager's client certificate ([ha] cert; TLS alert {a:?}): it \
+             must be signed by a CA of etcd's --trusted-ca-file, and be valid now"
+        ),
+        R::InvalidCertificate(c) => format!(
+            "etcd's certificate is not one this manager trusts ({c:?}): [ha] ca must hold \
+             the CA that signed it, and the certificate name the endpoint's host"
+        ),
+        _ => return None,
+    })
+}
+
 impl Etcd {
+    /// A client of etcd over plain HTTP.
     pub fn new(endpoints: &[String], timeout: Duration) -> Self {
-        let agent = ureq::Agent::config_builder()
+        Self::with_tls(endpoints, timeout, None).expect("plain HTTP needs no files")
+    }
+
+    /// A client of etcd; `tls` for `https://` endpoints. An error names the `[ha]` key and
+    /// the file that is missing, unreadable or not what it should be.
+    pub fn with_tls(
+        endpoints: &[String],
+        timeout: Duration,
+        tls: Option<&EtcdTls>,
+    ) -> Result<Self, String> {
+        let mut config = ureq::Agent::config_builder()
             .timeout_global(Some(timeout))
-            .http_status_as_error(false)
-            .build()
-            .into();
-        Self {
+            .http_status_as_error(false);
+        if let Some(t) = tls {
+            config = config.tls_config(t.config()?);
+        }
+        let agent = config.build().into();
+        Ok(Self {
             endpoints: endpoints
                 .iter()
                 .map(|e| e.trim_end_matches('/').to_string())
@@ -140,7 +285,8 @@ impl Etcd {
             preferred: AtomicUsize::new(0),
             timeout,
             down: std::sync::Mutex::new(None),
-        }
+            client_cert: tls.is_some_and(|t| t.client.is_some()),
+        })
     }
 
     /// One call of the gateway; a member that cannot answer (down, cut off, without a
@@ -177,16 +323,32 @@ impl Etcd {
         let n = self.endpoints.len();
         let first = self.preferred.load(Ordering::Relaxed);
         let mut errors = Vec::new();
+        // The members of this round that refused TLS, and why (the first's reason); those
+        // that dropped the connection (a member that refuses a certificate may close it
+        // before this manager reads its alert).
+        let mut refused = (0, String::new());
+        let mut dropped = 0;
         // Every member once, then again until twice the timeout has passed: a cluster
         // electing a new leader (a member lost) answers again within its election timeout.
+        // A round of members that all refused TLS (or dropped the connection, one at least
+        // refusing) is a configuration to fix: said at once.
         let start = Instant::now();
         for i in 0.. {
+            if i >= n && i % n == 0 && refused.0 > 0 && refused.0 + dropped == n {
+                return Err(format!(
+                    "{TLS_FAILED}: {} ({})",
+                    refused.1,
+                    errors.join("; ")
+                ));
+            }
             if i >= n && start.elapsed() >= self.timeout * 2 {
                 break;
             }
             if i >= n && i % n == 0 {
                 std::thread::sleep(Duration::from_millis(100));
                 errors.clear();
+                refused = (0, String::new());
+                dropped = 0;
             }
             let at = (first + i) % n;
             let url = format!("{}{path}", self.endpoints[at]);
@@ -198,6 +360,16 @@ impl Etcd {
             let mut resp = match r {
                 Ok(r) => r,
                 Err(e) => {
+                    if let Some(why) = tls_refusal(&e, self.client_cert) {
+                        refused.0 += 1;
+                        if refused.1.is_empty() {
+                            refused.1 = why;
+                        }
+                    } else if matches!(&e, ureq::Error::Io(io) if matches!(io.kind(),
+                        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset))
+                    {
+                        dropped += 1;
+                    }
                     errors.push(format!("{}: {e}", self.endpoints[at]));
                     continue;
                 }
@@ -363,13 +535,23 @@ impl Elector {
     /// Waits until this manager is the leader; `waiting` hears of the leader meanwhile
     /// (none: no leader, or etcd unreachable). A leader key of this manager's own name is
     /// a previous run's (a node name is unique): its lease is revoked, not waited out.
-    pub fn campaign(&self, mut waiting: impl FnMut(Option<&LeaderInfo>)) -> Leadership {
+    /// TLS refused by every member before etcd ever answered ([`TLS_FAILED`]) is an error:
+    /// a configuration to fix, which waiting does not mend.
+    pub fn campaign(
+        &self,
+        mut waiting: impl FnMut(Option<&LeaderInfo>),
+    ) -> Result<Leadership, String> {
         let poll = Duration::from_millis((self.ttl_s * 1000 / 5).clamp(100, 1000));
         let mut said = String::new();
+        let mut answered = false;
         loop {
             match self.try_once() {
-                Ok(Ok(l)) => return l,
-                Ok(Err(leader)) => waiting(Some(&leader)),
+                Ok(Ok(l)) => return Ok(l),
+                Ok(Err(leader)) => {
+                    answered = true;
+                    waiting(Some(&leader))
+                }
+                Err(e) if !answered && e.starts_with(TLS_FAILED) => return Err(e),
                 Err(e) => {
                     if e != said {
                         eprintln!("pcifab-manager: standby: {e}");
@@ -1037,6 +1219,100 @@ mod tests {
             e.contains("last entry number") && e.contains("18446744073709551615"),
             "{e}"
         );
+    }
+
+    /// The TLS files of `[ha]`: each one missing, unreadable or not what it should be is
+    /// an error that names the key and the file; good ones make a client.
+    #[test]
+    fn tls_files_are_checked_and_named_in_errors() {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let dir = std::env::temp_dir().join(format!("pcifab-etcd-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).expect("write");
+            p
+        };
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).expect("CA").pem();
+        let issuer = Issuer::from_params(&ca, &ca_key);
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec!["m".to_string()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("cert");
+        let good = EtcdTls {
+            ca: file("ca.crt", &ca_pem),
+            client: Some((
+                file("m.crt", &cert.pem()),
+                file("m.key", &key.serialize_pem()),
+            )),
+        };
+        let eps = ["https://127.0.0.1:1".to_string()];
+        let make = |t: &EtcdTls| Etcd::with_tls(&eps, Duration::from_millis(100), Some(t));
+        assert!(make(&good).expect("good files").client_cert);
+        let ca_only = EtcdTls {
+            client: None,
+            ..good.clone()
+        };
+        assert!(!make(&ca_only).expect("a CA alone").client_cert);
+        let err = |t: EtcdTls| make(&t).err().expect("an error");
+        let missing = dir.join("none.crt");
+        let e = err(EtcdTls {
+            ca: missing.clone(),
+            ..good.clone()
+        });
+        assert!(
+            e.starts_with(&format!("[ha] ca: cannot read {}: ", missing.display())),
+            "{e}"
+        );
+        let e = err(EtcdTls {
+            ca: file("empty.crt", "no PEM here\n"),
+            ..good.clone()
+        });
+        assert!(
+            e.contains("[ha] ca: ") && e.contains("empty.crt holds no PEM certificate"),
+            "{e}"
+        );
+        let junk = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let e = err(EtcdTls {
+            ca: file("junk.crt", junk),
+            ..good.clone()
+        });
+        assert!(
+            e.contains("[ha] ca: certificate 1 of ") && e.contains("is not a valid X.509"),
+            "{e}"
+        );
+        let (c, _) = good.client.clone().expect("client");
+        let with_key = |k: PathBuf| EtcdTls {
+            client: Some((c.clone(), k)),
+            ..good.clone()
+        };
+        let e = err(with_key(file("nokey.key", &cert.pem())));
+        assert!(
+            e.contains("[ha] key: ") && e.contains("holds no PEM private key"),
+            "{e}"
+        );
+        let other = KeyPair::generate().expect("key").serialize_pem();
+        let e = err(with_key(file("other.key", &other)));
+        assert!(
+            e.contains("[ha] key: ") && e.contains("does not go with the certificate"),
+            "{e}"
+        );
+        let e = err(EtcdTls {
+            client: Some((
+                file("k-as-cert.crt", &other),
+                good.client.clone().expect("c").1,
+            )),
+            ..good.clone()
+        });
+        assert!(
+            e.contains("[ha] cert: ") && e.contains("holds no PEM certificate"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// After a call no member answered, calls fail at once for a while, but a keepalive
