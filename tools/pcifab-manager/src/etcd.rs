@@ -259,7 +259,12 @@ fn tls_refusal(e: &ureq::Error, has_cert: bool) -> Option<String> {
 impl Etcd {
     /// A client of etcd over plain HTTP.
     pub fn new(endpoints: &[String], timeout: Duration) -> Self {
-        Self::with_tls(endpoints, timeout, None).expect("plain HTTP needs no files")
+        Self::with_agent(
+            endpoints,
+            timeout,
+            Self::agent_config(timeout).build(),
+            false,
+        )
     }
 
     /// A client of etcd; `tls` for `https://` endpoints. An error names the `[ha]` key and
@@ -269,24 +274,42 @@ impl Etcd {
         timeout: Duration,
         tls: Option<&EtcdTls>,
     ) -> Result<Self, String> {
-        let mut config = ureq::Agent::config_builder()
-            .timeout_global(Some(timeout))
-            .http_status_as_error(false);
+        let mut config = Self::agent_config(timeout);
         if let Some(t) = tls {
             config = config.tls_config(t.config()?);
         }
-        let agent = config.build().into();
-        Ok(Self {
+        let client_cert = tls.is_some_and(|t| t.client.is_some());
+        Ok(Self::with_agent(
+            endpoints,
+            timeout,
+            config.build(),
+            client_cert,
+        ))
+    }
+
+    fn agent_config(timeout: Duration) -> ureq::config::ConfigBuilder<ureq::typestate::AgentScope> {
+        ureq::Agent::config_builder()
+            .timeout_global(Some(timeout))
+            .http_status_as_error(false)
+    }
+
+    fn with_agent(
+        endpoints: &[String],
+        timeout: Duration,
+        config: ureq::config::Config,
+        client_cert: bool,
+    ) -> Self {
+        Self {
             endpoints: endpoints
                 .iter()
                 .map(|e| e.trim_end_matches('/').to_string())
                 .collect(),
-            agent,
+            agent: config.into(),
             preferred: AtomicUsize::new(0),
             timeout,
             down: std::sync::Mutex::new(None),
-            client_cert: tls.is_some_and(|t| t.client.is_some()),
-        })
+            client_cert,
+        }
     }
 
     /// One call of the gateway; a member that cannot answer (down, cut off, without a
