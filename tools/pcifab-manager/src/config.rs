@@ -273,6 +273,12 @@ pub struct HaConfig {
     /// The private key (PEM: PKCS#8, SEC1 or PKCS#1) of `cert`.
     #[serde(default)]
     pub key: Option<String>,
+    /// An etcd user (etcd's authentication), with `password_file`.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// The file whose first line is the password of `user`.
+    #[serde(default)]
+    pub password_file: Option<String>,
 }
 
 impl HaConfig {
@@ -286,6 +292,14 @@ impl HaConfig {
                 .as_ref()
                 .zip(self.key.as_ref())
                 .map(|(c, k)| (c.into(), k.into())),
+        })
+    }
+
+    /// The etcd user, if any (its password is read by `etcd::Etcd::with_user`).
+    pub fn user(&self) -> Option<crate::etcd::EtcdUser> {
+        Some(crate::etcd::EtcdUser {
+            name: self.user.clone()?,
+            password_file: self.password_file.as_ref()?.into(),
         })
     }
 }
@@ -456,6 +470,16 @@ impl Config {
                      http://: give https:// endpoints, or drop these keys",
                     h.endpoints[0]
                 ));
+            }
+            if h.user.is_some() != h.password_file.is_some() {
+                return Err(
+                    "[ha] user and password_file go together: set both (an etcd user \
+                            and the file of its password) or neither"
+                        .into(),
+                );
+            }
+            if h.user.as_deref() == Some("") {
+                return Err("[ha] user must not be empty".into());
             }
             if h.cert.is_some() != h.key.is_some() {
                 return Err(
@@ -932,6 +956,22 @@ mod tests {
         let mixed = "endpoints = ['https://e:2379', 'http://f:2379']\nnode = 'a'\nadvertise = 'x'";
         assert!(bad("", mixed).contains("mix http:// and https://"));
         assert!(bad("", &ok.replace("http://", "unix://")).contains("neither http"));
+        // An etcd user: with its password file, over http:// or https://.
+        let h = with(&format!("{ok}user = 'fm'\npassword_file = '/p'"))
+            .expect("a user")
+            .ha
+            .expect("ha");
+        assert_eq!(
+            h.user(),
+            Some(crate::etcd::EtcdUser {
+                name: "fm".into(),
+                password_file: "/p".into()
+            })
+        );
+        assert_eq!(with(ok).expect("plain").ha.expect("ha").user(), None);
+        assert!(bad("user = 'fm'", ok).contains("user and password_file go together"));
+        assert!(bad("password_file = '/p'", ok).contains("go together"));
+        assert!(bad("user = ''\npassword_file = '/p'", ok).contains("user must not be empty"));
         assert!(bad("lease_ttl_s = 1", ok).contains("lease_ttl_s"));
         assert!(bad("prefix = 'p/'", ok).contains("prefix"));
         assert!(bad("timeout_ms = 10", ok).contains("timeout_ms"));

@@ -120,6 +120,11 @@ pub struct Etcd {
     down: std::sync::Mutex<Option<(Instant, String)>>,
     /// TLS with a client certificate (`[ha] cert`).
     client_cert: bool,
+    /// The etcd user: its name, password and the file it came from.
+    user: Option<(String, String, PathBuf)>,
+    /// The user's token: none yet (to be asked for), or etcd's answer (none: etcd's
+    /// authentication is not enabled).
+    token: std::sync::Mutex<Option<Option<String>>>,
 }
 
 const NO_MEMBER: &str = "no etcd member could answer";
@@ -136,6 +141,22 @@ pub struct EtcdTls {
     pub ca: PathBuf,
     pub client: Option<(PathBuf, PathBuf)>,
 }
+
+/// An etcd user (`[ha] user` and `password_file`, for etcd's authentication).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdUser {
+    pub name: String,
+    pub password_file: PathBuf,
+}
+
+/// Where an error of [`Etcd::call`] says etcd refused this manager's user, or requires one
+/// and none is configured: a configuration to fix, not an outage.
+pub const AUTH_FAILED: &str = "etcd authentication failed";
+
+/// etcd's words for a call without a valid token (it expired, the member lost it, or it
+/// was never given).
+const INVALID_TOKEN: &str = "invalid auth token";
+const USER_EMPTY: &str = "user name is empty";
 
 /// Where an error of [`Etcd::call`] says TLS with etcd failed on every member in a way
 /// that trying again cannot mend (a certificate refused, on either side): a configuration
@@ -309,7 +330,58 @@ impl Etcd {
             timeout,
             down: std::sync::Mutex::new(None),
             client_cert,
+            user: None,
+            token: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Authenticates as `user` (etcd's `auth enable`): its password is the first line of
+    /// its file, read now; an error names the `[ha]` key and the file.
+    pub fn with_user(mut self, user: Option<&EtcdUser>) -> Result<Self, String> {
+        let Some(u) = user else { return Ok(self) };
+        let f = &u.password_file;
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| format!("[ha] password_file: cannot read {}: {e}", f.display()))?;
+        let password = text.lines().next().unwrap_or("");
+        if password.is_empty() {
+            return Err(format!(
+                "[ha] password_file: {} is empty (its first line is the password of [ha] user \
+                 '{}')",
+                f.display(),
+                u.name
+            ));
+        }
+        self.user = Some((u.name.clone(), password.to_string(), f.clone()));
+        Ok(self)
+    }
+
+    /// Asks etcd for a token of the user; none when etcd's authentication is not enabled.
+    fn authenticate(
+        &self,
+        name: &str,
+        password: &str,
+        file: &Path,
+    ) -> Result<Option<String>, String> {
+        let body = json!({"name": name, "password": password});
+        let token = match self.call_members_once("/v3/auth/authenticate", &body, None) {
+            Ok(v) => match v["token"].as_str() {
+                Some(t) if !t.is_empty() => Some(t.to_string()),
+                _ => return Err(format!("etcd's reply to authenticate has no token: {v}")),
+            },
+            Err(e) if e.contains("authentication is not enabled") => None,
+            Err(e) if e.contains("authentication failed") => {
+                return Err(format!(
+                    "{AUTH_FAILED}: etcd refused [ha] user '{name}' with the password of [ha] \
+                     password_file {} ({e})",
+                    file.display()
+                ))
+            }
+            Err(e) => return Err(e),
+        };
+        if let Ok(mut g) = self.token.lock() {
+            *g = Some(token.clone());
+        }
+        Ok(token)
     }
 
     /// One call of the gateway; a member that cannot answer (down, cut off, without a
@@ -342,7 +414,39 @@ impl Etcd {
         }
     }
 
+    /// [`Etcd::call_members_once`] as the user, if any: with its token, asked for first
+    /// and again when etcd says it is not valid (expired, or authentication enabled since).
     fn call_members(&self, path: &str, body: &Value) -> Result<Value, String> {
+        let Some((name, password, file)) = &self.user else {
+            return match self.call_members_once(path, body, None) {
+                Err(e) if e.contains(USER_EMPTY) => Err(format!(
+                    "{AUTH_FAILED}: etcd requires a user (its authentication is enabled), and \
+                     this manager has none: set [ha] user and password_file ({e})"
+                )),
+                r => r,
+            };
+        };
+        let known = self.token.lock().ok().and_then(|g| g.clone());
+        let token = match known {
+            Some(t) => t,
+            None => self.authenticate(name, password, file)?,
+        };
+        match self.call_members_once(path, body, token.as_deref()) {
+            Err(e) if e.contains(INVALID_TOKEN) || e.contains(USER_EMPTY) => {
+                let token = self.authenticate(name, password, file)?;
+                self.call_members_once(path, body, token.as_deref())
+            }
+            r => r,
+        }
+    }
+
+    /// One call, tried on every member (see [`Etcd::call`]); `token`, an etcd user's.
+    fn call_members_once(
+        &self,
+        path: &str,
+        body: &Value,
+        token: Option<&str>,
+    ) -> Result<Value, String> {
         let n = self.endpoints.len();
         let first = self.preferred.load(Ordering::Relaxed);
         let mut errors = Vec::new();
@@ -375,11 +479,14 @@ impl Etcd {
             }
             let at = (first + i) % n;
             let url = format!("{}{path}", self.endpoints[at]);
-            let r = self
+            let mut req = self
                 .agent
                 .post(&url)
-                .header("Content-Type", "application/json")
-                .send(body.to_string());
+                .header("Content-Type", "application/json");
+            if let Some(t) = token {
+                req = req.header("Authorization", t);
+            }
+            let r = req.send(body.to_string());
             let mut resp = match r {
                 Ok(r) => r,
                 Err(e) => {
@@ -558,8 +665,9 @@ impl Elector {
     /// Waits until this manager is the leader; `waiting` hears of the leader meanwhile
     /// (none: no leader, or etcd unreachable). A leader key of this manager's own name is
     /// a previous run's (a node name is unique): its lease is revoked, not waited out.
-    /// TLS refused by every member before etcd ever answered ([`TLS_FAILED`]) is an error:
-    /// a configuration to fix, which waiting does not mend.
+    /// TLS refused by every member ([`TLS_FAILED`]) or a user refused ([`AUTH_FAILED`])
+    /// before etcd ever answered is an error: a configuration to fix, which waiting does not
+    /// mend.
     pub fn campaign(
         &self,
         mut waiting: impl FnMut(Option<&LeaderInfo>),
@@ -574,7 +682,11 @@ impl Elector {
                     answered = true;
                     waiting(Some(&leader))
                 }
-                Err(e) if !answered && e.starts_with(TLS_FAILED) => return Err(e),
+                Err(e)
+                    if !answered && (e.starts_with(TLS_FAILED) || e.starts_with(AUTH_FAILED)) =>
+                {
+                    return Err(e)
+                }
                 Err(e) => {
                     if e != said {
                         eprintln!("pcifab-manager: standby: {e}");
@@ -1042,6 +1154,13 @@ mod tests {
     /// A fake etcd gateway on loopback: every POST is answered with 200 and what `answer`
     /// gives for its path and body. Its URL.
     fn gateway(answer: impl Fn(&str, &Value) -> Value + Send + 'static) -> String {
+        gateway_with_auth(move |path, _, req| (200, answer(path, req)))
+    }
+
+    /// [`gateway`] whose answer also sees the `Authorization` header, and gives the status.
+    fn gateway_with_auth(
+        answer: impl Fn(&str, Option<&str>, &Value) -> (u16, Value) + Send + 'static,
+    ) -> String {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
         let url = format!("http://{}", l.local_addr().expect("addr"));
         std::thread::spawn(move || {
@@ -1054,6 +1173,7 @@ mod tests {
                 }
                 let path = line.split(' ').nth(1).unwrap_or("").to_string();
                 let mut len = 0;
+                let mut token = None;
                 loop {
                     let mut h = String::new();
                     if r.read_line(&mut h).is_err() || h.trim().is_empty() {
@@ -1063,16 +1183,20 @@ mod tests {
                         if k.eq_ignore_ascii_case("content-length") {
                             len = v.trim().parse().unwrap_or(0);
                         }
+                        if k.eq_ignore_ascii_case("authorization") {
+                            token = Some(v.trim().to_string());
+                        }
                     }
                 }
                 let mut body = vec![0; len];
                 let _ = r.read_exact(&mut body);
                 let req = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                let reply = answer(&path, &req).to_string();
+                let (status, reply) = answer(&path, token.as_deref(), &req);
+                let reply = reply.to_string();
                 let _ = write!(
                     conn,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-                     Connection: close\r\n\r\n{reply}",
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: \
+                     {}\r\nConnection: close\r\n\r\n{reply}",
                     reply.len()
                 );
             }
@@ -1333,6 +1457,116 @@ mod tests {
         });
         assert!(
             e.contains("[ha] cert: ") && e.contains("holds no PEM certificate"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An etcd user: its token asked for once and sent with every call, asked for again
+    /// when etcd says it is not valid; a wrong password is [`AUTH_FAILED`] naming the user
+    /// and the file; an etcd without authentication gets no token; the password file is
+    /// checked.
+    #[test]
+    fn an_etcd_user_sends_its_token_and_renews_it() {
+        let dir = std::env::temp_dir().join(format!("pcifab-etcd-user-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let pw = dir.join("pw");
+        std::fs::write(&pw, "s3cret\nignored\n").expect("pw");
+        let user = EtcdUser {
+            name: "fm".into(),
+            password_file: pw.clone(),
+        };
+        let asked = Arc::new(AtomicU64::new(0));
+        let a = asked.clone();
+        // Tokens t1, t2, ...; t1 expires after its first use.
+        let url = gateway_with_auth(move |path, token, req| match path {
+            "/v3/auth/authenticate" if req["password"] == "s3cret" && req["name"] == "fm" => {
+                let n = a.fetch_add(1, Ordering::SeqCst) + 1;
+                (200, json!({"token": format!("t{n}")}))
+            }
+            "/v3/auth/authenticate" => (
+                400,
+                json!({"code": 3, "message":
+                       "etcdserver: authentication failed, invalid user ID or password"}),
+            ),
+            _ if token == Some("t2") || (token == Some("t1") && req["key"] == "Zmlyc3Q=") => {
+                (200, json!({"header": {"revision": "3"}}))
+            }
+            _ if token.is_some() => (
+                401,
+                json!({"code": 16, "message": "etcdserver: invalid auth token"}),
+            ),
+            _ => (
+                400,
+                json!({"code": 3, "message": "etcdserver: user name is empty"}),
+            ),
+        });
+        let etcd = Etcd::new(std::slice::from_ref(&url), Duration::from_millis(500))
+            .with_user(Some(&user))
+            .expect("user");
+        let first = json!({"key": b64(b"first")});
+        let later = json!({"key": b64(b"later")});
+        assert!(etcd.call("/v3/kv/range", &first).is_ok());
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+        // t1 no longer valid: asked for again (t2), the call made again with it.
+        assert!(etcd.call("/v3/kv/range", &later).is_ok());
+        assert_eq!(asked.load(Ordering::SeqCst), 2);
+        assert!(etcd.call("/v3/kv/range", &later).is_ok());
+        assert_eq!(asked.load(Ordering::SeqCst), 2, "t2 is kept");
+        // No user with an etcd that requires one; a wrong password.
+        let e = Etcd::new(std::slice::from_ref(&url), Duration::from_millis(500))
+            .call("/v3/kv/range", &first)
+            .expect_err("no user");
+        assert!(
+            e.starts_with(AUTH_FAILED) && e.contains("set [ha] user and password_file"),
+            "{e}"
+        );
+        std::fs::write(&pw, "guess\n").expect("pw");
+        let e = Etcd::new(&[url], Duration::from_millis(500))
+            .with_user(Some(&user))
+            .expect("user")
+            .call("/v3/kv/range", &first)
+            .expect_err("wrong password");
+        assert!(
+            e.starts_with(AUTH_FAILED)
+                && e.contains("refused [ha] user 'fm'")
+                && e.contains(&pw.display().to_string()),
+            "{e}"
+        );
+        // An etcd without authentication: no token, and calls go on.
+        let plain = gateway_with_auth(|path, token, _| match (path, token) {
+            ("/v3/auth/authenticate", _) => (
+                400,
+                json!({"code": 9, "message": "etcdserver: authentication is not enabled"}),
+            ),
+            (_, None) => (200, json!({"header": {"revision": "3"}})),
+            (_, Some(_)) => (500, json!({"message": "a token was sent"})),
+        });
+        let etcd = Etcd::new(&[plain], Duration::from_millis(500))
+            .with_user(Some(&user))
+            .expect("user");
+        assert!(etcd.call("/v3/kv/range", &first).is_ok());
+        assert!(etcd.call("/v3/kv/range", &later).is_ok());
+        // The password file: missing, empty.
+        let no = |f: &Path| {
+            let u = EtcdUser {
+                password_file: f.to_path_buf(),
+                ..user.clone()
+            };
+            Etcd::new(&["http://127.0.0.1:1".into()], Duration::from_millis(100))
+                .with_user(Some(&u))
+                .err()
+                .expect("refused")
+        };
+        let e = no(&dir.join("none"));
+        assert!(
+            e.starts_with("[ha] password_file: cannot read ") && e.contains("none"),
+            "{e}"
+        );
+        std::fs::write(&pw, "\n").expect("pw");
+        let e = no(&pw);
+        assert!(
+            e.contains("is empty") && e.contains("[ha] user 'fm'"),
             "{e}"
         );
         let _ = std::fs::remove_dir_all(&dir);

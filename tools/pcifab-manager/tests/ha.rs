@@ -1402,3 +1402,75 @@ fn etcd_refuses_a_manager_without_a_client_certificate() {
         "the fabric changed"
     );
 }
+
+/// etcd with its authentication enabled (users root and `pcifab`, the latter allowed to
+/// read and write `/pcifab`): a manager with `[ha] user` and `password_file` is elected and
+/// commits a request, which the fabric holds; one with a wrong password exits saying etcd
+/// refused its user, and one without a user exits saying etcd requires one.
+#[test]
+#[ignore = "real etcd and managers: make check-ha"]
+fn an_etcd_user_leads_and_a_wrong_password_or_none_is_refused() {
+    let dir = tempdir("auth");
+    let cluster = Cluster::start(&dir, 25300);
+    let admin = Etcd::new(&cluster.endpoints(), Duration::from_secs(1));
+    // "/pcifab" to "/pcifac", in base64.
+    let range = json!({"key": "L3BjaWZhYg==", "range_end": "L3BjaWZhYw=="});
+    for (path, body) in [
+        ("user/add", json!({"name": "root", "password": "root-pw"})),
+        ("role/add", json!({"name": "root"})),
+        ("user/grant", json!({"user": "root", "role": "root"})),
+        ("user/add", json!({"name": "pcifab", "password": "s3cret"})),
+        ("role/add", json!({"name": "pcifab"})),
+        (
+            "role/grant",
+            json!({"name": "pcifab", "perm": {"permType": "READWRITE", "key": range["key"],
+                   "range_end": range["range_end"]}}),
+        ),
+        ("user/grant", json!({"user": "pcifab", "role": "pcifab"})),
+        ("enable", json!({})),
+    ] {
+        admin
+            .call(&format!("/v3/auth/{path}"), &body)
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+    let e = admin
+        .call("/v3/kv/range", &range)
+        .expect_err("a read without a user");
+    assert!(e.contains("user name is empty"), "{e}");
+    std::fs::write(dir.join("good.pw"), "s3cret\n").expect("password");
+    std::fs::write(dir.join("bad.pw"), "guess\n").expect("password");
+    let user = |pw: &str| {
+        format!(
+            "user = \"pcifab\"\npassword_file = \"{}\"\n",
+            dir.join(pw).display()
+        )
+    };
+    let mut m = Managers::new(&dir, "partition");
+    m.ha.insert("a".into(), user("good.pw"));
+    m.start("a", &cluster.endpoints());
+    let (_, r) = m.ask_leader(&vf(2), Duration::from_secs(30));
+    assert_eq!(r["granted"], json!(true), "{r}");
+    let got = leases(&m);
+    assert_eq!(got.len(), 1);
+    fabric_matches(&m, &got);
+    m.ha.insert("w".into(), user("bad.pw"));
+    m.start("w", &cluster.endpoints());
+    let (st, log) = exit_of(&mut m, "w", Duration::from_secs(20));
+    assert!(!st.success(), "{st}: {log}");
+    assert!(
+        log.contains("etcd authentication failed: etcd refused [ha] user 'pcifab'")
+            && log.contains("bad.pw")
+            && log.contains("invalid user ID or password"),
+        "{log}"
+    );
+    m.start("n", &cluster.endpoints());
+    let (st, log) = exit_of(&mut m, "n", Duration::from_secs(20));
+    assert!(!st.success(), "{st}: {log}");
+    assert!(
+        log.contains("etcd authentication failed: etcd requires a user")
+            && log.contains("set [ha] user and password_file"),
+        "{log}"
+    );
+    // The leader still leads, with its lease.
+    assert_eq!(leases(&m), got);
+}
