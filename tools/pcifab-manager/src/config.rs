@@ -281,29 +281,6 @@ pub struct HaConfig {
     pub password_file: Option<String>,
 }
 
-impl HaConfig {
-    /// TLS to etcd: with `https://` endpoints, the CA and the client certificate, if any
-    /// (the files are read by `etcd::Etcd::with_tls`).
-    pub fn tls(&self) -> Option<crate::etcd::EtcdTls> {
-        Some(crate::etcd::EtcdTls {
-            ca: self.ca.as_ref()?.into(),
-            client: self
-                .cert
-                .as_ref()
-                .zip(self.key.as_ref())
-                .map(|(c, k)| (c.into(), k.into())),
-        })
-    }
-
-    /// The etcd user, if any (its password is read by `etcd::Etcd::with_user`).
-    pub fn user(&self) -> Option<crate::etcd::EtcdUser> {
-        Some(crate::etcd::EtcdUser {
-            name: self.user.clone()?,
-            password_file: self.password_file.as_ref()?.into(),
-        })
-    }
-}
-
 fn default_lease_ttl() -> u64 {
     5
 }
@@ -936,20 +913,11 @@ mod tests {
             .expect("mutual TLS")
             .ha
             .expect("ha");
-        let t = h.tls().expect("tls");
         assert_eq!(
-            (
-                t.ca.to_str(),
-                t.client.as_ref().map(|c| (c.0.to_str(), c.1.to_str()))
-            ),
-            (Some("/c"), Some((Some("/m.crt"), Some("/m.key"))))
+            (h.ca.as_deref(), h.cert.as_deref(), h.key.as_deref()),
+            (Some("/c"), Some("/m.crt"), Some("/m.key"))
         );
-        let h = with(&format!("{tls}ca = '/c'"))
-            .expect("TLS")
-            .ha
-            .expect("ha");
-        assert_eq!(h.tls().expect("tls").client, None);
-        assert_eq!(with(ok).expect("plain").ha.expect("ha").tls(), None);
+        with(&format!("{tls}ca = '/c'")).expect("TLS without a client certificate");
         assert!(bad("cert = '/m.crt'", &format!("{tls}ca = '/c'\n")).contains("go together"));
         assert!(bad("key = '/m.key'", &format!("{tls}ca = '/c'\n")).contains("go together"));
         assert!(bad("ca = '/c'", ok).contains("endpoint 'http://127.0.0.1:2379' is http://"));
@@ -962,13 +930,9 @@ mod tests {
             .ha
             .expect("ha");
         assert_eq!(
-            h.user(),
-            Some(crate::etcd::EtcdUser {
-                name: "fm".into(),
-                password_file: "/p".into()
-            })
+            (h.user.as_deref(), h.password_file.as_deref()),
+            (Some("fm"), Some("/p"))
         );
-        assert_eq!(with(ok).expect("plain").ha.expect("ha").user(), None);
         assert!(bad("user = 'fm'", ok).contains("user and password_file go together"));
         assert!(bad("password_file = '/p'", ok).contains("go together"));
         assert!(bad("user = ''\npassword_file = '/p'", ok).contains("user must not be empty"));

@@ -34,7 +34,10 @@ use base64::Engine;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
 
-use crate::store::{Batch, LogEntry, Retention, StateStore, Stored, Table};
+use crate::{
+    config::HaConfig,
+    store::{Batch, LogEntry, Retention, StateStore, Stored, Table},
+};
 
 fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
@@ -194,6 +197,19 @@ fn certs_of(key: &str, p: &Path) -> Result<Vec<CertificateDer<'static>>, String>
 }
 
 impl EtcdTls {
+    /// `[ha]`'s TLS: with `ca` (`https://` endpoints), the CA and the client certificate,
+    /// if any.
+    pub fn of(h: &HaConfig) -> Option<Self> {
+        Some(Self {
+            ca: h.ca.as_ref()?.into(),
+            client: h
+                .cert
+                .as_ref()
+                .zip(h.key.as_ref())
+                .map(|(c, k)| (c.into(), k.into())),
+        })
+    }
+
     /// The rustls configuration of ureq: the CA, the client certificate and key, each
     /// read and checked (the key must be the certificate's). Errors name the `[ha]` key and
     /// the file.
@@ -277,7 +293,28 @@ fn tls_refusal(e: &ureq::Error, has_cert: bool) -> Option<String> {
     })
 }
 
+impl EtcdUser {
+    /// `[ha]`'s etcd user, if any.
+    pub fn of(h: &HaConfig) -> Option<Self> {
+        Some(Self {
+            name: h.user.clone()?,
+            password_file: h.password_file.as_ref()?.into(),
+        })
+    }
+}
+
 impl Etcd {
+    /// The client of `[ha]`: its endpoints and timeout, its TLS and its user, the files
+    /// read and checked now.
+    pub fn for_ha(h: &HaConfig) -> Result<Self, String> {
+        Self::with_tls(
+            &h.endpoints,
+            Duration::from_millis(h.timeout_ms),
+            EtcdTls::of(h).as_ref(),
+        )?
+        .with_user(EtcdUser::of(h).as_ref())
+    }
+
     /// A client of etcd over plain HTTP.
     pub fn new(endpoints: &[String], timeout: Duration) -> Self {
         Self::with_agent(
@@ -1366,6 +1403,41 @@ mod tests {
             e.contains("last entry number") && e.contains("18446744073709551615"),
             "{e}"
         );
+    }
+
+    /// `[ha]`'s keys as the client's TLS and user: none without them.
+    #[test]
+    fn ha_keys_make_the_tls_and_the_user() {
+        let ha = |extra: &str| {
+            crate::config::Config::parse(&format!(
+                "[manager]\nhosts = 2\n[ha]\nnode = 'a'\nadvertise = 'x'\n{extra}"
+            ))
+            .expect("config")
+            .ha
+            .expect("ha")
+        };
+        let plain = ha("endpoints = ['http://e:2379']");
+        assert_eq!((EtcdTls::of(&plain), EtcdUser::of(&plain)), (None, None));
+        let h = ha(
+            "endpoints = ['https://e:2379']\nca = '/c'\ncert = '/m.crt'\nkey = '/m.key'\n\
+                    user = 'fm'\npassword_file = '/p'",
+        );
+        assert_eq!(
+            EtcdTls::of(&h),
+            Some(EtcdTls {
+                ca: "/c".into(),
+                client: Some(("/m.crt".into(), "/m.key".into()))
+            })
+        );
+        assert_eq!(
+            EtcdUser::of(&h),
+            Some(EtcdUser {
+                name: "fm".into(),
+                password_file: "/p".into()
+            })
+        );
+        let h = ha("endpoints = ['https://e:2379']\nca = '/c'");
+        assert_eq!(EtcdTls::of(&h).and_then(|t| t.client), None);
     }
 
     /// The TLS files of `[ha]`: each one missing, unreadable or not what it should be is

@@ -129,14 +129,7 @@ fn run(a: Args) -> Result<(), String> {
     let store: Box<dyn StateStore> = match config.ha.clone() {
         None => Box::new(Store::open(&a.state)?),
         Some(ha) => {
-            let etcd = Arc::new(
-                Etcd::with_tls(
-                    &ha.endpoints,
-                    std::time::Duration::from_millis(ha.timeout_ms),
-                    ha.tls().as_ref(),
-                )?
-                .with_user(ha.user().as_ref())?,
-            );
+            let etcd = Arc::new(Etcd::for_ha(&ha)?);
             let me = LeaderInfo {
                 node: ha.node.clone(),
                 advertise: ha.advertise.clone(),
