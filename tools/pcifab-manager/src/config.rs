@@ -246,7 +246,8 @@ pub struct Config {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HaConfig {
-    /// etcd's client URLs, `http://HOST:PORT` (at least one; every member, best).
+    /// etcd's client URLs, all `http://HOST:PORT` or all `https://HOST:PORT` (at least
+    /// one; every member, best).
     pub endpoints: Vec<String>,
     /// This manager's name, unique among the managers of one fabric.
     pub node: String,
@@ -262,6 +263,22 @@ pub struct HaConfig {
     /// Longest one etcd request may take before the next endpoint is tried.
     #[serde(default = "default_ha_timeout")]
     pub timeout_ms: u64,
+    /// CA certificates (PEM) etcd's certificates must chain to: required by, and only
+    /// for, `https://` endpoints.
+    #[serde(default)]
+    pub ca: Option<String>,
+    /// This manager's certificate chain (PEM) for etcd's `--client-cert-auth`; with `key`.
+    #[serde(default)]
+    pub cert: Option<String>,
+    /// The private key (PEM: PKCS#8, SEC1 or PKCS#1) of `cert`.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// An etcd user (etcd's authentication), with `password_file`.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// The file whose first line is the password of `user`.
+    #[serde(default)]
+    pub password_file: Option<String>,
 }
 
 fn default_lease_ttl() -> u64 {
@@ -390,13 +407,63 @@ impl Config {
     pub fn check(&self) -> Result<(), String> {
         if let Some(h) = &self.ha {
             if h.endpoints.is_empty() {
-                return Err("[ha] endpoints: give etcd's client URLs (http://HOST:PORT)".into());
+                return Err(
+                    "[ha] endpoints: give etcd's client URLs (http://HOST:PORT or \
+                            https://HOST:PORT)"
+                        .into(),
+                );
             }
-            if let Some(e) = h.endpoints.iter().find(|e| !e.starts_with("http://")) {
+            if let Some(e) = h
+                .endpoints
+                .iter()
+                .find(|e| !e.starts_with("http://") && !e.starts_with("https://"))
+            {
                 return Err(format!(
-                    "[ha] endpoints: '{e}' is not http://HOST:PORT (etcd over TLS is not \
-                     supported; see Documentation/manager.rst, \"High availability\")"
+                    "[ha] endpoints: '{e}' is neither http://HOST:PORT nor https://HOST:PORT"
                 ));
+            }
+            let tls = h.endpoints[0].starts_with("https://");
+            if let Some(e) = h
+                .endpoints
+                .iter()
+                .find(|e| e.starts_with("https://") != tls)
+            {
+                return Err(format!(
+                    "[ha] endpoints: '{e}' and '{}' mix http:// and https://: give every \
+                     member of the cluster the same way",
+                    h.endpoints[0]
+                ));
+            }
+            if tls && h.ca.is_none() {
+                return Err(format!(
+                    "[ha] endpoints: '{}' is etcd over TLS, but [ha] ca is not set: set ca to \
+                     the CA file (PEM) etcd's certificates chain to",
+                    h.endpoints[0]
+                ));
+            }
+            if !tls && (h.ca.is_some() || h.cert.is_some() || h.key.is_some()) {
+                return Err(format!(
+                    "[ha] ca, cert and key are for etcd over TLS, but endpoint '{}' is \
+                     http://: give https:// endpoints, or drop these keys",
+                    h.endpoints[0]
+                ));
+            }
+            if h.user.is_some() != h.password_file.is_some() {
+                return Err(
+                    "[ha] user and password_file go together: set both (an etcd user \
+                            and the file of its password) or neither"
+                        .into(),
+                );
+            }
+            if h.user.as_deref() == Some("") {
+                return Err("[ha] user must not be empty".into());
+            }
+            if h.cert.is_some() != h.key.is_some() {
+                return Err(
+                    "[ha] cert and key go together: set both (a client certificate \
+                            and its key) or neither"
+                        .into(),
+                );
             }
             if h.node.is_empty() || h.advertise.is_empty() {
                 return Err("[ha] node and advertise must not be empty".into());
@@ -835,11 +902,40 @@ mod tests {
             .is_none());
         let bad = |extra: &str, ha: &str| with(&format!("{ha}{extra}")).expect_err(extra);
         assert!(bad("", "endpoints = []\nnode = 'a'\nadvertise = 'x'").contains("endpoints"));
-        assert!(bad(
-            "",
-            "endpoints = ['https://e:2379']\nnode = 'a'\nadvertise = 'x'"
-        )
-        .contains("TLS"));
+        // TLS: https:// needs a CA; the TLS keys need https://; cert and key go together.
+        let tls = "endpoints = ['https://e:2379']\nnode = 'a'\nadvertise = 'x'\n";
+        let e = bad("", tls);
+        assert!(
+            e.contains("'https://e:2379' is etcd over TLS") && e.contains("[ha] ca is not set"),
+            "{e}"
+        );
+        let h = with(&format!("{tls}ca = '/c'\ncert = '/m.crt'\nkey = '/m.key'"))
+            .expect("mutual TLS")
+            .ha
+            .expect("ha");
+        assert_eq!(
+            (h.ca.as_deref(), h.cert.as_deref(), h.key.as_deref()),
+            (Some("/c"), Some("/m.crt"), Some("/m.key"))
+        );
+        with(&format!("{tls}ca = '/c'")).expect("TLS without a client certificate");
+        assert!(bad("cert = '/m.crt'", &format!("{tls}ca = '/c'\n")).contains("go together"));
+        assert!(bad("key = '/m.key'", &format!("{tls}ca = '/c'\n")).contains("go together"));
+        assert!(bad("ca = '/c'", ok).contains("endpoint 'http://127.0.0.1:2379' is http://"));
+        let mixed = "endpoints = ['https://e:2379', 'http://f:2379']\nnode = 'a'\nadvertise = 'x'";
+        assert!(bad("", mixed).contains("mix http:// and https://"));
+        assert!(bad("", &ok.replace("http://", "unix://")).contains("neither http"));
+        // An etcd user: with its password file, over http:// or https://.
+        let h = with(&format!("{ok}user = 'fm'\npassword_file = '/p'"))
+            .expect("a user")
+            .ha
+            .expect("ha");
+        assert_eq!(
+            (h.user.as_deref(), h.password_file.as_deref()),
+            (Some("fm"), Some("/p"))
+        );
+        assert!(bad("user = 'fm'", ok).contains("user and password_file go together"));
+        assert!(bad("password_file = '/p'", ok).contains("go together"));
+        assert!(bad("user = ''\npassword_file = '/p'", ok).contains("user must not be empty"));
         assert!(bad("lease_ttl_s = 1", ok).contains("lease_ttl_s"));
         assert!(bad("prefix = 'p/'", ok).contains("prefix"));
         assert!(bad("timeout_ms = 10", ok).contains("timeout_ms"));

@@ -22,6 +22,7 @@
 
 use std::{
     collections::BTreeMap,
+    path::{Path, PathBuf},
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc,
@@ -30,9 +31,13 @@ use std::{
 };
 
 use base64::Engine;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
 
-use crate::store::{Batch, LogEntry, Retention, StateStore, Stored, Table};
+use crate::{
+    config::HaConfig,
+    store::{Batch, LogEntry, Retention, StateStore, Stored, Table},
+};
 
 fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
@@ -116,6 +121,13 @@ pub struct Etcd {
     timeout: Duration,
     /// Until when calls fail at once, and with what.
     down: std::sync::Mutex<Option<(Instant, String)>>,
+    /// TLS with a client certificate (`[ha] cert`).
+    client_cert: bool,
+    /// The etcd user: its name, password and the file it came from.
+    user: Option<(String, String, PathBuf)>,
+    /// The user's token: none yet (to be asked for), or etcd's answer (none: etcd's
+    /// authentication is not enabled).
+    token: std::sync::Mutex<Option<Option<String>>>,
 }
 
 const NO_MEMBER: &str = "no etcd member could answer";
@@ -124,23 +136,289 @@ const NO_MEMBER: &str = "no etcd member could answer";
 /// DeadlineExceeded (no leader, no quorum, a member shutting down).
 const RETRY_ELSEWHERE: [i64; 2] = [14, 4];
 
+/// TLS to etcd (`[ha]` ca, cert and key): the CA file etcd's certificates must chain to
+/// and, for etcd's `--client-cert-auth`, this manager's certificate chain and key (PEM
+/// files).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+/// An etcd user (`[ha] user` and `password_file`, for etcd's authentication).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdUser {
+    pub name: String,
+    pub password_file: PathBuf,
+}
+
+/// Where an error of [`Etcd::call`] says etcd refused this manager's user, or requires one
+/// and none is configured: a configuration to fix, not an outage.
+pub const AUTH_FAILED: &str = "etcd authentication failed";
+
+/// etcd's words for a call without a valid token (it expired, the member lost it, or it
+/// was never given).
+const INVALID_TOKEN: &str = "invalid auth token";
+const USER_EMPTY: &str = "user name is empty";
+
+/// Where an error of [`Etcd::call`] says TLS with etcd failed on every member in a way
+/// that trying again cannot mend (a certificate refused, on either side): a configuration
+/// to fix, not an outage.
+pub const TLS_FAILED: &str = "TLS with etcd failed";
+
+fn read_pem(key: &str, p: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(p).map_err(|e| format!("[ha] {key}: cannot read {}: {e}", p.display()))
+}
+
+/// The certificates of a PEM file, each checked to be X.509 rustls can use; none is an
+/// error.
+fn certs_of(key: &str, p: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let pem = read_pem(key, p)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("[ha] {key}: {} is not valid PEM: {e:?}", p.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "[ha] {key}: {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+            p.display()
+        ));
+    }
+    for (i, c) in certs.iter().enumerate() {
+        x509_parser::parse_x509_certificate(c).map_err(|e| {
+            format!(
+                "[ha] {key}: certificate {} of {} is not a valid X.509 certificate: {e}",
+                i + 1,
+                p.display()
+            )
+        })?;
+    }
+    Ok(certs)
+}
+
+impl EtcdTls {
+    /// `[ha]`'s TLS: with `ca` (`https://` endpoints), the CA and the client certificate,
+    /// if any.
+    pub fn of(h: &HaConfig) -> Option<Self> {
+        Some(Self {
+            ca: h.ca.as_ref()?.into(),
+            client: h
+                .cert
+                .as_ref()
+                .zip(h.key.as_ref())
+                .map(|(c, k)| (c.into(), k.into())),
+        })
+    }
+
+    /// The rustls configuration of ureq: the CA, the client certificate and key, each
+    /// read and checked (the key must be the certificate's). Errors name the `[ha]` key and
+    /// the file.
+    fn config(&self) -> Result<ureq::tls::TlsConfig, String> {
+        use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsProvider};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let roots: Vec<Certificate<'static>> = certs_of("ca", &self.ca)?
+            .iter()
+            .map(|c| Certificate::from_der(c).to_owned())
+            .collect();
+        let mut tls = ureq::tls::TlsConfig::builder()
+            .provider(TlsProvider::Rustls)
+            .unversioned_rustls_crypto_provider(provider.clone())
+            .root_certs(RootCerts::Specific(Arc::new(roots)));
+        if let Some((cert, key)) = &self.client {
+            use rustls::pki_types::pem::PemObject;
+            let chain = certs_of("cert", cert)?;
+            let pem = read_pem("key", key)?;
+            let no_key = |e: String| {
+                format!(
+                    "[ha] key: {} holds no PEM private key (PKCS#8, SEC1 or PKCS#1): {e}",
+                    key.display()
+                )
+            };
+            let der = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| no_key(format!("{e:?}")))?;
+            let pk = PrivateKey::from_pem(&pem).map_err(|e| no_key(e.to_string()))?;
+            rustls::sign::CertifiedKey::from_der(chain.clone(), der, &provider).map_err(|e| {
+                format!(
+                    "[ha] key: {} does not go with the certificate {} ([ha] cert): {e}",
+                    key.display(),
+                    cert.display()
+                )
+            })?;
+            let chain: Vec<Certificate<'static>> = chain
+                .iter()
+                .map(|c| Certificate::from_der(c).to_owned())
+                .collect();
+            tls = tls.client_cert(Some(ClientCert::new_with_certs(&chain, pk)));
+        }
+        Ok(tls.build())
+    }
+}
+
+/// What a failed connection says of TLS, when it is a certificate refused (by etcd or by
+/// this manager): trying again, or another member, does not mend it. `has_cert`: this
+/// manager presented a client certificate.
+fn tls_refusal(e: &ureq::Error, has_cert: bool) -> Option<String> {
+    use rustls::{AlertDescription as A, Error as R};
+    let r: &R = match e {
+        ureq::Error::Rustls(r) => r,
+        ureq::Error::Io(io) => io.get_ref()?.downcast_ref::<R>()?,
+        _ => return None,
+    };
+    Some(match r {
+        // Go's TLS before 1.22 says a missing certificate with bad_certificate.
+        R::AlertReceived(a @ (A::CertificateRequired | A::BadCertificate)) if !has_cert => {
+            format!(
+                "etcd requires a client certificate (TLS alert {a:?}), and this manager has \
+                 none: set [ha] cert and key to a certificate signed by a CA of etcd's \
+                 --trusted-ca-file, and its key"
+            )
+        }
+        R::AlertReceived(
+            a @ (A::CertificateRequired
+            | A::BadCertificate
+            | A::UnknownCA
+            | A::CertificateUnknown
+            | A::CertificateExpired
+            | A::CertificateRevoked
+            | A::UnsupportedCertificate
+            | A::AccessDenied),
+        ) => format!(
+            "etcd refused this manager's client certificate ([ha] cert; TLS alert {a:?}): it \
+             must be signed by a CA of etcd's --trusted-ca-file, and be valid now"
+        ),
+        R::InvalidCertificate(c) => format!(
+            "etcd's certificate is not one this manager trusts ({c:?}): [ha] ca must hold \
+             the CA that signed it, and the certificate name the endpoint's host"
+        ),
+        _ => return None,
+    })
+}
+
+impl EtcdUser {
+    /// `[ha]`'s etcd user, if any.
+    pub fn of(h: &HaConfig) -> Option<Self> {
+        Some(Self {
+            name: h.user.clone()?,
+            password_file: h.password_file.as_ref()?.into(),
+        })
+    }
+}
+
 impl Etcd {
+    /// The client of `[ha]`: its endpoints and timeout, its TLS and its user, the files
+    /// read and checked now.
+    pub fn for_ha(h: &HaConfig) -> Result<Self, String> {
+        Self::with_tls(
+            &h.endpoints,
+            Duration::from_millis(h.timeout_ms),
+            EtcdTls::of(h).as_ref(),
+        )?
+        .with_user(EtcdUser::of(h).as_ref())
+    }
+
+    /// A client of etcd over plain HTTP.
     pub fn new(endpoints: &[String], timeout: Duration) -> Self {
-        let agent = ureq::Agent::config_builder()
+        Self::with_agent(
+            endpoints,
+            timeout,
+            Self::agent_config(timeout).build(),
+            false,
+        )
+    }
+
+    /// A client of etcd; `tls` for `https://` endpoints. An error names the `[ha]` key and
+    /// the file that is missing, unreadable or not what it should be.
+    pub fn with_tls(
+        endpoints: &[String],
+        timeout: Duration,
+        tls: Option<&EtcdTls>,
+    ) -> Result<Self, String> {
+        let mut config = Self::agent_config(timeout);
+        if let Some(t) = tls {
+            config = config.tls_config(t.config()?);
+        }
+        let client_cert = tls.is_some_and(|t| t.client.is_some());
+        Ok(Self::with_agent(
+            endpoints,
+            timeout,
+            config.build(),
+            client_cert,
+        ))
+    }
+
+    fn agent_config(timeout: Duration) -> ureq::config::ConfigBuilder<ureq::typestate::AgentScope> {
+        ureq::Agent::config_builder()
             .timeout_global(Some(timeout))
             .http_status_as_error(false)
-            .build()
-            .into();
+    }
+
+    fn with_agent(
+        endpoints: &[String],
+        timeout: Duration,
+        config: ureq::config::Config,
+        client_cert: bool,
+    ) -> Self {
         Self {
             endpoints: endpoints
                 .iter()
                 .map(|e| e.trim_end_matches('/').to_string())
                 .collect(),
-            agent,
+            agent: config.into(),
             preferred: AtomicUsize::new(0),
             timeout,
             down: std::sync::Mutex::new(None),
+            client_cert,
+            user: None,
+            token: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Authenticates as `user` (etcd's `auth enable`): its password is the first line of
+    /// its file, read now; an error names the `[ha]` key and the file.
+    pub fn with_user(mut self, user: Option<&EtcdUser>) -> Result<Self, String> {
+        let Some(u) = user else { return Ok(self) };
+        let f = &u.password_file;
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| format!("[ha] password_file: cannot read {}: {e}", f.display()))?;
+        let password = text.lines().next().unwrap_or("");
+        if password.is_empty() {
+            return Err(format!(
+                "[ha] password_file: {} is empty (its first line is the password of [ha] user \
+                 '{}')",
+                f.display(),
+                u.name
+            ));
+        }
+        self.user = Some((u.name.clone(), password.to_string(), f.clone()));
+        Ok(self)
+    }
+
+    /// Asks etcd for a token of the user; none when etcd's authentication is not enabled.
+    fn authenticate(
+        &self,
+        name: &str,
+        password: &str,
+        file: &Path,
+    ) -> Result<Option<String>, String> {
+        let body = json!({"name": name, "password": password});
+        let token = match self.call_members_once("/v3/auth/authenticate", &body, None) {
+            Ok(v) => match v["token"].as_str() {
+                Some(t) if !t.is_empty() => Some(t.to_string()),
+                _ => return Err(format!("etcd's reply to authenticate has no token: {v}")),
+            },
+            Err(e) if e.contains("authentication is not enabled") => None,
+            Err(e) if e.contains("authentication failed") => {
+                return Err(format!(
+                    "{AUTH_FAILED}: etcd refused [ha] user '{name}' with the password of [ha] \
+                     password_file {} ({e})",
+                    file.display()
+                ))
+            }
+            Err(e) => return Err(e),
+        };
+        if let Ok(mut g) = self.token.lock() {
+            *g = Some(token.clone());
+        }
+        Ok(token)
     }
 
     /// One call of the gateway; a member that cannot answer (down, cut off, without a
@@ -173,31 +451,92 @@ impl Etcd {
         }
     }
 
+    /// [`Etcd::call_members_once`] as the user, if any: with its token, asked for first
+    /// and again when etcd says it is not valid (expired, or authentication enabled since).
     fn call_members(&self, path: &str, body: &Value) -> Result<Value, String> {
+        let Some((name, password, file)) = &self.user else {
+            return match self.call_members_once(path, body, None) {
+                Err(e) if e.contains(USER_EMPTY) => Err(format!(
+                    "{AUTH_FAILED}: etcd requires a user (its authentication is enabled), and \
+                     this manager has none: set [ha] user and password_file ({e})"
+                )),
+                r => r,
+            };
+        };
+        let known = self.token.lock().ok().and_then(|g| g.clone());
+        let token = match known {
+            Some(t) => t,
+            None => self.authenticate(name, password, file)?,
+        };
+        match self.call_members_once(path, body, token.as_deref()) {
+            Err(e) if e.contains(INVALID_TOKEN) || e.contains(USER_EMPTY) => {
+                let token = self.authenticate(name, password, file)?;
+                self.call_members_once(path, body, token.as_deref())
+            }
+            r => r,
+        }
+    }
+
+    /// One call, tried on every member (see [`Etcd::call`]); `token`, an etcd user's.
+    fn call_members_once(
+        &self,
+        path: &str,
+        body: &Value,
+        token: Option<&str>,
+    ) -> Result<Value, String> {
         let n = self.endpoints.len();
         let first = self.preferred.load(Ordering::Relaxed);
         let mut errors = Vec::new();
+        // The members of this round that refused TLS, and why (the first's reason); those
+        // that dropped the connection (a member that refuses a certificate may close it
+        // before this manager reads its alert).
+        let mut refused = (0, String::new());
+        let mut dropped = 0;
         // Every member once, then again until twice the timeout has passed: a cluster
         // electing a new leader (a member lost) answers again within its election timeout.
+        // A round of members that all refused TLS (or dropped the connection, one at least
+        // refusing) is a configuration to fix: said at once.
         let start = Instant::now();
         for i in 0.. {
+            if i >= n && i % n == 0 && refused.0 > 0 && refused.0 + dropped == n {
+                return Err(format!(
+                    "{TLS_FAILED}: {} ({})",
+                    refused.1,
+                    errors.join("; ")
+                ));
+            }
             if i >= n && start.elapsed() >= self.timeout * 2 {
                 break;
             }
             if i >= n && i % n == 0 {
                 std::thread::sleep(Duration::from_millis(100));
                 errors.clear();
+                refused = (0, String::new());
+                dropped = 0;
             }
             let at = (first + i) % n;
             let url = format!("{}{path}", self.endpoints[at]);
-            let r = self
+            let mut req = self
                 .agent
                 .post(&url)
-                .header("Content-Type", "application/json")
-                .send(body.to_string());
+                .header("Content-Type", "application/json");
+            if let Some(t) = token {
+                req = req.header("Authorization", t);
+            }
+            let r = req.send(body.to_string());
             let mut resp = match r {
                 Ok(r) => r,
                 Err(e) => {
+                    if let Some(why) = tls_refusal(&e, self.client_cert) {
+                        refused.0 += 1;
+                        if refused.1.is_empty() {
+                            refused.1 = why;
+                        }
+                    } else if matches!(&e, ureq::Error::Io(io) if matches!(io.kind(),
+                        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset))
+                    {
+                        dropped += 1;
+                    }
                     errors.push(format!("{}: {e}", self.endpoints[at]));
                     continue;
                 }
@@ -363,13 +702,28 @@ impl Elector {
     /// Waits until this manager is the leader; `waiting` hears of the leader meanwhile
     /// (none: no leader, or etcd unreachable). A leader key of this manager's own name is
     /// a previous run's (a node name is unique): its lease is revoked, not waited out.
-    pub fn campaign(&self, mut waiting: impl FnMut(Option<&LeaderInfo>)) -> Leadership {
+    /// TLS refused by every member ([`TLS_FAILED`]) or a user refused ([`AUTH_FAILED`])
+    /// before etcd ever answered is an error: a configuration to fix, which waiting does not
+    /// mend.
+    pub fn campaign(
+        &self,
+        mut waiting: impl FnMut(Option<&LeaderInfo>),
+    ) -> Result<Leadership, String> {
         let poll = Duration::from_millis((self.ttl_s * 1000 / 5).clamp(100, 1000));
         let mut said = String::new();
+        let mut answered = false;
         loop {
             match self.try_once() {
-                Ok(Ok(l)) => return l,
-                Ok(Err(leader)) => waiting(Some(&leader)),
+                Ok(Ok(l)) => return Ok(l),
+                Ok(Err(leader)) => {
+                    answered = true;
+                    waiting(Some(&leader))
+                }
+                Err(e)
+                    if !answered && (e.starts_with(TLS_FAILED) || e.starts_with(AUTH_FAILED)) =>
+                {
+                    return Err(e)
+                }
                 Err(e) => {
                     if e != said {
                         eprintln!("pcifab-manager: standby: {e}");
@@ -837,6 +1191,13 @@ mod tests {
     /// A fake etcd gateway on loopback: every POST is answered with 200 and what `answer`
     /// gives for its path and body. Its URL.
     fn gateway(answer: impl Fn(&str, &Value) -> Value + Send + 'static) -> String {
+        gateway_with_auth(move |path, _, req| (200, answer(path, req)))
+    }
+
+    /// [`gateway`] whose answer also sees the `Authorization` header, and gives the status.
+    fn gateway_with_auth(
+        answer: impl Fn(&str, Option<&str>, &Value) -> (u16, Value) + Send + 'static,
+    ) -> String {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
         let url = format!("http://{}", l.local_addr().expect("addr"));
         std::thread::spawn(move || {
@@ -849,6 +1210,7 @@ mod tests {
                 }
                 let path = line.split(' ').nth(1).unwrap_or("").to_string();
                 let mut len = 0;
+                let mut token = None;
                 loop {
                     let mut h = String::new();
                     if r.read_line(&mut h).is_err() || h.trim().is_empty() {
@@ -858,16 +1220,20 @@ mod tests {
                         if k.eq_ignore_ascii_case("content-length") {
                             len = v.trim().parse().unwrap_or(0);
                         }
+                        if k.eq_ignore_ascii_case("authorization") {
+                            token = Some(v.trim().to_string());
+                        }
                     }
                 }
                 let mut body = vec![0; len];
                 let _ = r.read_exact(&mut body);
                 let req = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                let reply = answer(&path, &req).to_string();
+                let (status, reply) = answer(&path, token.as_deref(), &req);
+                let reply = reply.to_string();
                 let _ = write!(
                     conn,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-                     Connection: close\r\n\r\n{reply}",
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: \
+                     {}\r\nConnection: close\r\n\r\n{reply}",
                     reply.len()
                 );
             }
@@ -1037,6 +1403,245 @@ mod tests {
             e.contains("last entry number") && e.contains("18446744073709551615"),
             "{e}"
         );
+    }
+
+    /// `[ha]`'s keys as the client's TLS and user: none without them.
+    #[test]
+    fn ha_keys_make_the_tls_and_the_user() {
+        let ha = |extra: &str| {
+            crate::config::Config::parse(&format!(
+                "[manager]\nhosts = 2\n[ha]\nnode = 'a'\nadvertise = 'x'\n{extra}"
+            ))
+            .expect("config")
+            .ha
+            .expect("ha")
+        };
+        let plain = ha("endpoints = ['http://e:2379']");
+        assert_eq!((EtcdTls::of(&plain), EtcdUser::of(&plain)), (None, None));
+        let h = ha(
+            "endpoints = ['https://e:2379']\nca = '/c'\ncert = '/m.crt'\nkey = '/m.key'\n\
+                    user = 'fm'\npassword_file = '/p'",
+        );
+        assert_eq!(
+            EtcdTls::of(&h),
+            Some(EtcdTls {
+                ca: "/c".into(),
+                client: Some(("/m.crt".into(), "/m.key".into()))
+            })
+        );
+        assert_eq!(
+            EtcdUser::of(&h),
+            Some(EtcdUser {
+                name: "fm".into(),
+                password_file: "/p".into()
+            })
+        );
+        let h = ha("endpoints = ['https://e:2379']\nca = '/c'");
+        assert_eq!(EtcdTls::of(&h).and_then(|t| t.client), None);
+    }
+
+    /// The TLS files of `[ha]`: each one missing, unreadable or not what it should be is
+    /// an error that names the key and the file; good ones make a client.
+    #[test]
+    fn tls_files_are_checked_and_named_in_errors() {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let dir = std::env::temp_dir().join(format!("pcifab-etcd-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).expect("write");
+            p
+        };
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).expect("CA").pem();
+        let issuer = Issuer::from_params(&ca, &ca_key);
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec!["m".to_string()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("cert");
+        let good = EtcdTls {
+            ca: file("ca.crt", &ca_pem),
+            client: Some((
+                file("m.crt", &cert.pem()),
+                file("m.key", &key.serialize_pem()),
+            )),
+        };
+        let eps = ["https://127.0.0.1:1".to_string()];
+        let make = |t: &EtcdTls| Etcd::with_tls(&eps, Duration::from_millis(100), Some(t));
+        assert!(make(&good).expect("good files").client_cert);
+        let ca_only = EtcdTls {
+            client: None,
+            ..good.clone()
+        };
+        assert!(!make(&ca_only).expect("a CA alone").client_cert);
+        let err = |t: EtcdTls| make(&t).err().expect("an error");
+        let missing = dir.join("none.crt");
+        let e = err(EtcdTls {
+            ca: missing.clone(),
+            ..good.clone()
+        });
+        assert!(
+            e.starts_with(&format!("[ha] ca: cannot read {}: ", missing.display())),
+            "{e}"
+        );
+        let e = err(EtcdTls {
+            ca: file("empty.crt", "no PEM here\n"),
+            ..good.clone()
+        });
+        assert!(
+            e.contains("[ha] ca: ") && e.contains("empty.crt holds no PEM certificate"),
+            "{e}"
+        );
+        let junk = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let e = err(EtcdTls {
+            ca: file("junk.crt", junk),
+            ..good.clone()
+        });
+        assert!(
+            e.contains("[ha] ca: certificate 1 of ") && e.contains("is not a valid X.509"),
+            "{e}"
+        );
+        let (c, _) = good.client.clone().expect("client");
+        let with_key = |k: PathBuf| EtcdTls {
+            client: Some((c.clone(), k)),
+            ..good.clone()
+        };
+        let e = err(with_key(file("nokey.key", &cert.pem())));
+        assert!(
+            e.contains("[ha] key: ") && e.contains("holds no PEM private key"),
+            "{e}"
+        );
+        let other = KeyPair::generate().expect("key").serialize_pem();
+        let e = err(with_key(file("other.key", &other)));
+        assert!(
+            e.contains("[ha] key: ") && e.contains("does not go with the certificate"),
+            "{e}"
+        );
+        let e = err(EtcdTls {
+            client: Some((
+                file("k-as-cert.crt", &other),
+                good.client.clone().expect("c").1,
+            )),
+            ..good.clone()
+        });
+        assert!(
+            e.contains("[ha] cert: ") && e.contains("holds no PEM certificate"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An etcd user: its token asked for once and sent with every call, asked for again
+    /// when etcd says it is not valid; a wrong password is [`AUTH_FAILED`] naming the user
+    /// and the file; an etcd without authentication gets no token; the password file is
+    /// checked.
+    #[test]
+    fn an_etcd_user_sends_its_token_and_renews_it() {
+        let dir = std::env::temp_dir().join(format!("pcifab-etcd-user-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let pw = dir.join("pw");
+        std::fs::write(&pw, "s3cret\nignored\n").expect("pw");
+        let user = EtcdUser {
+            name: "fm".into(),
+            password_file: pw.clone(),
+        };
+        let asked = Arc::new(AtomicU64::new(0));
+        let a = asked.clone();
+        // Tokens t1, t2, ...; t1 expires after its first use.
+        let url = gateway_with_auth(move |path, token, req| match path {
+            "/v3/auth/authenticate" if req["password"] == "s3cret" && req["name"] == "fm" => {
+                let n = a.fetch_add(1, Ordering::SeqCst) + 1;
+                (200, json!({"token": format!("t{n}")}))
+            }
+            "/v3/auth/authenticate" => (
+                400,
+                json!({"code": 3, "message":
+                       "etcdserver: authentication failed, invalid user ID or password"}),
+            ),
+            _ if token == Some("t2") || (token == Some("t1") && req["key"] == "Zmlyc3Q=") => {
+                (200, json!({"header": {"revision": "3"}}))
+            }
+            _ if token.is_some() => (
+                401,
+                json!({"code": 16, "message": "etcdserver: invalid auth token"}),
+            ),
+            _ => (
+                400,
+                json!({"code": 3, "message": "etcdserver: user name is empty"}),
+            ),
+        });
+        let etcd = Etcd::new(std::slice::from_ref(&url), Duration::from_millis(500))
+            .with_user(Some(&user))
+            .expect("user");
+        let first = json!({"key": b64(b"first")});
+        let later = json!({"key": b64(b"later")});
+        assert!(etcd.call("/v3/kv/range", &first).is_ok());
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+        // t1 no longer valid: asked for again (t2), the call made again with it.
+        assert!(etcd.call("/v3/kv/range", &later).is_ok());
+        assert_eq!(asked.load(Ordering::SeqCst), 2);
+        assert!(etcd.call("/v3/kv/range", &later).is_ok());
+        assert_eq!(asked.load(Ordering::SeqCst), 2, "t2 is kept");
+        // No user with an etcd that requires one; a wrong password.
+        let e = Etcd::new(std::slice::from_ref(&url), Duration::from_millis(500))
+            .call("/v3/kv/range", &first)
+            .expect_err("no user");
+        assert!(
+            e.starts_with(AUTH_FAILED) && e.contains("set [ha] user and password_file"),
+            "{e}"
+        );
+        std::fs::write(&pw, "guess\n").expect("pw");
+        let e = Etcd::new(&[url], Duration::from_millis(500))
+            .with_user(Some(&user))
+            .expect("user")
+            .call("/v3/kv/range", &first)
+            .expect_err("wrong password");
+        assert!(
+            e.starts_with(AUTH_FAILED)
+                && e.contains("refused [ha] user 'fm'")
+                && e.contains(&pw.display().to_string()),
+            "{e}"
+        );
+        // An etcd without authentication: no token, and calls go on.
+        let plain = gateway_with_auth(|path, token, _| match (path, token) {
+            ("/v3/auth/authenticate", _) => (
+                400,
+                json!({"code": 9, "message": "etcdserver: authentication is not enabled"}),
+            ),
+            (_, None) => (200, json!({"header": {"revision": "3"}})),
+            (_, Some(_)) => (500, json!({"message": "a token was sent"})),
+        });
+        let etcd = Etcd::new(&[plain], Duration::from_millis(500))
+            .with_user(Some(&user))
+            .expect("user");
+        assert!(etcd.call("/v3/kv/range", &first).is_ok());
+        assert!(etcd.call("/v3/kv/range", &later).is_ok());
+        // The password file: missing, empty.
+        let no = |f: &Path| {
+            let u = EtcdUser {
+                password_file: f.to_path_buf(),
+                ..user.clone()
+            };
+            Etcd::new(&["http://127.0.0.1:1".into()], Duration::from_millis(100))
+                .with_user(Some(&u))
+                .err()
+                .expect("refused")
+        };
+        let e = no(&dir.join("none"));
+        assert!(
+            e.starts_with("[ha] password_file: cannot read ") && e.contains("none"),
+            "{e}"
+        );
+        std::fs::write(&pw, "\n").expect("pw");
+        let e = no(&pw);
+        assert!(
+            e.contains("is empty") && e.contains("[ha] user 'fm'"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// After a call no member answered, calls fail at once for a while, but a keepalive

@@ -129,10 +129,7 @@ fn run(a: Args) -> Result<(), String> {
     let store: Box<dyn StateStore> = match config.ha.clone() {
         None => Box::new(Store::open(&a.state)?),
         Some(ha) => {
-            let etcd = Arc::new(Etcd::new(
-                &ha.endpoints,
-                std::time::Duration::from_millis(ha.timeout_ms),
-            ));
+            let etcd = Arc::new(Etcd::for_ha(&ha)?);
             let me = LeaderInfo {
                 node: ha.node.clone(),
                 advertise: ha.advertise.clone(),
@@ -151,6 +148,7 @@ fn run(a: Args) -> Result<(), String> {
             );
             let won = elector.campaign(|leader| standby.leader(leader));
             standby.stop(&a.socket);
+            let won = won?;
             eprintln!(
                 "pcifab-manager: node {}: the leader, epoch {}",
                 ha.node, won.epoch
