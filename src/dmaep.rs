@@ -35,11 +35,10 @@ use kernel::{
     prelude::*,
     sync::{
         aref::ARef,
-        atomic::{ordering::Relaxed, Atomic},
         barrier::{dma_mb, Read},
-        new_condvar, new_mutex, Arc, CondVar, CondVarTimeoutResult, Mutex,
+        new_mutex, Arc, Mutex,
     },
-    time::{msecs_to_jiffies, Delta, Instant, Monotonic},
+    time::{Delta, Instant, Monotonic},
 };
 
 use crate::{
@@ -55,6 +54,7 @@ use crate::{
         user_pages::UserPages,
     },
     p2p::Copied,
+    turn::TurnLock,
     uapi,
 };
 
@@ -569,13 +569,11 @@ pub(crate) struct Shared {
     dev_id: u16,
     /// For mapping user pages for the endpoint's device while it is bound.
     binding: Arc<Binding>,
-    /// A copy has the channels ([`Shared::turn`]); waited for with `free`.
+    /// The channels' turn: a copy has it for each part; a copier waits for it
+    /// interruptibly, bounded by its own deadline. Unbind closes it and takes it, so it
+    /// waits for the running copy and no new copier goes ahead of it.
     #[pin]
-    busy: Mutex<bool>,
-    #[pin]
-    free: CondVar,
-    /// Unbind waits for the turn: no new copier goes ahead of it.
-    abort: Atomic<bool>,
+    turn: TurnLock,
     /// The channels; `None` once unbind took them. Taken by the copy that has the turn,
     /// and by unbind.
     #[pin]
@@ -584,57 +582,6 @@ pub(crate) struct Shared {
     /// usable command path, and once unbind took it.
     #[pin]
     fab: Mutex<Option<fabric::Fabric>>,
-}
-
-/// The channels' turn, given back on drop.
-struct Turn<'a>(&'a Shared);
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        *self.0.busy.lock() = false;
-        self.0.free.notify_all();
-    }
-}
-
-impl Shared {
-    /// Waits for the channels' turn: a signal ends the wait (`EINTR`, not `ERESTARTSYS`,
-    /// as `p2p.rs` waits for its engine), the copy's own deadline bounds it (`ETIMEDOUT`),
-    /// and unbind waiting for the turn ends it (`ENODEV`).
-    fn turn(&self, start: Instant<Monotonic>, timeout_ms: u32) -> Result<Turn<'_>> {
-        let mut busy = self.busy.lock();
-        while *busy {
-            if self.abort.load(Relaxed) {
-                return Err(ENODEV);
-            }
-            let left = i64::from(timeout_ms).saturating_sub(start.elapsed().as_millis());
-            let Ok(left @ 1..) = u32::try_from(left) else {
-                return Err(ETIMEDOUT);
-            };
-            match self
-                .free
-                .wait_interruptible_timeout(&mut busy, msecs_to_jiffies(left))
-            {
-                CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
-                CondVarTimeoutResult::Timeout | CondVarTimeoutResult::Woken { .. } => {}
-            }
-        }
-        if self.abort.load(Relaxed) {
-            return Err(ENODEV);
-        }
-        *busy = true;
-        Ok(Turn(self))
-    }
-
-    /// The turn for unbind, which must wait (a running copy is bounded by its timeout).
-    fn turn_for_unbind(&self) -> Turn<'_> {
-        self.abort.store(true, Relaxed);
-        let mut busy = self.busy.lock();
-        while *busy {
-            self.free.wait(&mut busy);
-        }
-        *busy = true;
-        Turn(self)
-    }
 }
 
 /// The endpoint's entry in [`registry`]: removed, and the channels taken to rest and freed,
@@ -653,7 +600,7 @@ impl Drop for Registered {
             }
         });
         // Waits for a running copy; its queues must not outlive the binding.
-        let turn = me.turn_for_unbind();
+        let turn = me.turn.close_and_take();
         // The buffers registered for peers: unregistered, then unmapped and unpinned while
         // the device is still bound.
         let fab = me.fab.lock().take();
@@ -778,7 +725,7 @@ pub(crate) fn copy(
                 break;
             }
         };
-        let turn = match shared.turn(start, timeout_ms) {
+        let turn = match shared.turn.take_within(start, timeout_ms) {
             Ok(t) => t,
             Err(e) if off == 0 => return Err(e),
             Err(e) => {
@@ -1197,9 +1144,7 @@ impl pci::Driver for DmaEpDriver {
                 pin_init!(Shared {
                     dev_id: pdev.dev_id(),
                     binding,
-                    busy <- new_mutex!(false),
-                    free <- new_condvar!(),
-                    abort: Atomic::new(false),
+                    turn <- TurnLock::new(),
                     ep <- new_mutex!(Some(ep)),
                     fab <- new_mutex!(fab),
                 }),
