@@ -387,13 +387,14 @@ impl Endpoint {
     /// Copies `len` bytes from bus address `src` to `dst` on `chan` and waits for the
     /// completion, polled. Basic mode, or with `fab` (destination and source DFID) fabric
     /// mode: `dst` is then the peer's bus address. Checks every field of the completion the
-    /// endpoint wrote.
+    /// endpoint wrote. The wait ends with `ENODEV` once `turn` is closed (unbind).
     fn copy(
         &self,
         chan: &mut Chan,
         (src, dst, len): (u64, u64, u32),
         fab: Option<(u16, u16)>,
         (start, timeout_ms): (Instant<Monotonic>, i64),
+        turn: Option<&TurnLock>,
     ) -> Result<(), Fail> {
         if len == 0 || len > r::SE_MAX_BYTES {
             return Err(EINVAL.into());
@@ -457,6 +458,10 @@ impl Endpoint {
             }
             if kernel::current!().signal_pending() {
                 return Err(EINTR.into());
+            }
+            // Unbind is waiting for the channels: the caller halts this one.
+            if turn.is_some_and(TurnLock::is_closed) {
+                return Err(ENODEV.into());
             }
             usleep_range(Delta::from_micros(20), Delta::from_micros(30));
         }
@@ -540,6 +545,7 @@ fn selftest(ep: &Endpoint, chan: &mut Chan, bufs: &Buffers) -> Result<u64, Fail>
             (bufs.src.dma_address(), bufs.dst.dma_address(), len),
             None,
             (Instant::<Monotonic>::now(), SELFTEST_TIMEOUT_MS),
+            None,
         )?;
         for w in 0..words {
             let want = seed ^ (w as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -567,7 +573,8 @@ fn selftest(ep: &Endpoint, chan: &mut Chan, bufs: &Buffers) -> Result<u64, Fail>
 pub(crate) struct Shared {
     /// Bus and device/function number; the MEP is function 1 of the same slot.
     dev_id: u16,
-    /// For mapping user pages for the endpoint's device while it is bound.
+    /// For mapping user pages for the endpoint's device while it is bound. Counted, not
+    /// exclusive ([`Binding`]): a copy holds it for each part, beside registrations.
     binding: Arc<Binding>,
     /// The channels' turn: a copy has it for each part; a copier waits for it
     /// interruptibly, bounded by its own deadline. Unbind closes it and takes it, so it
@@ -733,6 +740,10 @@ pub(crate) fn copy(
                 break;
             }
         };
+        // The binding is counted, not locked: registrations, unregistrations and closes hold
+        // it beside this copy. Unbind ends it only after it closed the turn and took it,
+        // so once this copy stopped and gave the turn back, and after the part's pages were
+        // unmapped (dropped before `bound`).
         let Some(bound) = shared.binding.access() else {
             copied.err = Some(ENODEV);
             break;
@@ -764,6 +775,7 @@ pub(crate) fn copy(
             (&mut sm.segments(), dsegs, part),
             fab,
             (start, timeout_ms),
+            &shared.turn,
         );
         ep.chans = chans;
         drop(guard);
@@ -816,7 +828,8 @@ impl<I: Iterator<Item = (u64, u64)>> Iterator for Segs<I> {
 /// Copies one mapped part on the first usable channel (in fabric mode with `fab`); on
 /// failure the bytes copied before it and why. A channel whose copy failed is taken to rest
 /// and not used again; one that does not come to rest is reported (`true`): the caller then
-/// keeps the part's pages mapped and pinned for good.
+/// keeps the part's pages mapped and pinned for good. The caller holds the channels' turn
+/// `turn`; its closing (unbind) ends the copy with `ENODEV`.
 fn copy_part(
     ep: &Endpoint,
     chans: &mut KVec<Chan>,
@@ -827,6 +840,7 @@ fn copy_part(
     ),
     fab: Option<(u16, u16)>,
     (start, timeout_ms): (Instant<Monotonic>, u32),
+    turn: &TurnLock,
 ) -> Result<(), (u64, Fail, bool)> {
     let Some(chan) = chans.iter_mut().find(|c| c.ok) else {
         return Err((0, EOPNOTSUPP.into(), false));
@@ -843,7 +857,8 @@ fn copy_part(
         }
         // At most 1 MiB: fits.
         let n32 = n as u32;
-        if let Err(f) = ep.copy(chan, (sa, da, n32), fab, (start, i64::from(timeout_ms))) {
+        let deadline = (start, i64::from(timeout_ms));
+        if let Err(f) = ep.copy(chan, (sa, da, n32), fab, deadline, Some(turn)) {
             chan.ok = false;
             let stuck = !ep.quiet(chan.index);
             if stuck {
@@ -927,9 +942,8 @@ pub(crate) fn release_owner(mep_pdev: &pci::Device, owner: u64) {
     let Ok(shared) = endpoint_of(mep_pdev) else {
         return;
     };
-    // A file that registered nothing closes without waiting for the binding, which a
-    // running copy holds (a killed copier must not wait for the copy ahead of it). Only
-    // this file registers for itself, and it is being closed: nothing is added meanwhile.
+    // Only this file registers for itself, and it is being closed: nothing is added
+    // meanwhile.
     if !shared.fab.lock().as_ref().is_some_and(|f| f.owns(owner)) {
         return;
     }
