@@ -35,11 +35,10 @@ use kernel::{
     prelude::*,
     sync::{
         aref::ARef,
-        atomic::{ordering::Relaxed, Atomic},
         barrier::{dma_mb, Read},
-        new_condvar, new_mutex, Arc, CondVar, CondVarTimeoutResult, Mutex,
+        new_mutex, Arc, Mutex,
     },
-    time::{msecs_to_jiffies, Delta, Instant, Monotonic},
+    time::{Delta, Instant, Monotonic},
 };
 
 use crate::{
@@ -55,6 +54,7 @@ use crate::{
         user_pages::UserPages,
     },
     p2p::Copied,
+    turn::TurnLock,
     uapi,
 };
 
@@ -387,13 +387,14 @@ impl Endpoint {
     /// Copies `len` bytes from bus address `src` to `dst` on `chan` and waits for the
     /// completion, polled. Basic mode, or with `fab` (destination and source DFID) fabric
     /// mode: `dst` is then the peer's bus address. Checks every field of the completion the
-    /// endpoint wrote.
+    /// endpoint wrote. The wait ends with `ENODEV` once `turn` is closed (unbind).
     fn copy(
         &self,
         chan: &mut Chan,
         (src, dst, len): (u64, u64, u32),
         fab: Option<(u16, u16)>,
         (start, timeout_ms): (Instant<Monotonic>, i64),
+        turn: Option<&TurnLock>,
     ) -> Result<(), Fail> {
         if len == 0 || len > r::SE_MAX_BYTES {
             return Err(EINVAL.into());
@@ -457,6 +458,10 @@ impl Endpoint {
             }
             if kernel::current!().signal_pending() {
                 return Err(EINTR.into());
+            }
+            // Unbind is waiting for the channels: the caller halts this one.
+            if turn.is_some_and(TurnLock::is_closed) {
+                return Err(ENODEV.into());
             }
             usleep_range(Delta::from_micros(20), Delta::from_micros(30));
         }
@@ -540,6 +545,7 @@ fn selftest(ep: &Endpoint, chan: &mut Chan, bufs: &Buffers) -> Result<u64, Fail>
             (bufs.src.dma_address(), bufs.dst.dma_address(), len),
             None,
             (Instant::<Monotonic>::now(), SELFTEST_TIMEOUT_MS),
+            None,
         )?;
         for w in 0..words {
             let want = seed ^ (w as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -567,15 +573,14 @@ fn selftest(ep: &Endpoint, chan: &mut Chan, bufs: &Buffers) -> Result<u64, Fail>
 pub(crate) struct Shared {
     /// Bus and device/function number; the MEP is function 1 of the same slot.
     dev_id: u16,
-    /// For mapping user pages for the endpoint's device while it is bound.
+    /// For mapping user pages for the endpoint's device while it is bound. Counted, not
+    /// exclusive ([`Binding`]): a copy holds it for each part, beside registrations.
     binding: Arc<Binding>,
-    /// A copy has the channels ([`Shared::turn`]); waited for with `free`.
+    /// The channels' turn: a copy has it for each part; a copier waits for it
+    /// interruptibly, bounded by its own deadline. Unbind closes it and takes it, so it
+    /// waits for the running copy and no new copier goes ahead of it.
     #[pin]
-    busy: Mutex<bool>,
-    #[pin]
-    free: CondVar,
-    /// Unbind waits for the turn: no new copier goes ahead of it.
-    abort: Atomic<bool>,
+    turn: TurnLock,
     /// The channels; `None` once unbind took them. Taken by the copy that has the turn,
     /// and by unbind.
     #[pin]
@@ -584,57 +589,6 @@ pub(crate) struct Shared {
     /// usable command path, and once unbind took it.
     #[pin]
     fab: Mutex<Option<fabric::Fabric>>,
-}
-
-/// The channels' turn, given back on drop.
-struct Turn<'a>(&'a Shared);
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        *self.0.busy.lock() = false;
-        self.0.free.notify_all();
-    }
-}
-
-impl Shared {
-    /// Waits for the channels' turn: a signal ends the wait (`EINTR`, not `ERESTARTSYS`,
-    /// as `p2p.rs` waits for its engine), the copy's own deadline bounds it (`ETIMEDOUT`),
-    /// and unbind waiting for the turn ends it (`ENODEV`).
-    fn turn(&self, start: Instant<Monotonic>, timeout_ms: u32) -> Result<Turn<'_>> {
-        let mut busy = self.busy.lock();
-        while *busy {
-            if self.abort.load(Relaxed) {
-                return Err(ENODEV);
-            }
-            let left = i64::from(timeout_ms).saturating_sub(start.elapsed().as_millis());
-            let Ok(left @ 1..) = u32::try_from(left) else {
-                return Err(ETIMEDOUT);
-            };
-            match self
-                .free
-                .wait_interruptible_timeout(&mut busy, msecs_to_jiffies(left))
-            {
-                CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
-                CondVarTimeoutResult::Timeout | CondVarTimeoutResult::Woken { .. } => {}
-            }
-        }
-        if self.abort.load(Relaxed) {
-            return Err(ENODEV);
-        }
-        *busy = true;
-        Ok(Turn(self))
-    }
-
-    /// The turn for unbind, which must wait (a running copy is bounded by its timeout).
-    fn turn_for_unbind(&self) -> Turn<'_> {
-        self.abort.store(true, Relaxed);
-        let mut busy = self.busy.lock();
-        while *busy {
-            self.free.wait(&mut busy);
-        }
-        *busy = true;
-        Turn(self)
-    }
 }
 
 /// The endpoint's entry in [`registry`]: removed, and the channels taken to rest and freed,
@@ -653,7 +607,7 @@ impl Drop for Registered {
             }
         });
         // Waits for a running copy; its queues must not outlive the binding.
-        let turn = me.turn_for_unbind();
+        let turn = me.turn.close_and_take();
         // The buffers registered for peers: unregistered, then unmapped and unpinned while
         // the device is still bound.
         let fab = me.fab.lock().take();
@@ -778,7 +732,7 @@ pub(crate) fn copy(
                 break;
             }
         };
-        let turn = match shared.turn(start, timeout_ms) {
+        let turn = match shared.turn.take_within(start, timeout_ms) {
             Ok(t) => t,
             Err(e) if off == 0 => return Err(e),
             Err(e) => {
@@ -786,6 +740,10 @@ pub(crate) fn copy(
                 break;
             }
         };
+        // The binding is counted, not locked: registrations, unregistrations and closes hold
+        // it beside this copy. Unbind ends it only after it closed the turn and took it,
+        // so once this copy stopped and gave the turn back, and after the part's pages were
+        // unmapped (dropped before `bound`).
         let Some(bound) = shared.binding.access() else {
             copied.err = Some(ENODEV);
             break;
@@ -817,6 +775,7 @@ pub(crate) fn copy(
             (&mut sm.segments(), dsegs, part),
             fab,
             (start, timeout_ms),
+            &shared.turn,
         );
         ep.chans = chans;
         drop(guard);
@@ -869,7 +828,8 @@ impl<I: Iterator<Item = (u64, u64)>> Iterator for Segs<I> {
 /// Copies one mapped part on the first usable channel (in fabric mode with `fab`); on
 /// failure the bytes copied before it and why. A channel whose copy failed is taken to rest
 /// and not used again; one that does not come to rest is reported (`true`): the caller then
-/// keeps the part's pages mapped and pinned for good.
+/// keeps the part's pages mapped and pinned for good. The caller holds the channels' turn
+/// `turn`; its closing (unbind) ends the copy with `ENODEV`.
 fn copy_part(
     ep: &Endpoint,
     chans: &mut KVec<Chan>,
@@ -880,6 +840,7 @@ fn copy_part(
     ),
     fab: Option<(u16, u16)>,
     (start, timeout_ms): (Instant<Monotonic>, u32),
+    turn: &TurnLock,
 ) -> Result<(), (u64, Fail, bool)> {
     let Some(chan) = chans.iter_mut().find(|c| c.ok) else {
         return Err((0, EOPNOTSUPP.into(), false));
@@ -896,7 +857,8 @@ fn copy_part(
         }
         // At most 1 MiB: fits.
         let n32 = n as u32;
-        if let Err(f) = ep.copy(chan, (sa, da, n32), fab, (start, i64::from(timeout_ms))) {
+        let deadline = (start, i64::from(timeout_ms));
+        if let Err(f) = ep.copy(chan, (sa, da, n32), fab, deadline, Some(turn)) {
             chan.ok = false;
             let stuck = !ep.quiet(chan.index);
             if stuck {
@@ -980,9 +942,8 @@ pub(crate) fn release_owner(mep_pdev: &pci::Device, owner: u64) {
     let Ok(shared) = endpoint_of(mep_pdev) else {
         return;
     };
-    // A file that registered nothing closes without waiting for the binding, which a
-    // running copy holds (a killed copier must not wait for the copy ahead of it). Only
-    // this file registers for itself, and it is being closed: nothing is added meanwhile.
+    // Only this file registers for itself, and it is being closed: nothing is added
+    // meanwhile.
     if !shared.fab.lock().as_ref().is_some_and(|f| f.owns(owner)) {
         return;
     }
@@ -1197,9 +1158,7 @@ impl pci::Driver for DmaEpDriver {
                 pin_init!(Shared {
                     dev_id: pdev.dev_id(),
                     binding,
-                    busy <- new_mutex!(false),
-                    free <- new_condvar!(),
-                    abort: Atomic::new(false),
+                    turn <- TurnLock::new(),
                     ep <- new_mutex!(Some(ep)),
                     fab <- new_mutex!(fab),
                 }),

@@ -2,7 +2,7 @@
 
 //! The MRPC command engine: the firmware's mailbox.
 //!
-//! One command is in the mailbox at a time; callers queue for their turn ([`Mrpc::take_turn`],
+//! One command is in the mailbox at a time; callers queue for their turn (a [`TurnLock`],
 //! interrupted by any signal, so a caller behind a command that takes up to a minute can be
 //! killed), then hold [`Mrpc::mailbox`]. A command's
 //! input goes into the input buffer, writing its id to `MRPC_CMD` starts it, and the firmware
@@ -41,7 +41,7 @@ use kernel::{
     time::{msecs_to_jiffies, Instant, Monotonic},
 };
 
-use crate::{regs, Mep};
+use crate::{regs, turn::TurnLock, Mep};
 
 /// Largest input or output of one command.
 pub(crate) const PAYLOAD: usize = regs::MRPC_PAYLOAD;
@@ -93,17 +93,6 @@ impl Drop for Caller<'_> {
     }
 }
 
-/// A caller's turn at the mailbox ([`Mrpc::take_turn`]); given back on drop.
-struct Turn<'a>(&'a Mrpc);
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        *self.0.turn.lock() = false;
-        // Every waiter: one woken that then takes a signal must not leave the others asleep.
-        self.0.turn_free.notify_all();
-    }
-}
-
 /// Counters of the engine, for sysfs and the events ioctl.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Stats {
@@ -118,14 +107,12 @@ pub(crate) struct Stats {
 /// The MRPC engine of one management endpoint.
 #[pin_data]
 pub(crate) struct Mrpc {
-    /// The device is going away: running and new commands fail with `ENODEV`.
-    dead: Atomic<bool>,
-    /// Whether a caller has the turn ([`Mrpc::take_turn`]); callers wait on `turn_free`.
+    /// The caller whose command is in the mailbox has the turn; the others wait for it,
+    /// interrupted by any signal: the command ahead may take up to [`MAX_TIMEOUT_MS`], and
+    /// those queued before it as long each. Closed when the device is going away
+    /// ([`Mrpc::kill`]): running and new commands fail with `ENODEV`.
     #[pin]
-    turn: Mutex<bool>,
-    /// Woken when the turn is given back and on removal.
-    #[pin]
-    turn_free: CondVar,
+    turn: TurnLock,
     /// The holder owns the mailbox: the caller with the turn, or probe and unbind, which
     /// take it for a moment without one.
     #[pin]
@@ -155,9 +142,7 @@ pub(crate) struct Mrpc {
 impl Mrpc {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
-            dead: Atomic::new(false),
-            turn <- new_mutex!(false),
-            turn_free <- new_condvar!(),
+            turn <- TurnLock::new(),
             mailbox <- new_mutex!(Mailbox {
                 stale: false,
                 dma: None
@@ -201,32 +186,8 @@ impl Mrpc {
 
     /// Fails the running command and every queued one with `ENODEV`; called on unbind.
     pub(crate) fn kill(&self) {
-        self.dead.store(true, Relaxed);
+        self.turn.close();
         self.completed.notify_all();
-        // Under the lock a waiter checks `dead` under, so none goes to sleep after this.
-        drop(self.turn.lock());
-        self.turn_free.notify_all();
-    }
-
-    /// Waits for the caller's turn at the mailbox, given back when the returned guard drops.
-    ///
-    /// # Errors
-    ///
-    /// `EINTR` when a signal arrives first (the caller holding the turn may run a command for
-    /// up to [`MAX_TIMEOUT_MS`], and those queued before it as long each: a `mutex_lock` there
-    /// slept uninterruptibly through all of them), `ENODEV` once the device is going away.
-    fn take_turn(&self) -> Result<Turn<'_>> {
-        let mut busy = self.turn.lock();
-        while *busy {
-            if self.dead.load(Relaxed) {
-                return Err(ENODEV);
-            }
-            if self.turn_free.wait_interruptible(&mut busy) {
-                return Err(EINTR);
-            }
-        }
-        *busy = true;
-        Ok(Turn(self))
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -396,9 +357,9 @@ impl Mrpc {
         };
 
         let _caller = self.enter();
-        let _turn = self.take_turn()?;
+        let _turn = self.turn.take()?;
         let mut mb = self.mailbox.lock();
-        if self.dead.load(Relaxed) {
+        if self.turn.is_closed() {
             return Err(ENODEV);
         }
         if mb.stale {
@@ -540,7 +501,7 @@ impl Mrpc {
                     return Err(EIO);
                 }
             }
-            if self.dead.load(Relaxed) {
+            if self.turn.is_closed() {
                 return Err(ENODEV);
             }
 

@@ -12,34 +12,37 @@
 //! of the driver is taken, since faulting them in may take as long as the caller's memory
 //! makes it take) and mapped with the DMA API for the length of one batch, so with an IOMMU
 //! the engine reaches only those pages, and they are unmapped and unpinned on every exit path
-//! (the guards' `Drop`). The engine runs one copy's part at a time (the [`Turn`], taken for
-//! each part: a copier waits for it interruptibly and no longer than its own timeout); each batch
-//! is submitted with one doorbell, then waited for by watching the engine's status write-back
-//! in the ring (polled, no completion interrupt: [`POLL_SPIN_US`]), with the engine's lock
-//! taken only for each look; a timeout, a signal or unbind resets the engine and waits until
-//! it is idle before the batch's pages are released. A MEP whose registers read all ones has
-//! left the bus (a surprise removal): the copy ends with `ENODEV` at once and releases its
-//! pages, since a device that is gone reaches no memory.
+//! (the guards' `Drop`). The engine runs one copy's part at a time (the [`TurnLock`]'s turn,
+//! taken for each part: a copier waits for it interruptibly and no longer than its own
+//! timeout); each batch is submitted with one doorbell, then waited for by watching the
+//! engine's status write-back in the ring (polled, no completion interrupt:
+//! [`POLL_SPIN_US`]), with the engine's lock taken only for each look; a timeout, a signal or
+//! unbind resets the engine and waits until it is idle before the batch's pages are released.
+//! A MEP whose registers read all ones has left the bus (a surprise removal): the copy ends
+//! with `ENODEV` at once and releases its pages, since a device that is gone reaches no
+//! memory.
 
 use kernel::{
     device::{Bound, Device},
     dma::{Coherent, DataDirection},
     io::{io_read, io_write, poll::read_poll_timeout, Io},
-    new_condvar, new_mutex,
+    new_mutex,
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
         barrier::{dma_mb, Read},
-        Arc, CondVar, CondVarTimeoutResult, Mutex,
+        Arc, Mutex,
     },
-    time::{msecs_to_jiffies, Delta, Instant, Monotonic},
+    time::{Delta, Instant, Monotonic},
 };
 
 use crate::{
     fw::{self, ext, Failure},
     hotplug,
     kext::{binding::Binding, pci_enable, sleep::usleep_range, user_pages::UserPages},
-    regs, uapi, Mep,
+    regs,
+    turn::TurnLock,
+    uapi, Mep,
 };
 
 const PAGE: u64 = 4096;
@@ -112,29 +115,15 @@ struct Engine {
     vector: u16,
 }
 
-/// The right to run one part of a copy on the engine, held from before the engine is locked
-/// until the engine is done with the part's pages; given back (and the next waiter woken) on
-/// drop.
-pub(crate) struct Turn<'a>(&'a P2p);
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        *self.0.busy.lock() = false;
-        self.0.turn_free.notify_all();
-    }
-}
-
 /// P2P state of one endpoint.
 #[pin_data]
 pub(crate) struct P2p {
-    /// Whether a [`Turn`] is out: the engine runs one part's batches at a time. A turn is
-    /// taken before `engine`; unbind takes one to wait for the running part. The lock itself
-    /// is only held to look at or change the flag.
+    /// The right to run one part of a copy on the engine, held from before the engine is
+    /// locked until the engine is done with the part's pages: the engine runs one part's
+    /// batches at a time. Unbind closes it ([`shut_down`]), so a running copy stops at its
+    /// next look at the engine, and takes the turn to wait for it.
     #[pin]
-    busy: Mutex<bool>,
-    /// Signalled when a turn is given back.
-    #[pin]
-    turn_free: CondVar,
+    turn: TurnLock,
     /// Held briefly: to check the engine's state, fill the ring and ring the doorbell, for
     /// each look at the ring while a batch runs, and for a reset.
     #[pin]
@@ -150,8 +139,6 @@ pub(crate) struct P2p {
     /// The cache may be out of date: set by route changes and by the firmware's
     /// ROUTES_CHANGED event (from the interrupt handler, which cannot take `cache`).
     stale: Atomic<bool>,
-    /// Set on unbind, so a running copy stops at its next look at the engine.
-    abort: Atomic<bool>,
     /// Window size in bytes; 0 when the firmware has no P2P window.
     window: Atomic<u64>,
     faults: Atomic<u64>,
@@ -169,8 +156,7 @@ pub(crate) struct Counters {
 impl P2p {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
-            busy <- new_mutex!(false),
-            turn_free <- new_condvar!("pcifab::P2p::turn_free"),
+            turn <- TurnLock::new(),
             engine <- new_mutex!(Engine {
                 ring: None,
                 binding: None,
@@ -183,7 +169,6 @@ impl P2p {
             routes <- new_mutex!(()),
             cache <- new_mutex!(None),
             stale: Atomic::new(true),
-            abort: Atomic::new(false),
             window: Atomic::new(0),
             faults: Atomic::new(0),
             copies: Atomic::new(0),
@@ -197,48 +182,6 @@ impl P2p {
             copies: self.copies.load(Relaxed),
             bytes: self.bytes.load(Relaxed),
         }
-    }
-
-    /// Waits for the engine's turn as a copier: interrupted by any signal (`EINTR`) and
-    /// bounded by the copy's own deadline (`ETIMEDOUT`), so a copier stuck behind a long copy
-    /// can always be killed; `ENODEV` once unbind waits for the turn.
-    ///
-    /// `EINTR`, not `ERESTARTSYS`: a restarted call would start a new deadline, so a caller
-    /// whose signals come more often than the copy ahead of it leaves the engine (a timer, a
-    /// profiler) would wait for ever under `SA_RESTART`. The caller retries with what is left
-    /// of its own timeout.
-    fn turn(&self, start: Instant<Monotonic>, timeout_ms: u32) -> Result<Turn<'_>> {
-        let mut busy = self.busy.lock();
-        while *busy {
-            // Unbind is waiting for the turn: no new copier goes ahead of it.
-            if self.abort.load(Relaxed) {
-                return Err(ENODEV);
-            }
-            let left = i64::from(timeout_ms).saturating_sub(start.elapsed().as_millis());
-            let Ok(left @ 1..) = u32::try_from(left) else {
-                return Err(ETIMEDOUT);
-            };
-            match self
-                .turn_free
-                .wait_interruptible_timeout(&mut busy, msecs_to_jiffies(left))
-            {
-                CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
-                CondVarTimeoutResult::Timeout | CondVarTimeoutResult::Woken { .. } => {}
-            }
-        }
-        *busy = true;
-        Ok(Turn(self))
-    }
-
-    /// Waits for the engine's turn for unbind, which must wait: the running part sees
-    /// `abort` at its next look at the engine and gives the turn back.
-    fn turn_for_unbind(&self) -> Turn<'_> {
-        let mut busy = self.busy.lock();
-        while *busy {
-            self.turn_free.wait(&mut busy);
-        }
-        *busy = true;
-        Turn(self)
     }
 
     /// Marks the cached routes out of date (someone changed them).
@@ -370,8 +313,7 @@ fn forget_ring(mep: &Mep) {
 /// Stops copies for unbind: the running one aborts (and has released its pages when this
 /// returns), later ones fail with `ENODEV`.
 pub(crate) fn shut_down(mep: &Mep) {
-    mep.p2p.abort.store(true, Relaxed);
-    let _turn = mep.p2p.turn_for_unbind();
+    let _turn = mep.p2p.turn.close_and_take();
     let mut e = mep.p2p.engine.lock();
     e.dead = true;
     // Stopped and idle before the ring goes: the engine writes statuses back into it. Only
@@ -670,7 +612,7 @@ pub(crate) fn copy(
         };
         // Waiting for the turn ends on a signal or at the copy's deadline: the part that runs
         // may take up to its own timeout.
-        let _turn = match mep.p2p.turn(start, timeout_ms) {
+        let _turn = match mep.p2p.turn.take_within(start, timeout_ms) {
             Ok(t) => t,
             Err(err) if off == 0 => return Err(err),
             Err(err) => {
@@ -679,7 +621,7 @@ pub(crate) fn copy(
             }
         };
         // The device stays bound while a part is copied: unbind takes a turn
-        // (`shut_down()`) before the binding ends, and sets `abort` first so the part running
+        // (`shut_down()`) before the binding ends, and closes it first so the part running
         // stops at its next look. The binding is held before the engine is locked, never the
         // other way round: the engine's lock is taken and dropped for each look while a batch
         // waits.
@@ -701,7 +643,7 @@ pub(crate) fn copy(
                 );
                 reset(mep, &mut e);
             }
-            if e.dead || e.reset_due || mep.p2p.abort.load(Relaxed) {
+            if e.dead || e.reset_due || mep.p2p.turn.is_closed() {
                 Some(ENODEV)
             } else if e.ring.is_none() {
                 Some(EOPNOTSUPP)
@@ -869,7 +811,7 @@ fn run_batch(
                 break;
             }
         }
-        if mep.p2p.abort.load(Relaxed) {
+        if mep.p2p.turn.is_closed() {
             failed = Some(ENODEV);
             break;
         }

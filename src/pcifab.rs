@@ -40,6 +40,7 @@ mod payload;
 mod regs;
 mod sysfs;
 mod telemetry;
+mod turn;
 mod uapi;
 
 /// The BAR0 mapping, sized so that every fixed register offset is checked at compile time.

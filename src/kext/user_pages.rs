@@ -11,7 +11,7 @@
 //! it for a bound device ([`UserDma`]). Dropping the mapping unmaps it; dropping the pages
 //! unpins them (marking them dirty when the device wrote to them).
 
-use core::mem::ManuallyDrop;
+use core::{marker::PhantomData, mem::ManuallyDrop};
 
 use kernel::{
     bindings,
@@ -98,24 +98,37 @@ impl UserPages {
     ///
     /// `ENOMEM`, or the DMA mapping's error.
     pub(crate) fn map<'a>(&'a mut self, dev: &'a Device<Bound>) -> Result<UserDma<'a>> {
+        let sgt = self.map_table(dev)?;
+        // INVARIANT: `map_table` built the table over `self`'s pages and mapped it for `dev`
+        // in `self.dir`; they stay borrowed for `'a`.
+        Ok(UserDma {
+            dev,
+            _pages: PhantomData,
+            sgt,
+            dir: self.dir,
+        })
+    }
+
+    /// Builds a scatter-gather table over the pages and maps it for `dev` in the pages'
+    /// direction: the one way both [`UserPages::map`] and [`UserPages::map_held`] map. The
+    /// caller unmaps it for `dev` with `dma_unmap_sgtable()` and frees it with
+    /// `sg_free_table()` before the pages are unpinned.
+    ///
+    /// # Errors
+    ///
+    /// `ENOMEM`, or the DMA mapping's error; nothing is left allocated or mapped then.
+    fn map_table(&mut self, dev: &Device<Bound>) -> Result<bindings::sg_table> {
         let page = PAGE_SIZE as u64;
         let nr = u32::try_from(self.pages.len()).map_err(|_| EINVAL)?;
-        let dir = self.dir;
         let (offset, len) = ((self.addr & (page - 1)) as u32, self.len);
-        let mut this = UserDma {
-            dev,
-            pages: self,
-            // SAFETY: An all-zero `sg_table` is the empty table `sg_alloc_table*()` fills in.
-            sgt: unsafe { core::mem::zeroed() },
-            dir,
-            mapped: false,
-        };
+        // SAFETY: An all-zero `sg_table` is the empty table `sg_alloc_table*()` fills in.
+        let mut sgt: bindings::sg_table = unsafe { core::mem::zeroed() };
         // SAFETY: `sgt` is zeroed and owned; `pages` are `nr` pinned pages that hold `len`
         // bytes from `offset`, which is below a page (invariant of `UserPages`).
         to_result(unsafe {
             bindings::sg_alloc_table_from_pages_segment(
-                &mut this.sgt,
-                this.pages.pages.as_mut_ptr(),
+                &mut sgt,
+                self.pages.as_mut_ptr(),
                 nr,
                 offset,
                 len,
@@ -123,15 +136,17 @@ impl UserPages {
                 bindings::GFP_KERNEL,
             )
         })?;
-        // `Device` is a transparent wrapper of `struct device`.
         let raw = core::ptr::from_ref::<Device>(dev)
             .cast::<bindings::device>()
             .cast_mut();
-        // SAFETY: `dev` is bound for `'a` and `sgt` a valid table.
-        to_result(unsafe { bindings::dma_map_sgtable(raw, &mut this.sgt, dir.into(), 0) })?;
-        // INVARIANT: Mapped for `dev` in `dir`.
-        this.mapped = true;
-        Ok(this)
+        // SAFETY: `dev` is bound for this call and `sgt` a valid table.
+        let r = to_result(unsafe { bindings::dma_map_sgtable(raw, &mut sgt, self.dir.into(), 0) });
+        if let Err(e) = r {
+            // SAFETY: Allocated above and not mapped; freed once.
+            unsafe { bindings::sg_free_table(&mut sgt) };
+            return Err(e);
+        }
+        Ok(sgt)
     }
 }
 
@@ -156,22 +171,21 @@ impl Drop for UserPages {
 ///
 /// # Invariants
 ///
-/// When `sgt.sgl` is not null, `sgt` is a table over `pages` allocated by
-/// `sg_alloc_table_from_pages_segment()`; when `mapped`, it is mapped with `dma_map_sgtable()`
-/// for `dev` in direction `dir`. `dev` is bound for `'a`.
+/// `sgt` is a table over the borrowed pages allocated by `sg_alloc_table_from_pages_segment()` and
+/// mapped with `dma_map_sgtable()` for `dev` in direction `dir`. `dev` is bound for `'a`.
 pub(crate) struct UserDma<'a> {
     dev: &'a Device<Bound>,
-    pages: &'a mut UserPages,
+    /// The pages stay borrowed, so pinned, while they are mapped.
+    _pages: PhantomData<&'a mut UserPages>,
     sgt: bindings::sg_table,
     dir: DataDirection,
-    mapped: bool,
 }
 
 impl UserDma<'_> {
     /// The mapped segments: bus address and length.
     pub(crate) fn segments(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        // SAFETY: `sgt` is a valid, DMA-mapped table (a `UserDma` is only handed out mapped)
-        // that lives as long as the returned borrow.
+        // SAFETY: `sgt` is a valid, DMA-mapped table (type invariant) that lives as long as
+        // the returned borrow.
         let t = unsafe { SGTable::from_raw(core::ptr::from_ref(&self.sgt).cast_mut()) };
         t.iter().map(|s| (s.dma_address(), s.dma_len()))
     }
@@ -179,17 +193,14 @@ impl UserDma<'_> {
 
 impl Drop for UserDma<'_> {
     fn drop(&mut self) {
-        if self.mapped {
-            let raw = core::ptr::from_ref::<Device>(self.dev)
-                .cast::<bindings::device>()
-                .cast_mut();
-            // SAFETY: Mapped in `map` for `dev`, which is still bound, with `dir`; unmapped
-            // once.
-            unsafe { bindings::dma_unmap_sgtable(raw, &mut self.sgt, self.dir.into(), 0) };
-        }
-        if !self.sgt.sgl.is_null() {
-            // SAFETY: Allocated by `sg_alloc_table_from_pages_segment()`; freed once.
-            unsafe { bindings::sg_free_table(&mut self.sgt) };
+        let raw = core::ptr::from_ref::<Device>(self.dev)
+            .cast::<bindings::device>()
+            .cast_mut();
+        // SAFETY: Mapped for `dev`, which is still bound, with `dir`, and allocated by
+        // `sg_alloc_table_from_pages_segment()` (type invariant); unmapped and freed once.
+        unsafe {
+            bindings::dma_unmap_sgtable(raw, &mut self.sgt, self.dir.into(), 0);
+            bindings::sg_free_table(&mut self.sgt);
         }
     }
 }
@@ -225,35 +236,9 @@ impl UserPages {
     ///
     /// `ENOMEM`, or the DMA mapping's error; the pages are unpinned then.
     pub(crate) fn map_held(mut self, dev: &Device<Bound>) -> Result<HeldDma> {
-        let page = PAGE_SIZE as u64;
-        let nr = u32::try_from(self.pages.len()).map_err(|_| EINVAL)?;
-        let (offset, len) = ((self.addr & (page - 1)) as u32, self.len);
-        // SAFETY: An all-zero `sg_table` is the empty table `sg_alloc_table*()` fills in.
-        let mut sgt: bindings::sg_table = unsafe { core::mem::zeroed() };
-        // SAFETY: `sgt` is zeroed and owned; `pages` are `nr` pinned pages that hold `len`
-        // bytes from `offset`, which is below a page (invariant of `UserPages`).
-        to_result(unsafe {
-            bindings::sg_alloc_table_from_pages_segment(
-                &mut sgt,
-                self.pages.as_mut_ptr(),
-                nr,
-                offset,
-                len,
-                !(PAGE_SIZE as u32 - 1),
-                bindings::GFP_KERNEL,
-            )
-        })?;
-        let raw = core::ptr::from_ref::<Device>(dev)
-            .cast::<bindings::device>()
-            .cast_mut();
-        // SAFETY: `dev` is bound for this call and `sgt` a valid table.
-        let r = to_result(unsafe { bindings::dma_map_sgtable(raw, &mut sgt, self.dir.into(), 0) });
-        if let Err(e) = r {
-            // SAFETY: Allocated above and not mapped; freed once.
-            unsafe { bindings::sg_free_table(&mut sgt) };
-            return Err(e);
-        }
-        // INVARIANT: Mapped above for `dev` in `self.dir`.
+        let sgt = self.map_table(dev)?;
+        // INVARIANT: `map_table` built the table over these pages and mapped it for `dev`
+        // in `self.dir`.
         Ok(HeldDma {
             dev: dev.into(),
             pages: ManuallyDrop::new(self),

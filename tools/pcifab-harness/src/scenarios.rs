@@ -660,6 +660,12 @@ pub fn all() -> Vec<Scenario> {
             pcifab_dmaep::copier_waiting_for_channels_can_be_killed,
         ),
         s(
+            "dma endpoint: REGISTER and UNREGISTER beside a stalled copy end within 1 s; \
+             unbind aborts the copy",
+            240,
+            pcifab_dmaep::registration_beside_stalled_copy,
+        ),
+        s(
             "dma endpoint: h0 copies into a buffer h1 registered for it, and nothing once h1 \
              unregisters it",
             240,

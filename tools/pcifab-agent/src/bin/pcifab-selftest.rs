@@ -143,6 +143,7 @@ fn main() -> ExitCode {
         "p2p-local" => Some(p2p::cmd_p2p_local),
         "p2p-hold" => Some(p2p::cmd_p2p_hold),
         "p2p-peer" => Some(p2p::cmd_p2p_peer),
+        "p2p-regtime" => Some(p2p::cmd_p2p_regtime),
         "bar-range" => Some(p2p::cmd_bar_range),
         "p2p-bench" => Some(p2p::cmd_p2p_bench),
         "p2p-signalled" => Some(p2p::cmd_p2p_signalled),

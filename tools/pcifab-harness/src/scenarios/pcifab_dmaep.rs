@@ -633,6 +633,138 @@ pub fn copier_waiting_for_channels_can_be_killed(f: &mut Fabric) -> Result<(), S
     r
 }
 
+/// What happened beside a copy stalled on h0's endpoint ([`beside_stalled_steps`]).
+struct Beside {
+    /// `pcifab-selftest p2p-regtime`'s line.
+    regtime: Value,
+    /// The stalled copy's state once the registration calls returned.
+    copy_state: String,
+    /// How long the endpoint's unbind took, in ms, with the copy still stalled.
+    unbind_ms: u64,
+    /// Whether the stalled copy was gone within 2 s of the unbind's return.
+    copy_gone: bool,
+}
+
+/// Starts a copy on h0 that stalls (its timeout 20 s), times h0's REGISTER, UNREGISTER and
+/// a registering file's close for h1 beside it, then unbinds h0's endpoint under it.
+fn beside_stalled_steps(h0: &mut Host, bdf0: &str, hfid1: u16) -> Result<Beside, String> {
+    h0.run_ok(
+        "(pcifab-selftest p2p-local --len 4096 --seed 0x7 --timeout 20000 </dev/null \
+         >/tmp/stalled.out 2>&1 & echo $! >/tmp/stalled.pid)",
+    )?;
+    let pid = h0.run_ok("cat /tmp/stalled.pid")?.trim().to_string();
+    // The copy polls its completion in uninterruptible sleeps (D).
+    wait_or_dmesg(
+        h0,
+        &format!("grep -q '^State:.*D' /proc/{pid}/status"),
+        20,
+        "the stalled copy never waited for its completion",
+    )?;
+    let regtime = selftest_json(
+        h0,
+        &format!("p2p-regtime --peer {hfid1:#x}"),
+        Duration::from_secs(60),
+    )?;
+    let copy_state = proc_state(h0, &pid)?;
+    let out = h0.run_ok(&format!(
+        "pcifab-selftest time -- sh -c 'echo {bdf0} > /sys/bus/pci/drivers/{DRIVER}/unbind' \
+         2>&1"
+    ))?;
+    let unbind_ms = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find_map(|v| v.get("us").and_then(Value::as_u64))
+        .map(|us| us / 1000)
+        .ok_or_else(|| format!("{}: the unbind's timing printed {out:?}", h0.name))?;
+    let copy_gone = crate::checks::wait_for(h0, &format!("[ ! -e /proc/{pid} ]"), 2)?;
+    Ok(Beside {
+        regtime,
+        copy_state,
+        unbind_ms,
+        copy_gone,
+    })
+}
+
+/// A copy stalled on h0's endpoint holds up none of h0's registration calls for h1, and
+/// unbinding the endpoint under it aborts it.
+pub fn registration_beside_stalled_copy(f: &mut Fabric) -> Result<(), String> {
+    let configured = configured(f)?;
+    let emu = f.emu();
+    let (h0, h1) = two_hosts(&mut f.hosts, "this scenario needs two hosts")?;
+    begin(h0)?;
+    begin(h1)?;
+    let bdf0 = bound_endpoint(h0, configured)?;
+    let bdf1 = bound_endpoint(h1, configured)?;
+    let hfid1 = hfid_of(h1, &bdf1)?;
+    // The channels fetch nothing: the copy holds them until its timeout or the unbind.
+    emu.request(&format!("dmaep {} stall", h0.name))?;
+    let r = beside_stalled_steps(h0, &bdf0, hfid1);
+    emu.request(&format!("dmaep {} clear", h0.name))?;
+    let rebound = h0.run_ok(&format!(
+        "[ -e /sys/bus/pci/drivers/{DRIVER}/{bdf0} ] || \
+         echo {bdf0} > /sys/bus/pci/drivers/{DRIVER}/bind"
+    ));
+    let b = r?;
+    rebound?;
+    wait_or_dmesg(
+        h0,
+        &format!("[ -e /sys/bus/pci/devices/{bdf0}/pcifab/selftest ]"),
+        20,
+        &format!("{bdf0}: {DRIVER} did not bind again"),
+    )?;
+    let num = |k: &str| b.regtime.get(k).and_then(Value::as_f64).unwrap_or(f64::MAX);
+    let errno = |k: &str| b.regtime.get(k).and_then(Value::as_i64);
+    let mut c = Checks::new("h0's registration calls while a copy on its endpoint is stalled");
+    c.eq("REGISTER errno", Some(0), errno("register_errno"));
+    c.eq("UNREGISTER errno", Some(0), errno("unregister_errno"));
+    c.eq("second REGISTER errno", Some(0), errno("register2_errno"));
+    c.eq("REGISTER within 1 s", true, num("register_ms") < 1000.0);
+    c.eq("UNREGISTER within 1 s", true, num("unregister_ms") < 1000.0);
+    c.eq(
+        "close of the registering file within 1 s",
+        true,
+        num("close_ms") < 1000.0,
+    );
+    c.eq(
+        "the copy, when they returned: still waiting (D)",
+        "D".to_string(),
+        b.copy_state.clone(),
+    );
+    c.eq(
+        "h0's buffers in the firmware after the close",
+        EmuBufs::new(),
+        emu_fabric(&emu, "h0")?.1,
+    );
+    c.finish()?;
+    let out = h0.run_ok("cat /tmp/stalled.out")?;
+    let mut c = Checks::new("h0's endpoint unbound under the stalled copy");
+    c.eq(
+        "unbind within 2 s (not at the copy's 20 s timeout)",
+        true,
+        b.unbind_ms < 2000,
+    );
+    c.eq("the copy gone within 2 s of the unbind", true, b.copy_gone);
+    c.eq(
+        "the copy's error: ENODEV",
+        true,
+        out.contains("ENODEV") || out.contains("No such device"),
+    );
+    if !out.contains("No such device") && !out.contains("ENODEV") {
+        c.fail(format!("the stalled copy printed: {}", out.trim()));
+    }
+    c.finish()?;
+    h0.log_note(&format!(
+        "beside a stalled copy: REGISTER {:.1} ms, UNREGISTER {:.1} ms, close {:.1} ms; \
+         unbind under it {} ms",
+        num("register_ms"),
+        num("unregister_ms"),
+        num("close_ms"),
+        b.unbind_ms
+    ));
+    dmesg_clean(h0)?;
+    dmesg_clean(h1)
+}
+
 /// A file's bytes in hex, as the guest reads them.
 fn hex_of(h: &mut Host, path: &str) -> Result<String, String> {
     Ok(h.run_ok(&format!("od -An -v -tx1 {path} | tr -d ' \\n'"))?

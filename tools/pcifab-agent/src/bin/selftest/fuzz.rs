@@ -96,6 +96,8 @@ enum Kind {
     Grant,
     Revoke,
     Grants,
+    Register,
+    Unregister,
 }
 
 /// What a successful call does to the fabric, as Documentation/uapi.rst classes the ioctls
@@ -129,7 +131,9 @@ fn effect(kind: Kind) -> Effect {
         | Kind::RouteDel
         | Kind::Copy
         | Kind::Grant
-        | Kind::Revoke => Effect::Changes,
+        | Kind::Revoke
+        | Kind::Register
+        | Kind::Unregister => Effect::Changes,
         Kind::Mrpc => Effect::ByCommand,
     }
 }
@@ -252,6 +256,18 @@ fn defs() -> Vec<Def> {
             size_of::<u::P2pGrants>(),
             Kind::Grants,
         ),
+        d(
+            "P2P_REGISTER",
+            u::PCIFAB_IOCTL_P2P_REGISTER,
+            size_of::<u::P2pBuffer>(),
+            Kind::Register,
+        ),
+        d(
+            "P2P_UNREGISTER",
+            u::PCIFAB_IOCTL_P2P_UNREGISTER,
+            size_of::<u::P2pBuffer>(),
+            Kind::Unregister,
+        ),
     ]
 }
 
@@ -267,6 +283,7 @@ fn pointer_fields(kind: Kind) -> Vec<usize> {
         ],
         Kind::Routes => vec![offset_of!(u::P2pRoutes, routes_ptr)],
         Kind::Grants => vec![offset_of!(u::P2pGrants, grants_ptr)],
+        Kind::Register | Kind::Unregister => vec![offset_of!(u::P2pBuffer, addr)],
         Kind::Copy => vec![
             offset_of!(u::P2pCopy, src) + end,
             offset_of!(u::P2pCopy, dst) + end,
@@ -473,6 +490,11 @@ struct Fuzz {
     unpriv: bool,
     pdfids: Vec<u16>,
     hosts: u16,
+    /// HFIDs of this host's DMA endpoints (`pcifab/hfid` in sysfs): peers are named near
+    /// them.
+    hfids: Vec<u16>,
+    /// (peer, slot) of the last successful REGISTERs, for UNREGISTER to name.
+    registered: Vec<(u16, u8)>,
     sys: Vec<SysFile>,
     /// errno counts per operation: name -> errno name -> count.
     counts: BTreeMap<String, BTreeMap<String, u64>>,
@@ -620,6 +642,8 @@ impl Fuzz {
             unpriv: false,
             pdfids,
             hosts,
+            hfids: Vec::new(),
+            registered: Vec::new(),
             sys,
             counts: BTreeMap::new(),
             ioctl_calls: 0,
@@ -687,6 +711,32 @@ impl Fuzz {
             0..=5 => self.rng.below(u64::from(self.hosts.max(1))) as u8,
             6 => self.hosts as u8,
             7 => self.pick(&[0xfe, 0xff, 0x80, 7, 8]),
+            _ => self.rng.next() as u8,
+        }
+    }
+
+    /// A peer host's HFID: mostly one next to this host's own (the emulator numbers hosts
+    /// from 0x0a01), sometimes this host's own (`EINVAL`), sometimes anything.
+    fn hfid(&mut self) -> u16 {
+        let own = if self.hfids.is_empty() {
+            0x0a01
+        } else {
+            self.hfids[self.rng.below(self.hfids.len() as u64) as usize]
+        };
+        match self.rng.below(10) {
+            // own - 1, own + 1, own + 2.
+            0..=5 => own.wrapping_add(self.pick(&[0xffff, 1, 2])),
+            6 => own,
+            7 => self.pick(&[0, 0xffff, 0x0a00, 0x0b01, 0x8000]),
+            _ => self.rng.next() as u16,
+        }
+    }
+
+    /// A peer's buffer slot: mostly one of its 6, sometimes past them.
+    fn slot(&mut self) -> u8 {
+        match self.rng.below(10) {
+            0..=6 => self.rng.below(u64::from(u::P2P_PEER_SLOTS)) as u8,
+            7 => self.pick(&[u::P2P_PEER_SLOTS, 7, 0x80, 0xff]),
             _ => self.rng.next() as u8,
         }
     }
@@ -900,6 +950,14 @@ impl Fuzz {
             (_, Kind::RouteAdd) => format!("P2P_ROUTE_ADD to {:#06x}", rd16(32)),
             (_, Kind::RouteDel) => "P2P_ROUTE_DEL".to_string(),
             (_, Kind::Copy) => "P2P_COPY".to_string(),
+            (_, Kind::Register) => {
+                if self.registered.len() >= 16 {
+                    self.registered.remove(0);
+                }
+                self.registered.push((rd16(8), b[10]));
+                format!("P2P_REGISTER for {:#06x} slot {}", rd16(8), b[10])
+            }
+            (_, Kind::Unregister) => format!("P2P_UNREGISTER {:#06x} slot {}", rd16(8), b[10]),
             (_, Kind::Grant) => format!("P2P_GRANT {:#06x} to host {}", rd16(8), b[10]),
             (_, Kind::Revoke) => format!("P2P_REVOKE {:#06x} from host {}", rd16(8), b[10]),
             (Effect::ByCommand, _) => {
@@ -1067,13 +1125,20 @@ impl Fuzz {
                     _ => self.rng.next() >> self.rng.below(64),
                 };
                 for (at, is_dst) in [(8usize, false), (24usize, true)] {
-                    let k = match self.rng.below(10) {
+                    let k = match self.rng.below(12) {
                         0..=4 => u::P2P_FUNCTION,
                         5..=7 => u::P2P_USER,
                         8 => u::P2P_IOVA,
+                        // A peer's buffer: the destination the DMA endpoint copies into
+                        // (as a source it is refused).
+                        10..=11 if is_dst || self.chance(20) => u::P2P_PEER,
                         _ => self.rng.next() as u32 % 6,
                     };
-                    let pdfid = self.pdfid();
+                    let pdfid = if k == u::P2P_PEER {
+                        self.hfid()
+                    } else {
+                        self.pdfid()
+                    };
                     let addr = match k {
                         u::P2P_FUNCTION => match self.rng.below(4) {
                             0..=1 => self.rng.below(64) * 4096,
@@ -1081,6 +1146,14 @@ impl Fuzz {
                             _ => self.rng.next(),
                         },
                         u::P2P_IOVA if is_dst => self.pick(SAFE_IOVAS),
+                        // The offset in the peer's buffer: inside a page, at its end, past
+                        // it, wrapping with the length.
+                        u::P2P_PEER => match self.rng.below(6) {
+                            0..=2 => self.rng.below(4096),
+                            3 => self.pick(&[4095u64, 4096, 1 << 20]),
+                            4 => u64::MAX - self.rng.below(4096),
+                            _ => self.rng.next(),
+                        },
                         u::P2P_IOVA => {
                             if self.chance(50) {
                                 self.pick(SAFE_IOVAS)
@@ -1099,7 +1172,15 @@ impl Fuzz {
                     };
                     put(b, at, &k.to_le_bytes());
                     put(b, at + 4, &pdfid.to_le_bytes());
-                    if self.chance(4) {
+                    if k == u::P2P_PEER {
+                        // `slot` of a peer end, the reserved field of the others.
+                        let slot = if self.chance(10) {
+                            self.rng.next() as u16
+                        } else {
+                            u16::from(self.slot())
+                        };
+                        put(b, at + 6, &slot.to_le_bytes());
+                    } else if self.chance(4) {
                         put(b, at + 6, &(self.rng.next() as u16).to_le_bytes());
                     }
                     put(b, at + 8, &addr.to_le_bytes());
@@ -1135,6 +1216,55 @@ impl Fuzz {
                 if self.chance(5) {
                     put(b, 12, &self.rng.next().to_le_bytes());
                 }
+                true
+            }
+            Kind::Register | Kind::Unregister => {
+                // REGISTER: a buffer of the arena (read-write, read-only, inaccessible,
+                // unaligned, across a page end) or none; the peer's writes could only land
+                // there. UNREGISTER takes no buffer: a non-zero address or length is
+                // refused.
+                let register = kind == Kind::Register;
+                let len: u64 = match self.rng.below(10) {
+                    0..=4 if register => 1 + self.rng.below(4096),
+                    0..=6 if !register => 0,
+                    5 => self.pick(&[0u64, 4096, 8192, 4097]),
+                    6 => self.pick(&[u::P2P_MAX_LEN, u::P2P_MAX_LEN + 1, u64::MAX]),
+                    _ => self.rng.next() >> self.rng.below(64),
+                };
+                let addr = match self.rng.below(10) {
+                    0..=7 if register => self.buf_ptr(len.min(1 << 20) as usize),
+                    0..=7 => 0,
+                    8 => self.buf_ptr(len.min(1 << 20) as usize),
+                    _ => self.rng.next(),
+                };
+                // UNREGISTER: half the time a registration of the run (which may belong to
+                // another descriptor, or be gone already).
+                let (peer, slot) = match self.registered.len() {
+                    n if n > 0 && !register && self.chance(50) => {
+                        self.registered[self.rng.below(n as u64) as usize]
+                    }
+                    _ => (self.hfid(), self.slot()),
+                };
+                put(b, 8, &peer.to_le_bytes());
+                // REGISTER: an out field, as the caller left it.
+                put(b, 10, &[slot]);
+                // The reserved fields (EINVAL unless zero).
+                if self.chance(5) {
+                    put(b, 11, &[self.rng.next() as u8]);
+                }
+                if self.chance(5) {
+                    put(b, 14, &(self.rng.next() as u16).to_le_bytes());
+                }
+                if self.chance(5) {
+                    put(b, 20, &(self.rng.next() as u32).to_le_bytes());
+                }
+                // The out fields `hfid` and `fw_ret` as the caller left them.
+                if self.chance(5) {
+                    put(b, 12, &(self.rng.next() as u16).to_le_bytes());
+                    put(b, 16, &(self.rng.next() as u32).to_le_bytes());
+                }
+                put(b, 24, &addr.to_le_bytes());
+                put(b, 32, &len.to_le_bytes());
                 true
             }
             Kind::Grants => {
@@ -1461,6 +1591,18 @@ fn mrpc_changes(cmd: u32, input: &[u8]) -> bool {
     }
 }
 
+/// The HFIDs of the DMA endpoints pcifab's `pcifab_dmaep` driver holds (their sysfs
+/// `pcifab/hfid`, read before privileges are dropped); none when no endpoint is bound.
+fn endpoint_hfids() -> Vec<u16> {
+    let Ok(dir) = std::fs::read_dir("/sys/bus/pci/drivers/pcifab_dmaep") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("pcifab/hfid")).ok())
+        .filter_map(|s| u16::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok())
+        .collect()
+}
+
 fn drop_privileges() -> Res<()> {
     const NOBODY: u32 = 65534;
     // SAFETY: plain credential system calls.
@@ -1542,6 +1684,7 @@ pub fn cmd_fuzz(args: &[String]) -> Res<()> {
         path.rsplit('/').next().unwrap_or("pcifab0")
     );
     let (sys, skipped) = sysfs_files(&misc);
+    let hfids = endpoint_hfids();
 
     install_alarm();
     install_fault_report();
@@ -1561,6 +1704,7 @@ pub fn cmd_fuzz(args: &[String]) -> Res<()> {
 
     let mut z = Fuzz::new(seed, &path, fds, pdfids, inv.host_count, sys)?;
     z.unpriv = unpriv;
+    z.hfids = hfids;
     let start = Instant::now();
     let mut first_splat: Option<u64> = None;
     while z.ioctl_calls < calls {
@@ -1849,6 +1993,62 @@ mod tests {
         }
         assert!(valid > 1600 && bent > 50, "valid {valid} bent {bent}");
         assert!(exact_size > 500, "{exact_size}");
+        for fd in z.fds {
+            // SAFETY: ours.
+            unsafe { libc::close(fd) };
+        }
+    }
+
+    #[test]
+    fn register_ioctls_and_bodies() {
+        let defs = defs();
+        for (k, name, nr) in [
+            (Kind::Register, "P2P_REGISTER", 0xc028_fa11u32),
+            (Kind::Unregister, "P2P_UNREGISTER", 0xc028_fa12),
+        ] {
+            let d = defs.iter().find(|d| d.kind == k).expect("in the table");
+            assert_eq!((d.name, d.nr, d.size), (name, nr, 40), "{k:?}");
+            assert_eq!(pointer_fields(k), vec![24]);
+            assert_eq!(effect(k), Effect::Changes);
+        }
+        let fd = open_fd("/dev/null", libc::O_RDWR).expect("open /dev/null");
+        let mut z = Fuzz::new(5, "/dev/null", vec![fd], vec![0x0300], 2, Vec::new())
+            .unwrap_or_else(|_| panic!("arena"));
+        z.hfids = vec![0x0a01];
+        let (mut clean, mut reserved, mut peers, mut own) = (0, 0, 0, 0);
+        let (mut unreg_clean, mut peer_dst) = (0, 0);
+        for _ in 0..2000 {
+            let mut b = vec![0u8; 40];
+            assert!(z.body(Kind::Register, &mut b).unwrap_or(false));
+            let rd64 = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
+            if b[11] != 0 || b[14..16] != [0; 2] || b[20..24] != [0; 4] {
+                reserved += 1;
+            } else if (1..=4096).contains(&rd64(32)) && rd64(24) != 0 {
+                clean += 1;
+            }
+            match u16::from_le_bytes([b[8], b[9]]) {
+                0x0a00 | 0x0a02 => peers += 1,
+                0x0a01 => own += 1,
+                _ => {}
+            }
+            let mut b = vec![0u8; 40];
+            assert!(z.body(Kind::Unregister, &mut b).unwrap_or(false));
+            if b[24..40] == [0; 16] && b[10] < 6 {
+                unreg_clean += 1;
+            }
+            let mut b = vec![0u8; 64];
+            assert!(z.body(Kind::Copy, &mut b).unwrap_or(false));
+            if b[24..28] == u::P2P_PEER.to_le_bytes() {
+                peer_dst += 1;
+            }
+        }
+        assert!(
+            clean > 600 && reserved > 50,
+            "clean {clean} reserved {reserved}"
+        );
+        assert!(peers > 600 && own > 100, "peers {peers} own {own}");
+        assert!(unreg_clean > 500, "{unreg_clean}");
+        assert!(peer_dst > 150, "{peer_dst}");
         for fd in z.fds {
             // SAFETY: ours.
             unsafe { libc::close(fd) };

@@ -18,7 +18,7 @@ pub const USAGE: &str = "\
         host<->function round trip through the DMA engine: a user buffer (starting K
         bytes into its allocation) filled with the pattern of SEED is copied to the
         function at O, then back into a zeroed buffer, compared byte for byte
-  p2p-local --len N [--seed S] [--shift K] [--device PATH]
+  p2p-local --len N [--seed S] [--shift K] [--timeout MS] [--device PATH]
         a copy between two user buffers of this host (the DMA endpoint's basic mode
         when the firmware has no engine of its own): a buffer (starting K bytes into
         its allocation) filled with the pattern of SEED is copied into a zeroed one,
@@ -32,6 +32,13 @@ pub const USAGE: &str = "\
         {\"phase\":\"checked\",\"ok\",\"first_diff\"}; unregisters (\"unregistered\",
         with the errno) and waits for DIR/end before it exits (a kill closes the file:
         the registration ends then)
+  p2p-regtime --peer HFID [--device PATH]
+        times the DMA endpoint's registration calls: REGISTER of a page-aligned 4 KiB
+        buffer for the peer host HFID, its UNREGISTER, a second REGISTER, then the close
+        of the file that made it (which unregisters it); prints
+        {\"register_ms\",\"register_errno\",\"unregister_ms\",\"unregister_errno\",
+        \"register2_errno\",\"close_ms\"} (errno 0 when the call succeeded, -1 when
+        UNREGISTER was not tried)
   p2p-peer --hfid H --slot S --off O --len N --seed S2 [--timeout MS] [--device PATH]
         one copy of the pattern of S2 from a user buffer into the buffer peer host H
         registered for this host in slot S, at offset O: prints {\"errno\",\"done\",
@@ -351,6 +358,7 @@ pub fn cmd_p2p_local(args: &[String]) -> Res<()> {
     let len = a.size("len")?;
     let seed = a.size_or("seed", 1)?;
     let shift = a.size_or("shift", 0)? as usize;
+    let timeout = u32::try_from(a.size_or("timeout", 0)?).map_err(|_| usage("--timeout"))?;
     let d = a.dev()?;
     let n = usize::try_from(len).map_err(|_| usage("--len too large"))?;
     let mut src = vec![0u8; n + shift];
@@ -362,7 +370,7 @@ pub fn cmd_p2p_local(args: &[String]) -> Res<()> {
         CopySrc::User(&src[shift..]),
         CopyDst::User(&mut dst[shift..]),
         len,
-        0,
+        timeout,
     )
     .map_err(|e| copy_err("user -> user", e))?;
     let secs = t.elapsed().as_secs_f64();
@@ -659,6 +667,50 @@ pub fn cmd_p2p_hold(args: &[String]) -> Res<()> {
     wait_file(&dir.join("end"))?;
     drop(d);
     drop(backing);
+    Ok(())
+}
+
+/// The errno of a failed registration call, 0 for success.
+fn reg_errno<T>(r: &Result<T, dev::P2pError>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.err.raw_os_error().unwrap_or(-1),
+    }
+}
+
+/// How long REGISTER, UNREGISTER and the close of a registering file take (in a scenario:
+/// while a copy holds the endpoint's channels).
+pub fn cmd_p2p_regtime(args: &[String]) -> Res<()> {
+    let a = Args::parse(args)?;
+    let peer = a.pdfid("peer")?;
+    let d = a.dev()?;
+    let mut backing = vec![0u8; 2 * PAGE as usize];
+    let buf = page_aligned(&mut backing, PAGE as usize)?;
+    let t = Instant::now();
+    // SAFETY: `backing` outlives the registration: it is unregistered below, and the second
+    // one ends with the close of `d`, both before `backing` is dropped.
+    let r = unsafe { dev::register(&d, peer, buf) };
+    let register_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    // -1: not tried (the REGISTER failed).
+    let u = r
+        .as_ref()
+        .map_or(-1, |b| reg_errno(&dev::unregister(&d, peer, b.slot)));
+    let unregister_ms = t.elapsed().as_secs_f64() * 1e3;
+    // SAFETY: As above: the close of `d` below ends this registration.
+    let r2 = unsafe { dev::register(&d, peer, buf) };
+    let t = Instant::now();
+    drop(d);
+    let close_ms = t.elapsed().as_secs_f64() * 1e3;
+    drop(backing);
+    println!(
+        "{{\"test\":\"p2p-regtime\",\"register_ms\":{register_ms:.1},\"register_errno\":{},\
+         \"unregister_ms\":{unregister_ms:.1},\"unregister_errno\":{},\"register2_errno\":{},\
+         \"close_ms\":{close_ms:.1}}}",
+        reg_errno(&r),
+        u,
+        reg_errno(&r2)
+    );
     Ok(())
 }
 
