@@ -1058,7 +1058,8 @@ fn guess_command(args: &[String]) -> String {
             let mut n = vec!["p2p"];
             n.extend(words.iter().skip(1).take(2).take_while(|w| {
                 [
-                    "route", "add", "del", "list", "copy", "distance", "grant", "revoke", "grants",
+                    "route", "add", "del", "list", "copy", "receive", "distance", "grant",
+                    "revoke", "grants",
                 ]
                 .contains(w)
             }));

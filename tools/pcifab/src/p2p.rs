@@ -605,28 +605,31 @@ fn receive(cli: &Cli, peer: u16, len: u64, out: &std::path::Path, wait: u64) -> 
         .truncate(true)
         .open(out)
         .map_err(|e| failure(format!("cannot open {} (--out): {e}", out.display())))?;
+    // Page-aligned, zeroed: the endpoint maps whole pages, and what the peer did not write
+    // reads back as zeroes. Declared before `dev`, so that it is dropped after the file's
+    // close (which ends the registration).
+    let mut backing = vec![0u8; n + PAGE];
     let dev = open(&cli.device)?;
     block_stop_signals()?;
-    // Page-aligned, zeroed: the endpoint maps whole pages, and what the peer did not write
-    // reads back as zeroes.
-    let mut backing = vec![0u8; n + PAGE];
     let skip = backing.as_ptr().align_offset(PAGE);
     let buf = &mut backing[skip..skip + n];
-    // SAFETY: `backing` outlives the registration: it ends with the unregister below, or
-    // when `dev` closes (the process exits), and `backing` is dropped after both; the buffer
-    // is used for nothing but the peer's writes and the read-back.
+    // SAFETY: `backing` outlives the registration: it ends with the unregister below or
+    // when `dev` closes, and `backing` is dropped after `dev` (or never, when the unregister
+    // failed); the buffer is used for nothing but the peer's writes and the read-back.
     let b = unsafe { dev::register(&dev, peer, buf) }.map_err(|e| {
         let hint = match e.err.raw_os_error() {
-            Some(libc::ENODEV) => Some(
+            Some(libc::EOPNOTSUPP) => Some(
                 "this host has no DMA endpoint in fabric mode bound to pcifab (ls \
                  /sys/bus/pci/drivers/pcifab_dmaep)"
                     .to_string(),
             ),
+            Some(libc::ENODEV) => Some("the DMA endpoint went away (unbound)".to_string()),
             Some(libc::ENOSPC) => Some(format!(
                 "every slot for peer {peer:#06x} is taken: end another registration first"
             )),
             Some(libc::EINVAL) => Some(format!(
-                "the buffer must map as one range for the endpoint: {} without an IOMMU",
+                "--from must be another host's HFID, and the buffer must map as one range \
+                 for the endpoint ({} without an IOMMU)",
                 human(PAGE as u64)
             )),
             _ => None,
@@ -661,17 +664,27 @@ fn receive(cli: &Cli, peer: u16, len: u64, out: &std::path::Path, wait: u64) -> 
     let start = Instant::now();
     let ended = wait_for_signal(wait);
     let waited = start.elapsed();
-    // The peer's engine wrote the memory behind the compiler's back.
-    let got: Vec<u8> = buf
-        .iter()
-        .map(|b| {
-            // SAFETY: `b` refers to a byte of the live buffer.
-            unsafe { std::ptr::read_volatile(b) }
-        })
-        .collect();
     let unreg = dev::unregister(&dev, peer, b.slot);
-    file.write_all(&got)
-        .map_err(|e| failure(format!("writing {} failed: {e}", out.display())))?;
+    // The peer's engine wrote the memory behind the compiler's back: read it volatile, a
+    // chunk at a time.
+    let mut nonzero = 0usize;
+    let mut chunk = Vec::with_capacity(n.min(64 << 10));
+    let mut written = Ok(());
+    for part in buf.chunks(64 << 10) {
+        chunk.clear();
+        // SAFETY: each `b` refers to a byte of the live buffer.
+        chunk.extend(part.iter().map(|b| unsafe { std::ptr::read_volatile(b) }));
+        nonzero += chunk.iter().filter(|&&b| b != 0).count();
+        if written.is_ok() {
+            written = file.write_all(&chunk);
+        }
+    }
+    if unreg.is_err() {
+        // Still registered (the firmware did not answer): the peer may still write, so the
+        // memory is never given back to the allocator, even after the close.
+        std::mem::forget(backing);
+    }
+    written.map_err(|e| failure(format!("writing {} failed: {e}", out.display())))?;
     unreg.map_err(|e| {
         p2p_error(
             cli,
@@ -683,7 +696,6 @@ fn receive(cli: &Cli, peer: u16, len: u64, out: &std::path::Path, wait: u64) -> 
             )),
         )
     })?;
-    let nonzero = got.iter().filter(|&&b| b != 0).count();
     let ended = ended.unwrap_or("timeout");
     if cli.json {
         emit(

@@ -223,6 +223,10 @@ fn usage_errors_are_exit_2_and_json() {
         ("info", "--count 3 info"),
         ("bind", "bind 0x0300"),
         ("p2p-route-add", "p2p route add 0x0300 --size 5"),
+        (
+            "p2p-receive",
+            "p2p receive --from 0x0001 --len 4k --out /tmp/x --wait 0",
+        ),
         ("bogus", "bogus"),
         ("top", "top --interval 0"),
         ("bind", "bind 0x0401 0x0402 0x0401 --host 0"),
