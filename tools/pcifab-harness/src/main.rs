@@ -1351,8 +1351,8 @@ fn demo_peer_copy(fabric: &mut Fabric) -> Result<(), String> {
     ));
     h1.run_ok(&format!(
         "rm -f /tmp/demo-rx.out; ({recv} </dev/null >/tmp/demo-rx.out 2>&1 & echo $! \
-         >/tmp/demo-rx.pid); i=0; until grep -q lent /tmp/demo-rx.out || [ $i -ge 300 ]; do \
-         sleep 0.1; i=$((i+1)); done"
+         >/tmp/demo-rx.pid); i=0; until grep -q lent /tmp/demo-rx.out || [ $i -ge 300 ] || \
+         [ ! -e /proc/$(cat /tmp/demo-rx.pid) ]; do sleep 0.1; i=$((i+1)); done"
     ))?;
     let out = h1.run_ok("cat /tmp/demo-rx.out")?;
     show(&h1.name, &out);
