@@ -142,7 +142,8 @@ if ! "$VENV/bin/python3" -c "import redfish, sys; sys.exit(redfish.__version__ !
 fi
 
 # 7. Report what the rest of the build uses.
-cat >"$CACHE/env.mk" <<MK
+# Atomically: make test builds two things at once, each of which runs this script.
+cat >"$CACHE/env.mk.$$" <<MK
 # Written by tools/scripts/deps.sh; read by the Makefile.
 PCIFAB_CACHE := $CACHE
 LINUX_SRC := $SRC
@@ -152,4 +153,5 @@ LIBCLANG_PATH := /usr/lib/llvm-19/lib
 PROMTOOL := $PROMTOOL
 REDFISH_PYTHON := $VENV/bin/python3
 MK
+mv -f "$CACHE/env.mk.$$" "$CACHE/env.mk"
 say "ok: qemu ${1}.${2} with vfio-user-pci, linux $SRCVER, bindgen $BINDGEN_VER, $(rustc --version)"

@@ -599,8 +599,13 @@ pub fn all() -> Vec<Scenario> {
         trust::probe_steps,
     ));
     v.push(s(
-        "probe undoes everything when any allocation of pcifab's own code fails (sysfs bind, \
-         fail-nth within 10 stack frames of the driver)",
+        if soak {
+            "probe undoes everything when any allocation of pcifab's own code fails (sysfs \
+             bind, fail-nth within 10 stack frames of the driver, every point on every host)"
+        } else {
+            "probe undoes everything when pcifab's own allocations fail (sysfs bind, fail-nth \
+             within 10 stack frames of the driver, the point numbers split between the hosts)"
+        },
         900,
         trust::probe_faults_own,
     ));
