@@ -32,7 +32,7 @@ TOOLS := --manifest-path tools/Cargo.toml
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
 	cargo-test qemu-test test soak demo bench bench-slurm help kernel-debian module-debian switchtec-debian test-debian switchtec-user pax-client \
 	check-dkms check-module-msrv check-fabric-dma test-nvme test-p2pdma test-lane1 test-lane2 \
-	test-lane3 scenarios slurm
+	test-lane3 test-lane4 scenarios slurm
 
 modules:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) $(call kmake-args,$(KDIR)) modules
@@ -167,10 +167,13 @@ pax-client: kernel check-module tools switchtec-user
 # cells, one per lane), what needs pcifab's firmware extensions on the sanitizer kernel
 # under the extended dialect, and on Debian's kernel what can differ there:
 #   debug  x pax       debug-pax: every scenario but those that need the extensions
-#                      (EXT_ONLY), the drive's and DEBUG_PAX_2 (lane 1)
+#                      (EXT_ONLY), the drive's, DEBUG_PAX_2 and the manager's (lane 1)
 #   debug  x pax       debug-pax-2: DEBUG_PAX_2, DMA MRPC, the PAX client and what the
 #                      driver must survive (lane 2)
-#   debug  x pax       nvme: the NVMe drive (fabric-nvme.toml) (lane 2)
+#   debug  x pax       nvme: the NVMe drive (fabric-nvme.toml) (lane 1, after debug-pax)
+#   debug  x pax       debug-manager: the manager's scenarios and the management network
+#                      they use (DEBUG_MANAGER), mostly waiting on leases and time slices
+#                      (lane 4)
 #   debug  x extended  debug-extended: the extensions (P2P copies and grants, telemetry,
 #                      features) and the composition paths the firmware's unbind requests
 #                      change (lane 2)
@@ -202,16 +205,20 @@ DEBUG_PAX_2 := $(UFFD)|DMA MRPC|pax client|mrpc classes|sysfs: other|mrpc: an ab
 DEBUG_EXT_FILTER := agent answers|pcifab binds the MEP|p2p|$(EXT_STEPS)|sysfs: per-function|features|extensions|compose: move GPU0|bind and unbind reach h0|two hosts unbind|rmmod pcifab in every host|kmemleak
 DEBIAN_PAX_FILTER := agent answers|pcifab binds the MEP|$(UFFD)|identity|load/unload cycles leave|MRPC echo: random|compose: bind GPU0|compose: move GPU0|compose: gpu1 VFs|compose: samples|ACS|multi-function bind: three VFs|DMA MRPC|features|fwctl|mgmt net|manager: h1 requests|manager: host killed|pax client|sysfs: per-function|rmmod pcifab in every host
 DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p grants|rmmod pcifab in every host
-MATRIX := debug-pax debug-pax-2 nvme debug-extended debian-pax debian-slurm debian-extended \
-	dkms
+# The manager's scenarios and the management network they run over: mostly waiting on
+# leases, time slices and pciehp, so they take a lane of their own (lane 4).
+DEBUG_MANAGER := mgmt net|manager:
+MATRIX := debug-pax debug-pax-2 nvme debug-extended debug-manager debian-pax debian-slurm \
+	debian-extended dkms
 
 # make test: first what the cells need (the kernels, the modules, the tools) and the cargo
 # tests; then three lanes at once. The machine has two cores: lanes 1 and 2 hold the
 # sanitizer cells, which keep the cores busy; lane 3 the Debian cells, which mostly wait
 # (on pciehp, timers and the network) and cost little CPU.
-#   lane 1 (test-lane1, on the terminal): the debug-pax cell
+#   lane 1 (test-lane1, on the terminal): the debug-pax cell, then the nvme cell
 #   lane 2 (test-lane2): the checks that boot no guest (TEST_CHECKS), then the
-#          debug-extended, debug-pax-2 and nvme cells
+#          debug-extended and debug-pax-2 cells
+#   lane 4 (test-lane4): the debug-manager cell, which mostly waits
 #   lane 3 (test-lane3): the debian-pax, debian-slurm, debian-extended and dkms cells,
 #          then check-ha
 # Lanes 2 and 3 write RESULTS/lane2.log and RESULTS/lane3.log, printed when all lanes end.
@@ -237,30 +244,43 @@ test: deps
 	@$(MAKE) --no-print-directory module-debian switchtec-debian
 	@tools/scripts/versions.sh $(DEBUG_KDIR) $(DEBIAN_KDIR)
 	@$(MAKE) --no-print-directory cargo-test
-	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX)) $(RESULTS)/lane2.log $(RESULTS)/lane3.log
-	@echo "# lane 1: the debug-pax cell; lane 2: $(TEST_CHECKS), then" \
-		"the debug-extended, debug-pax-2 and nvme" \
+	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX)) $(RESULTS)/lane2.log $(RESULTS)/lane3.log \
+		$(RESULTS)/lane4.log
+	@echo "# lane 1: the debug-pax and nvme cells; lane 2: $(TEST_CHECKS), then" \
+		"the debug-extended and debug-pax-2" \
 		"cells ($(RESULTS)/lane2.log); lane 3: the debian-pax, debian-slurm, debian-extended" \
-		"and dkms cells, then check-ha ($(RESULTS)/lane3.log); both printed when all lanes end"
+		"and dkms cells, then check-ha ($(RESULTS)/lane3.log); lane 4: the debug-manager" \
+		"cell ($(RESULTS)/lane4.log); lanes 2-4 printed when all lanes end"
 	@$(MAKE) -s test-lane2 >$(RESULTS)/lane2.log 2>&1 & lane2=$$!; \
 	$(MAKE) -s test-lane3 >$(RESULTS)/lane3.log 2>&1 & lane3=$$!; \
+	$(MAKE) -s test-lane4 >$(RESULTS)/lane4.log 2>&1 & lane4=$$!; \
 	$(MAKE) -s test-lane1; \
-	wait $$lane2; st=$$?; wait $$lane3; st3=$$?; \
-	for l in lane2 lane3; do echo "# ---- $(RESULTS)/$$l.log"; cat $(RESULTS)/$$l.log; done; \
+	wait $$lane2; st=$$?; wait $$lane3; st3=$$?; wait $$lane4; \
+	for l in lane2 lane3 lane4; do echo "# ---- $(RESULTS)/$$l.log"; cat $(RESULTS)/$$l.log; \
+	done; \
 	[ $$st -eq 0 ] || echo "# the checks of lane 2 failed (above): make test fails"; \
 	[ $$st3 -eq 0 ] || echo "# lane 3 failed (check-ha, above): make test fails"; \
 	$(HOST_BIN)/pcifab-harness summary $(addprefix $(RESULTS)/,$(MATRIX)) && [ $$st -eq 0 ] && \
 		[ $$st3 -eq 0 ]
 
-# The first lane of make test: the sanitizer x pax cell without its second half.
+# The first lane of make test: the sanitizer x pax cell without its second half and the
+# manager's scenarios, then the NVMe cell.
 test-lane1:
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
-		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBIAN_ONLY)|$(FABRIC_DMA_ONLY)' \
+		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBUG_MANAGER)|$(DEBIAN_ONLY)|$(FABRIC_DMA_ONLY)' \
 		$(DEBUG_SMP) \
 		$(DEBUG_HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
+		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
+
+# The fourth lane of make test: the manager's scenarios on the sanitizer kernel under pax.
+test-lane4:
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
+		--filter 'agent answers|pcifab binds the MEP|$(DEBUG_MANAGER)|rmmod pcifab in every host|kmemleak' \
+		$(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) --results $(RESULTS)/debug-manager
 
 # The second lane of make test: the checks, then the sanitizer kernel's extended cell, the
-# second half of its pax cell and the NVMe cell, in a row.
+# second half of its pax cell, in a row.
 test-lane2: $(TEST_CHECKS)
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect extended \
 		--filter '$(DEBUG_EXT_FILTER)' $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
@@ -269,8 +289,6 @@ test-lane2: $(TEST_CHECKS)
 		--filter 'agent answers|pcifab binds the MEP|$(DEBUG_PAX_2)|rmmod pcifab in every host|kmemleak' \
 		--exclude '$(EXT_ONLY)' $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
 		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax-2
-	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
-		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
 
 # The third lane of make test: Debian's kernel (the module for it is built before the
 # lanes) under pax, Slurm's scenarios on it, then extended, then the DKMS build; last the HA

@@ -548,7 +548,7 @@ fn wait_for_signal(secs: u64) -> Option<&'static str> {
             return None;
         }
         let ts = libc::timespec {
-            tv_sec: left.as_secs() as libc::time_t,
+            tv_sec: left.as_secs().try_into().unwrap_or(i32::MAX.into()),
             tv_nsec: left.subsec_nanos() as libc::c_long,
         };
         // SAFETY: `set` is initialised by sigemptyset before use; `ts` outlives the call.
