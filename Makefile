@@ -170,7 +170,7 @@ pax-client: kernel check-module tools switchtec-user
 #                      (EXT_ONLY), the drive's, DEBUG_PAX_2 and the manager's (lane 1)
 #   debug  x pax       debug-pax-2: DEBUG_PAX_2, DMA MRPC, the PAX client and what the
 #                      driver must survive (lane 2)
-#   debug  x pax       nvme: the NVMe drive (fabric-nvme.toml) (lane 1, after debug-pax)
+#   debug  x pax       nvme: the NVMe drive (fabric-nvme.toml) (lane 4, after debug-manager)
 #   debug  x pax       debug-manager: the manager's scenarios and the management network
 #                      they use (DEBUG_MANAGER), mostly waiting on leases and time slices
 #                      (lane 4)
@@ -215,10 +215,10 @@ MATRIX := debug-pax debug-pax-2 nvme debug-extended debug-manager debian-pax deb
 # tests; then three lanes at once. The machine has two cores: lanes 1 and 2 hold the
 # sanitizer cells, which keep the cores busy; lane 3 the Debian cells, which mostly wait
 # (on pciehp, timers and the network) and cost little CPU.
-#   lane 1 (test-lane1, on the terminal): the debug-pax cell, then the nvme cell
+#   lane 1 (test-lane1, on the terminal): the debug-pax cell
 #   lane 2 (test-lane2): the checks that boot no guest (TEST_CHECKS), then the
 #          debug-extended and debug-pax-2 cells
-#   lane 4 (test-lane4): the debug-manager cell, which mostly waits
+#   lane 4 (test-lane4): the debug-manager cell, which mostly waits, then the nvme cell
 #   lane 3 (test-lane3): the debian-pax, debian-slurm, debian-extended and dkms cells,
 #          then check-ha
 # Lanes 2 and 3 write RESULTS/lane2.log and RESULTS/lane3.log, printed when all lanes end.
@@ -246,11 +246,11 @@ test: deps
 	@$(MAKE) --no-print-directory cargo-test
 	@rm -rf $(addprefix $(RESULTS)/,$(MATRIX)) $(RESULTS)/lane2.log $(RESULTS)/lane3.log \
 		$(RESULTS)/lane4.log
-	@echo "# lane 1: the debug-pax and nvme cells; lane 2: $(TEST_CHECKS), then" \
+	@echo "# lane 1: the debug-pax cell; lane 2: $(TEST_CHECKS), then" \
 		"the debug-extended and debug-pax-2" \
 		"cells ($(RESULTS)/lane2.log); lane 3: the debian-pax, debian-slurm, debian-extended" \
 		"and dkms cells, then check-ha ($(RESULTS)/lane3.log); lane 4: the debug-manager" \
-		"cell ($(RESULTS)/lane4.log); lanes 2-4 printed when all lanes end"
+		"and nvme cells ($(RESULTS)/lane4.log); lanes 2-4 printed when all lanes end"
 	@$(MAKE) -s test-lane2 >$(RESULTS)/lane2.log 2>&1 & lane2=$$!; \
 	$(MAKE) -s test-lane3 >$(RESULTS)/lane3.log 2>&1 & lane3=$$!; \
 	$(MAKE) -s test-lane4 >$(RESULTS)/lane4.log 2>&1 & lane4=$$!; \
@@ -264,20 +264,21 @@ test: deps
 		[ $$st3 -eq 0 ]
 
 # The first lane of make test: the sanitizer x pax cell without its second half and the
-# manager's scenarios, then the NVMe cell.
+# manager's scenarios.
 test-lane1:
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
 		--exclude '$(EXT_ONLY)|$(DEBUG_PAX_2)|$(DEBUG_MANAGER)|$(DEBIAN_ONLY)|$(FABRIC_DMA_ONLY)' \
 		$(DEBUG_SMP) \
 		$(DEBUG_HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)/debug-pax
-	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
-		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
 
-# The fourth lane of make test: the manager's scenarios on the sanitizer kernel under pax.
+# The fourth lane of make test: the manager's scenarios on the sanitizer kernel under pax,
+# then the NVMe cell.
 test-lane4:
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
 		--filter 'agent answers|pcifab binds the MEP|$(DEBUG_MANAGER)|rmmod pcifab in every host|kmemleak' \
 		$(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) --results $(RESULTS)/debug-manager
+	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
+		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
 
 # The second lane of make test: the checks, then the sanitizer kernel's extended cell, the
 # second half of its pax cell, in a row.

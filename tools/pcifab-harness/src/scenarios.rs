@@ -604,7 +604,8 @@ pub fn all() -> Vec<Scenario> {
              bind, fail-nth within 10 stack frames of the driver, every point on every host)"
         } else {
             "probe undoes everything when pcifab's own allocations fail (sysfs bind, fail-nth \
-             within 10 stack frames of the driver, the point numbers split between the hosts)"
+             within 10 stack frames of the driver, half the point numbers split between the \
+             hosts)"
         },
         900,
         trust::probe_faults_own,

@@ -502,13 +502,29 @@ pub fn probe_faults_bind(f: &mut Fabric) -> Result<(), String> {
 pub const OWN_DEPTH: u32 = 10;
 
 /// pcifab's own allocations in a probe through the driver's sysfs `bind` file fail, one at
-/// a time (the fault points within [`OWN_DEPTH`] frames of its text). In `make test` the
-/// hosts split the point numbers (host i of n takes i+1, i+1+n, ...): their probes are
-/// alike but not the same (h0 has an IOMMU and is the fabric manager's host, so its N-th
-/// point may be another allocation than h1's), so together they fail every point number
-/// once, not every allocation of each host; `make soak` fails every point on every host.
+/// a time (the fault points within [`OWN_DEPTH`] frames of its text). In `make test` a run
+/// takes half the point numbers, the odd or the even ones ([`own_half`]), and the hosts
+/// split them (host i of n takes 1+half+2i, then every 2n-th): their probes are alike but
+/// not the same (h0 has an IOMMU and is the fabric manager's host, so its N-th point may be
+/// another allocation than h1's); `make soak` fails every point on every host.
 pub fn probe_faults_own(f: &mut Fabric) -> Result<(), String> {
     probe_fault_sweep(f, "bind", Some(OWN_DEPTH))
+}
+
+/// Which half of the point numbers a `make test` run fails: `PCIFAB_FAULT_HALF` (0: the
+/// odd ones, 1: the even ones), else the day's parity, so that runs on consecutive days
+/// cover both.
+fn own_half() -> u64 {
+    match std::env::var("PCIFAB_FAULT_HALF").ok().as_deref() {
+        Some("0") => 0,
+        Some("1") => 1,
+        _ => {
+            let days = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() / 86_400);
+            days % 2
+        }
+    }
 }
 
 fn probe_fault_sweep(
@@ -519,15 +535,21 @@ fn probe_fault_sweep(
     let depth_arg = depth.map_or(String::new(), |d| format!(" --depth {d}"));
     // Split among the hosts only for the driver's own allocations, and not in a soak run
     // (see probe_faults_own).
-    let stride = if depth.is_some() && !crate::soak() {
-        f.hosts.len().max(1) as u64
+    let (stride, half) = if depth.is_some() && !crate::soak() {
+        (2 * f.hosts.len().max(1) as u64, own_half())
     } else {
-        1
+        (1, 0)
     };
+    if stride > 1 {
+        crate::say(&format!(
+            "# fault points of parity {} this run (PCIFAB_FAULT_HALF={half} repeats it)",
+            if half == 0 { "odd" } else { "even" }
+        ));
+    }
     f.each_host(|h, _| {
         begin(h)?;
         let t = Instant::now();
-        let first = 1 + h.index as u64 % stride;
+        let first = 1 + half + (2 * h.index as u64) % stride;
         let stride_arg = if stride > 1 {
             format!(" --stride {stride}")
         } else {
