@@ -68,10 +68,13 @@ pub fn cmd_bar_id(o: &Opts) -> Res<()> {
     let bdf = bdf_arg(o, "bar-id")?;
     let t = Instant::now();
     let deadline = std::time::Duration::from_millis(o.wait_ms);
+    // A function whose memory decoding is not on yet reads all ones on real hardware and
+    // zeroes in QEMU (a hot-added function a moment after it appeared): neither is an id
+    // (vendor 0x0000 and 0xffff are not vendors).
     let (id, pdfid) = loop {
         let r = map_bar(&bdf, 0).map(|m| (m.read32(0), m.read32(4)));
         match r {
-            Ok((id, pdfid)) if id != u32::MAX => break (id, pdfid),
+            Ok((id, pdfid)) if !matches!(id & 0xffff, 0 | 0xffff) => break (id, pdfid),
             Ok((id, _)) if t.elapsed() >= deadline => {
                 return Err(check(format!(
                     "BAR0 of {bdf}: expected an id, got {id:#010x} (memory decoding off or \
