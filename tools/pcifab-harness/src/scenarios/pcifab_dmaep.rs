@@ -745,9 +745,9 @@ pub fn registration_beside_stalled_copy(f: &mut Fabric) -> Result<(), String> {
     let out = h0.run_ok("cat /tmp/stalled.out")?;
     let mut c = Checks::new("h0's endpoint unbound under the stalled copy");
     c.eq(
-        "unbind within 2 s (not at the copy's 20 s timeout)",
+        "unbind within 10 s (not at the copy's 20 s timeout)",
         true,
-        b.unbind_ms < 2000,
+        b.unbind_ms < 10_000,
     );
     c.eq("the copy gone within 2 s of the unbind", true, b.copy_gone);
     c.eq(
