@@ -31,29 +31,7 @@ debug)
 *) echo "kernel: unknown variant '$VARIANT' (test or debug)" >&2; exit 2 ;;
 esac
 
-# Fixes to the kernel's own code that the test kernels need (tools/kconfig/patches, each
-# explained at its top), applied once to the shared source; an older set is undone first.
-PATCHES=$here/tools/kconfig/patches
-apply_patches() {
-	local phash applied=$LINUX_SRC/.pcifab-patches p
-	phash=$(cat "$PATCHES"/*.patch | sha256sum | cut -c1-12)
-	[ -e "$LINUX_SRC/.pcifab-patched-$phash" ] && return 0
-	if [ -d "$applied" ]; then
-		for p in $(ls -r "$applied"/*.patch); do
-			patch -d "$LINUX_SRC" -p1 -R -s <"$p" || {
-				echo "kernel: cannot undo $p in $LINUX_SRC; remove that tree and run 'make deps'" >&2
-				exit 1; }
-		done
-		rm -rf "$applied" "$LINUX_SRC"/.pcifab-patched-*
-	fi
-	for p in "$PATCHES"/*.patch; do
-		patch -d "$LINUX_SRC" -p1 -s --forward <"$p" || {
-			echo "kernel: $p does not apply to $LINUX_SRC" >&2; exit 1; }
-	done
-	mkdir -p "$applied"
-	cp "$PATCHES"/*.patch "$applied"/
-	touch "$LINUX_SRC/.pcifab-patched-$phash"
-}
+. "$here/tools/scripts/kernel-patches.sh"
 exec 8>"$CACHE/.kernel.lock"; flock 8
 apply_patches
 

@@ -25,6 +25,9 @@ MSRV=${PCIFAB_MSRV:-$(ARCH=x86 SRCARCH=x86 "$LINUX_SRC/scripts/min-tool-version.
 
 exec 9>"$CACHE/.msrv.lock"
 flock 9
+# The same patched source as the test kernels (make test runs this beside kernel.sh).
+. "$here/tools/scripts/kernel-patches.sh"
+apply_patches
 
 # 1. rustc $MSRV with rust-src (the kernel builds core from it), clippy and rustfmt (the
 #    kernel formats the generated bindings with it), kept in the cache.
@@ -78,6 +81,9 @@ ln -sfn "$OUT" "$CACHE/kbuild-msrv"
 MO=$CACHE/module-msrv
 LOG=$MO/build.log
 mkdir -p "$MO"
+# One module build of the checkout at a time (make test builds the sanitizer kernel's
+# beside this one): their in-tree cleans must not run in the middle of another build.
+exec 5>"$CACHE/.module.lock"; flock 5
 start=$(date +%s)
 make -s -C "$OUT" M="$here" "${RUST_ARGS[@]}" clean
 make -s -C "$OUT" M="$here" MO="$MO" "${RUST_ARGS[@]}" clean

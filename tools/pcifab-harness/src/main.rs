@@ -1239,6 +1239,14 @@ impl Run {
         if fabric.hosts.len() < 2 {
             return Ok(());
         }
+        if fabric
+            .expected
+            .endpoints
+            .iter()
+            .any(|e| e.kind == "nvme" && e.cmb_mib > 0)
+        {
+            return scenarios::p2pdma::demo(fabric);
+        }
         if let Some(ssd) = fabric.expected.endpoints.iter().find(|e| e.kind == "nvme") {
             return demo_drive(fabric, ssd.pdfid(0));
         }

@@ -26,7 +26,7 @@ mod mgmt_net;
 mod nvme;
 mod nvme_pool;
 mod p2p_trust;
-mod p2pdma;
+pub mod p2pdma;
 mod pax_client;
 mod pax_driver;
 mod pcifab_dmaep;
