@@ -747,10 +747,22 @@ pub(crate) fn copy(
             copied.err = Some(ENODEV);
             break;
         };
-        let sm = sp.map(bound.device())?;
-        let dm = match dp.as_mut() {
-            Some(d) => Some(d.map(bound.device())?),
-            None => None,
+        // A mapping that fails after the first part ends the copy with the bytes done.
+        let sm = match sp.map(bound.device()) {
+            Ok(m) => m,
+            Err(e) if off == 0 => return Err(e),
+            Err(e) => {
+                copied.err = Some(e);
+                break;
+            }
+        };
+        let dm = match dp.as_mut().map(|d| d.map(bound.device())).transpose() {
+            Ok(m) => m,
+            Err(e) if off == 0 => return Err(e),
+            Err(e) => {
+                copied.err = Some(e);
+                break;
+            }
         };
         let mut guard = shared.ep.lock();
         let Some(ep) = (*guard).as_mut() else {
