@@ -612,14 +612,13 @@ impl Drop for Registered {
         // the device is still bound.
         let fab = me.fab.lock().take();
         if let Some(mut fab) = fab {
-            match me.binding.access() {
-                Some(bound) => fab.release_owner(None, bound.device()),
+            let bound = me.binding.access();
+            match &bound {
+                Some(b) => fab.release_owner(None, b.device()),
                 None => pr_err!("DMA endpoint unbound before its registrations were released\n"),
             }
-            if fab.hung() {
-                // The firmware may still write the output buffer.
-                core::mem::forget(fab);
-            }
+            // What the firmware may still write goes only with bus mastering off.
+            fab.finish(bound.as_ref().map(|b| b.device()));
         }
         let ep = me.ep.lock().take();
         drop(ep);
@@ -748,10 +747,22 @@ pub(crate) fn copy(
             copied.err = Some(ENODEV);
             break;
         };
-        let sm = sp.map(bound.device())?;
-        let dm = match dp.as_mut() {
-            Some(d) => Some(d.map(bound.device())?),
-            None => None,
+        // A mapping that fails after the first part ends the copy with the bytes done.
+        let sm = match sp.map(bound.device()) {
+            Ok(m) => m,
+            Err(e) if off == 0 => return Err(e),
+            Err(e) => {
+                copied.err = Some(e);
+                break;
+            }
+        };
+        let dm = match dp.as_mut().map(|d| d.map(bound.device())).transpose() {
+            Ok(m) => m,
+            Err(e) if off == 0 => return Err(e),
+            Err(e) => {
+                copied.err = Some(e);
+                break;
+            }
         };
         let mut guard = shared.ep.lock();
         let Some(ep) = (*guard).as_mut() else {
@@ -1122,7 +1133,9 @@ impl pci::Driver for DmaEpDriver {
             // load (its pages are no longer pinned). An endpoint whose path does not work
             // still copies within the host.
             let fab = match fabric::Fabric::new(pdev, dev, bar) {
-                Ok(mut f) => match f.purge() {
+                // Nothing of the host's is registered after the purge: what an earlier
+                // binding kept pinned for want of an answer may go.
+                Ok(mut f) => match f.purge().and_then(|()| f.release_limbo(dev)) {
                     Ok(()) => Some(f),
                     Err(e) => {
                         dev_warn!(

@@ -12,14 +12,21 @@
 //! own, the size at most 1 KiB and exactly what the command's reply is (checked per command
 //! with typed payloads), every count and index against the 6 slots. A command that never
 //! completes leaves the firmware free to write its output later: no command runs any more
-//! (`EIO`) until the endpoint is bound again, and the output buffer is never freed.
+//! (`EIO`) until the endpoint is bound again, and the output buffer is freed only once bus
+//! mastering is off ([`Fabric::finish`]).
 //!
 //! A registration ([`Reg`]) is a user buffer pinned long-term, mapped for the endpoint's
 //! device as one range and registered in a free slot of its peer; it belongs to the open
 //! file that made it. Its pages are unmapped and unpinned only after the firmware answered
 //! the UNREGISTER (done, or refused as not registered): after a timeout, a signal or a reply
 //! that does not parse they stay pinned, and the registration stays listed, so that closing
-//! the file or unbinding the endpoint tries again.
+//! the file or unbinding the endpoint tries again. A file closed without an answer leaves
+//! it listed as an orphan ([`ORPHAN`]), asked for again at every later REGISTER and close;
+//! an endpoint unbound without one turns its bus mastering off, unmaps the buffer and keeps
+//! its pages pinned in the registry's limbo ([`Fabric::finish`]), unpinned by the next bind
+//! of the endpoint once the firmware's list of the host's buffers is empty
+//! ([`Fabric::release_limbo`]). No silence ever lets a page go while the endpoint may
+//! write it (`Documentation/design.rst`, "Buffers the firmware does not answer for").
 
 use kernel::{
     device::{Bound, Device},
@@ -42,7 +49,7 @@ use crate::{
         self as r, BufEntry, BufListHead, BufListIn, CmdOut, OwnListHead, OwnListIn, RegisterIn,
         RegisterOut, UnregisterIn, BUFS_PER_PEER, CMD_DATA,
     },
-    kext::{sleep::usleep_range, user_pages::HeldDma},
+    kext::{dmaep_registry as registry, pci_enable, sleep::usleep_range, user_pages::HeldDma},
 };
 
 /// Bound on a fabric command, as Microchip's driver waits.
@@ -53,6 +60,14 @@ const OWN_LIST_PAGES: usize = 8;
 
 /// Owner ids of open files: a registration names the file that made it.
 static NEXT_OWNER: Atomic<u64> = Atomic::new(1);
+
+/// The owner of a registration whose file was closed before the firmware answered its
+/// UNREGISTER (no file has it: ids start at 1).
+const ORPHAN: u64 = 0;
+
+/// Registrations one endpoint holds at most, orphans included: 6 slots for each of the 8
+/// peers a PAX's host ports allow. What the firmware leaves unanswered is bounded by it.
+const MAX_REGS: usize = 48;
 
 /// A new owner id for an open file.
 pub(crate) fn new_owner() -> u64 {
@@ -165,15 +180,10 @@ impl Fabric {
         reply: &mut [u8; CMD_DATA],
         killable: bool,
     ) -> Result<Answer> {
-        if self.hung {
-            return Err(EIO);
-        }
         if input.len() > CMD_DATA {
             return Err(EINVAL);
         }
-        if let Some(since) = self.pending.take() {
-            self.wait_status(since, killable)?;
-        }
+        self.ready(killable)?;
         let out = &self.out;
         io_write!(out, .status, 0u32);
         io_write!(out, .cmd, 0u32);
@@ -258,6 +268,18 @@ impl Fabric {
             chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
         }
         Ok(Answer::Done(size))
+    }
+
+    /// Whether a command may be issued now: `EIO` once the path is closed; a command whose
+    /// wait a signal ended is waited out first (its errors then, and nothing issued).
+    fn ready(&mut self, killable: bool) -> Result {
+        if self.hung {
+            return Err(EIO);
+        }
+        if let Some(since) = self.pending.take() {
+            self.wait_status(since, killable)?;
+        }
+        Ok(())
     }
 
     /// Waits for the status of the command issued at `since` (polled, bounded by
@@ -378,6 +400,8 @@ impl Fabric {
         dma: HeldDma,
         dev: &Device<Bound>,
     ) -> Result<u8, FabFail> {
+        // Orphans first: the slots of those the firmware answers for now come back.
+        self.reap(dev);
         let mut segs = dma.segments();
         let (addr, size) = match (segs.next(), segs.next()) {
             (Some(one), None) => one,
@@ -394,6 +418,16 @@ impl Fabric {
             dma.release(dev);
             return Err(ENOSPC.into());
         };
+        if self.regs.len() >= MAX_REGS {
+            dma.release(dev);
+            return Err(ENOSPC.into());
+        }
+        // Nothing issued (the path is closed, or the wait for an earlier command failed):
+        // nothing can be registered, so the pages go at once.
+        if let Err(e) = self.ready(true) {
+            dma.release(dev);
+            return Err(e.into());
+        }
         if self.regs.reserve(1, GFP_KERNEL).is_err() {
             dma.release(dev);
             return Err(ENOMEM.into());
@@ -478,34 +512,161 @@ impl Fabric {
         }
     }
 
-    /// Unregisters every buffer of `owner` (its file is closed), or every buffer with
-    /// `None` (the endpoint unbinds). Waits are not interrupted: a closing or unbinding
-    /// task must not leave them registered. A buffer the firmware does not answer for is
-    /// kept pinned and mapped for good.
+    /// Unregisters every buffer of `owner` (its file is closed) and every orphan, or every
+    /// buffer with `None` (the endpoint unbinds). Waits are not interrupted: a closing or
+    /// unbinding task must not leave them registered. A buffer the firmware does not answer
+    /// for stays listed, mapped and pinned: an orphan when its file is closed, for
+    /// [`Fabric::finish`] when the endpoint unbinds.
     pub(super) fn release_owner(&mut self, owner: Option<u64>, dev: &Device<Bound>) {
         let mut i = 0;
         while i < self.regs.len() {
-            let mine = owner.is_none_or(|o| self.regs.get(i).is_some_and(|g| g.owner == o));
+            let mine = owner.is_none_or(|o| {
+                self.regs
+                    .get(i)
+                    .is_some_and(|g| g.owner == o || g.owner == ORPHAN)
+            });
             if !mine {
                 i += 1;
                 continue;
             }
-            if let Err(f) = self.drop_reg(i, dev, false) {
-                if f.err == ENOENT {
-                    continue;
-                }
-                // No answer: kept for good, out of the list.
-                if let Ok(reg) = self.regs.remove(i) {
-                    dev_err!(
-                        self.pdev,
-                        "DMA endpoint: buffer {} for HFID {:#06x} not unregistered; kept pinned\n",
-                        reg.slot,
-                        reg.peer
-                    );
-                    core::mem::forget(reg);
+            match self.drop_reg(i, dev, false) {
+                // Gone from the list (released).
+                Ok(()) => {}
+                Err(f) if f.err == ENOENT => {}
+                Err(_) => {
+                    if let Some(g) = self.regs.get_mut(i) {
+                        if owner.is_some() && g.owner != ORPHAN {
+                            dev_warn!(
+                                self.pdev,
+                                "DMA endpoint: buffer {} for HFID {:#06x} not unregistered at \
+                                 close; kept pinned, asked again later\n",
+                                g.slot,
+                                g.peer
+                            );
+                            g.owner = ORPHAN;
+                        }
+                    }
+                    i += 1;
                 }
             }
         }
+    }
+
+    /// Asks the firmware again to unregister the orphans; each one it answers for (done, or
+    /// not registered) is unmapped and unpinned.
+    fn reap(&mut self, dev: &Device<Bound>) {
+        let mut i = 0;
+        while i < self.regs.len() {
+            if self.regs.get(i).is_some_and(|g| g.owner == ORPHAN) {
+                match self.drop_reg(i, dev, false) {
+                    Ok(()) => continue,
+                    Err(f) if f.err == ENOENT => continue,
+                    Err(_) => {}
+                }
+            }
+            i += 1;
+        }
+    }
+
+    /// Ends the command path at unbind, after [`Fabric::release_owner`]. What the firmware
+    /// may still write (its output, after a command it never answered; the buffers whose
+    /// UNREGISTER it did not answer, through which a peer may write) is let go only once the
+    /// endpoint can no longer master the bus: the output address cleared, bus mastering
+    /// turned off and read back off. Then the output buffer is freed and those buffers are
+    /// unmapped, their pages kept pinned in the registry's limbo until a later bind finds
+    /// the firmware's list of the host's buffers empty ([`Fabric::release_limbo`]). If
+    /// mastering does not read back off, all of it is kept for good.
+    pub(super) fn finish(mut self, dev: Option<&Device<Bound>>) {
+        if self.regs.is_empty() && !self.hung() {
+            return;
+        }
+        let _ = self.with_bar(|b| {
+            b.write(r::FAB_CMD_ADDR_LO, r::FAB_CMD_ADDR_LO::zeroed());
+            b.write(r::FAB_CMD_ADDR_HI, r::FAB_CMD_ADDR_HI::zeroed());
+            // Posted: read back before mastering goes off.
+            let _ = b.read(r::FAB_LOCAL_HFID);
+        });
+        let dev = match dev {
+            Some(d) if pci_enable::stop_mastering(&self.pdev) => d,
+            _ => {
+                dev_err!(
+                    self.pdev,
+                    "DMA endpoint: bus mastering does not turn off; the command output and {} \
+                     buffers the firmware did not answer for kept for good\n",
+                    self.regs.len()
+                );
+                core::mem::forget(self);
+                return;
+            }
+        };
+        for reg in core::mem::take(&mut self.regs) {
+            dev_warn!(
+                self.pdev,
+                "DMA endpoint: buffer {} for HFID {:#06x} ({} bytes) not unregistered: unmapped \
+                 with bus mastering off, pinned until the endpoint is bound again\n",
+                reg.slot,
+                reg.peer,
+                reg.dma.bytes()
+            );
+            // Unmapped for the device it was mapped for (else kept for good); pages that
+            // find no room in the limbo are unpinned: the endpoint cannot write them now.
+            if let Some(pages) = reg.dma.unmap(dev) {
+                let parked = registry::Parked {
+                    dev: dev.into(),
+                    pages,
+                };
+                let _ = registry::with_limbo(|l| l.push(parked, GFP_KERNEL));
+            }
+        }
+        // Dropped: the output buffer is freed, which the endpoint can no longer write.
+    }
+
+    /// Unpins the pages of the buffers an earlier binding of `dev` left in the limbo, once
+    /// the firmware lists none of this host's buffers. Called after [`Fabric::purge`]; the list
+    /// is asked for again (only when the limbo holds one of `dev`'s), so that a late answer
+    /// to a command of the earlier binding cannot pass for it. `EIO` when the list is not
+    /// empty or does not parse: the buffers stay, and the caller offers no fabric mode on
+    /// this binding (so the limbo never holds more than one binding's registrations).
+    pub(super) fn release_limbo(&mut self, dev: &Device<Bound>) -> Result {
+        let waiting = registry::with_limbo(|l| l.iter().any(|p| p.is_for(dev)))?;
+        if !waiting {
+            return Ok(());
+        }
+        if !self.own_buffers(false)?.is_empty() {
+            return Err(EIO);
+        }
+        let (n, bytes) = registry::with_limbo(|l| {
+            let (mut n, mut bytes) = (0usize, 0usize);
+            let mut i = 0;
+            while i < l.len() {
+                if !l.get(i).is_some_and(|p| p.is_for(dev)) {
+                    i += 1;
+                    continue;
+                }
+                match l.remove(i) {
+                    // Dropped: unpinned.
+                    Ok(p) => {
+                        n += 1;
+                        bytes = bytes.saturating_add(p.pages.bytes());
+                    }
+                    Err(_) => i += 1,
+                }
+            }
+            // The list is a static that module exit never drops: its buffer goes with its
+            // last entry.
+            if l.is_empty() {
+                *l = KVec::new();
+            }
+            (n, bytes)
+        })?;
+        dev_info!(
+            self.pdev,
+            "DMA endpoint: {} buffers ({} bytes) an earlier binding kept pinned are no longer \
+             registered: unpinned\n",
+            n,
+            bytes
+        );
+        Ok(())
     }
 
     /// Whether the file `owner` has a buffer registered.

@@ -37,6 +37,23 @@ pub(crate) fn present(dev: &pci::Device) -> bool {
     unsafe { bindings::pci_device_is_present(raw(dev)) }
 }
 
+/// Turns `dev`'s bus mastering off (`pci_clear_master()`) and reads its command register
+/// back: whether the device can no longer master DMA (the bit reads clear, or the device
+/// left the bus).
+pub(crate) fn stop_mastering(dev: &pci::Device) -> bool {
+    // SAFETY: `dev` is a valid `struct pci_dev` for the duration of the borrow; the function
+    // clears one bit of its command register through the bus's config accessors.
+    unsafe { bindings::pci_clear_master(raw(dev)) };
+    let mut cmd = 0u16;
+    // SAFETY: As above, reading the command register into `cmd`, a valid `u16`.
+    let rc =
+        unsafe { bindings::pci_read_config_word(raw(dev), bindings::PCI_COMMAND as i32, &mut cmd) };
+    if rc != 0 || cmd == u16::MAX {
+        return !present(dev);
+    }
+    u32::from(cmd) & bindings::PCI_COMMAND_MASTER == 0
+}
+
 impl EnabledDevice {
     /// Enables `pdev`'s memory decoding (`pci_enable_device_mem()`); called during probe.
     pub(crate) fn new(pdev: &pci::Device<Core<'_>>) -> Result<Self> {

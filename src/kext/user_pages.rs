@@ -92,6 +92,11 @@ impl UserPages {
         Ok(this)
     }
 
+    /// Bytes of the buffer.
+    pub(crate) fn bytes(&self) -> usize {
+        self.len
+    }
+
     /// Maps the pages for `dev`, which is bound for `'a`; unmapped when the result is dropped.
     ///
     /// # Errors
@@ -149,6 +154,10 @@ impl UserPages {
         Ok(sgt)
     }
 }
+
+// SAFETY: The pinned pages are owned by the `UserPages` and touched only through `&mut self`
+// or on drop (the unpin); nothing in them is tied to the task that pinned them.
+unsafe impl Send for UserPages {}
 
 impl Drop for UserPages {
     fn drop(&mut self) {
@@ -208,15 +217,17 @@ impl Drop for UserDma<'_> {
 /// Pinned user pages mapped for a device for longer than one call (a buffer registered for a
 /// peer host to write into).
 ///
-/// Only [`HeldDma::release`], given the device bound, unmaps and unpins them. Dropped
-/// without it, the mapping and the pages are kept for good: the device (or a peer writing
-/// through it) may still reach them, so a leak is the safe outcome.
+/// Only [`HeldDma::release`], given the device bound, unmaps and unpins them ([`HeldDma::unmap`]
+/// unmaps them and hands the pages back, still pinned). Dropped without either, the mapping
+/// and the pages are kept for good: the device (or a peer writing through it) may still
+/// reach them, so a leak is the safe outcome.
 ///
 /// # Invariants
 ///
 /// `sgt` is a table over the pages of `pages` allocated by
 /// `sg_alloc_table_from_pages_segment()` and mapped with `dma_map_sgtable()` for `dev` in
-/// `pages.dir`; `pages` is dropped only by [`HeldDma::release`], after the unmap.
+/// `pages.dir`; `pages` is dropped only by [`HeldDma::release`] and moved out only by
+/// [`HeldDma::unmap`], each after the unmap.
 pub(crate) struct HeldDma {
     dev: ARef<Device>,
     pages: ManuallyDrop<UserPages>,
@@ -254,6 +265,31 @@ impl HeldDma {
         // the returned borrow.
         let t = unsafe { SGTable::from_raw(core::ptr::from_ref(&self.sgt).cast_mut()) };
         t.iter().map(|s| (s.dma_address(), s.dma_len()))
+    }
+
+    /// Bytes of the buffer.
+    pub(crate) fn bytes(&self) -> usize {
+        self.pages.bytes()
+    }
+
+    /// Unmaps the buffer for `dev`, which must be the device it was mapped for (else it is
+    /// kept for good, `None`), and returns its pages, still pinned.
+    pub(crate) fn unmap(mut self, dev: &Device<Bound>) -> Option<UserPages> {
+        if !core::ptr::eq(core::ptr::from_ref::<Device>(dev), &*self.dev) {
+            return None;
+        }
+        let raw = core::ptr::from_ref::<Device>(dev)
+            .cast::<bindings::device>()
+            .cast_mut();
+        // SAFETY: Mapped for `dev` (type invariant), which the caller proves bound, in the
+        // pages' direction; unmapped and freed once, as `self` is consumed.
+        unsafe {
+            bindings::dma_unmap_sgtable(raw, &mut self.sgt, self.pages.dir.into(), 0);
+            bindings::sg_free_table(&mut self.sgt);
+        }
+        // `HeldDma` has no `Drop`: the pages move out, pinned, and unpin when dropped.
+        let HeldDma { pages, .. } = self;
+        Some(ManuallyDrop::into_inner(pages))
     }
 
     /// Unmaps the buffer for `dev`, which must be the device it was mapped for (else it is

@@ -663,15 +663,18 @@ fn dmaep(args: &[&str], fabric: &Fabric) -> Result<String, String> {
                 .collect();
             return Ok(format!(
                 "{{\"ok\":true,\"name\":{},\"connected\":{},\"faults\":[{}],\"channels\":[{}],\
-                 \"fabric\":{{\"hfid\":{},\"commands\":{},\"events\":{},\"rhis\":{},\"buffers\":[{}]}}}}",
+                 \"completion_lies\":{},\"fabric\":{{\"hfid\":{},\"commands\":{},\"events\":{},\
+                 \"rhis\":{},\"lies\":{},\"buffers\":[{}]}}}}",
                 json_str(&d.name),
                 d.connected.load(Ordering::Relaxed),
                 faults.join(","),
                 chans.join(","),
+                d.completion_lies(),
                 f.hfid,
                 f.commands,
                 f.events,
                 f.rhis,
+                f.lies,
                 bufs.join(",")
             ));
         }
@@ -886,7 +889,7 @@ mod tests {
         assert_eq!(handle("dmaep h1 stall", &f), "{\"ok\":true}");
         assert_eq!(
             handle("dmaep h1 stats", &f),
-            "{\"ok\":true,\"name\":\"dmaep-h1\",\"connected\":false,\"faults\":[\"bad-status 0x2\",\"stall\"],\"channels\":[{\"fetched\":0,\"bytes\":0,\"completions\":0,\"irqs\":0,\"enabled\":false,\"status\":0},{\"fetched\":0,\"bytes\":0,\"completions\":0,\"irqs\":0,\"enabled\":false,\"status\":0}],\"fabric\":{\"hfid\":2562,\"commands\":0,\"events\":0,\"rhis\":0,\"buffers\":[]}}"
+            "{\"ok\":true,\"name\":\"dmaep-h1\",\"connected\":false,\"faults\":[\"bad-status 0x2\",\"stall\"],\"channels\":[{\"fetched\":0,\"bytes\":0,\"completions\":0,\"irqs\":0,\"enabled\":false,\"status\":0},{\"fetched\":0,\"bytes\":0,\"completions\":0,\"irqs\":0,\"enabled\":false,\"status\":0}],\"completion_lies\":0,\"fabric\":{\"hfid\":2562,\"commands\":0,\"events\":0,\"rhis\":0,\"lies\":0,\"buffers\":[]}}"
         );
         assert_eq!(handle("dmaep h1 clear", &f), "{\"ok\":true}");
         assert!(handle("dmaep h1 stats", &f).contains("\"faults\":[]"));

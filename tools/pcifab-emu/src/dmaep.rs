@@ -260,6 +260,9 @@ struct State {
     faults: DmaFaults,
     /// Completions drawn so far in hostile mode (the generator's position).
     hostile_n: u64,
+    /// Completions hostile mode falsified (a field written other than the truth), since
+    /// the emulator started.
+    lies: u64,
 }
 
 /// Counters of one channel, for the control socket and tests.
@@ -281,6 +284,8 @@ pub struct FabricStats {
     pub commands: u64,
     pub events: u64,
     pub rhis: u64,
+    /// Command outputs and events hostile mode falsified.
+    pub lies: u64,
     pub buffers: Vec<(usize, u8, dmafab::Buf)>,
 }
 
@@ -365,6 +370,7 @@ impl DmaEp {
                 chans: new_chans(channels),
                 faults: DmaFaults::default(),
                 hostile_n: 0,
+                lies: 0,
             }),
             connected: AtomicBool::new(false),
             irqs_fired: AtomicU64::new(0),
@@ -406,8 +412,14 @@ impl DmaEp {
             commands,
             events,
             rhis,
+            lies: self.hub.lies(h),
             buffers: self.hub.buffers(h),
         }
+    }
+
+    /// Completions hostile mode falsified.
+    pub fn completion_lies(&self) -> u64 {
+        self.lock().lies
     }
 
     pub fn stats(&self) -> Vec<ChanStats> {
@@ -790,11 +802,15 @@ impl DmaEp {
             let mut rng = Rng::new(seed, 0x100 + self.host, Stream::Dma, st.hostile_n);
             st.hostile_n += 1;
             if rng.chance(1, 4) {
+                let truth = (status, phase, cid, done);
                 match rng.below(4) {
                     0 => status = (rng.next() as u32) & 0x1_ffff | 1,
                     1 => phase = !phase,
                     2 => cid = rng.next() as u16,
                     _ => done = rng.next() as u32,
+                }
+                if (status, phase, cid, done) != truth {
+                    st.lies += 1;
                 }
             }
         }

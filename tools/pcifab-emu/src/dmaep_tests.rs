@@ -438,13 +438,18 @@ fn faults_lie_in_the_completion_or_drop_what_the_driver_checks() {
             rig.se(0, k, OPC_MEMCPY, SE_LIOF, k as u16, 8, BUF, BUF + 0x1000);
         }
         rig.w16(Rig::hw(0, HW_SQ_TAIL), 40);
-        (0..40).map(|k| rig.ce(0, k)).collect::<Vec<_>>()
+        let ces = (0..40).map(|k| rig.ce(0, k)).collect::<Vec<_>>();
+        (ces, rig.ep.completion_lies())
     };
-    let a = ces(42);
-    assert_eq!(a, ces(42));
+    let (a, counted) = ces(42);
+    assert_eq!((a.clone(), counted), ces(42));
     let honest = |k: usize, c: &(u32, u16, u32, u16, u16)| *c == (8, k as u16 + 1, 0, k as u16, 1);
     let lies = a.iter().enumerate().filter(|(k, c)| !honest(*k, c)).count();
     assert!((1..40).contains(&lies), "{lies} of 40 lied");
+    assert_eq!(
+        counted, lies as u64,
+        "the lies counted are the lies written"
+    );
 }
 
 #[test]

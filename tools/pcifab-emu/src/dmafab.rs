@@ -148,6 +148,9 @@ struct Ctrl {
     overflowed: bool,
     faults: FabFaults,
     hostile_n: u64,
+    /// Command outputs and events hostile mode falsified (a field written other than the
+    /// truth), since the emulator started.
+    lies: u64,
     commands: u64,
     events: u64,
     rhis: u64,
@@ -253,6 +256,11 @@ impl Hub {
         let st = self.lock();
         let c = &st.ctrl[host];
         (c.commands, c.events, c.rhis)
+    }
+
+    /// Command outputs and events of host `host` that hostile mode falsified.
+    pub fn lies(&self, host: usize) -> u64 {
+        self.lock().ctrl[host].lies
     }
 
     /// Buffers `owner` registered, as (peer, index, buffer).
@@ -423,6 +431,7 @@ impl Hub {
             st.ctrl[host].hostile_n += 1;
             let mut rng = Rng::new(seed, 0x200 + host as u32, Stream::Mrpc, n);
             if rng.chance(1, 4) {
+                let truth = (status, size, out.clone());
                 match rng.below(4) {
                     0 => status = rng.next() as u32,
                     1 => size = rng.next() as u32 | 0x400,
@@ -435,6 +444,9 @@ impl Hub {
                         out[k] = rng.next() as u8;
                     }
                     _ => status = rng.next() as u32,
+                }
+                if (status, size, &out) != (truth.0, truth.1, &truth.2) {
+                    st.ctrl[host].lies += 1;
                 }
             }
         }
@@ -643,11 +655,15 @@ impl Hub {
             c.hostile_n += 1;
             let mut rng = Rng::new(seed, 0x300 + to as u32, Stream::Register, n);
             if rng.chance(1, 4) {
+                let truth = (kind, head_out, data);
                 match rng.below(4) {
                     0 => kind = rng.next() as u32 | 0x100,
                     1 => head_out = rng.next() as u32 | EQ_ENTRIES,
                     2 => data[2] = rng.next() as u8 | 0x80,
                     _ => data[0..2].copy_from_slice(&(rng.next() as u16).to_le_bytes()),
+                }
+                if (kind, head_out, data) != truth {
+                    c.lies += 1;
                 }
             }
         }

@@ -372,11 +372,12 @@ fn hostile_fabric_firmware_lies_in_outputs_and_events() {
         }
         let events: Vec<_> = (0..u64::from(BUFS_PER_PEER)).map(|n| i0.event(n)).collect();
         assert_eq!(t1.ep.fabric_stats().buffers.len(), 6, "the truth stays");
-        (outs, events)
+        let counted = i0.ep.fabric_stats().lies + t1.ep.fabric_stats().lies;
+        (outs, events, counted)
     };
-    let (outs, events) = run(7);
+    let (outs, events, counted) = run(7);
     assert_eq!(
-        (outs.clone(), events.clone()),
+        (outs.clone(), events.clone(), counted),
         run(7),
         "same seed, same lies"
     );
@@ -392,6 +393,10 @@ fn hostile_fabric_firmware_lies_in_outputs_and_events() {
         lies > 0 && lies < outs.len() / 2,
         "{lies} of {} outputs lie",
         outs.len()
+    );
+    assert!(
+        counted >= lies as u64,
+        "{counted} lies counted, {lies} seen in the outputs alone"
     );
     let honest = |(head, (kind, h, idx, _)): &(u32, (u32, u16, u8, u16))| {
         *head < EQ_ENTRIES && *kind == EVENT_REGISTER && *h == hfid(1) && *idx < BUFS_PER_PEER

@@ -24,8 +24,8 @@ pub use expect::{expect_eq, Checks};
 pub use faults::{recovered, with_fault, ClearFault};
 pub use guest::{
     back_to_pcifab, begin, callers_met, check_bound_pcifab, check_mep_driver, check_sysfs_identity,
-    debug_kernel_checks, dmesg_clean, driver_of, ensure_pcifab, find_mep, module_loaded, wait_for,
-    wait_or_dmesg, KMEMLEAK, NO_DRIVER, PCIFAB_KO, SWITCHTEC_KO,
+    debug_kernel_checks, dmesg_clean, driver_of, ensure_pcifab, find_mep, module_loaded,
+    pinned_pages, wait_for, wait_or_dmesg, KMEMLEAK, NO_DRIVER, PCIFAB_KO, SWITCHTEC_KO,
 };
 pub use manager::{ask, manager_log, run_with_manager, start_manager, stop_manager, LOG, PIDFILE};
 pub use net::{h0_end, host_end, TlsFiles};

@@ -683,6 +683,13 @@ pub fn all() -> Vec<Scenario> {
             180,
             pcifab_dmaep::cli_receive_gets_the_peers_copy,
         ),
+        // Its name holds "hostile firmware": the debug-pax-2 cell (lane 2) runs it.
+        s(
+            "dma endpoint: fabric commands under hostile firmware: every reply checked, no \
+             pages leaked, no splat",
+            180,
+            pcifab_dmaep::fabric_commands_under_lying_firmware,
+        ),
         s(
             "dma endpoint: Linux's switchtec_dma passes dmatest on every channel",
             900,

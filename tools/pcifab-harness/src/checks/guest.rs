@@ -115,6 +115,22 @@ pub fn check_bound_pcifab(h: &mut Host) -> Result<(), String> {
     Ok(())
 }
 
+/// Pages pinned in `h`'s kernel right now (`nr_foll_pin_acquired - nr_foll_pin_released` of
+/// `/proc/vmstat`, once `vm.stat_refresh` folded the CPUs' pending counts in).
+pub fn pinned_pages(h: &mut Host) -> Result<i64, String> {
+    let o = h.run_ok(
+        "echo 1 > /proc/sys/vm/stat_refresh && \
+         grep -E '^nr_foll_pin_(acquired|released) ' /proc/vmstat",
+    )?;
+    let field = |name: &str| -> Result<i64, String> {
+        o.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| format!("{}: /proc/vmstat has no {name}: {o}", h.name))
+    };
+    Ok(field("nr_foll_pin_acquired ")? - field("nr_foll_pin_released ")?)
+}
+
 /// dmesg has no line matching [`DMESG_BAD`].
 pub fn dmesg_clean(h: &mut Host) -> Result<(), String> {
     let o = h.run(&format!("dmesg | grep -iE '{DMESG_BAD}'"))?;

@@ -16,8 +16,8 @@ use serde_json::Value;
 
 use crate::checks::{
     bind_here, check_bound_pcifab, check_invariants, compose_begin, dmesg_clean, expect_eq,
-    json_line, pcifab_cmd, pcifab_ok, refused_without_extensions, selftest_json, Checks, GPU0, MIB,
-    PCIFAB_KO,
+    json_line, pcifab_cmd, pcifab_ok, pinned_pages, refused_without_extensions, selftest_json,
+    Checks, GPU0, MIB, PCIFAB_KO,
 };
 use crate::fabric::{EmuControl, Fabric, Host};
 
@@ -26,21 +26,6 @@ const LONG: Duration = Duration::from_secs(240);
 const ENODEV: i64 = 19;
 /// The x86-64 system call number of ioctl, as `/proc/PID/syscall` shows it.
 const SYS_IOCTL: &str = "16";
-
-/// Pages pinned in `h`'s kernel right now (`nr_foll_pin_acquired - nr_foll_pin_released`).
-fn pinned_pages(h: &mut Host) -> Result<i64, String> {
-    let o = h.run_ok(
-        "echo 1 > /proc/sys/vm/stat_refresh && \
-         grep -E '^nr_foll_pin_(acquired|released) ' /proc/vmstat",
-    )?;
-    let field = |name: &str| -> Result<i64, String> {
-        o.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .ok_or_else(|| format!("{}: /proc/vmstat has no {name}: {o}", h.name))
-    };
-    Ok(field("nr_foll_pin_acquired ")? - field("nr_foll_pin_released ")?)
-}
 
 /// Adds a route to `pdfid` at window offset 0 of `h`'s window.
 fn route0(h: &mut Host, pdfid: u16, size: u64) -> Result<(), String> {

@@ -19,7 +19,8 @@ use serde_json::Value;
 use std::time::Duration;
 
 use crate::checks::{
-    begin, dmesg_clean, driver_of, pcifab_cmd, selftest_json, two_hosts, wait_or_dmesg, Checks,
+    begin, dmesg_clean, driver_of, pcifab_cmd, pinned_pages, selftest_json, two_hosts,
+    wait_or_dmesg, Checks,
 };
 use crate::fabric::{EmuControl, Fabric, Host};
 
@@ -249,6 +250,25 @@ fn hfid_of(h: &mut Host, bdf: &str) -> Result<u16, String> {
         .ok_or_else(|| format!("{}: {bdf}/pcifab/hfid reads {t:?}, not an HFID", h.name))
 }
 
+/// Both hosts with their endpoints bound to pcifab, as every fabric-mode scenario starts:
+/// the endpoints' BDFs and HFIDs, h0's first.
+struct Endpoints {
+    bdf: [String; 2],
+    hfid: [u16; 2],
+}
+
+fn both_endpoints(h0: &mut Host, h1: &mut Host, configured: usize) -> Result<Endpoints, String> {
+    begin(h0)?;
+    begin(h1)?;
+    let bdf0 = bound_endpoint(h0, configured)?;
+    let bdf1 = bound_endpoint(h1, configured)?;
+    let hfid = [hfid_of(h0, &bdf0)?, hfid_of(h1, &bdf1)?];
+    Ok(Endpoints {
+        bdf: [bdf0, bdf1],
+        hfid,
+    })
+}
+
 /// Buffers a host registered, as the emulated firmware lists them: (peer, index, size).
 type EmuBufs = Vec<(String, u64, u64)>;
 
@@ -339,11 +359,8 @@ pub fn peer_copies_into_registered_buffer(f: &mut Fabric) -> Result<(), String> 
     let configured = configured(f)?;
     let emu = f.emu();
     let (h0, h1) = two_hosts(&mut f.hosts, "this scenario needs two hosts")?;
-    begin(h0)?;
-    begin(h1)?;
-    let bdf0 = bound_endpoint(h0, configured)?;
-    let bdf1 = bound_endpoint(h1, configured)?;
-    let (hfid0, hfid1) = (hfid_of(h0, &bdf0)?, hfid_of(h1, &bdf1)?);
+    let ep = both_endpoints(h0, h1, configured)?;
+    let ([hfid0, hfid1], bdf1) = (ep.hfid, &ep.bdf[1]);
     let mut c = Checks::new("the endpoints' HFIDs, as sysfs and the firmware say");
     c.eq("h0", emu_fabric(&emu, "h0")?.0, u64::from(hfid0));
     c.eq("h1", emu_fabric(&emu, "h1")?.0, u64::from(hfid1));
@@ -697,14 +714,11 @@ pub fn registration_beside_stalled_copy(f: &mut Fabric) -> Result<(), String> {
     let configured = configured(f)?;
     let emu = f.emu();
     let (h0, h1) = two_hosts(&mut f.hosts, "this scenario needs two hosts")?;
-    begin(h0)?;
-    begin(h1)?;
-    let bdf0 = bound_endpoint(h0, configured)?;
-    let bdf1 = bound_endpoint(h1, configured)?;
-    let hfid1 = hfid_of(h1, &bdf1)?;
+    let ep = both_endpoints(h0, h1, configured)?;
+    let (bdf0, hfid1) = (&ep.bdf[0], ep.hfid[1]);
     // The channels fetch nothing: the copy holds them until its timeout or the unbind.
     emu.request(&format!("dmaep {} stall", h0.name))?;
-    let r = beside_stalled_steps(h0, &bdf0, hfid1);
+    let r = beside_stalled_steps(h0, bdf0, hfid1);
     emu.request(&format!("dmaep {} clear", h0.name))?;
     let rebound = h0.run_ok(&format!(
         "[ -e /sys/bus/pci/drivers/{DRIVER}/{bdf0} ] || \
@@ -796,11 +810,7 @@ fn cli_receive_steps(f: &mut Fabric) -> Result<(), String> {
     let configured = configured(f)?;
     let emu = f.emu();
     let (h0, h1) = two_hosts(&mut f.hosts, "this scenario needs two hosts")?;
-    begin(h0)?;
-    begin(h1)?;
-    let bdf0 = bound_endpoint(h0, configured)?;
-    let bdf1 = bound_endpoint(h1, configured)?;
-    let (hfid0, hfid1) = (hfid_of(h0, &bdf0)?, hfid_of(h1, &bdf1)?);
+    let [hfid0, hfid1] = both_endpoints(h0, h1, configured)?.hfid;
     h1.run_ok(&format!(
         "rm -rf /tmp/rx && mkdir -p /tmp/rx && (pcifab --json p2p receive --from {hfid0:#06x} \
          --len 4k --out /tmp/rx/data --wait 120 </dev/null >/tmp/rx/out 2>/tmp/rx/err & \
@@ -884,4 +894,302 @@ fn cli_receive_steps(f: &mut Fabric) -> Result<(), String> {
     c.finish()?;
     dmesg_clean(h0)?;
     dmesg_clean(h1)
+}
+
+/// errnos of the fabric-mode calls (`uapi.rst`, REGISTER, UNREGISTER and `PCIFAB_P2P_PEER`).
+const EIO: i64 = 5;
+const ENOSPC: i64 = 28;
+const EOPNOTSUPP: i64 = 95;
+const EREMOTEIO: i64 = 121;
+const ETIMEDOUT: i64 = 110;
+/// The seed of the endpoints' hostile mode (printed, so a failure can be replayed).
+const LYING_SEED: u64 = 0x1a5e_ed01;
+/// Rounds under hostile firmware: on h1 a REGISTER, its UNREGISTER, a second REGISTER and
+/// the close (`p2p-regtime`); on h0 a 4 KiB copy into h1's buffer.
+const LYING_ROUNDS: usize = 12;
+/// A copy's timeout under hostile firmware: a completion written with the wrong phase is
+/// never seen, and the copy ends at it.
+const LYING_COPY_TIMEOUT_MS: u64 = 1000;
+
+/// What hostile mode falsified on `host` so far, as the emulator counts it: (command outputs
+/// and events, completions).
+fn emu_lies(emu: &EmuControl, host: &str) -> Result<(u64, u64), String> {
+    let v = emu.request(&format!("dmaep {host} stats"))?;
+    let fab = v.pointer("/fabric/lies").and_then(Value::as_u64);
+    let ces = v.get("completion_lies").and_then(Value::as_u64);
+    match (fab, ces) {
+        (Some(f), Some(c)) => Ok((f, c)),
+        _ => Err(format!(
+            "emulator `dmaep {host} stats`: no fabric.lies or completion_lies in {v}"
+        )),
+    }
+}
+
+/// The `{"test":NAME,...}` lines of `out`.
+fn test_lines(out: &str, name: &str) -> Vec<Value> {
+    out.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.get("test").and_then(Value::as_str) == Some(name))
+        .collect()
+}
+
+/// `pcifab --json p2p receive` on `h` for `peer`, waiting 1 s (`--wait 1`): (exit code,
+/// errno of the error, if one).
+fn cli_receive(h: &mut Host, peer: u16) -> Result<(i64, Option<i64>), String> {
+    let (code, v, _) = pcifab_cmd(
+        h,
+        &format!("p2p receive --from {peer:#06x} --len 4k --out /tmp/lying.rx --wait 1"),
+    )?;
+    Ok((code, v.pointer("/error/errno").and_then(Value::as_i64)))
+}
+
+/// Unbinds `h`'s endpoint and binds it again; waits for its `hfid` file.
+fn rebind_endpoint(h: &mut Host, bdf: &str) -> Result<(), String> {
+    h.run_ok(&format!(
+        "echo {bdf} > /sys/bus/pci/drivers/{DRIVER}/unbind && \
+         echo {bdf} > /sys/bus/pci/drivers/{DRIVER}/bind"
+    ))?;
+    wait_or_dmesg(
+        h,
+        &format!("[ -e /sys/bus/pci/devices/{bdf}/pcifab/hfid ]"),
+        20,
+        &format!("{bdf}: {DRIVER} did not bind again"),
+    )
+}
+
+/// Fabric mode under lying firmware ([`fabric_commands_under_lying_firmware`]).
+fn lying_steps(
+    h0: &mut Host,
+    h1: &mut Host,
+    emu: &EmuControl,
+    ep: &Endpoints,
+) -> Result<(), String> {
+    let [hfid0, hfid1] = ep.hfid;
+    let pinned = [pinned_pages(h0)?, pinned_pages(h1)?];
+    // h1 lends h0 a buffer while the firmware is honest: the target of h0's copies.
+    let (slot, _) = start_hold(h1, hfid0, "/tmp/lying-hold")?;
+    let lies_before = [emu_lies(emu, "h0")?, emu_lies(emu, "h1")?];
+
+    crate::say(&format!(
+        "# dma endpoint: hostile firmware seed {LYING_SEED:#x}"
+    ));
+    emu.request(&format!("dmaep all hostile {LYING_SEED:#x}"))?;
+    let regs = h1.run_timeout(
+        &format!(
+            "for i in $(seq {LYING_ROUNDS}); do pcifab-selftest p2p-regtime --peer {hfid0:#x}; \
+             done 2>&1"
+        ),
+        Duration::from_secs(60),
+    )?;
+    let copies = h0.run_timeout(
+        &format!(
+            "for i in $(seq {LYING_ROUNDS}); do pcifab-selftest p2p-peer --hfid {hfid1:#x} \
+             --slot {slot} --off 0 --len {PEER_LEN} --seed 0x9 --timeout \
+             {LYING_COPY_TIMEOUT_MS}; done 2>&1"
+        ),
+        Duration::from_secs(60),
+    )?;
+    let cli = [cli_receive(h1, hfid0)?, cli_receive(h1, hfid0)?];
+    emu.request("dmaep all clear")?;
+    let lies_after = [emu_lies(emu, "h0")?, emu_lies(emu, "h1")?];
+
+    let regs = test_lines(&regs.out, "p2p-regtime");
+    let copies = test_lines(&copies.out, "p2p-peer");
+    let mut c = Checks::new("fabric-mode calls under hostile firmware: documented errors only");
+    c.eq("p2p-regtime rounds on h1", LYING_ROUNDS, regs.len());
+    c.eq("p2p-peer copies on h0", LYING_ROUNDS, copies.len());
+    let errno = |v: &Value, k: &str| v.get(k).and_then(Value::as_i64).unwrap_or(i64::MIN);
+    let mut failed = [0usize; 2];
+    for (i, v) in regs.iter().enumerate() {
+        for (k, allowed) in [
+            ("register_errno", &[0, EIO, ENOSPC][..]),
+            // -1: not tried, the REGISTER failed.
+            ("unregister_errno", &[-1, 0, EIO, ENOENT][..]),
+            ("register2_errno", &[0, EIO, ENOSPC][..]),
+        ] {
+            let e = errno(v, k);
+            if !allowed.contains(&e) {
+                c.fail(format!(
+                    "h1 round {i}: {k} {e}, not one of {allowed:?}: {v}"
+                ));
+            }
+            if e > 0 {
+                failed[1] += 1;
+            }
+        }
+    }
+    for (i, v) in copies.iter().enumerate() {
+        let e = errno(v, "errno");
+        let done = v.get("done").and_then(Value::as_u64).unwrap_or(u64::MAX);
+        let allowed = [0, ENOENT, EFAULT, EIO, EREMOTEIO, ETIMEDOUT, EOPNOTSUPP];
+        if !allowed.contains(&e) {
+            c.fail(format!(
+                "h0 copy {i}: errno {e}, not one of {allowed:?}: {v}"
+            ));
+        }
+        // Success only with every byte done; a failure with fewer.
+        if (e == 0) != (done == PEER_LEN) || done > PEER_LEN {
+            c.fail(format!(
+                "h0 copy {i}: errno {e} with {done} of {PEER_LEN} bytes: {v}"
+            ));
+        }
+        if e != 0 {
+            failed[0] += 1;
+        }
+    }
+    for (i, (code, e)) in cli.iter().enumerate() {
+        let ok = matches!(
+            (code, e),
+            (0, None) | (1, Some(EIO)) | (3, Some(ENOSPC)) | (3, Some(ENOENT))
+        );
+        if !ok {
+            c.fail(format!(
+                "h1 `pcifab p2p receive --wait 1` {i}: exit {code}, errno {e:?}: not success, \
+                 EIO (exit 1), ENOSPC or ENOENT (exit 3)"
+            ));
+        }
+        if *code != 0 {
+            failed[1] += 1;
+        }
+    }
+    let told = |h: usize| {
+        let (b, a) = (lies_before[h], lies_after[h]);
+        (a.0.saturating_sub(b.0), a.1.saturating_sub(b.1))
+    };
+    let (t0, t1) = (told(0), told(1));
+    c.eq(
+        "h1's firmware falsified command outputs (emulator's count > 0)",
+        true,
+        t1.0 > 0,
+    );
+    c.eq(
+        "h0's endpoint falsified command outputs or completions (emulator's count > 0)",
+        true,
+        t0.0 + t0.1 > 0,
+    );
+    c.eq("h1's calls that failed > 0", true, failed[1] > 0);
+    c.eq("h0's copies that failed > 0", true, failed[0] > 0);
+    c.finish()?;
+    h1.log_note(&format!(
+        "hostile firmware (seed {LYING_SEED:#x}): h1 {} outputs falsified, {} of its calls \
+         failed; h0 {} outputs and {} completions falsified, {} of its {LYING_ROUNDS} copies \
+         failed",
+        t1.0, failed[1], t0.0, t0.1, failed[0]
+    ));
+
+    // The lent buffer goes with its process (honest firmware again).
+    h1.run_ok("kill -9 $(cat /tmp/lying-hold/pid)")?;
+    wait_or_dmesg(
+        h1,
+        "[ ! -e /proc/$(cat /tmp/lying-hold/pid) ]",
+        30,
+        "p2p-hold did not die",
+    )?;
+
+    // Commands that never complete.
+    emu.request("dmaep all cmd-hang")?;
+    let hang_rx = [cli_receive(h1, hfid0)?, cli_receive(h1, hfid0)?];
+    let hang_copy = [
+        peer_copy(h0, hfid1, slot, (0, 64, 0x9))?,
+        peer_copy(h0, hfid1, slot, (0, 64, 0x9))?,
+    ];
+    let held = pinned_pages(h1)?;
+    emu.request("dmaep all clear")?;
+    let after_clear = cli_receive(h1, hfid0)?;
+    let mut c = Checks::new("fabric-mode calls when the firmware never answers");
+    c.eq(
+        "h1 `pcifab p2p receive`: (exit, errno), then again",
+        [(1, Some(ETIMEDOUT)), (1, Some(EIO))],
+        hang_rx,
+    );
+    c.eq(
+        "h0's copy into h1's slot: (errno, done), then again",
+        [(ETIMEDOUT, 0), (EIO, 0)],
+        hang_copy,
+    );
+    c.eq(
+        "h1: the unanswered buffer's page still pinned after its process ended",
+        true,
+        held > pinned[1],
+    );
+    c.eq(
+        "h1 `pcifab p2p receive` once the fault is cleared (the path stays closed until \
+         the endpoint is bound again): (exit, errno)",
+        (1, Some(EIO)),
+        after_clear,
+    );
+    c.finish()?;
+
+    // Bound again, honest: the endpoints work, and every page comes back.
+    rebind_endpoint(h1, &ep.bdf[1])?;
+    rebind_endpoint(h0, &ep.bdf[0])?;
+    let (slot, _) = start_hold(h1, hfid0, "/tmp/lying-hold2")?;
+    let copied = peer_copy(h0, hfid1, slot, COPY_IN)?;
+    let (off, len, seed) = COPY_IN;
+    h1.run_ok(&format!(
+        "echo '{off} {len} {seed:#x}' >/tmp/lying-hold2/check.part && \
+         mv /tmp/lying-hold2/check.part /tmp/lying-hold2/check"
+    ))?;
+    wait_or_dmesg(
+        h1,
+        "( grep -q unregistered /tmp/lying-hold2/out || \
+         [ ! -e /proc/$(cat /tmp/lying-hold2/pid) ] )",
+        30,
+        "p2p-hold did not check and unregister",
+    )?;
+    let out = h1.run_ok("cat /tmp/lying-hold2/out; touch /tmp/lying-hold2/end")?;
+    wait_or_dmesg(
+        h1,
+        "[ ! -e /proc/$(cat /tmp/lying-hold2/pid) ]",
+        30,
+        "p2p-hold did not exit",
+    )?;
+    let field = |phase: &str, k: &str| phase_line(&out, phase).and_then(|v| v.get(k).cloned());
+    let mut c = Checks::new("after the faults, both endpoints bound again");
+    c.eq(
+        "h0's copy into h1's buffer: (errno, done)",
+        (0, len),
+        copied,
+    );
+    c.eq(
+        "h1 finds h0's bytes in its buffer",
+        Some(Value::Bool(true)),
+        field("checked", "ok"),
+    );
+    c.eq(
+        "h1's UNREGISTER errno",
+        Some(Value::from(0)),
+        field("unregistered", "errno"),
+    );
+    c.eq(
+        "h1's buffers in the firmware",
+        EmuBufs::new(),
+        emu_fabric(emu, "h1")?.1,
+    );
+    c.eq("h0: pages pinned, as before", pinned[0], pinned_pages(h0)?);
+    c.eq("h1: pages pinned, as before", pinned[1], pinned_pages(h1)?);
+    c.finish()?;
+    dmesg_clean(h0)?;
+    dmesg_clean(h1)
+}
+
+/// The fabric-mode calls under the emulator's `hostile` and `cmd-hang` faults of both
+/// endpoints: each call fails with a documented error or succeeds whole, the emulator did
+/// lie, the endpoints work again once bound again, and no page stays pinned.
+pub fn fabric_commands_under_lying_firmware(f: &mut Fabric) -> Result<(), String> {
+    let configured = configured(f)?;
+    let emu = f.emu();
+    let (h0, h1) = two_hosts(&mut f.hosts, "this scenario needs two hosts")?;
+    let ep = both_endpoints(h0, h1, configured)?;
+    let r = lying_steps(h0, h1, &emu, &ep);
+    if r.is_err() {
+        let _ = emu.request("dmaep all clear");
+        for d in ["/tmp/lying-hold", "/tmp/lying-hold2"] {
+            let _ = h1.run(&format!("[ -e {d}/pid ] && kill -9 $(cat {d}/pid)"));
+        }
+        // The next scenario finds both endpoints bound, with a working command path.
+        let _ = rebind_endpoint(h0, &ep.bdf[0]);
+        let _ = rebind_endpoint(h1, &ep.bdf[1]);
+    }
+    r
 }
