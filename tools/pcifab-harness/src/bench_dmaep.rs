@@ -111,7 +111,11 @@ fn f64_of(v: &Value, k: &str) -> Result<f64, String> {
 pub fn parse_selftest(out: &str, runs: usize) -> Result<(Vec<Row>, Option<Latency>), String> {
     let mut rows: Vec<Row> = Vec::new();
     let mut lat = None;
-    for l in out.lines().map(str::trim).filter(|l| l.starts_with("{\"test\":\"dmaep-")) {
+    for l in out
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("{\"test\":\"dmaep-"))
+    {
         let v: Value =
             serde_json::from_str(l).map_err(|e| format!("dmaep-bench: bad line {l}: {e}"))?;
         match v["test"].as_str() {
@@ -151,12 +155,11 @@ pub fn parse_selftest(out: &str, runs: usize) -> Result<(Vec<Row>, Option<Latenc
                         });
                     }
                     Some("fabric") => {
-                        let r = rows
-                            .iter_mut()
-                            .find(|r| r.bytes == bytes)
-                            .ok_or_else(|| {
-                                format!("dmaep-bench: a fabric line of {bytes} bytes before its basic line")
-                            })?;
+                        let r = rows.iter_mut().find(|r| r.bytes == bytes).ok_or_else(|| {
+                            format!(
+                                "dmaep-bench: a fabric line of {bytes} bytes before its basic line"
+                            )
+                        })?;
                         r.fabric = got;
                     }
                     _ => return Err(format!("dmaep-bench: unknown mode in {v}")),
@@ -170,7 +173,10 @@ pub fn parse_selftest(out: &str, runs: usize) -> Result<(Vec<Row>, Option<Latenc
                 let rounds = |k: &str| -> Result<Vec<f64>, String> {
                     let r = f64s(&v, k)?;
                     if r.len() < 5 {
-                        return Err(format!("dmaep-bench: {} rounds of {k}, expected 5", r.len()));
+                        return Err(format!(
+                            "dmaep-bench: {} rounds of {k}, expected 5",
+                            r.len()
+                        ));
                     }
                     Ok(r)
                 };
@@ -405,7 +411,8 @@ pub fn bench(f: &mut Fabric) -> Result<DmaepBench, String> {
     )?;
     let out0 = h0.run_ok(&format!("cat {LEND_DIR}/out"))?;
     let ok = phase_line(&out0, "checked").and_then(|v| v.get("ok").and_then(Value::as_bool));
-    let errno = phase_line(&out0, "unregistered").and_then(|v| v.get("errno").and_then(Value::as_i64));
+    let errno =
+        phase_line(&out0, "unregistered").and_then(|v| v.get("errno").and_then(Value::as_i64));
     if ok != Some(true) || errno != Some(0) {
         return Err(format!(
             "{}: the buffer h1 copied into does not hold its bytes, or did not unregister: {}",
@@ -514,11 +521,26 @@ fn spread(v: &[f64], prec: usize) -> String {
 pub fn report(b: &DmaepBench) -> Vec<String> {
     let mut out = vec![
         format!(
-            "# dmaep: copies through the switch's DMA endpoint {} of {}, all on {}'s monotonic              clock, MiB/s, median of {RUNS} runs [min-max], a run K copies in a row: basic =              pcifab host memory to host memory (PCIFAB_IOCTL_P2P_COPY between two user              buffers), fabric = pcifab into the buffer {} registered for {} (fabric mode),              cpu = copy_from_slice of the same bytes between the same buffers (run by run              beside basic), switchtec_dma = Linux's switchtec_dma + dmatest on {} of the same              endpoint afterwards (test_buf_size = the size, norandom, verified; dmatest's own              figure, without its fill and compare); ratio = basic / switchtec_dma [95 %              bootstrap]",
+            "# dmaep: copies through the switch's DMA endpoint {} of {}, all on {}'s monotonic \
+             clock, MiB/s, median of {RUNS} runs [min-max], a run K copies in a row: basic = \
+             pcifab host memory to host memory (PCIFAB_IOCTL_P2P_COPY between two user \
+             buffers), fabric = pcifab into the buffer {} registered for {} (fabric mode), \
+             cpu = copy_from_slice of the same bytes between the same buffers (run by run \
+             beside basic), switchtec_dma = Linux's switchtec_dma + dmatest on {} of the same \
+             endpoint afterwards (test_buf_size = the size, norandom, verified; dmatest's own \
+             figure, without its fill and compare); ratio = basic / switchtec_dma [95 % \
+             bootstrap]",
             b.bdf, b.host, b.host, b.lender, b.host, b.chan
         ),
-        "#     bytes  K |            basic            |           fabric            |                       cpu              |        switchtec_dma        | ratio [95 %]"
-            .to_string(),
+        format!(
+            "# {:>19} {:>2} | {:>27} | {:>27} | {:>27} | {:>27} | ratio [95 %]",
+            "bytes",
+            "K",
+            "basic [min-max]",
+            "fabric [min-max]",
+            "cpu [min-max]",
+            "switchtec_dma [min-max]"
+        ),
     ];
     let mut named = Vec::new();
     for r in &b.rows {
@@ -530,7 +552,7 @@ pub fn report(b: &DmaepBench) -> Vec<String> {
             (median(&r.copy) / median(&r.peer), lo, hi)
         };
         out.push(format!(
-            "bench dmaep {:>9} {:>2} | {:>27} | {:>27} | {:>29} | {:>27} | {}",
+            "bench dmaep {:>9} {:>2} | {:>27} | {:>27} | {:>27} | {:>27} | {}",
             r.bytes,
             r.copies,
             spread(&r.copy, 1),
@@ -545,7 +567,10 @@ pub fn report(b: &DmaepBench) -> Vec<String> {
         ));
         named.push(format!("bench dmaep_copy_mib_s_{n} {:.1}", median(&r.copy)));
         if !r.fabric.is_empty() {
-            named.push(format!("bench dmaep_fabric_mib_s_{n} {:.1}", median(&r.fabric)));
+            named.push(format!(
+                "bench dmaep_fabric_mib_s_{n} {:.1}",
+                median(&r.fabric)
+            ));
         }
         named.push(format!("bench dmaep_cpu_mib_s_{n} {:.1}", median(&r.cpu)));
         if !r.peer.is_empty() {
@@ -553,7 +578,9 @@ pub fn report(b: &DmaepBench) -> Vec<String> {
                 "bench dmaep_switchtec_dma_mib_s_{n} {:.1}",
                 median(&r.peer)
             ));
-            named.push(format!("bench dmaep_copy_ratio_vs_switchtec_dma_{n} {ratio:.3}"));
+            named.push(format!(
+                "bench dmaep_copy_ratio_vs_switchtec_dma_{n} {ratio:.3}"
+            ));
             named.push(format!(
                 "bench dmaep_copy_ratio_vs_switchtec_dma_{n}_ci95_low {lo:.3}"
             ));
@@ -564,7 +591,8 @@ pub fn report(b: &DmaepBench) -> Vec<String> {
     }
     if b.rows.iter().any(|r| r.bytes > SWITCHTEC_DMA_MAX) {
         out.push(format!(
-            "# no switchtec_dma figure above {} MiB: dmatest makes one descriptor per copy and              switchtec_dma takes at most 1 MiB in one (SWITCHTEC_DESC_MAX_SIZE)",
+            "# no switchtec_dma figure above {} MiB: dmatest makes one descriptor per copy and \
+             switchtec_dma takes at most 1 MiB in one (SWITCHTEC_DESC_MAX_SIZE)",
             SWITCHTEC_DMA_MAX / MIB
         ));
     }
@@ -576,7 +604,9 @@ pub fn report(b: &DmaepBench) -> Vec<String> {
             .join(" ")
     };
     out.push(format!(
-        "# dmaep 4 KiB latency in {}, guest clock, {} rounds of {} copies each, alternating          copy by copy (us): basic copy p50 per round {}, p99 of all {:.1}; CPU copy p50 per          round {}, p99 {:.1}; fabric copy p50 per round {}, p99 {:.1}",
+        "# dmaep 4 KiB latency in {}, guest clock, {} rounds of {} copies each, alternating \
+         copy by copy (us): basic copy p50 per round {}, p99 of all {:.1}; CPU copy p50 per \
+         round {}, p99 {:.1}; fabric copy p50 per round {}, p99 {:.1}",
         b.host,
         l.copy_rounds.len(),
         l.count,
@@ -588,18 +618,34 @@ pub fn report(b: &DmaepBench) -> Vec<String> {
         l.fabric_p99
     ));
     out.extend(named);
-    out.push(format!("bench dmaep_4k_latency_us {:.2}", median(&l.copy_rounds)));
+    out.push(format!(
+        "bench dmaep_4k_latency_us {:.2}",
+        median(&l.copy_rounds)
+    ));
     out.push(format!("bench dmaep_4k_latency_p99_us {:.2}", l.copy_p99));
-    out.push(format!("bench dmaep_4k_cpu_latency_us {:.2}", median(&l.cpu_rounds)));
-    out.push(format!("bench dmaep_4k_cpu_latency_p99_us {:.2}", l.cpu_p99));
+    out.push(format!(
+        "bench dmaep_4k_cpu_latency_us {:.2}",
+        median(&l.cpu_rounds)
+    ));
+    out.push(format!(
+        "bench dmaep_4k_cpu_latency_p99_us {:.2}",
+        l.cpu_p99
+    ));
     if !l.fabric_rounds.is_empty() {
         out.push(format!(
             "bench dmaep_4k_fabric_latency_us {:.2}",
             median(&l.fabric_rounds)
         ));
-        out.push(format!("bench dmaep_4k_fabric_latency_p99_us {:.2}", l.fabric_p99));
+        out.push(format!(
+            "bench dmaep_4k_fabric_latency_p99_us {:.2}",
+            l.fabric_p99
+        ));
     }
-    if let Some(r) = b.rows.iter().find(|r| r.bytes == 4096 && !r.peer_iops.is_empty()) {
+    if let Some(r) = b
+        .rows
+        .iter()
+        .find(|r| r.bytes == 4096 && !r.peer_iops.is_empty())
+    {
         // dmatest reports a rate per run, no single copy's time.
         out.push(format!(
             "bench dmaep_4k_switchtec_dma_mean_us {:.2}",
@@ -648,7 +694,9 @@ mod tests {
         // Missing, doubled, or ended by an error: no figure.
         assert!(dmatest_run(log, "dma0chan2").is_err());
         let twice = format!("{log}{log}");
-        assert!(dmatest_run(&twice, "dma0chan0").unwrap_err().contains("2 summary"));
+        assert!(dmatest_run(&twice, "dma0chan0")
+            .unwrap_err()
+            .contains("2 summary"));
         let err = "dmatest: dma0chan0-copy0: summary 0 tests, 0 failures 0.00 iops 0 KB/s (-12)";
         assert!(dmatest_run(err, "dma0chan0").is_err());
         // A channel whose name starts like another's is not taken for it.
@@ -672,16 +720,23 @@ some other line
         assert!(rows[1].fabric.is_empty());
         assert_eq!(median(&rows[1].copy), 1000.0);
         let lat = lat.unwrap();
-        assert_eq!((lat.count, lat.copy_p99, lat.cpu_p99, lat.fabric_p99), (200, 120.5, 2.25, 200.0));
+        assert_eq!(
+            (lat.count, lat.copy_p99, lat.cpu_p99, lat.fabric_p99),
+            (200, 120.5, 2.25, 200.0)
+        );
         assert_eq!(median(&lat.fabric_rounds), 52.0);
         // Too few runs, a fabric line without its basic one, nothing at all: errors.
         assert!(parse_selftest(out, 6).unwrap_err().contains("expected 6"));
         let orphan = out.lines().nth(3).unwrap();
-        assert!(parse_selftest(orphan, 5).unwrap_err().contains("before its basic line"));
+        assert!(parse_selftest(orphan, 5)
+            .unwrap_err()
+            .contains("before its basic line"));
         assert!(parse_selftest("", 5).is_err());
         // A latency line with fewer than five rounds is refused.
         let short = out.replace("[40,41,42,43,44]", "[40,41]");
-        assert!(parse_selftest(&short, 5).unwrap_err().contains("copy_round_p50_us"));
+        assert!(parse_selftest(&short, 5)
+            .unwrap_err()
+            .contains("copy_round_p50_us"));
     }
 
     #[test]
@@ -722,15 +777,34 @@ some other line
         assert_eq!(fig("dmaep_switchtec_dma_mib_s_4k"), Some(50.0));
         assert_eq!(fig("dmaep_copy_ratio_vs_switchtec_dma_4k"), Some(2.0));
         assert_eq!(fig("dmaep_fabric_mib_s_16m"), Some(80.0));
-        assert_eq!(fig("dmaep_switchtec_dma_mib_s_16m"), None, "no peer above 1 MiB");
+        assert_eq!(
+            fig("dmaep_switchtec_dma_mib_s_16m"),
+            None,
+            "no peer above 1 MiB"
+        );
         assert_eq!(fig("dmaep_4k_latency_us"), Some(42.0));
         assert_eq!(fig("dmaep_4k_switchtec_dma_mean_us"), Some(100.0));
         let lo = fig("dmaep_copy_ratio_vs_switchtec_dma_4k_ci95_low").unwrap();
         let hi = fig("dmaep_copy_ratio_vs_switchtec_dma_4k_ci95_high").unwrap();
         assert!(lo <= 2.0 && 2.0 <= hi, "{lo} {hi}");
-        let row16 = lines.iter().find(|l| l.starts_with("bench dmaep  16777216")).unwrap();
-        assert!(row16.contains("100.0 [90.0-110.0]") && row16.ends_with("| -"), "{row16}");
-        assert!(lines.iter().any(|l| l.contains("no switchtec_dma figure above 1 MiB")));
+        let row16 = lines
+            .iter()
+            .find(|l| l.starts_with("bench dmaep  16777216"))
+            .unwrap();
+        assert!(
+            row16.contains("100.0 [90.0-110.0]") && row16.ends_with("| -"),
+            "{row16}"
+        );
+        assert!(lines
+            .iter()
+            .any(|l| l.contains("no switchtec_dma figure above 1 MiB")));
+        // The notes are one line each, without the source's line breaks in them.
+        assert!(lines
+            .iter()
+            .filter(|l| l.starts_with("# dmaep") || l.starts_with("# no"))
+            .all(|l| !l.contains("   ")));
+        let head = &lines[1];
+        assert_eq!(head.find('|'), lines[2].find('|'), "{head}\n{}", lines[2]);
     }
 
     #[test]

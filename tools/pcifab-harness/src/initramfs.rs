@@ -227,9 +227,7 @@ pub const DMA_MODULES: [&str; 2] = ["switchtec_dma", "dmatest"];
 
 /// Where [`DMA_MODULES`] are beside `switchtec_ko` or in its kernel build, those that exist.
 pub fn dma_modules(switchtec_ko: &Path) -> Vec<(&'static str, PathBuf)> {
-    let beside = switchtec_ko
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty());
+    let beside = switchtec_ko.parent().filter(|d| !d.as_os_str().is_empty());
     let kdir = switchtec_ko.ancestors().nth(4);
     DMA_MODULES
         .iter()

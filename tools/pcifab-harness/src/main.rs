@@ -1878,7 +1878,11 @@ mod tests {
         let (parts, notes) = bench_parts(None, Extended).unwrap();
         assert_eq!(parts, ["mrpc", "compose", "p2p", "manager"]);
         assert_eq!(notes.len(), 1);
-        assert!(notes[0].contains("--dialect pax --filter dmaep"), "{}", notes[0]);
+        assert!(
+            notes[0].contains("--dialect pax --filter dmaep"),
+            "{}",
+            notes[0]
+        );
         let (parts, notes) = bench_parts(None, Pax).unwrap();
         assert_eq!(parts, BENCH_PARTS);
         assert!(notes.is_empty());

@@ -340,7 +340,10 @@ fn wait_file(path: &std::path::Path) -> Res<String> {
             return Ok(s);
         }
         if t.elapsed().as_secs() > 1800 {
-            return Err(check(format!("{} did not appear in 1800 s", path.display())));
+            return Err(check(format!(
+                "{} did not appear in 1800 s",
+                path.display()
+            )));
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
@@ -349,8 +352,8 @@ fn wait_file(path: &std::path::Path) -> Res<String> {
 /// A buffer lent to a peer host for its copies, checked once the peer is done.
 pub fn cmd_dmaep_lend(args: &[String]) -> Res<()> {
     let a = Args::parse(args)?;
-    let peer =
-        u16::try_from(size("--peer", a.need("peer")?)?).map_err(|_| usage("--peer: not an HFID"))?;
+    let peer = u16::try_from(size("--peer", a.need("peer")?)?)
+        .map_err(|_| usage("--peer: not an HFID"))?;
     let len = size("--len", a.need("len")?)?;
     if len == 0 || len > 1 << 30 {
         return Err(usage("--len: 1 byte to 1 GiB"));
@@ -384,13 +387,10 @@ pub fn cmd_dmaep_lend(args: &[String]) -> Res<()> {
         .ok_or_else(|| usage("DIR/check: LEN larger than the buffer"))?;
     let want = pattern(seed, clen);
     // The peer's engine wrote the memory behind the compiler's back.
-    let diff = buf[..clen]
-        .iter()
-        .zip(&want)
-        .position(|(b, w)| {
-            // SAFETY: `b` refers to a byte of the live buffer.
-            unsafe { std::ptr::read_volatile(b) != *w }
-        });
+    let diff = buf[..clen].iter().zip(&want).position(|(b, w)| {
+        // SAFETY: `b` refers to a byte of the live buffer.
+        unsafe { std::ptr::read_volatile(b) != *w }
+    });
     println!(
         "{{\"test\":\"dmaep-lend\",\"phase\":\"checked\",\"ok\":{},\"first_diff\":{}}}",
         diff.is_none(),
@@ -410,19 +410,37 @@ pub fn cmd_dmaep_lend(args: &[String]) -> Res<()> {
 mod tests {
     use super::*;
 
+    /// The value of a call that must succeed (`Fail` has no `Debug`).
+    fn ok<T>(r: Res<T>) -> T {
+        match r {
+            Ok(v) => v,
+            Err(Fail::Usage(m) | Fail::Check(m)) => panic!("{m}"),
+        }
+    }
+
     fn args(v: &[&str]) -> Args {
-        Args::parse(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+        ok(Args::parse(
+            &v.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        ))
     }
 
     #[test]
     fn plans() {
-        let p = plan(&args(&[])).unwrap();
+        let p = ok(plan(&args(&[])));
         assert_eq!(p.runs, 5);
         assert_eq!(
             p.sizes,
-            [(4096, 1), (65536, 1), (1 << 20, 1), (16 << 20, 1), (64 << 20, 1)]
+            [
+                (4096, 1),
+                (65536, 1),
+                (1 << 20, 1),
+                (16 << 20, 1),
+                (64 << 20, 1)
+            ]
         );
-        let p = plan(&args(&["--sizes", "4K,1M", "--copies", "64,4", "--runs", "7"])).unwrap();
+        let p = ok(plan(&args(&[
+            "--sizes", "4K,1M", "--copies", "64,4", "--runs", "7",
+        ])));
         assert_eq!((p.sizes, p.runs), (vec![(4096, 64), (1 << 20, 4)], 7));
         // A count per size, sizes and counts in range.
         assert!(plan(&args(&["--sizes", "4K,1M", "--copies", "64"])).is_err());
@@ -434,14 +452,29 @@ mod tests {
 
     #[test]
     fn peers() {
-        assert_eq!(peer(&args(&[])).unwrap(), None);
+        assert_eq!(ok(peer(&args(&[]))), None);
         assert_eq!(
-            peer(&args(&["--peer", "0x2", "--slot", "0", "--peer-len", "64M"])).unwrap(),
+            ok(peer(&args(&[
+                "--peer",
+                "0x2",
+                "--slot",
+                "0",
+                "--peer-len",
+                "64M"
+            ]))),
             Some((2, 0, 64 << 20))
         );
         assert!(peer(&args(&["--peer", "0x2", "--slot", "6", "--peer-len", "4K"])).is_err());
         assert!(peer(&args(&["--peer", "0x2", "--peer-len", "4K"])).is_err());
-        assert!(peer(&args(&["--peer", "0x10000", "--slot", "0", "--peer-len", "4K"])).is_err());
+        assert!(peer(&args(&[
+            "--peer",
+            "0x10000",
+            "--slot",
+            "0",
+            "--peer-len",
+            "4K"
+        ]))
+        .is_err());
     }
 
     #[test]
