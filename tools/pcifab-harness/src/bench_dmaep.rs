@@ -14,7 +14,7 @@ use crate::checks::{begin, dmesg_clean, driver_of, two_hosts, wait_or_dmesg};
 use crate::config::Dialect;
 use crate::fabric::{Fabric, Host};
 use crate::scenarios::dma_endpoint::{
-    dmatest_one, find_dmaep, unload_dmatest, DMATEST_KO, SWITCHTEC_DMA_KO,
+    dmatest_one, emu_counts, find_dmaep, unload_dmatest, DMATEST_KO, SWITCHTEC_DMA_KO,
 };
 
 const MIB: u64 = 1 << 20;
@@ -91,6 +91,40 @@ pub struct DmaepBench {
     pub lender: String,
     /// The dmatest channel.
     pub chan: String,
+    /// The emulator's count of h1's endpoint over pcifab's copies (the selftest: every
+    /// size, both modes, the latency rounds) and over dmatest's runs: entries completed
+    /// and bytes copied, on every channel.
+    pub pcifab_entries: Entries,
+    pub peer_entries: Entries,
+}
+
+/// Entries an endpoint completed and the bytes they copied.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Entries {
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+impl Entries {
+    /// Entries per MiB copied (NaN of nothing).
+    pub fn per_mib(self) -> f64 {
+        if self.bytes == 0 {
+            return f64::NAN;
+        }
+        self.entries as f64 * MIB as f64 / self.bytes as f64
+    }
+}
+
+/// What an endpoint did between two readings of the emulator's counters
+/// ([`emu_counts`]: completions, interrupts, bytes per channel).
+fn entries_between(before: &[(u64, u64, u64)], after: &[(u64, u64, u64)]) -> Entries {
+    before
+        .iter()
+        .zip(after)
+        .fold(Entries::default(), |e, (b, a)| Entries {
+            entries: e.entries + a.0.wrapping_sub(b.0),
+            bytes: e.bytes + a.2.wrapping_sub(b.2),
+        })
 }
 
 fn f64s(v: &Value, k: &str) -> Result<Vec<f64>, String> {
@@ -335,6 +369,7 @@ pub fn bench(f: &mut Fabric) -> Result<DmaepBench, String> {
     if f.expected.dma_endpoint_channels == 0 {
         return Err("the emulator's configuration sets no dma_endpoint_channels".into());
     }
+    let emu = f.emu();
     let (h0, h1) = two_hosts(&mut f.hosts, "the dmaep part needs two hosts")?;
     if !crate::fabric::iommu_host(0) {
         return Err("h0 lends a 64 MiB buffer, which maps as one range only with an IOMMU".into());
@@ -379,6 +414,7 @@ pub fn bench(f: &mut Fabric) -> Result<DmaepBench, String> {
         .iter()
         .map(|&s| copies_per_run(s).to_string())
         .collect();
+    let before = emu_counts(&emu, &h1.name)?;
     let out = h1.run_ok_timeout(
         &format!(
             "pcifab-selftest dmaep-bench --sizes {} --copies {} --runs {RUNS} --latency \
@@ -388,6 +424,7 @@ pub fn bench(f: &mut Fabric) -> Result<DmaepBench, String> {
         ),
         Duration::from_secs(600),
     )?;
+    let pcifab_entries = entries_between(&before, &emu_counts(&emu, &h1.name)?);
     let (mut rows, lat) = parse_selftest(&out, RUNS)?;
     let lat = lat.ok_or_else(|| format!("dmaep-bench printed no latency line: {}", out.trim()))?;
     if let Some(r) = rows.iter().find(|r| r.fabric.len() != RUNS) {
@@ -424,9 +461,11 @@ pub fn bench(f: &mut Fabric) -> Result<DmaepBench, String> {
     // The peer: Linux's switchtec_dma on the same endpoint of the same guest. It cannot be
     // unbound again (dma_endpoint.rs), so it comes last.
     let chan = switchtec_dma_on(h1, &bdf1)?;
+    let before = emu_counts(&emu, &h1.name)?;
     let r = peer_runs(h1, &chan, &mut rows);
     let _ = unload_dmatest(h1);
     r?;
+    let peer_entries = entries_between(&before, &emu_counts(&emu, &h1.name)?);
     dmesg_clean(h1)?;
     dmesg_clean(h0)?;
     Ok(DmaepBench {
@@ -436,6 +475,8 @@ pub fn bench(f: &mut Fabric) -> Result<DmaepBench, String> {
         bdf: bdf1,
         lender: h0.name.clone(),
         chan,
+        pcifab_entries,
+        peer_entries,
     })
 }
 
@@ -641,6 +682,24 @@ pub fn report(b: &DmaepBench) -> Vec<String> {
             l.fabric_p99
         ));
     }
+    // Machine-independent: what each driver asks of the endpoint per MiB.
+    out.push(format!(
+        "# dmaep entries: the emulator counted {} entries for {} bytes of pcifab's copies \
+         (every size, both modes, the latency rounds) and {} entries for {} bytes of \
+         dmatest's",
+        b.pcifab_entries.entries,
+        b.pcifab_entries.bytes,
+        b.peer_entries.entries,
+        b.peer_entries.bytes
+    ));
+    out.push(format!(
+        "bench dmaep_entries_per_mib_pcifab {:.1}",
+        b.pcifab_entries.per_mib()
+    ));
+    out.push(format!(
+        "bench dmaep_entries_per_mib_switchtec_dma {:.1}",
+        b.peer_entries.per_mib()
+    ));
     if let Some(r) = b
         .rows
         .iter()
@@ -765,6 +824,11 @@ some other line
             bdf: "0000:01:00.2".into(),
             lender: "h0".into(),
             chan: "dma0chan0".into(),
+            pcifab_entries: Entries {
+                entries: 512,
+                bytes: 2 * MIB,
+            },
+            peer_entries: Entries::default(),
         };
         let lines = report(&b);
         let fig = |name: &str| -> Option<f64> {
@@ -784,6 +848,8 @@ some other line
         );
         assert_eq!(fig("dmaep_4k_latency_us"), Some(42.0));
         assert_eq!(fig("dmaep_4k_switchtec_dma_mean_us"), Some(100.0));
+        assert_eq!(fig("dmaep_entries_per_mib_pcifab"), Some(256.0));
+        assert!(fig("dmaep_entries_per_mib_switchtec_dma").unwrap().is_nan());
         let lo = fig("dmaep_copy_ratio_vs_switchtec_dma_4k_ci95_low").unwrap();
         let hi = fig("dmaep_copy_ratio_vs_switchtec_dma_4k_ci95_high").unwrap();
         assert!(lo <= 2.0 && 2.0 <= hi, "{lo} {hi}");
@@ -805,6 +871,29 @@ some other line
             .all(|l| !l.contains("   ")));
         let head = &lines[1];
         assert_eq!(head.find('|'), lines[2].find('|'), "{head}\n{}", lines[2]);
+    }
+
+    #[test]
+    fn entries_are_summed_over_channels() {
+        let before = [(10, 10, 4096), (0, 0, 0)];
+        let after = [(12, 12, 4096 * 3), (256, 256, MIB)];
+        let e = entries_between(&before, &after);
+        assert_eq!(
+            e,
+            Entries {
+                entries: 258,
+                bytes: MIB + 8192
+            }
+        );
+        assert_eq!(
+            Entries {
+                entries: 4,
+                bytes: 4 * MIB
+            }
+            .per_mib(),
+            1.0
+        );
+        assert!(Entries::default().per_mib().is_nan());
     }
 
     #[test]

@@ -51,7 +51,7 @@ done"#,
 }
 
 /// Per channel (completions, irqs, bytes) as the emulator counts them.
-fn emu_counts(emu: &EmuControl, host: &str) -> Result<Vec<(u64, u64, u64)>, String> {
+pub(crate) fn emu_counts(emu: &EmuControl, host: &str) -> Result<Vec<(u64, u64, u64)>, String> {
     let v = emu.request(&format!("dmaep {host} stats"))?;
     let chans = v
         .get("channels")
