@@ -51,7 +51,8 @@ help:
 	@echo "                (DIALECT=extended: pcifab's firmware extensions too, emulator only)"
 	@echo "make soak       the QEMU scenarios on the debug kernel with the trust scenarios at full"
 	@echo "                size (100,000 fuzz calls, 1,000 unload cycles, 5,000 hostile replies)"
-	@echo "make bench      MRPC echo vs switchtec, bind/unbind vs raw hot-plug and switchtec-user, manager scheduling"
+	@echo "make bench      MRPC echo vs switchtec, bind/unbind vs raw hot-plug and switchtec-user, DMA"
+	@echo "                endpoint copies vs switchtec_dma + dmatest, manager scheduling"
 	@echo "make kernel-debian  prepare Debian's kernel $(DEBIAN_KREL) for module builds (rust metadata)"
 	@echo "make module-debian  build the module for Debian's kernel (in the trixie build tree)"
 	@echo "make test-debian    a few scenarios on Debian's own kernel with that module"
@@ -383,7 +384,10 @@ DEBIAN_FILTER := pcifab binds the MEP|identity|compose: bind GPU0|compose: move 
 # for Debian's kernel (Documentation/benchmarks.rst).
 DEMO_KERNEL ?= debian
 BENCH_KERNEL ?= debian
-DEBIAN_SWITCHTEC := $(PCIFAB_CACHE)/module-debian-switchtec/switchtec.ko
+# Linux's switchtec.ko, and beside it switchtec_dma.ko and dmatest.ko (the dmaep part of bench),
+# built from Debian's source for Debian's kernel.
+export DEBIAN_SWITCHTEC_MO ?= $(PCIFAB_CACHE)/module-debian-switchtec
+DEBIAN_SWITCHTEC := $(DEBIAN_SWITCHTEC_MO)/switchtec.ko
 
 kernel-debian: deps
 	@tools/scripts/debian-kernel.sh prepare
@@ -431,13 +435,17 @@ demo: kernel check-module tools
 endif
 
 # One guest: MRPC echo through pcifab's ioctl vs the C driver's /dev/switchtec0, and
-# bind/unbind latency through pcifab vs raw QMP hot-plug and vs switchtec-user's gfms-bind.
+# bind/unbind latency through pcifab vs raw QMP hot-plug and vs switchtec-user's gfms-bind;
+# then, on the pax dialect (its own harness run, RESULTS/dmaep), copies through the switch's
+# DMA endpoint by pcifab vs switchtec_dma + dmatest.
 # Documentation/benchmarks.rst records the numbers.
 ifeq ($(BENCH_KERNEL),debian)
 bench: module-debian switchtec-debian tools switchtec-user slurm
 	@tools/scripts/versions.sh $(DEBIAN_KDIR)
 	$(HOST_BIN)/pcifab-harness bench $(DEBIAN_HARNESS_ARGS) --switchtec $(DEBIAN_SWITCHTEC) \
 		--switchtec-user $(SWITCHTEC_USER) --results $(RESULTS)
+	$(HOST_BIN)/pcifab-harness bench --dialect pax --filter dmaep $(DEBIAN_HARNESS_ARGS) \
+		--switchtec $(DEBIAN_SWITCHTEC) --results $(RESULTS)/dmaep
 	$(HOST_BIN)/pcifab-harness bench-scale $(DEBIAN_HARNESS_ARGS) --results $(RESULTS)/scale
 	$(MAKE) -s bench-slurm
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
@@ -445,6 +453,8 @@ else
 bench: kernel check-module tools switchtec-user
 	@tools/scripts/versions.sh $(KDIR)
 	$(HOST_BIN)/pcifab-harness bench $(HARNESS_ARGS) --switchtec-user $(SWITCHTEC_USER)
+	$(HOST_BIN)/pcifab-harness bench --dialect pax --filter dmaep $(TEST_KERNEL_ARGS) \
+		--results $(RESULTS)/dmaep
 	$(HOST_BIN)/pcifab-harness bench-scale $(TEST_KERNEL_ARGS) --results $(RESULTS)/scale
 	$(CARGO) run -q --release $(TOOLS) -p pcifab-manager --bin pcifab-manager-bench -- --charts $(RESULTS)
 endif

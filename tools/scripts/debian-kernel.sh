@@ -19,7 +19,10 @@
 #                                the benchmarks compare with; Debian's config leaves
 #                                PCI_SW_SWITCHTEC off) from Debian's unmodified source, as an
 #                                external module against the prepared tree, inside the trixie
-#                                tree, into $CACHE/module-debian-switchtec/switchtec.ko.
+#                                tree, into $CACHE/module-debian-switchtec/switchtec.ko
+#                                ($DEBIAN_SWITCHTEC_MO if set), and beside it switchtec_dma.ko
+#                                and dmatest.ko (the DMA endpoint's C peer and its test client,
+#                                also off in Debian's config).
 #   debian-kernel.sh check-dkms  prepare, then inside the trixie tree: install dkms, Debian's
 #                                headers and linux-source, `dkms add` this checkout and
 #                                `dkms build -k $KREL`; copies the module to
@@ -269,29 +272,41 @@ build_module() {
 }
 
 # Linux's switchtec driver, drivers/pci/switch/switchtec.c of the source the prepared tree $1
-# was made from, built unmodified as an external module into $2 (inside the trixie tree);
-# every symbol must resolve against Debian's Module.symvers.
+# was made from, built unmodified as an external module into $2 (inside the trixie tree), and
+# beside it the driver of the switch's DMA endpoint and the dmaengine test client the
+# benchmark's dmaep part runs (drivers/dma/switchtec_dma.c with its dmaengine.h, and
+# drivers/dma/dmatest.c; Debian's config leaves SWITCHTEC_DMA and DMATEST off); every symbol
+# must resolve against Debian's Module.symvers.
+SWITCHTEC_SRCS="drivers/pci/switch/switchtec.c drivers/dma/switchtec_dma.c drivers/dma/dmaengine.h drivers/dma/dmatest.c"
+SWITCHTEC_KOS="switchtec switchtec_dma dmatest"
 build_switchtec() {
-	local tree=$1 mo=$2 src args vm
+	local tree=$1 mo=$2 src args vm f fresh=1
 	src=$(readlink -f "$tree/source")
-	[ -f "$src/drivers/pci/switch/switchtec.c" ] || die "no drivers/pci/switch/switchtec.c in $src"
-	if [ -f "$mo/switchtec.ko" ] && [ "$mo/switchtec.ko" -nt "$tree/.built" ] \
-		&& cmp -s "$src/drivers/pci/switch/switchtec.c" "$mo/switchtec.c"; then
-		say "up to date: $mo/switchtec.ko"
+	for f in $SWITCHTEC_SRCS; do
+		[ -f "$src/$f" ] || die "no $f in $src"
+		cmp -s "$src/$f" "$mo/${f##*/}" || fresh=0
+	done
+	for f in $SWITCHTEC_KOS; do
+		[ -f "$mo/$f.ko" ] && [ "$mo/$f.ko" -nt "$tree/.built" ] || fresh=0
+	done
+	if [ "$fresh" = 1 ]; then
+		say "up to date: $mo/switchtec.ko, switchtec_dma.ko, dmatest.ko"
 		return
 	fi
 	mapfile -t args < <(kmake_args "$tree")
 	rm -rf "$mo"
 	mkdir -p "$mo"
-	cp "$src/drivers/pci/switch/switchtec.c" "$mo/"
-	echo 'obj-m := switchtec.o' >"$mo/Kbuild"
+	for f in $SWITCHTEC_SRCS; do cp "$src/$f" "$mo/"; done
+	echo 'obj-m := switchtec.o switchtec_dma.o dmatest.o' >"$mo/Kbuild"
 	$RUN make -s -C "$tree" M="$mo" "${args[@]}" modules >"$mo/build.log" 2>&1 || {
 		cat "$mo/build.log" >&2; die "switchtec build against $tree failed"; }
 	! grep -q -i -E 'warning|error|undefined' "$mo/build.log" \
 		|| { cat "$mo/build.log" >&2; die "switchtec build against $tree is not clean (see $mo/build.log)"; }
-	vm=$($RUN modinfo -F vermagic "$mo/switchtec.ko")
-	case "$vm" in "$KREL "*) ;; *) die "$mo/switchtec.ko: vermagic '$vm', expected '$KREL ...'" ;; esac
-	say "built $mo/switchtec.ko from Debian's source (vermagic $vm)"
+	for f in $SWITCHTEC_KOS; do
+		vm=$($RUN modinfo -F vermagic "$mo/$f.ko")
+		case "$vm" in "$KREL "*) ;; *) die "$mo/$f.ko: vermagic '$vm', expected '$KREL ...'" ;; esac
+	done
+	say "built $mo/switchtec.ko, switchtec_dma.ko and dmatest.ko from Debian's source (vermagic $vm)"
 }
 
 # Cache mode: everything of 1-4 in $CACHE.
@@ -475,7 +490,7 @@ module)
 	say "module built in $(($(date +%s) - start)) s"
 	;;
 switchtec)
-	RUN=in_root build_switchtec "$CACHE/kbuild-debian" "$CACHE/module-debian-switchtec"
+	RUN=in_root build_switchtec "$CACHE/kbuild-debian" "${DEBIAN_SWITCHTEC_MO:-$CACHE/module-debian-switchtec}"
 	;;
 check-dkms)
 	start=$(date +%s)

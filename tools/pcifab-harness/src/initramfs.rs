@@ -219,20 +219,29 @@ fn add_tree(c: &mut Cpio, root: &Path, have: &mut Vec<String>) -> Result<(), Str
 }
 
 /// Linux's driver of the switch's DMA endpoint and the kernel's dmaengine acceptance test,
-/// shipped as /lib/modules/NAME.ko when the kernel build that `switchtec.ko` came from
-/// (KDIR/drivers/pci/switch/switchtec.ko) has them in KDIR/drivers/dma/
-/// (CONFIG_SWITCHTEC_DMA=m, CONFIG_DMATEST=m).
+/// shipped as /lib/modules/NAME.ko when they are beside `switchtec.ko` (external builds:
+/// `make switchtec-debian` builds all three for Debian's kernel) or the kernel build that
+/// `switchtec.ko` came from (KDIR/drivers/pci/switch/switchtec.ko) has them in
+/// KDIR/drivers/dma/ (CONFIG_SWITCHTEC_DMA=m, CONFIG_DMATEST=m).
 pub const DMA_MODULES: [&str; 2] = ["switchtec_dma", "dmatest"];
 
-/// Where [`DMA_MODULES`] are in the kernel build of `switchtec_ko`, those that exist.
+/// Where [`DMA_MODULES`] are beside `switchtec_ko` or in its kernel build, those that exist.
 pub fn dma_modules(switchtec_ko: &Path) -> Vec<(&'static str, PathBuf)> {
-    let Some(kdir) = switchtec_ko.ancestors().nth(4) else {
-        return Vec::new();
-    };
+    let beside = switchtec_ko.parent().filter(|d| !d.as_os_str().is_empty());
+    let kdir = switchtec_ko.ancestors().nth(4);
     DMA_MODULES
         .iter()
-        .map(|n| (*n, kdir.join("drivers/dma").join(format!("{n}.ko"))))
-        .filter(|(_, p)| p.is_file())
+        .filter_map(|n| {
+            let file = format!("{n}.ko");
+            [
+                beside.map(|d| d.join(&file)),
+                kdir.map(|k| k.join("drivers/dma").join(&file)),
+            ]
+            .into_iter()
+            .flatten()
+            .find(|p| p.is_file())
+            .map(|p| (*n, p))
+        })
         .collect()
 }
 
@@ -504,6 +513,26 @@ mod tests {
         );
         assert!(dma_modules(Path::new("switchtec.ko")).is_empty());
         fs::remove_dir_all(&kdir).unwrap();
+    }
+
+    #[test]
+    fn dma_modules_beside_an_external_switchtec_build() {
+        let mo = std::env::temp_dir().join(format!("pcifab-dma-beside-{}", std::process::id()));
+        fs::create_dir_all(&mo).unwrap();
+        let sw = mo.join("switchtec.ko");
+        fs::write(&sw, b"x").unwrap();
+        assert!(dma_modules(&sw).is_empty(), "none built");
+        fs::write(mo.join("dmatest.ko"), b"x").unwrap();
+        assert_eq!(dma_modules(&sw), [("dmatest", mo.join("dmatest.ko"))]);
+        fs::write(mo.join("switchtec_dma.ko"), b"x").unwrap();
+        assert_eq!(
+            dma_modules(&sw),
+            [
+                ("switchtec_dma", mo.join("switchtec_dma.ko")),
+                ("dmatest", mo.join("dmatest.ko"))
+            ]
+        );
+        fs::remove_dir_all(&mo).unwrap();
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! See Documentation/testing.rst.
 
 mod bench;
+mod bench_dmaep;
 mod charts;
 mod checks;
 mod config;
@@ -27,7 +28,50 @@ fn filter_matches(filter: &str, name: &str) -> bool {
 }
 
 /// The parts of `bench`, in the order they run; `--filter` picks some of them.
-const BENCH_PARTS: [&str; 4] = ["mrpc", "compose", "p2p", "manager"];
+const BENCH_PARTS: [&str; 5] = ["mrpc", "compose", "p2p", "manager", "dmaep"];
+/// The parts that run on one firmware dialect only.
+const BENCH_PART_DIALECT: [(&str, config::Dialect); 1] = [("dmaep", config::Dialect::Pax)];
+
+/// The parts a `bench` run on `dialect` makes with the lower-case `--filter` value, and a
+/// note for each part left out because it needs another dialect. A filter that names such
+/// a part is an error: nothing would measure it.
+fn bench_parts(
+    filter: Option<&str>,
+    dialect: config::Dialect,
+) -> Result<(Vec<&'static str>, Vec<String>), String> {
+    let needs = |p: &str| {
+        BENCH_PART_DIALECT
+            .iter()
+            .find(|(q, _)| *q == p)
+            .map(|(_, d)| *d)
+    };
+    let (mut parts, mut notes) = (Vec::new(), Vec::new());
+    for p in BENCH_PARTS {
+        let named = filter.is_some_and(|f| filter_matches(f, p));
+        if filter.is_some() && !named {
+            continue;
+        }
+        match needs(p) {
+            Some(d) if d != dialect && named => {
+                return Err(format!(
+                    "--filter names the {p} part, which runs on the {} dialect only (this run: \
+                     {}); run it alone: pcifab-harness bench --dialect {} --filter {p}",
+                    d.name(),
+                    dialect.name(),
+                    d.name()
+                ))
+            }
+            Some(d) if d != dialect => notes.push(format!(
+                "# the {p} part is not in this run: it runs on the {} dialect (pcifab-harness \
+                 bench --dialect {} --filter {p}; make bench runs it so)",
+                d.name(),
+                d.name()
+            )),
+            _ => parts.push(p),
+        }
+    }
+    Ok((parts, notes))
+}
 
 /// `--soak`: the trust scenarios at the full counts (`make soak`), not the shorter ones of
 /// `make test` (Documentation/testing-trust.rst).
@@ -125,7 +169,7 @@ struct RunArgs {
     hosts: Option<usize>,
     /// Run only scenarios whose name contains S (case-insensitive); S may list
     /// alternatives separated by '|'. With bench: only the parts it names (mrpc,
-    /// compose, p2p, manager)
+    /// compose, p2p, manager; dmaep, on the pax dialect only)
     #[arg(long, value_name = "S")]
     filter: Option<String>,
     /// Leave out the scenarios whose name contains S (as --filter; both may be given: the
@@ -895,15 +939,21 @@ impl Run {
     }
 
     fn bench(&mut self, fabric: &mut Fabric) -> Result<(), String> {
+        let filter = self.opts.filter.as_deref().map(str::to_lowercase);
+        let (parts, notes) = bench_parts(filter.as_deref(), fabric.expected.dialect)?;
+        for n in &notes {
+            say(n);
+        }
         // h0's MRPC and bind figures are taken alone: h1's QEMU would take CPU time from it
-        // under TCG.
-        if let Some(h1) = fabric.hosts.get_mut(1) {
-            h1.kill_qemu()?;
+        // under TCG. (The dmaep part, the last, uses both hosts.)
+        if parts.iter().any(|p| *p != "dmaep") {
+            if let Some(h1) = fabric.hosts.get_mut(1) {
+                h1.kill_qemu()?;
+            }
         }
         // A chart that cannot be written fails the run at its end, after every figure.
         let mut chart_errors = Vec::new();
-        let filter = self.opts.filter.as_deref().map(str::to_lowercase);
-        let want = |part: &str| filter.as_deref().is_none_or(|f| filter_matches(f, part));
+        let want = |part: &str| parts.contains(&part);
         if want("mrpc") {
             fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(3600)));
             let r = bench::mrpc(fabric);
@@ -1116,6 +1166,18 @@ impl Run {
                 "bench manager_request_p99_ms_from_h1 {:.3}",
                 pct(0.99)
             ));
+        }
+        if want("dmaep") {
+            // h1 copies, h0 lends it a buffer: both run from here.
+            if fabric.hosts.len() > 1 {
+                scenarios::manager::start_again(fabric, 1)?;
+            }
+            fabric.set_deadline(Some(Instant::now() + std::time::Duration::from_secs(900)));
+            let r = bench_dmaep::bench(fabric);
+            fabric.set_deadline(None);
+            for l in bench_dmaep::report(&r?) {
+                say(&l);
+            }
         }
         if chart_errors.is_empty() {
             Ok(())
@@ -1659,6 +1721,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if opts.mode == Mode::Bench {
+        let f = opts.filter.as_deref().map(str::to_lowercase);
+        if let Err(e) = bench_parts(f.as_deref(), expected.dialect) {
+            eprintln!("pcifab-harness: {e}");
+            return ExitCode::from(2);
+        }
+    }
     if let Err(e) = std::fs::create_dir_all(&opts.results) {
         eprintln!(
             "pcifab-harness: cannot create results directory {}: {e}",
@@ -1808,6 +1877,31 @@ mod tests {
 
     fn v(s: &[&str]) -> Vec<String> {
         s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn bench_parts_follow_the_filter_and_the_dialect() {
+        use config::Dialect::{Extended, Pax};
+        // Unfiltered: the dmaep part only on pax, and a note says where it went.
+        let (parts, notes) = bench_parts(None, Extended).unwrap();
+        assert_eq!(parts, ["mrpc", "compose", "p2p", "manager"]);
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0].contains("--dialect pax --filter dmaep"),
+            "{}",
+            notes[0]
+        );
+        let (parts, notes) = bench_parts(None, Pax).unwrap();
+        assert_eq!(parts, BENCH_PARTS);
+        assert!(notes.is_empty());
+        assert_eq!(bench_parts(Some("dmaep"), Pax).unwrap().0, ["dmaep"]);
+        assert_eq!(
+            bench_parts(Some("compose|p2p"), Extended).unwrap().0,
+            ["compose", "p2p"]
+        );
+        // Named on another dialect: refused, not skipped.
+        let e = bench_parts(Some("p2p|dmaep"), Extended).unwrap_err();
+        assert!(e.contains("--dialect pax --filter dmaep"), "{e}");
     }
 
     #[test]

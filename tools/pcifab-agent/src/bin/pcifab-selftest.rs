@@ -40,6 +40,8 @@ mod caps;
 mod concurrent;
 #[path = "selftest/cycles.rs"]
 mod cycles;
+#[path = "selftest/dmaep_bench.rs"]
+mod dmaep_bench;
 #[path = "selftest/echo.rs"]
 mod echo;
 #[path = "selftest/faults.rs"]
@@ -109,6 +111,7 @@ commands:
 fn more_usage() -> String {
     [
         p2p::USAGE,
+        dmaep_bench::USAGE,
         fuzz::USAGE,
         cycles::USAGE,
         faults::USAGE,
@@ -148,6 +151,8 @@ fn main() -> ExitCode {
         "p2p-bench" => Some(p2p::cmd_p2p_bench),
         "p2p-signalled" => Some(p2p::cmd_p2p_signalled),
         "p2p-movable" => Some(p2p::cmd_p2p_movable),
+        "dmaep-bench" => Some(dmaep_bench::cmd_dmaep_bench),
+        "dmaep-lend" => Some(dmaep_bench::cmd_dmaep_lend),
         "fuzz" => Some(fuzz::cmd_fuzz),
         "unload-cycles" => Some(cycles::cmd_unload_cycles),
         "probe-faults" => Some(faults::cmd_probe_faults),

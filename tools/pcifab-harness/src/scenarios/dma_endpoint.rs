@@ -12,8 +12,8 @@ use serde_json::Value;
 use crate::checks::{dmesg_clean, driver_of, wait_or_dmesg, Checks};
 use crate::fabric::{EmuControl, Fabric, Host};
 
-const SWITCHTEC_DMA_KO: &str = "/lib/modules/switchtec_dma.ko";
-const DMATEST_KO: &str = "/lib/modules/dmatest.ko";
+pub(crate) const SWITCHTEC_DMA_KO: &str = "/lib/modules/switchtec_dma.ko";
+pub(crate) const DMATEST_KO: &str = "/lib/modules/dmatest.ko";
 
 /// The dmatest runs: (test_buf_size, iterations per channel). dmatest picks each copy's
 /// length (1 byte up to the buffer) and source/destination offsets at random inside the
@@ -23,7 +23,7 @@ const DMATEST_KO: &str = "/lib/modules/dmatest.ko";
 const RUNS: [(u32, u32); 1] = [(1 << 20, 24)];
 
 /// BDF of the DMA endpoint: vendor 0x11f8, class 0x088000, function 2 behind the switch.
-fn find_dmaep(h: &mut Host) -> Result<String, String> {
+pub(crate) fn find_dmaep(h: &mut Host) -> Result<String, String> {
     let out = h.run_ok(
         r#"for d in /sys/bus/pci/devices/*; do
   read -r v <$d/vendor && read -r c <$d/class || continue
@@ -51,7 +51,7 @@ done"#,
 }
 
 /// Per channel (completions, irqs, bytes) as the emulator counts them.
-fn emu_counts(emu: &EmuControl, host: &str) -> Result<Vec<(u64, u64, u64)>, String> {
+pub(crate) fn emu_counts(emu: &EmuControl, host: &str) -> Result<Vec<(u64, u64, u64)>, String> {
     let v = emu.request(&format!("dmaep {host} stats"))?;
     let chans = v
         .get("channels")
@@ -87,7 +87,7 @@ fn summaries(log: &str) -> Vec<(String, u64, u64)> {
 /// reference and its release callback freed `swdma_dev` (KASAN: slab-use-after-free in
 /// switchtec_dma_remove, seen here on every rmmod and unbind). So the driver stays bound
 /// once it bound; a second run in the same boot finds it so.
-fn unload_dmatest(h: &mut Host) -> Result<(), String> {
+pub(crate) fn unload_dmatest(h: &mut Host) -> Result<(), String> {
     h.run_ok("if [ -d /sys/module/dmatest ]; then rmmod dmatest; fi")
         .map(|_| ())
 }
@@ -97,7 +97,7 @@ fn unload_dmatest(h: &mut Host) -> Result<(), String> {
 /// channel's thread when the channel is added and leaves it in D state until `run`:
 /// adding the next channel (switchtec_dma allocates 32768 descriptors, 15-20 s under the
 /// sanitizer kernel) kept the first thread waiting past the guest's 20 s hung-task limit.
-fn dmatest_one(h: &mut Host, chan: &str, secs: u32) -> Result<(), String> {
+pub(crate) fn dmatest_one(h: &mut Host, chan: &str, secs: u32) -> Result<(), String> {
     const P: &str = "/sys/module/dmatest/parameters";
     let polls = secs.saturating_mul(10);
     let out = h.run_timeout(
