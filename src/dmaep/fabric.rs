@@ -241,7 +241,9 @@ impl Fabric {
         );
         match status {
             r::CMD_STATUS_DONE => {}
-            r::CMD_STATUS_ERROR => return Ok(Answer::Refused(ret)),
+            // A refusal counts only as the refusal of this command: what a refused
+            // UNREGISTER releases, another command's answer must not.
+            r::CMD_STATUS_ERROR if done_cmd == cmd => return Ok(Answer::Refused(ret)),
             _ => {
                 dev_warn!(
                     self.pdev,
@@ -608,14 +610,32 @@ impl Fabric {
                 reg.peer,
                 reg.dma.bytes()
             );
-            // Unmapped for the device it was mapped for (else kept for good); pages that
-            // find no room in the limbo are unpinned: the endpoint cannot write them now.
+            // Unmapped for the device it was mapped for (else kept for good). Pages that
+            // find no room in the limbo stay pinned for good too: the next bind turns bus
+            // mastering on before it can ask the firmware, and a peer may still write them.
             if let Some(pages) = reg.dma.unmap(dev) {
-                let parked = registry::Parked {
+                let mut parked = Some(registry::Parked {
                     dev: dev.into(),
                     pages,
-                };
-                let _ = registry::with_limbo(|l| l.push(parked, GFP_KERNEL));
+                });
+                let _ = registry::with_limbo(|l| {
+                    if l.reserve(1, GFP_KERNEL).is_ok() {
+                        if let Some(p) = parked.take() {
+                            // Room was reserved: cannot fail (and gives them back if it did).
+                            if let Err(e) = l.push_within_capacity(p) {
+                                parked = Some(e.0);
+                            }
+                        }
+                    }
+                });
+                if let Some(p) = parked {
+                    dev_err!(
+                        self.pdev,
+                        "DMA endpoint: no memory to park buffer {}'s pages: kept pinned for good\n",
+                        reg.slot
+                    );
+                    core::mem::forget(p);
+                }
             }
         }
         // Dropped: the output buffer is freed, which the endpoint can no longer write.
