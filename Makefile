@@ -284,7 +284,7 @@ test-lane1:
 test-lane4:
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
 		--filter 'agent answers|pcifab binds the MEP|$(DEBUG_MANAGER)|rmmod pcifab in every host|kmemleak' \
-		$(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) --results $(RESULTS)/debug-manager
+		$(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) $(call ETCD_ARGS,manager:) --results $(RESULTS)/debug-manager
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
 		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
 
@@ -330,6 +330,9 @@ FILTER ?= pcifab binds the MEP
 SLURM_GUEST := $(PCIFAB_CACHE)/slurm-guest
 SLURM_FOR = $(if $(findstring slurm,$(1)),slurm)
 SLURM_ARGS = $(if $(findstring slurm,$(1)),--slurm $(SLURM_GUEST))
+# Debian's etcd (tools/scripts/etcd.sh fetches it into the cache) for the manager's HA
+# scenario, which runs it in the guests; passed only when the filter can select it.
+ETCD_ARGS = $(if $(findstring manager,$(1)),--etcd "$$(tools/scripts/etcd.sh)")
 
 slurm: deps
 	@tools/scripts/slurm.sh
@@ -337,7 +340,7 @@ slurm: deps
 scenarios: check-module-debug tools switchtec-user $(call SLURM_FOR,$(FILTER))
 	$(HOST_BIN)/pcifab-harness test --keep-going --dialect $(DIALECT) --filter '$(FILTER)' \
 		$(if $(HOSTS),--hosts $(HOSTS)) $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) \
-		--switchtec-user $(SWITCHTEC_USER) $(call SLURM_ARGS,$(FILTER)) \
+		--switchtec-user $(SWITCHTEC_USER) $(call SLURM_ARGS,$(FILTER)) $(call ETCD_ARGS,$(FILTER)) \
 		$(if $(SWITCHTEC_DMA_SRC),,--exclude '$(FABRIC_DMA_ONLY)') --results $(RESULTS)/scenarios
 
 # Microchip's out-of-tree fabric-mode DMA driver and its fabric_client (h0 initiator, h1

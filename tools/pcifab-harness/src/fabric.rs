@@ -517,6 +517,8 @@ pub struct Fabric {
     refusal_only: Option<String>,
     /// The guests carry Debian's Slurm and MUNGE (`--slurm`, a `slurm:` scenario selected).
     pub slurm: bool,
+    /// The guests carry etcd (`--etcd`, the manager's HA scenario selected).
+    pub etcd: bool,
 }
 
 /// What [`EmuControl::host_counters`] reads.
@@ -631,6 +633,7 @@ impl Fabric {
             dma_errors_seen: Vec::new(),
             refusal_only: None,
             slurm: false,
+            etcd: false,
         }
     }
 

@@ -167,6 +167,87 @@ pub struct Inputs<'a> {
     /// Slurm and MUNGE with their libraries (`tools/scripts/slurm.sh`), only for runs that
     /// select a `slurm:` scenario.
     pub overlay: Option<&'a Path>,
+    /// etcd's server binary (Debian's, dynamically linked to the C library): installed as
+    /// /usr/bin/etcd with its ELF interpreter and the libraries this machine's loader finds
+    /// for it, at their paths (the manager's high-availability scenario only).
+    pub etcd: Option<&'a Path>,
+}
+
+/// The libraries of `ld.so --list` output (`NAME => PATH (ADDR)` lines; the interpreter's
+/// own line, `PATH (ADDR)`, and the vDSO are left out), in order. A library the loader did
+/// not find (`=> not found`) is an error naming it.
+pub fn listed_libraries(out: &str) -> Result<Vec<PathBuf>, String> {
+    let mut v = Vec::new();
+    for l in out.lines() {
+        let Some((name, rest)) = l.trim().split_once(" => ") else {
+            continue;
+        };
+        let path = rest.split_whitespace().next().unwrap_or("");
+        if path == "not" || !path.starts_with('/') {
+            return Err(format!("the loader found no {name} ({})", l.trim()));
+        }
+        v.push(PathBuf::from(path));
+    }
+    Ok(v)
+}
+
+/// Adds `dir` and its parents to `c` unless `have` lists them.
+fn add_dirs(c: &mut Cpio, dir: &Path, have: &mut Vec<String>) {
+    let mut parts = Vec::new();
+    let mut d = Some(dir);
+    while let Some(p) = d.filter(|p| !p.as_os_str().is_empty()) {
+        parts.push(p.to_string_lossy().into_owned());
+        d = p.parent();
+    }
+    for p in parts.into_iter().rev() {
+        if !have.contains(&p) {
+            c.dir(&p);
+            have.push(p);
+        }
+    }
+}
+
+/// etcd with what it needs to run in the guest (see [`Inputs::etcd`]): the binary, its ELF
+/// interpreter and the libraries `INTERP --list` names, each as (path in the guest without
+/// the leading `/`, content, mode).
+fn etcd_files(etcd: &Path) -> Result<Vec<(String, Vec<u8>, u32)>, String> {
+    let data = read(etcd, "etcd")?;
+    let mut v = Vec::new();
+    if let Some(interp) = elf_interp(&data) {
+        let o = std::process::Command::new(&interp)
+            .arg("--list")
+            .arg(etcd)
+            .output()
+            .map_err(|e| format!("cannot run {interp} --list {}: {e}", etcd.display()))?;
+        let out = String::from_utf8_lossy(&o.stdout);
+        if !o.status.success() {
+            return Err(format!(
+                "{interp} --list {} failed: {}{}",
+                etcd.display(),
+                out.trim(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        let libs = listed_libraries(&out).map_err(|e| format!("etcd {}: {e}", etcd.display()))?;
+        for p in std::iter::once(PathBuf::from(&interp)).chain(libs) {
+            let rel = p
+                .strip_prefix("/")
+                .ok()
+                .and_then(Path::to_str)
+                .ok_or_else(|| {
+                    format!(
+                        "etcd's library {} is not an absolute UTF-8 path",
+                        p.display()
+                    )
+                })?
+                .to_string();
+            if !v.iter().any(|(r, _, _): &(String, Vec<u8>, u32)| *r == rel) {
+                v.push((rel, read(&p, "etcd's library")?, 0o755));
+            }
+        }
+    }
+    v.push(("usr/bin/etcd".into(), data, 0o755));
+    Ok(v)
 }
 
 /// Adds every directory, regular file and symlink under `root` to `c` at its path relative
@@ -465,8 +546,16 @@ pub fn build(inp: &Inputs, out: &Path) -> Result<PathBuf, String> {
             &read(&path, "DMA endpoint module")?,
         );
     }
+    let mut have: Vec<String> = dirs.iter().map(|d| d.to_string()).collect();
+    if let Some(etcd) = inp.etcd {
+        for (rel, data, mode) in etcd_files(etcd)? {
+            if let Some(parent) = Path::new(&rel).parent() {
+                add_dirs(&mut c, parent, &mut have);
+            }
+            c.file(&rel, mode, &data);
+        }
+    }
     if let Some(root) = inp.overlay {
-        let mut have = dirs.iter().map(|d| d.to_string()).collect();
         add_tree(&mut c, root, &mut have)?;
     }
     let data = c.finish();
@@ -533,6 +622,31 @@ mod tests {
             ]
         );
         fs::remove_dir_all(&mo).unwrap();
+    }
+
+    #[test]
+    fn the_loaders_list_gives_the_libraries() {
+        let out = "\tlinux-vdso.so.1 (0x00007ffd5a1f2000)\n\
+                   \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f0a1c000000)\n\
+                   \t/lib64/ld-linux-x86-64.so.2 (0x00007f0a1c3f0000)\n";
+        assert_eq!(
+            listed_libraries(out).unwrap(),
+            vec![PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6")]
+        );
+        let missing = "\tlibfoo.so.1 => not found\n";
+        assert!(listed_libraries(missing)
+            .unwrap_err()
+            .contains("libfoo.so.1"));
+    }
+
+    #[test]
+    fn parents_are_added_once() {
+        let mut c = Cpio::new();
+        let mut have = vec!["lib".to_string()];
+        add_dirs(&mut c, Path::new("lib/x86_64-linux-gnu"), &mut have);
+        add_dirs(&mut c, Path::new("lib64"), &mut have);
+        add_dirs(&mut c, Path::new("lib/x86_64-linux-gnu"), &mut have);
+        assert_eq!(have, ["lib", "lib/x86_64-linux-gnu", "lib64"]);
     }
 
     #[test]

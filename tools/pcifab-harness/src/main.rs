@@ -228,6 +228,11 @@ struct RunArgs {
     /// makes it); added to the guests only when the `fabric dma:` scenario is selected
     #[arg(long, value_name = "DIR")]
     switchtec_dma: Option<PathBuf>,
+    /// etcd's server binary (tools/scripts/etcd.sh prints it); it goes to the guests'
+    /// /usr/bin/etcd, with the libraries it links to, only when the manager's
+    /// high-availability scenario is selected
+    #[arg(long, value_name = "PATH")]
+    etcd: Option<PathBuf>,
 }
 
 /// `--hosts N`: at least one.
@@ -294,6 +299,8 @@ pub struct Opts {
     /// `--switchtec-dma DIR`: Microchip's fabric-mode DMA modules as a guest tree
     /// (`tools/scripts/switchtec-dma.sh`).
     pub switchtec_dma: Option<PathBuf>,
+    /// `--etcd PATH`: etcd's server binary for the guests (the manager's HA scenario).
+    pub etcd: Option<PathBuf>,
 }
 
 /// The command line: `Ok(Err(summary folders))` for `summary`; `Err` is clap's error (exit
@@ -364,6 +371,7 @@ fn opts(mode: Mode, r: RunArgs) -> Result<Opts, String> {
         cell: r.cell,
         slurm: r.slurm,
         switchtec_dma: r.switchtec_dma,
+        etcd: r.etcd,
     })
 }
 
@@ -626,6 +634,12 @@ impl Run {
         } else {
             None
         };
+        // etcd (and the libraries it links to) for the manager's high-availability scenario.
+        let etcd = if self.selected().contains(&scenarios::manager::HA_SCENARIO) {
+            o.etcd.as_deref()
+        } else {
+            None
+        };
         if slurm.is_some() && fabric_dma.is_some() {
             return Err(
                 "select the slurm: scenarios and the fabric dma one in separate runs (each \
@@ -642,6 +656,7 @@ impl Run {
                 switchtec_user: o.switchtec_user.as_deref(),
                 extra_modules,
                 overlay: slurm.or(fabric_dma),
+                etcd,
             },
             &o.results.join("initramfs.cpio"),
         )?;
@@ -743,6 +758,7 @@ impl Run {
         fabric.guest_bin = o.guest_bin.clone();
         fabric.emu_pid = emu_pid;
         fabric.slurm = slurm.is_some();
+        fabric.etcd = etcd.is_some();
         Ok(fabric)
     }
 

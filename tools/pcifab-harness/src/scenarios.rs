@@ -338,6 +338,12 @@ pub fn all() -> Vec<Scenario> {
             240,
             manager::network_api,
         ),
+        // Last of the manager's: it powers h0 off and boots it again.
+        s(
+            manager::HA_SCENARIO,
+            240,
+            manager::leader_host_powered_off,
+        ),
         // Before `features`: its raw query of an extension PAX lacks is a debug write that
         // taints the kernel, and this scenario needs a kernel no raw write has tainted.
         s(

@@ -281,6 +281,104 @@ pub struct HaConfig {
     pub password_file: Option<String>,
 }
 
+impl HaConfig {
+    /// Checks what serde cannot (the configuration's `[ha]`; `migrate --config` checks the
+    /// same with the endpoints it was given).
+    pub fn check(&self) -> Result<(), String> {
+        let h = self;
+        if h.endpoints.is_empty() {
+            return Err(
+                "[ha] endpoints: give etcd's client URLs (http://HOST:PORT or \
+                        https://HOST:PORT)"
+                    .into(),
+            );
+        }
+        if let Some(e) = h
+            .endpoints
+            .iter()
+            .find(|e| !e.starts_with("http://") && !e.starts_with("https://"))
+        {
+            return Err(format!(
+                "[ha] endpoints: '{e}' is neither http://HOST:PORT nor https://HOST:PORT"
+            ));
+        }
+        let tls = h.endpoints[0].starts_with("https://");
+        if let Some(e) = h
+            .endpoints
+            .iter()
+            .find(|e| e.starts_with("https://") != tls)
+        {
+            return Err(format!(
+                "[ha] endpoints: '{e}' and '{}' mix http:// and https://: give every \
+                 member of the cluster the same way",
+                h.endpoints[0]
+            ));
+        }
+        if tls && h.ca.is_none() {
+            return Err(format!(
+                "[ha] endpoints: '{}' is etcd over TLS, but [ha] ca is not set: set ca to \
+                 the CA file (PEM) etcd's certificates chain to",
+                h.endpoints[0]
+            ));
+        }
+        if !tls && (h.ca.is_some() || h.cert.is_some() || h.key.is_some()) {
+            return Err(format!(
+                "[ha] ca, cert and key are for etcd over TLS, but endpoint '{}' is \
+                 http://: give https:// endpoints, or drop these keys",
+                h.endpoints[0]
+            ));
+        }
+        if h.user.is_some() != h.password_file.is_some() {
+            return Err(
+                "[ha] user and password_file go together: set both (an etcd user \
+                        and the file of its password) or neither"
+                    .into(),
+            );
+        }
+        if h.user.as_deref() == Some("") {
+            return Err("[ha] user must not be empty".into());
+        }
+        if h.cert.is_some() != h.key.is_some() {
+            return Err(
+                "[ha] cert and key go together: set both (a client certificate \
+                        and its key) or neither"
+                    .into(),
+            );
+        }
+        if h.node.is_empty() || h.advertise.is_empty() {
+            return Err("[ha] node and advertise must not be empty".into());
+        }
+        if !(2..=3600).contains(&h.lease_ttl_s) {
+            return Err("[ha] lease_ttl_s is 2 to 3600".into());
+        }
+        if !h.prefix.starts_with('/') || h.prefix.ends_with('/') {
+            return Err(format!(
+                "[ha] prefix '{}' must start with '/' and not end with one",
+                h.prefix
+            ));
+        }
+        if h.timeout_ms < 100 {
+            return Err("[ha] timeout_ms is at least 100".into());
+        }
+        // A keepalive may wait out one member that does not answer (timeout_ms) and must
+        // still reach another within the lease's TTL.
+        let ttl_ms = h.lease_ttl_s.saturating_mul(1000);
+        if h.timeout_ms.saturating_mul(2) >= ttl_ms {
+            return Err(format!(
+                "[ha] timeout_ms ({}) must be less than half of lease_ttl_s ({} s): a \
+                 keepalive that waits out an etcd member that does not answer would leave \
+                 no time to renew the leader's lease on another; lower timeout_ms to {} \
+                 or less, or raise lease_ttl_s to {} or more",
+                h.timeout_ms,
+                h.lease_ttl_s,
+                (ttl_ms - 1) / 2,
+                h.timeout_ms.saturating_mul(2) / 1000 + 1
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn default_lease_ttl() -> u64 {
     5
 }
@@ -406,95 +504,7 @@ impl Config {
     /// Checks what serde cannot: names, duplicates, ranges.
     pub fn check(&self) -> Result<(), String> {
         if let Some(h) = &self.ha {
-            if h.endpoints.is_empty() {
-                return Err(
-                    "[ha] endpoints: give etcd's client URLs (http://HOST:PORT or \
-                            https://HOST:PORT)"
-                        .into(),
-                );
-            }
-            if let Some(e) = h
-                .endpoints
-                .iter()
-                .find(|e| !e.starts_with("http://") && !e.starts_with("https://"))
-            {
-                return Err(format!(
-                    "[ha] endpoints: '{e}' is neither http://HOST:PORT nor https://HOST:PORT"
-                ));
-            }
-            let tls = h.endpoints[0].starts_with("https://");
-            if let Some(e) = h
-                .endpoints
-                .iter()
-                .find(|e| e.starts_with("https://") != tls)
-            {
-                return Err(format!(
-                    "[ha] endpoints: '{e}' and '{}' mix http:// and https://: give every \
-                     member of the cluster the same way",
-                    h.endpoints[0]
-                ));
-            }
-            if tls && h.ca.is_none() {
-                return Err(format!(
-                    "[ha] endpoints: '{}' is etcd over TLS, but [ha] ca is not set: set ca to \
-                     the CA file (PEM) etcd's certificates chain to",
-                    h.endpoints[0]
-                ));
-            }
-            if !tls && (h.ca.is_some() || h.cert.is_some() || h.key.is_some()) {
-                return Err(format!(
-                    "[ha] ca, cert and key are for etcd over TLS, but endpoint '{}' is \
-                     http://: give https:// endpoints, or drop these keys",
-                    h.endpoints[0]
-                ));
-            }
-            if h.user.is_some() != h.password_file.is_some() {
-                return Err(
-                    "[ha] user and password_file go together: set both (an etcd user \
-                            and the file of its password) or neither"
-                        .into(),
-                );
-            }
-            if h.user.as_deref() == Some("") {
-                return Err("[ha] user must not be empty".into());
-            }
-            if h.cert.is_some() != h.key.is_some() {
-                return Err(
-                    "[ha] cert and key go together: set both (a client certificate \
-                            and its key) or neither"
-                        .into(),
-                );
-            }
-            if h.node.is_empty() || h.advertise.is_empty() {
-                return Err("[ha] node and advertise must not be empty".into());
-            }
-            if !(2..=3600).contains(&h.lease_ttl_s) {
-                return Err("[ha] lease_ttl_s is 2 to 3600".into());
-            }
-            if !h.prefix.starts_with('/') || h.prefix.ends_with('/') {
-                return Err(format!(
-                    "[ha] prefix '{}' must start with '/' and not end with one",
-                    h.prefix
-                ));
-            }
-            if h.timeout_ms < 100 {
-                return Err("[ha] timeout_ms is at least 100".into());
-            }
-            // A keepalive may wait out one member that does not answer (timeout_ms) and must
-            // still reach another within the lease's TTL.
-            let ttl_ms = h.lease_ttl_s.saturating_mul(1000);
-            if h.timeout_ms.saturating_mul(2) >= ttl_ms {
-                return Err(format!(
-                    "[ha] timeout_ms ({}) must be less than half of lease_ttl_s ({} s): a \
-                     keepalive that waits out an etcd member that does not answer would leave \
-                     no time to renew the leader's lease on another; lower timeout_ms to {} \
-                     or less, or raise lease_ttl_s to {} or more",
-                    h.timeout_ms,
-                    h.lease_ttl_s,
-                    (ttl_ms - 1) / 2,
-                    h.timeout_ms.saturating_mul(2) / 1000 + 1
-                ));
-            }
+            h.check()?;
         }
         let m = &self.manager;
         if m.hosts == 0 {

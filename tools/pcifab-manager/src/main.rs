@@ -387,28 +387,87 @@ struct MigrateArgs {
     /// The store to copy to (it must hold no state): redb:DIR or etcd:URL[,URL...]
     #[arg(long, value_name = "STORE")]
     to: String,
-    /// The key prefix of the state in etcd
-    #[arg(long, value_name = "PREFIX", default_value = "/pcifab")]
-    prefix: String,
+    /// The key prefix of the state in etcd (default: --config's [ha] prefix, else /pcifab)
+    #[arg(long, value_name = "PREFIX")]
+    prefix: Option<String>,
+    /// A manager configuration whose [ha] section the etcd store is reached with: its
+    /// TLS (ca, cert, key), its user (user, password_file), timeout_ms and prefix, and its
+    /// endpoints when the store is `etcd:` with no URL
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
 /// `migrate --from STORE --to STORE [--prefix P]`: copies the whole state of a stopped
 /// manager between its embedded database and etcd.
 fn migrate(m: MigrateArgs) -> Result<String, String> {
-    let MigrateArgs { from, to, prefix } = m;
+    let MigrateArgs {
+        from,
+        to,
+        prefix,
+        config,
+    } = m;
+    // The [ha] section of --config: the same keys, checks and etcd client as a manager's.
+    let ha = match &config {
+        None => None,
+        Some(p) => {
+            let shown = p.display();
+            let c = Config::load(&p.to_string_lossy())
+                .map_err(|e| format!("migrate: --config {shown}: {e}"))?;
+            Some(c.ha.ok_or_else(|| {
+                format!("migrate: --config {shown} has no [ha] section to reach etcd with")
+            })?)
+        }
+    };
+    let prefix = prefix
+        .or_else(|| ha.as_ref().map(|h| h.prefix.clone()))
+        .unwrap_or_else(|| "/pcifab".into());
     let open = |spec: &str| -> Result<Box<dyn StateStore>, String> {
         if let Some(dir) = spec.strip_prefix("redb:") {
             state_dir(dir)?;
             return Ok(Box::new(Store::open(std::path::Path::new(dir))?));
         }
         if let Some(eps) = spec.strip_prefix("etcd:") {
-            let eps: Vec<String> = eps.split(',').map(String::from).collect();
-            if eps.iter().any(|e| !e.starts_with("http://")) {
-                return Err(format!(
-                    "migrate: {spec}: etcd endpoints are http://HOST:PORT"
-                ));
-            }
-            let etcd = Arc::new(Etcd::new(&eps, std::time::Duration::from_secs(5)));
+            let eps: Vec<String> = eps
+                .split(',')
+                .filter(|e| !e.is_empty())
+                .map(String::from)
+                .collect();
+            let etcd = match &ha {
+                Some(h) => {
+                    let mut h = h.clone();
+                    if !eps.is_empty() {
+                        h.endpoints = eps;
+                    }
+                    h.check().map_err(|e| {
+                        format!(
+                            "migrate: {spec} with --config {}: {e}",
+                            config
+                                .as_deref()
+                                .unwrap_or(std::path::Path::new(""))
+                                .display()
+                        )
+                    })?;
+                    Etcd::for_ha(&h).map_err(|e| format!("migrate: {spec}: {e}"))?
+                }
+                None => {
+                    if eps.is_empty() {
+                        return Err(format!(
+                            "migrate: {spec} names no etcd endpoint: give etcd:URL[,URL...], or \
+                             --config with an [ha] section"
+                        ));
+                    }
+                    if eps.iter().any(|e| !e.starts_with("http://")) {
+                        return Err(format!(
+                            "migrate: {spec}: without --config, etcd endpoints are \
+                             http://HOST:PORT; for etcd over TLS or with a user, give --config \
+                             a manager configuration whose [ha] has ca (cert, key) or user \
+                             (password_file)"
+                        ));
+                    }
+                    Etcd::new(&eps, std::time::Duration::from_secs(5))
+                }
+            };
+            let etcd = Arc::new(etcd);
             return Ok(Box::new(EtcdStore::open(
                 etcd,
                 &prefix,
@@ -549,9 +608,11 @@ mod tests {
         };
         let m = p(&["--from", "redb:/x", "--to", "etcd:http://h:2379"]).unwrap();
         assert_eq!(
-            (m.from.as_str(), m.to.as_str(), m.prefix.as_str()),
-            ("redb:/x", "etcd:http://h:2379", "/pcifab")
+            (m.from.as_str(), m.to.as_str(), m.prefix, m.config),
+            ("redb:/x", "etcd:http://h:2379", None, None)
         );
+        let m = p(&["--from", "redb:/x", "--to", "etcd:", "--config", "m.toml"]).unwrap();
+        assert_eq!(m.config, Some(PathBuf::from("m.toml")));
         for bad in [
             &["--from", "redb:/x"][..],
             &["--to", "redb:/x"],

@@ -1005,6 +1005,109 @@ fn a_redb_state_migrates_into_etcd_and_back() {
     s.wait().expect("reap");
 }
 
+/// `migrate --config FILE`: the etcd store reached with FILE's `[ha]`, as a manager reaches
+/// it: a standalone manager's redb state into an etcd on mutual TLS (`ca`, `cert`, `key`),
+/// an HA manager with the same keys serves it, and back into redb. Without `--config` an
+/// `https://` store is refused, naming it; with a client certificate of another CA etcd
+/// refuses the migration and nothing is written.
+#[test]
+#[ignore = "real etcd and managers: make check-ha"]
+fn a_redb_state_migrates_into_an_etcd_on_mutual_tls_and_back() {
+    let dir = tempdir("migrate-tls");
+    let pki = Pki::make(&dir);
+    let keys = ha_tls(&pki.ca, Some(&pki.client));
+    let rogue = ha_tls(&pki.ca, Some(&pki.rogue));
+    let cluster = Cluster::start_with(&dir, 25400, Some(pki));
+    let eps = cluster.endpoints();
+    let sock = dir.join("standalone.sock");
+    let leases_of = |sock: &Path| -> Value {
+        wait_for(
+            "the standalone manager answers",
+            Duration::from_secs(20),
+            || ask_sock(sock, &json!({"op": "leases"})),
+        )["leases"]
+            .clone()
+    };
+    let ids = |v: &Value| -> Vec<(Value, Value)> {
+        v.as_array()
+            .expect("leases")
+            .iter()
+            .map(|l| (l["id"].clone(), l["functions"].clone()))
+            .collect()
+    };
+    let mut s = standalone(&dir, &dir.join("redb1"));
+    leases_of(&sock);
+    for h in 0..2u8 {
+        let r = ask_sock(&sock, &vf(h)).expect("reply");
+        assert_eq!(r["granted"], json!(true), "{r}");
+    }
+    let want = leases_of(&sock);
+    s.kill().expect("stop");
+    s.wait().expect("reap");
+    // A manager configuration for migrate: its [ha] names the cluster and the keys.
+    let config = |name: &str, keys: &str| -> String {
+        let quoted: Vec<String> = eps.iter().map(|e| format!("\"{e}\"")).collect();
+        let p = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &p,
+            format!(
+                "{}\n[ha]\nendpoints = [{}]\nnode = \"migrate\"\nadvertise = \"-\"\n{keys}",
+                POOL.replace("MODE", "partition"),
+                quoted.join(", ")
+            ),
+        )
+        .expect("config");
+        p.display().to_string()
+    };
+    let redb1 = format!("redb:{}", dir.join("redb1").display());
+    let run = |from: &str, to: &str, config: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_pcifab-manager"));
+        c.args(["migrate", "--from", from, "--to", to]);
+        if let Some(f) = config {
+            c.args(["--config", f]);
+        }
+        let out = c.output().expect("run migrate");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // https:// without --config: refused, saying what to give.
+    let (ok, err) = run(&redb1, &format!("etcd:{}", eps.join(",")), None);
+    assert!(!ok && err.contains("--config"), "{err}");
+    // A client certificate of another CA: etcd refuses it, migrate says so.
+    let (ok, err) = run(&redb1, "etcd:", Some(&config("rogue", &rogue)));
+    assert!(
+        !ok && err.contains("etcd refused this manager's client certificate"),
+        "{err}"
+    );
+    // The [ha] of a manager of etcd's CA: migrated, and an HA manager serves the state.
+    let good = config("good", &keys);
+    let (ok, err) = run(&redb1, "etcd:", Some(&good));
+    assert!(ok, "{err}");
+    let mut m = Managers::new(&dir, "partition");
+    m.ha.insert("a".into(), keys.clone());
+    m.start("a", &eps);
+    let (_, r) = m.ask_leader(&json!({"op": "leases"}), Duration::from_secs(30));
+    assert_eq!(ids(&r["leases"]), ids(&want), "the leases in etcd");
+    m.kill9("a");
+    // Back into redb, from one member named on the command line, with the same keys.
+    let (ok, err) = run(
+        &format!("etcd:{}", eps[1]),
+        &format!("redb:{}", dir.join("redb2").display()),
+        Some(&good),
+    );
+    assert!(ok, "{err}");
+    let mut s = standalone(&dir, &dir.join("redb2"));
+    assert_eq!(
+        ids(&leases_of(&sock)),
+        ids(&want),
+        "the leases back in redb"
+    );
+    s.kill().expect("stop");
+    s.wait().expect("reap");
+}
+
 /// The client (`pcifab --manager URL,URL,...`, through `client::Remote`) given every
 /// manager's API follows the leader: its requests are served before and after the leader
 /// is killed, with no error in between.

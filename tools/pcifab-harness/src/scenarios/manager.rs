@@ -16,6 +16,13 @@ use crate::checks::{
 };
 use crate::fabric::{EmuControl, Fabric, Host};
 
+mod ha;
+pub use ha::leader_host_powered_off;
+
+/// The high-availability scenario (`--etcd` puts etcd into the guests only when it runs).
+pub const HA_SCENARIO: &str =
+    "manager: HA on etcd in the guests: the leader's host powered off, h1's standby takes over";
+
 /// Failover settings of every scenario (seconds): short, so a host kill is noticed quickly.
 const HOST_TIMEOUT_S: u64 = 3;
 const RECLAIM_AFTER_S: u64 = 2;
@@ -72,10 +79,11 @@ fn config_text(f: &Fabric, mode: &str, telemetry_s: u64) -> String {
     )
 }
 
-/// `pcifab ARGS --json` in h0 through the daemon: (exit code, the reply).
+/// `pcifab ARGS --json` in the guest (h0; h1 for its own manager) through the daemon: (exit
+/// code, the reply).
 fn cli(h0: &mut Host, args: &str) -> Result<(i64, Value), String> {
     let o = h0.run(&format!("pcifab {args} --json"))?;
-    let v = json_line(&o.out).map_err(|e| format!("h0: `pcifab {args} --json`: {e}"))?;
+    let v = json_line(&o.out).map_err(|e| format!("{}: `pcifab {args} --json`: {e}", h0.name))?;
     Ok((o.code, v))
 }
 
@@ -85,8 +93,9 @@ fn cli_ok(h0: &mut Host, args: &str) -> Result<Value, String> {
     if code != 0 || v.get("ok") != Some(&Value::Bool(true)) {
         let log = manager_log(h0, 15);
         return Err(format!(
-            "h0: `pcifab {args}`: expected exit 0 and {{\"ok\":true,...}}, got exit {code}: {v}\n\
-             manager log:\n{log}"
+            "{}: `pcifab {args}`: expected exit 0 and {{\"ok\":true,...}}, got exit {code}: {v}\n\
+             manager log:\n{log}",
+            h0.name
         ));
     }
     Ok(v)
