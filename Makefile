@@ -31,7 +31,7 @@ TOOLS := --manifest-path tools/Cargo.toml
 
 .PHONY: modules clean deps kernel kernel-debug tools lint check-module check-module-debug \
 	cargo-test qemu-test test soak demo bench bench-slurm help kernel-debian module-debian switchtec-debian test-debian switchtec-user pax-client \
-	check-dkms check-module-msrv check-fabric-dma test-nvme test-p2pdma test-lane1 test-lane2 \
+	check-dkms check-module-msrv check-fabric-dma test-nvme test-p2pdma test-ha-guests test-lane1 test-lane2 \
 	test-lane3 test-lane4 scenarios slurm
 
 modules:
@@ -57,6 +57,7 @@ help:
 	@echo "make module-debian  build the module for Debian's kernel (in the trixie build tree)"
 	@echo "make test-debian    a few scenarios on Debian's own kernel with that module"
 	@echo "make test-nvme      the NVMe drive scenarios (make test's nvme cell) alone"
+	@echo "make test-ha-guests  managers in HA on etcd in two guests (not in make test)"
 	@echo "make test-p2pdma    Linux's P2PDMA between two fabric drives (sanitizer kernel; make test runs it on Debian's)"
 	@echo "make scenarios FILTER='a|b' [DIALECT=pax] [HOSTS=N]  some scenarios on the sanitizer kernel"
 	@echo "make slurm      Debian's Slurm and MUNGE for the guests (the slurm: scenarios)"
@@ -213,6 +214,10 @@ DEBIAN_EXT_FILTER := pcifab binds the MEP|p2p: same-host|p2p: user buffers|p2p g
 # The manager's scenarios and the management network they run over: mostly waiting on
 # leases, time slices and pciehp, so they take a lane of their own (lane 4).
 DEBUG_MANAGER := mgmt net|manager:
+# The managers on etcd inside two sanitizer guests: under make test's load the guests' etcd
+# did not answer the managers within their 3 s (a run on 2026-12-07 failed so), so it runs
+# alone, in `make test-ha-guests`, until it holds beside the other lanes.
+HA_GUESTS := manager: HA on etcd in the guests
 MATRIX := debug-pax debug-pax-2 nvme debug-extended debug-manager debian-pax debian-slurm \
 	debian-extended debian-p2pdma dkms
 
@@ -284,9 +289,16 @@ test-lane1:
 test-lane4:
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
 		--filter 'agent answers|pcifab binds the MEP|$(DEBUG_MANAGER)|rmmod pcifab in every host|kmemleak' \
-		$(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) $(call ETCD_ARGS,manager:) --results $(RESULTS)/debug-manager
+		--exclude '$(HA_GUESTS)' $(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) --results $(RESULTS)/debug-manager
 	-$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax --filter '$(NVME_FILTER)' \
 		$(DEBUG_SMP) $(NVME_HARNESS_ARGS) --results $(RESULTS)/nvme
+
+# The managers in HA on etcd inside the guests, the leader's host powered off (not in make
+# test, see HA_GUESTS).
+test-ha-guests: check-module-debug tools
+	$(HOST_BIN)/pcifab-harness test --keep-going --dialect pax \
+		--filter 'agent answers|pcifab binds the MEP|$(HA_GUESTS)|rmmod pcifab in every host|kmemleak' \
+		$(DEBUG_SMP) $(DEBUG_HARNESS_ARGS) $(call ETCD_ARGS,manager:) --results $(RESULTS)/ha-guests
 
 # The second lane of make test: the checks, then the sanitizer kernel's extended cell, the
 # second half of its pax cell, in a row.
