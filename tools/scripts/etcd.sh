@@ -5,8 +5,8 @@
 # (`make check-ha`), taken from Debian's archive into the cache; nothing is installed on
 # this machine. `apt-get download` fetches the .deb of the release this machine's apt
 # sources name (bookworm: etcd 3.4, trixie: 3.5), `dpkg-deb -x` unpacks it into
-# $CACHE/etcd-VERSION, and $CACHE/etcd links to it. etcd is one static Go binary, so no
-# libraries come with it. Idempotent; prints the path of the etcd binary.
+# $CACHE/etcd-VERSION, and $CACHE/etcd links to it (Debian builds it against the C library:
+# the harness copies its loader and libraries into the guests). Idempotent; prints the path of the etcd binary.
 set -euo pipefail
 
 CACHE=${PCIFAB_CACHE:-/var/cache/pcifab}
